@@ -1,0 +1,93 @@
+"""Build script: pure Python everywhere, native extensions only where their toolchain exists.
+
+* ``torch_aura._C_cuda`` (``csrc/cuda``, LibTorch stable ABI, one abi3 wheel for torch >= 2.10):
+  built when CUDA sources exist and either ``AURA_BUILD_CUDA=1`` or (nvcc is found and the torch
+  in this environment is a CUDA build). ``torch.cuda.is_available()`` is deliberately not asked:
+  it is False on a GPU-less build box that has nvcc.
+* ``torch_aura._C_mps`` (``csrc/mps``, Objective-C++): macOS with an MPS-enabled torch only, as its
+  own extension so Objective-C flags never reach ``.cpp``/``.cu`` sources.
+* ``triton_kernels/`` installs as ``torch_aura.triton_kernels`` and never as a top-level package.
+
+Building an extension needs the torch of the target environment: ``pip install --no-build-isolation``.
+Without torch importable at build time the package installs pure Python (reference backend only).
+"""
+
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+# Hide stable-ABI APIs newer than torch 2.10 so one wheel serves torch >= 2.10 (decode.md §9).
+TORCH_TARGET = "-DTORCH_TARGET_VERSION=0x020a000000000000"
+
+
+def _sources(pattern):
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+def _torch():
+    try:
+        import torch
+        import torch.utils.cpp_extension  # noqa: F401
+        return torch
+    except ImportError:
+        return None
+
+
+def _cuda_extension(torch):
+    sources = _sources("csrc/cuda/*.cu") + _sources("csrc/cuda/*.cpp")
+    flag = os.environ.get("AURA_BUILD_CUDA", "")
+    if not sources or flag == "0" or torch is None:
+        return None
+    nvcc = shutil.which("nvcc") or (os.environ.get("CUDA_HOME") and
+                                     os.path.exists(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")))
+    if flag != "1" and not (nvcc and torch.version.cuda):
+        return None
+    from torch.utils.cpp_extension import CUDAExtension
+
+    arch = os.environ.get("AURA_CUDA_ARCH", "90")
+    return CUDAExtension(
+        "torch_aura._C_cuda", sources, py_limited_api=True,
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_compile_args={
+            "cxx": ["-O3", "-std=c++20", TORCH_TARGET, "-DPy_LIMITED_API=0x03090000"],
+            "nvcc": ["-O3", "-std=c++20", TORCH_TARGET, "--expt-relaxed-constexpr", "-lineinfo",
+                     f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+        })
+
+
+def _mps_extension(torch):
+    sources = _sources("csrc/mps/*.mm")
+    if sys.platform != "darwin" or torch is None or not sources or not torch.backends.mps.is_built():
+        return None
+    from torch.utils.cpp_extension import CppExtension
+
+    return CppExtension(
+        "torch_aura._C_mps", sources, include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_compile_args={"cxx": ["-O3", "-std=c++20", "-fobjc-arc"]},
+        extra_link_args=["-framework", "Metal", "-framework", "Foundation"])
+
+
+def _triton_packages():
+    found = find_packages(where="triton_kernels")
+    return ["torch_aura.triton_kernels"] + [f"torch_aura.triton_kernels.{p}" for p in found]
+
+
+torch = _torch()
+ext_modules = [e for e in (_cuda_extension(torch), _mps_extension(torch)) if e is not None]
+cmdclass = {}
+if ext_modules:
+    from torch.utils.cpp_extension import BuildExtension
+
+    cmdclass["build_ext"] = BuildExtension.with_options(no_python_abi_suffix=True)
+
+setup(
+    packages=find_packages(include=["torch_aura", "torch_aura.*"]) + _triton_packages(),
+    package_dir={"torch_aura.triton_kernels": "triton_kernels"},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    options={"bdist_wheel": {"py_limited_api": "cp39"}} if ext_modules else {},
+)

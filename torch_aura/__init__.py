@@ -1,0 +1,20 @@
+"""torch_aura: LLM inference kernels as first-class PyTorch ops (``torch.ops.aura.*``).
+
+Import order matters and is cheap (no ``import triton``, no CUDA context, no Metal compile):
+define every op from the schema table, register fakes and references, then load the kernel
+backends that exist on this machine (``backends.autoload``).
+"""
+
+from ._registry import define_and_register as _define_and_register
+
+_define_and_register()
+
+from . import backends  # noqa: E402
+
+backends.autoload()
+
+from .ops import *  # noqa: E402,F401,F403
+from .ops import __all__ as _ops_all  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["backends", *_ops_all]

@@ -1,0 +1,101 @@
+"""Shared input validation: one function per op (in the family modules) runs in the fake, in the
+reference and in the public wrapper, so bad input raises the same named error eagerly, on every
+backend, and at ``torch.compile`` trace time (ops.md, last paragraph).
+
+Rules: every error is a ``ValueError`` whose message names the argument, what was expected and
+what was given. Checks read only metadata (shapes, dtypes, devices, strides), never data, so they
+run on FakeTensors; data-dependent checks (e.g. ``seq_lens`` against the cache length) live in the
+references, which are allowed to read values.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple, Sequence
+
+import torch
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class TensorSpec(NamedTuple):
+    """What an op returns, computed from metadata only: the fake allocates exactly this."""
+
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+
+def fail(arg: str, expected: str, got) -> None:
+    raise ValueError(f"{arg}: expected {expected}, got {got}")
+
+
+def _dtype_name(dtypes: Iterable[torch.dtype]) -> str:
+    return " / ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def tensor(arg: str, t, *, ndim: int | Sequence[int] | None = None, dtypes=None,
+           unit_last_stride: bool = False) -> torch.Tensor:
+    """Check that ``t`` is a tensor of the given rank(s) and dtype(s); returns it."""
+    if not isinstance(t, torch.Tensor):
+        fail(arg, "a Tensor", type(t).__name__)
+    if ndim is not None:
+        ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in ranks:
+            fail(arg, f"a {' or '.join(f'{r}-D' for r in ranks)} tensor", f"shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        fail(arg, f"dtype {_dtype_name(dtypes)}", str(t.dtype).replace("torch.", ""))
+    if unit_last_stride and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        fail(arg, "a unit stride in the last dim", f"strides {tuple(t.stride())}")
+    return t
+
+
+def optional(arg: str, t, **kw) -> torch.Tensor | None:
+    return None if t is None else tensor(arg, t, **kw)
+
+
+def dim(arg: str, t: torch.Tensor, i: int, expected, what: str = "") -> None:
+    """Check ``t.shape[i] == expected``; ``what`` explains where ``expected`` comes from."""
+    if t.shape[i] != expected:
+        fail(f"{arg}.shape[{i}]", f"{expected}{' (' + what + ')' if what else ''}",
+             f"{t.shape[i]} (shape {tuple(t.shape)})")
+
+
+def shape(arg: str, t: torch.Tensor, expected: Sequence, what: str = "") -> None:
+    """Check a whole shape; ``None`` entries match anything."""
+    ok = t.dim() == len(expected) and all(e is None or s == e for s, e in zip(t.shape, expected))
+    if not ok:
+        exp = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+        fail(arg, f"shape {exp}{' (' + what + ')' if what else ''}", f"{tuple(t.shape)}")
+
+
+def one_of(arg: str, value, allowed: Sequence) -> None:
+    if value not in allowed:
+        fail(arg, f"one of {list(allowed)}", value)
+
+
+def same_device(**tensors) -> torch.device:
+    """All given (non-None) tensors on one device; returns it."""
+    named = [(k, v) for k, v in tensors.items() if v is not None]
+    first_name, first = named[0]
+    for k, v in named[1:]:
+        if v.device != first.device:
+            fail(k, f"device {first.device} (the device of {first_name})", v.device)
+    return first.device
+
+
+def same_dtype(**tensors) -> torch.dtype:
+    named = [(k, v) for k, v in tensors.items() if v is not None]
+    first_name, first = named[0]
+    for k, v in named[1:]:
+        if v.dtype != first.dtype:
+            fail(k, f"dtype {str(first.dtype).replace('torch.', '')} (the dtype of {first_name})",
+                 str(v.dtype).replace("torch.", ""))
+    return first.dtype
+
+
+def divides(arg: str, num, den, num_name: str, den_name: str) -> None:
+    """``num % den == 0``, e.g. a GQA ratio that must be whole."""
+    if den == 0 or num % den != 0:
+        fail(arg, f"{num_name} ({num}) to be a multiple of {den_name} ({den})",
+             f"{num_name} % {den_name} = {num % den if den else 'undefined'}")

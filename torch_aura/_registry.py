@@ -1,0 +1,76 @@
+"""Defines every op of ``_schema.OPS`` and registers its fake and its reference.
+
+One mechanism serves all ops, so no op can have a fake that disagrees with its checks:
+
+* fake (``register_fake``): ``check(*args)`` -> list of ``TensorSpec`` -> ``torch.empty`` each;
+* reference (``CompositeExplicitAutograd``, so it serves CPU and is the fallback on any device
+  whose key has no kernel): ``check(*args)``, the fallback policy of ``backends``, then the pure
+  PyTorch function of the same name in ``torch_aura.reference``.
+
+Kernels (CUDA C++, Triton, Metal) register for their own dispatch key, which wins over
+CompositeExplicitAutograd.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks, reference
+from ._schema import OPS, TAGS
+
+# A namespace has exactly one DEF library; every backend adds IMPLs to "aura".
+LIB = torch.library.Library("aura", "DEF")
+
+
+def _n_returns(name: str) -> int | None:
+    """``None`` for a single-Tensor return, else the tuple length (0 for ``-> ()``)."""
+    ret = OPS[name].schema.rsplit("->", 1)[1].strip()
+    if ret.startswith("("):
+        inner = ret[1:-1].strip()
+        return 0 if not inner else inner.count(",") + 1
+    return None
+
+
+def _make_fake(name: str):
+    check = _checks.for_op(name)
+    n = _n_returns(name)
+
+    def fake(*args, **kwargs):
+        outs = [torch.empty(s.shape, dtype=s.dtype, device=s.device) for s in check(*args, **kwargs)]
+        if n is None:
+            return outs[0]
+        return tuple(outs) if n else None
+
+    fake.__name__ = f"{name}_fake"
+    return fake
+
+
+def _first_device(args) -> torch.device:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return torch.device("cpu")
+
+
+def _make_reference(name: str):
+    from . import backends
+
+    check = _checks.for_op(name)
+    math = getattr(reference.FAMILIES[OPS[name].family], name)
+
+    def impl(*args, **kwargs):
+        check(*args, **kwargs)
+        device = _first_device(args)
+        if device.type != "cpu":
+            backends.note_reference_fallback(name, device)
+        return math(*args, **kwargs)
+
+    impl.__name__ = f"{name}_reference"
+    return impl
+
+
+def define_and_register() -> None:
+    for name, op in OPS.items():
+        LIB.define(op.schema, tags=TAGS)
+        torch.library.register_fake(f"aura::{name}", _make_fake(name), lib=LIB)
+        LIB.impl(name, _make_reference(name), "CompositeExplicitAutograd")

@@ -1,0 +1,3 @@
+"""Public wrappers of the aura family."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""Public wrappers of the decode family."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""Public wrappers of the gdn family."""
+
+__all__: list[str] = []

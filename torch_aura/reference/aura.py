@@ -1,0 +1,33 @@
+"""Pure-PyTorch reference of the aura family."""
+
+from __future__ import annotations
+
+import torch
+
+
+def hadamard_rotate(x, sign_mask=None, scale=1.0, inverse=False):
+    raise NotImplementedError("hadamard_rotate: reference not written yet")
+
+
+def aura_encode(x, codebook, boundaries, bits, sign_mask=None):
+    raise NotImplementedError("aura_encode: reference not written yet")
+
+
+def aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits, sign_mask=None, paged=False):
+    raise NotImplementedError("aura_write_cache: reference not written yet")
+
+
+def aura_dequantize(codes, norms, codebook, bits, sign_mask=None, out_dtype=None):
+    raise NotImplementedError("aura_dequantize: reference not written yet")
+
+
+def aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook, key_bits, value_bits, block_table=None, block_size=64):
+    raise NotImplementedError("aura_flash_p1: reference not written yet")
+
+
+def aura_flash_p2(o, m, l, v_sign_mask=None, out_dtype=None):
+    raise NotImplementedError("aura_flash_p2: reference not written yet")
+
+
+def aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook, k_sign_mask, v_sign_mask, key_bits, value_bits, block_table=None, scale=None, num_splits=0):
+    raise NotImplementedError("aura_decode: reference not written yet")
