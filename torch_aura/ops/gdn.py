@@ -1,3 +1,317 @@
-"""Public wrappers of the gdn family."""
+"""Public wrappers of the Gated DeltaNet family (gdn.md).
 
-__all__: list[str] = []
+Each wrapper takes exactly its op's schema arguments, runs the family check (the same function the
+fake runs, so bad input raises the same named ``ValueError`` eagerly and at trace time) and calls
+``torch.ops.aura.<op>``. Shapes: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]`` (``HV % H == 0``;
+value head hv reads key head ``hv // (HV / H)``); g, beta ``[B, T, HV]``; ``1 <= K, V <= 256``;
+states fp32 ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``. Varlen: ``cu_seqlens``
+``[N+1]`` int32/int64 with ``B == 1``, plus ``chunk_indices`` from :func:`gdn_chunk_indices`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import common as _common
+from .._checks import gdn as _checks
+from ..reference import gdn as _ref
+
+__all__ = [
+    "gdn_chunk",
+    "gdn_chunk_cumsum",
+    "gdn_kkt_solve",
+    "gdn_recompute_w_u",
+    "gdn_fwd_h",
+    "gdn_fwd_o",
+    "gdn_recurrent",
+    "gdn_chunk_indices",
+]
+
+
+def gdn_chunk_indices(cu_seqlens: torch.Tensor, chunk_size: int = 64) -> torch.Tensor:
+    """List the chunks of packed sequences: the ``chunk_indices`` argument of the gdn ops.
+
+    Chunk c of sequence n covers tokens ``[cu[n] + c*chunk_size, min(cu[n] + (c+1)*chunk_size,
+    cu[n+1]))``; chunks are listed sequence by sequence (the row order of ``gdn_fwd_h``'s ``h``).
+    Zero-length sequences have no chunks. Costs one device-to-host sync (the total chunk count),
+    so build it once per batch, before graph capture or outside ``torch.compile``.
+
+    Args:
+        cu_seqlens: ``[N+1]`` int32 or int64, non-decreasing offsets starting at 0.
+        chunk_size: tokens per chunk; the gdn ops use 64.
+
+    Returns:
+        ``[NT_total, 2]`` int32 on ``cu_seqlens``'s device: rows ``(sequence id, chunk index in
+        the sequence)``.
+
+    Raises:
+        ValueError: ``cu_seqlens`` is not a 1-D int32/int64 tensor, has a negative length, or
+            ``chunk_size < 1``.
+
+    Example:
+        >>> import torch, torch_aura
+        >>> torch_aura.gdn_chunk_indices(torch.tensor([0, 70, 70, 75])).tolist()
+        [[0, 0], [0, 1], [2, 0]]
+    """
+    _common.tensor("cu_seqlens", cu_seqlens, ndim=1, dtypes=_common.INDEX_DTYPES)
+    if chunk_size < 1:
+        _common.fail("chunk_size", "a positive int", chunk_size)
+    return _ref.chunk_indices_from_cu_seqlens(cu_seqlens, chunk_size)
+
+
+def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
+              use_qk_l2norm=False, state_v_first=False):
+    """Chunked gated delta rule forward (prefill), 64-token chunks (gdn.md §2-3).
+
+    Per sequence and value head, with state ``S [K, V]``: ``S <- exp(g_t) S``;
+    ``S <- S + k_t (beta_t (v_t - S^T k_t))^T``; ``o_t = scale S^T q_t``. Runs the stages
+    cumsum -> kkt_solve -> recompute_w_u -> fwd_h -> fwd_o; with 16-bit inputs the intermediates
+    are rounded to the input dtype where gdn.md §3.7 says.
+
+    Args:
+        q: ``[B, T, H, K]`` fp16, bf16 or fp32, unit last stride.
+        k: ``[B, T, H, K]``, dtype of q. Should be L2-normalised (or set ``use_qk_l2norm``).
+        v: ``[B, T, HV, V]``, dtype of q, ``HV % H == 0``.
+        g: ``[B, T, HV]`` float, log decay (``<= 0``), used in fp32.
+        beta: ``[B, T, HV]`` float, write strength, used in fp32.
+        scale: output scale; None means ``K ** -0.5``.
+        initial_state: ``[N, HV, K, V]`` (``[N, HV, V, K]`` if ``state_v_first``) float, or None
+            for zeros; loaded to fp32.
+        cu_seqlens: ``[N+1]`` int32/int64 sequence offsets (varlen, requires ``B == 1``), or None
+            (then ``N = B``).
+        chunk_indices: ``[NT_total, 2]`` int32 from :func:`gdn_chunk_indices`; optional (built
+            here with one host sync when missing), pass it for CUDA graphs and compile.
+        use_qk_l2norm: normalise q and k over K in fp32 (then round to the input dtype) first.
+        state_v_first: states use the ``[V, K]`` layout.
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state ``[N, HV, K, V]``
+        (``[N, HV, V, K]`` if ``state_v_first``) fp32, always materialised.
+
+    Raises:
+        ValueError: bad dtype, rank, device, last-dim stride, K or V outside 1..256, ``HV % H != 0``,
+            shape mismatch, or inconsistent ``cu_seqlens`` / ``chunk_indices``; names the argument.
+
+    Example:
+        >>> import torch, torch_aura
+        >>> q = torch.nn.functional.normalize(torch.randn(1, 70, 2, 32), dim=-1)
+        >>> k = torch.nn.functional.normalize(torch.randn(1, 70, 2, 32), dim=-1)
+        >>> v, g = torch.randn(1, 70, 4, 48), -torch.rand(1, 70, 4)
+        >>> o, state = torch_aura.gdn_chunk(q, k, v, g, torch.rand(1, 70, 4))
+        >>> tuple(o.shape), tuple(state.shape), state.dtype
+        ((1, 70, 4, 48), (1, 4, 32, 48), torch.float32)
+    """
+    _checks.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices,
+                      use_qk_l2norm, state_v_first)
+    return torch.ops.aura.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices,
+                                    use_qk_l2norm, state_v_first)
+
+
+def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
+    """Inclusive cumsum of the log decay within each 64-token chunk (gdn.md §3.1).
+
+    The sum restarts at every chunk start (and at every sequence start in varlen), so
+    ``exp(G)`` never underflows over long sequences.
+
+    Args:
+        g: ``[B, T, HV]`` fp16, bf16 or fp32 log decay.
+        cu_seqlens: ``[N+1]`` int32/int64 sequence offsets (``B == 1``), or None.
+        chunk_indices: ``[NT_total, 2]`` int32 from :func:`gdn_chunk_indices`, or None.
+
+    Returns:
+        ``g_cum [B, T, HV]`` fp32, natural-log units.
+
+    Raises:
+        ValueError: bad dtype, rank, device, stride or varlen metadata; names the argument.
+
+    Example:
+        >>> import torch, torch_aura
+        >>> g_cum = torch_aura.gdn_chunk_cumsum(torch.full((1, 66, 1), -0.5))
+        >>> g_cum[0, 63, 0].item(), g_cum[0, 65, 0].item()
+        (-32.0, -1.0)
+    """
+    _checks.gdn_chunk_cumsum(g, cu_seqlens, chunk_indices)
+    return torch.ops.aura.gdn_chunk_cumsum(g, cu_seqlens, chunk_indices)
+
+
+def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
+    """Per chunk, ``(I + A)^-1`` of the gated strictly lower ``A = beta K K^T`` (gdn.md §3.2).
+
+    ``A[i, j] = beta_i (k_i . k_j) exp(G_i - G_j)`` for ``i > j`` inside one chunk (0 elsewhere).
+
+    Args:
+        k: ``[B, T, H, K]`` fp16, bf16 or fp32.
+        g_cum: ``[B, T, HV]`` fp32 from :func:`gdn_chunk_cumsum`; ``HV % H == 0``.
+        beta: ``[B, T, HV]`` float.
+        cu_seqlens: ``[N+1]`` int32/int64 sequence offsets (``B == 1``), or None.
+        chunk_indices: ``[NT_total, 2]`` int32 from :func:`gdn_chunk_indices`, or None.
+
+    Returns:
+        ``Ai [B, T, HV, 64]`` in k's dtype: row t is row ``t % 64`` of its chunk's unit lower
+        triangular inverse (columns past the chunk's end are 0).
+
+    Raises:
+        ValueError: bad dtype, rank, device, stride, K, head ratio, shapes or varlen metadata.
+
+    Example:
+        >>> import torch, torch_aura
+        >>> k = torch.nn.functional.normalize(torch.randn(1, 40, 1, 16), dim=-1)
+        >>> Ai = torch_aura.gdn_kkt_solve(k, torch.zeros(1, 40, 2), torch.rand(1, 40, 2))
+        >>> Ai.shape, bool((Ai[0, :, 0].diagonal() == 1).all())
+        (torch.Size([1, 40, 2, 64]), True)
+    """
+    _checks.gdn_kkt_solve(k, g_cum, beta, cu_seqlens, chunk_indices)
+    return torch.ops.aura.gdn_kkt_solve(k, g_cum, beta, cu_seqlens, chunk_indices)
+
+
+def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None):
+    """WY representation: ``w = Ai (beta exp(G) k)``, ``u = Ai (beta v)`` per chunk (gdn.md §3.3).
+
+    Args:
+        k: ``[B, T, H, K]`` fp16, bf16 or fp32.
+        v: ``[B, T, HV, V]``, dtype of k, ``HV % H == 0``.
+        beta: ``[B, T, HV]`` float.
+        Ai: ``[B, T, HV, 64]`` in k's dtype, from :func:`gdn_kkt_solve`.
+        g_cum: ``[B, T, HV]`` fp32 from :func:`gdn_chunk_cumsum`.
+        cu_seqlens: ``[N+1]`` int32/int64 sequence offsets (``B == 1``), or None.
+        chunk_indices: ``[NT_total, 2]`` int32 from :func:`gdn_chunk_indices`, or None.
+
+    Returns:
+        ``(w, u)``: w ``[B, T, HV, K]`` in k's dtype, u ``[B, T, HV, V]`` in v's dtype.
+
+    Raises:
+        ValueError: bad dtype, rank, device, stride, K or V, head ratio, shapes or varlen metadata.
+
+    Example:
+        >>> import torch, torch_aura
+        >>> k = torch.nn.functional.normalize(torch.randn(1, 40, 1, 16), dim=-1)
+        >>> v, beta, g_cum = torch.randn(1, 40, 2, 24), torch.rand(1, 40, 2), torch.zeros(1, 40, 2)
+        >>> Ai = torch_aura.gdn_kkt_solve(k, g_cum, beta)
+        >>> w, u = torch_aura.gdn_recompute_w_u(k, v, beta, Ai, g_cum)
+        >>> tuple(w.shape), tuple(u.shape)
+        ((1, 40, 2, 16), (1, 40, 2, 24))
+    """
+    _checks.gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens, chunk_indices)
+    return torch.ops.aura.gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens, chunk_indices)
+
+
+def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices=None,
+              state_v_first=False):
+    """The sequential state pass over the chunks (gdn.md §3.4).
+
+    Per chunk c with state S (fp32): ``h[c] = S``; ``v_new = u - w S``;
+    ``S = exp(G_L) S + k^T (exp(G_L - G) v_new)`` with L the chunk's last valid row.
+
+    Args:
+        k: ``[B, T, H, K]`` fp16, bf16 or fp32.
+        w: ``[B, T, HV, K]``, dtype of k, from :func:`gdn_recompute_w_u`.
+        u: ``[B, T, HV, V]``, dtype of k, from :func:`gdn_recompute_w_u`.
+        g_cum: ``[B, T, HV]`` fp32 from :func:`gdn_chunk_cumsum`.
+        initial_state: ``[N, HV, K, V]`` (``[N, HV, V, K]`` if ``state_v_first``) float, or None
+            for zeros.
+        cu_seqlens: ``[N+1]`` int32/int64 sequence offsets (``B == 1``), or None.
+        chunk_indices: ``[NT_total, 2]`` int32 from :func:`gdn_chunk_indices`; REQUIRED with
+            ``cu_seqlens`` (it fixes h's chunk count, which the fake cannot read from data).
+        state_v_first: h and the states use the ``[V, K]`` layout.
+
+    Returns:
+        ``(h, v_new, final_state)``: h ``[B, NT, HV, K, V]`` (``[.., V, K]``) in k's dtype, the
+        state entering each chunk (``NT = ceil(T / 64)`` or ``chunk_indices.shape[0]``); v_new
+        ``[B, T, HV, V]`` in u's dtype (ungated per-token deltas); final_state ``[N, HV, K, V]``
+        (``[.., V, K]``) fp32.
+
+    Raises:
+        ValueError: bad dtype, rank, device, stride, sizes, shapes, or varlen without chunk_indices.
+
+    Example:
+        >>> import torch, torch_aura
+        >>> k = torch.nn.functional.normalize(torch.randn(1, 70, 1, 16), dim=-1)
+        >>> w, u = 0.1 * torch.randn(1, 70, 1, 16), torch.randn(1, 70, 1, 8)
+        >>> h, v_new, final = torch_aura.gdn_fwd_h(k, w, u, torch.zeros(1, 70, 1))
+        >>> tuple(h.shape), tuple(v_new.shape), tuple(final.shape)
+        ((1, 2, 1, 16, 8), (1, 70, 1, 8), (1, 1, 16, 8))
+    """
+    _checks.gdn_fwd_h(k, w, u, g_cum, initial_state, cu_seqlens, chunk_indices, state_v_first)
+    return torch.ops.aura.gdn_fwd_h(k, w, u, g_cum, initial_state, cu_seqlens, chunk_indices,
+                                    state_v_first)
+
+
+def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=None,
+              state_v_first=False):
+    """Chunk outputs from the entering states and the intra-chunk part (gdn.md §3.5).
+
+    ``o_i = scale (exp(G_i) q_i^T h[c] + sum_{j <= i} exp(G_i - G_j) (q_i . k_j) v_new_j)``.
+
+    Args:
+        q: ``[B, T, H, K]`` fp16, bf16 or fp32.
+        k: ``[B, T, H, K]``, dtype of q.
+        v_new: ``[B, T, HV, V]``, dtype of q, from :func:`gdn_fwd_h`.
+        h: ``[B, NT, HV, K, V]`` (``[.., V, K]`` if ``state_v_first``), dtype of q, from
+            :func:`gdn_fwd_h`.
+        g_cum: ``[B, T, HV]`` fp32 from :func:`gdn_chunk_cumsum`.
+        scale: output scale; None means ``K ** -0.5``.
+        cu_seqlens: ``[N+1]`` int32/int64 sequence offsets (``B == 1``), or None.
+        chunk_indices: ``[NT_total, 2]`` int32 from :func:`gdn_chunk_indices`, or None.
+        state_v_first: h uses the ``[V, K]`` layout.
+
+    Returns:
+        ``o [B, T, HV, V]`` in q's dtype.
+
+    Raises:
+        ValueError: bad dtype, rank, device, stride, sizes, shapes or varlen metadata.
+
+    Example:
+        >>> import torch, torch_aura
+        >>> q = k = torch.nn.functional.normalize(torch.randn(1, 70, 1, 16), dim=-1)
+        >>> v_new, h = torch.randn(1, 70, 2, 8), torch.zeros(1, 2, 2, 16, 8)
+        >>> torch_aura.gdn_fwd_o(q, k, v_new, h, torch.zeros(1, 70, 2)).shape
+        torch.Size([1, 70, 2, 8])
+    """
+    _checks.gdn_fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_indices, state_v_first)
+    return torch.ops.aura.gdn_fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_indices,
+                                    state_v_first)
+
+
+def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
+                  use_qk_l2norm=False, state_v_first=False):
+    """Token-by-token gated delta rule (decode) over an in-place state pool (gdn.md §4).
+
+    Sequence n starts from ``state[state_indices[n]]`` (row n without indices), runs its tokens
+    with the state in fp32 and writes the final state back to the same row, rounded once to the
+    pool's dtype. Index -1 skips the sequence (row untouched, its o rows 0); a zero-length
+    sequence leaves its row untouched.
+
+    Args:
+        q: ``[B, T, H, K]`` fp16, bf16 or fp32.
+        k: ``[B, T, H, K]``, dtype of q.
+        v: ``[B, T, HV, V]``, dtype of q, ``HV % H == 0``.
+        g: ``[B, T, HV]`` float log decay.
+        beta: ``[B, T, HV]`` float.
+        state: the pool ``[P, HV, K, V]`` (``[P, HV, V, K]`` if ``state_v_first``), fp32 (or
+            fp16/bf16), updated in place.
+        state_indices: ``[N]`` int32 pool rows, -1 = skip; distinct; or None (row n).
+        cu_seqlens: ``[N+1]`` int32/int64 sequence offsets (``B == 1``), or None (``N = B``).
+        scale: output scale; None means ``K ** -0.5``.
+        use_qk_l2norm: normalise q and k over K in fp32 (never rounded).
+        state_v_first: the pool uses the ``[V, K]`` layout.
+
+    Returns:
+        ``o [B, T, HV, V]`` in q's dtype.
+
+    Raises:
+        ValueError: bad dtype, rank, device, stride, sizes or shapes; ``state_indices`` out of
+            range or duplicated; inconsistent ``cu_seqlens``.
+
+    Example:
+        >>> import torch, torch_aura
+        >>> q = k = torch.nn.functional.normalize(torch.randn(2, 1, 1, 16), dim=-1)
+        >>> v, g, beta = torch.randn(2, 1, 2, 8), -torch.rand(2, 1, 2), torch.rand(2, 1, 2)
+        >>> pool = torch.zeros(5, 2, 16, 8)
+        >>> o = torch_aura.gdn_recurrent(q, k, v, g, beta, pool, torch.tensor([3, -1], dtype=torch.int32))
+        >>> o.shape, bool(o[1].eq(0).all()), bool(pool[3].ne(0).any()), bool(pool[:3].eq(0).all())
+        (torch.Size([2, 1, 2, 8]), True, True, True)
+    """
+    _checks.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm,
+                          state_v_first)
+    return torch.ops.aura.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale,
+                                        use_qk_l2norm, state_v_first)
