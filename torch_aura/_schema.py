@@ -57,7 +57,7 @@ _OPS = [
           "merge partials [S,B,Hq,D] + lse [S,B,Hq] into (out [B,Hq,D], lse [B,Hq])"),
     # ------------------------------------------------------- 2. AURA compressed KV (aura-format.md)
     # y = scale * H diag(s) x / sqrt(D) over the last dim (fast Walsh-Hadamard), or its inverse.
-    OpDef("aura", "hadamard_rotate(Tensor x, Tensor? sign_mask=None, float scale=1.0, "
+    OpDef("aura", "hadamard_rotate(Tensor x, Tensor? sign_mask=None, float scale=1., "
           "bool inverse=False) -> Tensor",
           "signed Hadamard rotation of the last dim (or its inverse), x's dtype out"),
     # Norm/direction split, rotation, Lloyd-Max quantization, bit packing (aura-format.md 5-6).

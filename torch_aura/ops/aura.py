@@ -181,6 +181,9 @@ def aura_write_cache(x: torch.Tensor, codes_cache: torch.Tensor, norms_cache: to
         sign_mask: int32 ``[D // 32]`` or None.
         paged: selects the paged layout.
 
+    Returns:
+        None: ``codes_cache`` and ``norms_cache`` are updated in place.
+
     Raises:
         ValueError: bad dtype/shape/device, or a slot past the end of the cache.
 
