@@ -1,17 +1,242 @@
-"""Pure-PyTorch reference of the decode family."""
+"""Pure-PyTorch reference of the dense decode family: split-K flash decoding (decode.md).
+
+This is the oracle the CUDA kernels (``csrc/cuda/decode_split.cu``, ``decode_merge.cu``) are
+diffed against, stage by stage, and the working fallback on every device. It computes exactly what
+the kernels compute, in the same order of stages:
+
+1. **Plan** (host, static values only): the split count ``S`` of the grid ``(S, Hkv, B)`` comes
+   from ``B``, ``Hkv``, the SM count and ``num_splits`` (:func:`plan_num_splits`), never from
+   ``seq_lens``: reading ``seq_lens`` on the host synchronises and breaks CUDA-graph replay.
+2. **Split** (one CTA per (split s, KV head, sequence b) on the GPU): each sequence cuts its own
+   ``T_b`` live tokens into ``S_b <= S`` chunks (:func:`split_chunk`); split ``s < S_b`` writes a
+   *normalized* fp32 partial ``O_s`` and its ``lse_s``; splits ``s >= S_b`` write ``lse_s = -inf``
+   and leave their partial unwritten (:func:`split_partials`).
+3. **Merge** (:func:`merge_partials`, the same function ``merge_attn_states`` runs): the
+   log-sum-exp combination of the partials, skipping ``-inf`` splits, cast once to q's dtype.
+
+Rounding points (what a kernel must match): inputs are upcast to fp32 when loaded; q is scaled
+before the dot product (the kernel folds ``scale * log2(e)`` into q and works in base 2; the
+reference works in base e, the two agree to fp32 rounding); partials and lse are fp32; the only
+rounding to a low-precision dtype is the final ``out`` cast after the merge.
+"""
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+# Head dims each kernel is instantiated for (decode.md §7). The checks raise on anything else.
+SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 192, 256, 512)
+
+# Smallest chunk of tokens a split is worth (decode.md §4): below this the merge and the extra
+# CTA cost more than the parallelism saves (FlashInfer uses the same floor).
+MIN_CHUNK = 256
+
+# Split chunks of the contiguous layout are rounded to this many tokens: the kernel's K/V stage
+# length (decode.md §3: 32-64 tokens; 16 at D = 512, which divides 64). A kernel must use this
+# same granularity for its split boundaries to match the reference's partials bit for bit.
+CONTIGUOUS_TILE = 64
+
+# Upper bound of the automatic split count (decode.md §4: deliberately high so batch 1 with one
+# KV head can still spread over every SM).
+MAX_AUTO_SPLITS = 128
+
+# Stand-in GPU for devices that have no SM count (CPU, MPS, meta): an H100 SXM, 132 SMs, with 2
+# resident decode CTAs per SM (the D = 512 configuration of decode.md §7, the tightest one). On a
+# CUDA device the real SM count is used, so the reference plans the same grid as the kernel.
+STAND_IN_SMS = 132
+CTAS_PER_SM = 2
+
+
+def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int = MAX_AUTO_SPLITS) -> int:
+    """The split count for a grid of ``batch * kv_heads`` CTAs per split (decode.md §4).
+
+    Pure integer arithmetic on static values; the public, documented face of this function is
+    ``torch_aura.decode_num_splits`` (which validates its arguments and calls this).
+    """
+    slots, work = sms * ctas_per_sm, batch * kv_heads
+    if work == 0 or work >= 0.8 * slots:
+        return 1  # one wave already fills the GPU (or there is nothing to do)
+
+    def eff(s: int) -> float:
+        # Wave efficiency: the fraction of the last wave's CTA slots that hold work.
+        waves = work * s / slots
+        return waves / math.ceil(waves)
+
+    best = max(eff(s) for s in range(1, cap + 1))
+    # The smallest S within 85% of the best efficiency: more splits only add merge work.
+    return next(s for s in range(1, cap + 1) if eff(s) >= 0.85 * best)
+
+
+def device_slots(device: torch.device) -> tuple[int, int]:
+    """``(sms, ctas_per_sm)`` the plan uses on ``device``: the real SM count on CUDA, else the
+    H100 stand-in (:data:`STAND_IN_SMS`, :data:`CTAS_PER_SM`)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).multi_processor_count, CTAS_PER_SM
+    return STAND_IN_SMS, CTAS_PER_SM
+
+
+def plan_num_splits(batch: int, kv_heads: int, device: torch.device, num_splits: int = 0) -> int:
+    """Host-side split count S: ``num_splits`` when positive, else :func:`auto_splits`.
+
+    Takes no ``seq_lens`` on purpose: the grid must depend only on values fixed for a captured
+    batch shape (decode.md §4, §8 rule 2).
+    """
+    if num_splits > 0:
+        return int(num_splits)
+    sms, ctas = device_slots(device)
+    return auto_splits(batch, kv_heads, sms, ctas)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def split_chunk(seq_len: int, num_splits: int, tile: int) -> tuple[int, int]:
+    """Per-sequence split rule run by every CTA on the device (decode.md §4).
+
+    Returns ``(chunk, S_b)``: split ``s`` of this sequence covers tokens
+    ``[s * chunk, min((s + 1) * chunk, seq_len))``, and exactly the splits ``s < S_b`` are
+    non-empty. ``chunk = max(256, round_up(ceil(T / S), tile))`` and ``S_b = ceil(T / chunk)``,
+    so ``S_b <= S`` and a sequence of 0 tokens has no live split at all.
+    """
+    chunk = max(MIN_CHUNK, _ceil_div(_ceil_div(seq_len, num_splits), tile) * tile)
+    return chunk, _ceil_div(seq_len, chunk)
+
+
+def _validate_data(k_cache, seq_lens, block_table) -> list[int]:
+    """Data-dependent checks the (metadata-only) checks cannot do; returns seq_lens as ints.
+
+    Reading ``seq_lens`` here is fine: the reference is allowed to synchronise, the kernel reads
+    each length on the device instead.
+    """
+    lens = [int(x) for x in seq_lens.tolist()]
+    if block_table is None:
+        capacity, where = k_cache.shape[2], "T_cap = k_cache.shape[2]"
+    else:
+        capacity = block_table.shape[1] * k_cache.shape[1]
+        where = "max_blocks * page_size = block_table.shape[1] * k_cache.shape[1]"
+    for b, n in enumerate(lens):
+        if n < 0 or n > capacity:
+            raise ValueError(f"seq_lens: expected values in [0, {capacity}] (the cache capacity, "
+                             f"{where}), got seq_lens[{b}] = {n}")
+    if block_table is not None and len(lens) > 0:
+        page_size, num_blocks = k_cache.shape[1], k_cache.shape[0]
+        # Only the pages a sequence actually uses must be valid: the tail of a block-table row
+        # is padding (often -1 or stale indices) and is never read.
+        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < torch.tensor(
+            [_ceil_div(n, page_size) for n in lens], device=block_table.device)[:, None]
+        bad = used & ((block_table < 0) | (block_table >= num_blocks))
+        if bool(bad.any()):
+            b, j = (int(i) for i in bad.nonzero()[0].tolist())
+            raise ValueError(f"block_table: expected page indices in [0, {num_blocks}) (num_blocks = "
+                             f"k_cache.shape[0]) for the {_ceil_div(lens[b], page_size)} pages used by "
+                             f"sequence {b}, got block_table[{b}, {j}] = {int(block_table[b, j])}")
+    return lens
+
+
+def _gather_tokens(cache: torch.Tensor, b: int, start: int, end: int, block_table) -> torch.Tensor:
+    """Tokens ``[start, end)`` of sequence ``b`` as fp32 ``[Hkv, n, D]``, from either layout."""
+    if block_table is None:
+        rows = cache[b, :, start:end]  # [Hkv, n, D]: a strided view, no copy of the padding
+    else:
+        # Paged: token t lives in slot t % page_size of page block_table[b, t // page_size].
+        page_size = cache.shape[1]
+        t = torch.arange(start, end, device=cache.device)
+        pages = block_table[b, t // page_size].long()
+        rows = cache[pages, t % page_size].transpose(0, 1)  # [n, Hkv, D] -> [Hkv, n, D]
+    return rows.float()
+
+
+def split_partials(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, num_splits=0):
+    """Stage 2 of the kernel: the per-split normalized partials and their lse.
+
+    Args: as :func:`flash_decode`.
+
+    Returns:
+        ``(partial_out [S, B, Hq, D] fp32, partial_lse [S, B, Hq] fp32)`` where S is the host
+        plan (:func:`plan_num_splits`). For split ``s`` of sequence ``b``: if ``s < S_b``,
+        ``partial_out[s, b]`` is the softmax-weighted mean of V over that split's tokens and
+        ``partial_lse[s, b]`` the natural log of its softmax denominator (scale included);
+        otherwise ``partial_lse[s, b] = -inf`` and ``partial_out[s, b]`` is *never written*
+        (allocated with ``torch.empty``, as the kernel's workspace): the merge must skip it.
+    """
+    B, Hq, D = q.shape
+    paged = block_table is not None
+    Hkv = k_cache.shape[2] if paged else k_cache.shape[1]
+    G = Hq // Hkv  # query heads per KV head: head h reads KV head h // G
+    scale = D ** -0.5 if scale is None else float(scale)
+    tile = k_cache.shape[1] if paged else CONTIGUOUS_TILE
+    lens = _validate_data(k_cache, seq_lens, block_table)
+
+    S = plan_num_splits(B, Hkv, q.device, num_splits)
+    # Deliberately torch.empty: empty splits leave their partial as whatever the workspace held
+    # (NaN under the test suite's poisoning). Only partial_lse is written everywhere.
+    partial_out = torch.empty((S, B, Hq, D), dtype=torch.float32, device=q.device)
+    partial_lse = torch.full((S, B, Hq), -math.inf, dtype=torch.float32, device=q.device)
+
+    # q pre-scaled once, grouped so the G query heads sharing KV head j sit in row j: one CTA
+    # serves the whole group from a single read of each K/V stage (decode.md §3).
+    q_groups = (q.float() * scale).reshape(B, Hkv, G, D)
+    for b, T in enumerate(lens):
+        chunk, S_b = split_chunk(T, S, tile)
+        for s in range(S_b):
+            start, end = s * chunk, min((s + 1) * chunk, T)
+            k = _gather_tokens(k_cache, b, start, end, block_table)  # [Hkv, n, D]
+            v = _gather_tokens(v_cache, b, start, end, block_table)
+            logits = q_groups[b] @ k.transpose(1, 2)  # [Hkv, G, n]
+            m = logits.amax(dim=-1, keepdim=True)  # finite: every live split has >= 1 token
+            p = torch.exp(logits - m)
+            l = p.sum(dim=-1, keepdim=True)
+            partial_out[s, b] = ((p @ v) / l).reshape(Hq, D)  # normalized: O_s = sum p v / l
+            partial_lse[s, b] = (m + torch.log(l)).reshape(Hq)
+    return partial_out, partial_lse
+
+
+def merge_partials(partial_out: torch.Tensor, partial_lse: torch.Tensor, out_dtype: torch.dtype):
+    """The log-sum-exp merge of decode.md §5, in fp32; returns ``(out [B, Hq, D], lse [B, Hq])``.
+
+    ``M = max_s lse_s``, ``w_s = exp(lse_s - M)``, ``out = sum_s w_s O_s / sum_s w_s``,
+    ``lse = M + ln(sum_s w_s)``, with the two NaN guards every kernel must reproduce:
+
+    * a split with ``lse_s = -inf`` is *skipped* (selected out), not multiplied by its weight 0:
+      its partial was never written and ``0 * NaN`` is NaN;
+    * when every split is empty (``M = -inf``, e.g. ``seq_len == 0``) ``exp(-inf - -inf)`` would be
+      NaN, so the result is defined as ``out = 0``, ``lse = -inf``.
+    """
+    o = partial_out.float()
+    lse_s = partial_lse.float()
+    live = lse_s != -math.inf  # [S, B, Hq]
+    M = lse_s.amax(dim=0)  # [B, Hq]
+    empty = M == -math.inf
+    M_safe = torch.where(empty, torch.zeros_like(M), M)  # keeps exp() away from -inf - -inf
+    w = torch.where(live, torch.exp(lse_s - M_safe), torch.zeros_like(lse_s))
+    acc = torch.where(live[..., None], w[..., None] * o, torch.zeros_like(o)).sum(dim=0)
+    w_sum = w.sum(dim=0)
+    out = acc / torch.where(empty, torch.ones_like(w_sum), w_sum)[..., None]
+    lse = torch.where(empty, torch.full_like(M, -math.inf), M_safe + torch.log(w_sum))
+    # One rounding to the output dtype, after the merge; fresh contiguous tensors, never views.
+    return out.to(out_dtype).contiguous(), lse.contiguous()
 
 
 def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, num_splits=0):
-    raise NotImplementedError("flash_decode: reference not written yet")
+    """Split-K decode attention: :func:`split_partials` then :func:`merge_partials`.
+
+    With a host plan of ``S = 1`` the kernel's split stage writes ``out``/``lse`` itself; the merge
+    of a single split is exact (``w = 1``), so routing it through the merge gives the same bits.
+    """
+    partial_out, partial_lse = split_partials(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits)
+    return merge_partials(partial_out, partial_lse, q.dtype)
 
 
 def flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse):
-    raise NotImplementedError("flash_decode_out: reference not written yet")
+    """:func:`flash_decode` writing into the caller's ``out`` and ``lse`` (any strides), in place."""
+    o, l = flash_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits)
+    out.copy_(o)
+    lse.copy_(l)
 
 
 def merge_attn_states(partial_out, partial_lse):
-    raise NotImplementedError("merge_attn_states: reference not written yet")
+    """Merge ``[S, B, Hq, D]`` partials (+ fp32 ``[S, B, Hq]`` lse); out in partial_out's dtype."""
+    return merge_partials(partial_out, partial_lse, partial_out.dtype)
