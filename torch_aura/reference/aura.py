@@ -243,13 +243,17 @@ def _gather_block(codes, norms, seq_lens, block_table, t0: int, t1: int):
     t = torch.arange(t0, t1, device=seq_lens.device)
     valid = t[None, :] < seq_lens.to(torch.int64)[:, None]  # [B, n]
     if block_table is None:
-        return codes[:, :, t0:t1], norms[:, :, t0:t1], valid
-    page_size = codes.shape[1]
-    pages = block_table.to(torch.int64)[:, t // page_size]  # [B, n]
-    pages = torch.where(valid, pages, torch.zeros_like(pages))
-    rows = (t % page_size)[None, :].expand_as(pages)
-    # [num_blocks, page_size, Hkv, PW][pages, rows] -> [B, n, Hkv, PW] -> [B, Hkv, n, PW]
-    return codes[pages, rows].transpose(1, 2), norms[pages, rows].transpose(1, 2), valid
+        block_codes, block_norms = codes[:, :, t0:t1], norms[:, :, t0:t1]
+    else:
+        page_size = codes.shape[1]
+        pages = block_table.to(torch.int64)[:, t // page_size]  # [B, n]
+        pages = torch.where(valid, pages, torch.zeros_like(pages))
+        rows = (t % page_size)[None, :].expand_as(pages)
+        # [num_blocks, page_size, Hkv, PW][pages, rows] -> [B, n, Hkv, PW] -> [B, Hkv, n, PW]
+        block_codes, block_norms = codes[pages, rows].transpose(1, 2), norms[pages, rows].transpose(1, 2)
+    # One dense tile per block (the kernel's shared-memory stage), whatever the cache layout, so
+    # both layouts run the very same fp32 arithmetic and give bitwise-equal partials.
+    return block_codes.contiguous(), block_norms.contiguous(), valid
 
 
 def _check_seq_lens(seq_lens, block_table, capacity: int, num_blocks: int, page_size: int) -> None:
