@@ -131,7 +131,7 @@ def check_vs_oracle(name, out, lse, q, k, v, lens, table=None, scale=None):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=lambda d: f"D{d}")
 def test_contiguous_matches_sdpa(D, dtype):
     T_cap = 300 if D <= 128 else 45
     lens = [T_cap, 37, 1] if D <= 128 else [T_cap, 17, 1]
@@ -345,7 +345,7 @@ def test_decode_num_splits_is_one_when_work_fills_the_gpu():
         assert torch_aura.decode_num_splits(work, 1, 132, 2) == 1
 
 
-@pytest.mark.parametrize("sms,ctas", ((132, 2), (132, 1), (78, 3), (16, 1)))
+@pytest.mark.parametrize("sms,ctas", ((132, 2), (132, 1), (78, 3), (16, 1)), ids=lambda x: str(x))
 def test_decode_num_splits_efficiency_rule(sms, ctas):
     """The smallest s whose wave efficiency is within 85% of the best s in [1, cap]."""
     slots = sms * ctas
