@@ -164,8 +164,10 @@ def _attention_inputs(q_name, q, k_codes, k_norms, v_codes, v_norms, seq_lens, k
         c.dim("block_table", block_table, 0, B, f"batch of {q_name}")
         nb, page_size, Hkv = k_codes.shape[0], k_codes.shape[1], k_codes.shape[2]
         capacity = block_table.shape[1] * page_size
-        c.shape("k_codes", k_codes, [nb, page_size, Hkv, PWk], "paged [num_blocks, page_size, Hkv, PW = head_dim * key_bits / 32]")
-        c.shape("v_codes", v_codes, [nb, page_size, Hkv, PWv], "paged [num_blocks, page_size, Hkv, PW = head_dim * value_bits / 32]")
+        c.shape("k_codes", k_codes, [nb, page_size, Hkv, PWk],
+                "paged [num_blocks, page_size, Hkv, PW = head_dim * key_bits / 32]")
+        c.shape("v_codes", v_codes, [nb, page_size, Hkv, PWv],
+                "paged [num_blocks, page_size, Hkv, PW = head_dim * value_bits / 32]")
     c.shape("k_norms", k_norms, list(k_codes.shape[:3]), "k_codes.shape[:3]")
     c.shape("v_norms", v_norms, list(k_codes.shape[:3]), "k_codes.shape[:3]")
     c.divides(q_name, Hq, Hkv, "query heads", "KV heads")

@@ -179,7 +179,7 @@ def encode_indices(x: torch.Tensor, codebook_d: torch.Tensor, boundaries_d: torc
     # idx_j = #{k : y_j > boundaries[k]}, strict: a tie takes the lower index. searchsorted with
     # right=False returns the count of boundaries strictly below y, i.e. exactly that count, and
     # equals nearest-centroid search because boundaries are the centroid midpoints.
-    idx = torch.searchsorted(boundaries_d, y.contiguous(), right=False)
+    idx = torch.searchsorted(boundaries_d.contiguous(), y.contiguous(), right=False)
     c_hat = codebook_d[idx]
     # Corrected norm: the decoded vector norm * Pi^T c_hat keeps |x|, since |c_hat| != 1.
     norms = r / _row_norm(c_hat)
