@@ -221,10 +221,14 @@ class AuraCache:
         """Bytes held by the K and V codes and norms."""
         return sum(t.numel() * t.element_size() for t in (self.k_codes, self.k_norms, self.v_codes, self.v_norms))
 
-    def bf16_equivalent_bytes(self) -> int:
-        """Bytes a bf16 K+V cache with the same token slots would take (2 bytes per value)."""
+    def dense_bytes(self, dtype: torch.dtype = torch.bfloat16) -> int:
+        """Bytes an uncompressed K+V cache of ``dtype`` with the same token slots would take."""
         slots = self.k_norms.numel()  # token-heads
-        return 2 * slots * self.head_dim * 2
+        return 2 * slots * self.head_dim * dtype.itemsize
+
+    def bf16_equivalent_bytes(self) -> int:
+        """Bytes a bf16 K+V cache with the same token slots would take: ``dense_bytes(torch.bfloat16)``."""
+        return self.dense_bytes(torch.bfloat16)
 
     def __repr__(self) -> str:
         layout = (f"paged num_blocks={self.k_codes.shape[0]} page_size={self.page_size}" if self.paged

@@ -893,7 +893,8 @@ def test_aura_cache_quality_against_exact_attention():
 def test_aura_cache_reset_memory_and_repr():
     cache = ta.AuraCache("aura4v2", batch=3, kv_heads=8, head_dim=128, capacity=10)
     assert cache.memory_bytes() == 3 * 8 * 10 * 104  # 68 + 36 bytes per token-head (§7)
-    assert cache.bf16_equivalent_bytes() == 3 * 8 * 10 * 512
+    assert cache.bf16_equivalent_bytes() == cache.dense_bytes() == 3 * 8 * 10 * 512
+    assert cache.dense_bytes(torch.float32) == 3 * 8 * 10 * 1024
     assert round(cache.bf16_equivalent_bytes() / cache.memory_bytes(), 2) == 4.92
     assert "aura4v2" in repr(cache) and "4.92x" in repr(cache)
     cache.append(torch.randn(3, 4, 8, 128), torch.randn(3, 4, 8, 128))
