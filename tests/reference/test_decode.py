@@ -281,9 +281,10 @@ def test_empty_batch():
 
 
 def _doc_chunk(T, S, tile):
-    """decode.md §4, written out again: chunk_b = max(256, round_up(ceil(T/S), tile))."""
-    per_split = math.ceil(T / S)
-    return max(256, math.ceil(per_split / tile) * tile)
+    """decode.md §4 with §6's whole pages, written out again:
+    chunk_b = round_up(max(256, ceil(T/S)), tile)."""
+    per_split = max(256, math.ceil(T / S))
+    return math.ceil(per_split / tile) * tile
 
 
 @pytest.mark.parametrize("layout", ("contig", "page7"))
@@ -308,6 +309,7 @@ def test_split_partials_follow_the_documented_rule(layout, S):
         for s in range(S_b):
             lo, hi = s * chunk, min((s + 1) * chunk, T)
             assert hi > lo, "a live split is never empty"
+            assert lo % tile == 0, "a split starts on a page boundary (decode.md §6)"
             K = dense_kv(k, b, T, table)[:, lo:hi].double().repeat_interleave(2, dim=0)
             V = dense_kv(v, b, T, table)[:, lo:hi].double().repeat_interleave(2, dim=0)
             qb = q[b].double()[:, None]

@@ -98,10 +98,15 @@ def split_chunk(seq_len: int, num_splits: int, tile: int) -> tuple[int, int]:
 
     Returns ``(chunk, S_b)``: split ``s`` of this sequence covers tokens
     ``[s * chunk, min((s + 1) * chunk, seq_len))``, and exactly the splits ``s < S_b`` are
-    non-empty. ``chunk = max(256, round_up(ceil(T / S), tile))`` and ``S_b = ceil(T / chunk)``,
+    non-empty. ``chunk = round_up(max(256, ceil(T / S)), tile)`` and ``S_b = ceil(T / chunk)``,
     so ``S_b <= S`` and a sequence of 0 tokens has no live split at all.
+
+    The 256-token floor is applied before rounding to whole tiles so that a split never straddles
+    a page, even for page sizes that do not divide 256 (decode.md §6: a CTA resolves each page
+    index once). Where the tile divides 256 this equals decode.md §4's
+    ``max(256, round_up(ceil(T / S), tile))``.
     """
-    chunk = max(MIN_CHUNK, _ceil_div(_ceil_div(seq_len, num_splits), tile) * tile)
+    chunk = _ceil_div(max(MIN_CHUNK, _ceil_div(seq_len, num_splits)), tile) * tile
     return chunk, _ceil_div(seq_len, chunk)
 
 
