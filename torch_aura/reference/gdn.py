@@ -23,11 +23,14 @@ what ``chunk_indices`` lists as ``(sequence id, chunk index in sequence)``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 BT = 64  # chunk length (gdn.md §2)
 SUB = 16  # diagonal block size of the blocked triangular inverse (gdn.md §3.2)
 L2NORM_EPS = 1e-6
+CHUNK_BATCH = 32  # chunks processed side by side by the chunk-parallel stages (memory bound only)
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -106,25 +109,49 @@ def _chunks(T: int, cu_seqlens, chunk_indices) -> list[tuple[int, int, int]]:
     return chunks
 
 
-def _tile(x: torch.Tensor, bos: int, eos: int, dtype: torch.dtype) -> torch.Tensor:
-    """Rows ``[bos, eos)`` of ``x [B, T, H, ...]`` as a heads-first ``[B, H, BT, ...]`` tile.
+class _Chunks(NamedTuple):
+    """A batch of chunks processed side by side (the kernels' chunk-parallel grid, vectorised)."""
 
-    Rows past ``eos`` are zero: a masked load. Zeros keep every dot product exact, but a zero ``g``
-    past the end makes ``exp(G_i - G_j)`` large, so every consumer also *selects* them away.
+    ids: torch.Tensor  # [NC] flat chunk indices (rows of h)
+    rows: torch.Tensor  # [NC, BT] token index of every tile row (past a chunk's end: its first row)
+    valid: torch.Tensor  # [NC, 1, BT] row < chunk length; broadcasts against [B, NC, HV, BT]
+
+
+def _batches(chunks, device, first: int = 0, size: int = CHUNK_BATCH):
+    """Yield the chunks ``[(seq, bos, eos)]`` in batches of at most ``size`` (bounds memory only)."""
+    r = torch.arange(BT, device=device)
+    for c0 in range(0, len(chunks), size):
+        part = chunks[c0 : c0 + size]
+        bos = torch.tensor([b for _, b, _ in part], dtype=torch.long, device=device)
+        n = torch.tensor([e - b for _, b, e in part], dtype=torch.long, device=device)
+        valid = r < n[:, None]
+        ids = torch.arange(first + c0, first + c0 + len(part), device=device)
+        yield _Chunks(ids, bos[:, None] + torch.where(valid, r, 0), valid[:, None, :])
+
+
+def _load(x: torch.Tensor, cb: _Chunks, dtype: torch.dtype) -> torch.Tensor:
+    """Chunk tiles of ``x [B, T, H, ...]``, heads-first: ``[B, NC, H, BT, ...]`` in ``dtype``.
+
+    Rows past a chunk's end are zero: a masked load. Zeros keep every dot product exact, but a zero
+    ``g`` past the end makes ``exp(G_i - G_j)`` large, so every consumer also *selects* them away.
     """
-    tile = torch.zeros((x.shape[0], x.shape[2], BT, *x.shape[3:]), dtype=dtype, device=x.device)
-    tile[:, :, : eos - bos] = x[:, bos:eos].movedim(1, 2)
-    return tile
+    t = x[:, cb.rows].to(dtype).movedim(2, 3)  # [B, NC, BT, H, ...] -> [B, NC, H, BT, ...]
+    mask = cb.valid.view(*cb.valid.shape, *(1,) * (x.dim() - 3))
+    return torch.where(mask, t, 0.0)
 
 
-def _store(out: torch.Tensor, bos: int, eos: int, tile: torch.Tensor) -> None:
-    """Store the valid rows of a heads-first tile into ``out [B, T, H, ...]`` (rounded to out.dtype)."""
-    out[:, bos:eos] = tile[:, :, : eos - bos].movedim(2, 1).to(out.dtype)
+def _save(out: torch.Tensor, cb: _Chunks, tile: torch.Tensor) -> None:
+    """Store the valid rows of heads-first tiles ``[B, NC, H, BT, ...]`` into ``out [B, T, H, ...]``.
+
+    The cast to ``out.dtype`` is the kernel's store: the one place a result is rounded.
+    """
+    valid = cb.valid[:, 0]  # [NC, BT]
+    out[:, cb.rows[valid]] = tile.movedim(3, 2)[:, valid].to(out.dtype)
 
 
 def _gva(x: torch.Tensor, HV: int) -> torch.Tensor:
-    """Expand q/k heads (dim 1 of a tile) to value heads: value head hv reads key head hv // (HV/H)."""
-    return x.repeat_interleave(HV // x.shape[1], dim=1)
+    """Expand the q/k heads of a tile (dim 2) to value heads: value head hv reads key head hv // (HV/H)."""
+    return x.repeat_interleave(HV // x.shape[2], dim=2)
 
 
 def _load_state(s: torch.Tensor, dtype: torch.dtype, state_v_first: bool) -> torch.Tensor:
@@ -169,10 +196,6 @@ def _solve_unit_lower(A: torch.Tensor) -> torch.Tensor:
     return blocks[0][1]
 
 
-def _valid_rows(n: int, device) -> torch.Tensor:
-    return torch.arange(BT, device=device) < n
-
-
 # ------------------------------------------------------------------------------ stage ops
 def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
     """Inclusive cumsum of ``g [B, T, HV]`` within each 64-token chunk -> ``g_cum`` fp32 (§3.1).
@@ -183,20 +206,20 @@ def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
     cd = _compute_dtype(g)
     B, T, HV = g.shape
     g_cum = torch.empty((B, T, HV), dtype=cd, device=g.device)
-    for _, bos, eos in _chunks(T, cu_seqlens, chunk_indices):
-        g_cum[:, bos:eos] = g[:, bos:eos].to(cd).cumsum(dim=1)
+    for cb in _batches(_chunks(T, cu_seqlens, chunk_indices), g.device):
+        _save(g_cum, cb, _load(g, cb, cd).cumsum(dim=-1))  # [B, NC, HV, BT]; zeros past the end
     return g_cum
 
 
 def _gated_kkt(kc, G, beta, valid):
-    """Strictly lower ``A[i, j] = beta_i (k_i . k_j) exp(G_i - G_j)`` of one chunk, ``[B, HV, 64, 64]``.
+    """Strictly lower ``A[i, j] = beta_i (k_i . k_j) exp(G_i - G_j)``, ``[B, NC, HV, 64, 64]``.
 
     ``k k^T`` first (fp32 accumulate), then beta and the gate (beta after the dot, as FLA).
     Above the diagonal ``G_i - G_j > 0`` and exp may overflow to inf; zero rows past the end give
     ``0 * inf = NaN``: the mask is applied by SELECT, never by multiplying with 0/1.
     """
     rows = torch.arange(BT, device=kc.device)
-    keep = (rows[:, None] > rows[None, :]) & valid[:, None] & valid[None, :]
+    keep = (rows[:, None] > rows[None, :]) & valid[..., :, None] & valid[..., None, :]
     gated = (kc @ kc.transpose(-1, -2)) * beta[..., :, None] * torch.exp(G[..., :, None] - G[..., None, :])
     return torch.where(keep, gated, 0.0)
 
@@ -211,11 +234,10 @@ def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
     B, T, _, _ = k.shape
     HV = g_cum.shape[2]
     Ai = torch.empty((B, T, HV, BT), dtype=k.dtype, device=k.device)
-    for _, bos, eos in _chunks(T, cu_seqlens, chunk_indices):
-        valid = _valid_rows(eos - bos, k.device)
-        kc = _gva(_tile(k, bos, eos, cd), HV)  # [B, HV, BT, K]
-        A = _gated_kkt(kc, _tile(g_cum, bos, eos, cd), _tile(beta, bos, eos, cd), valid)
-        _store(Ai, bos, eos, _solve_unit_lower(A))
+    for cb in _batches(_chunks(T, cu_seqlens, chunk_indices), k.device):
+        kc = _gva(_load(k, cb, cd), HV)  # [B, NC, HV, BT, K]
+        A = _gated_kkt(kc, _load(g_cum, cb, cd), _load(beta, cb, cd), cb.valid)
+        _save(Ai, cb, _solve_unit_lower(A))
     return Ai
 
 
@@ -230,14 +252,14 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     HV, V = v.shape[2], v.shape[3]
     w = torch.empty((B, T, HV, K), dtype=k.dtype, device=k.device)
     u = torch.empty((B, T, HV, V), dtype=v.dtype, device=k.device)
-    for _, bos, eos in _chunks(T, cu_seqlens, chunk_indices):
-        A_inv = _tile(Ai, bos, eos, cd)  # [B, HV, BT, BT]
-        b = _tile(beta, bos, eos, cd)  # [B, HV, BT]
-        G = _tile(g_cum, bos, eos, cd)
-        kb = _rnd(_gva(_tile(k, bos, eos, cd), HV) * (b * torch.exp(G))[..., None], k.dtype)
-        vb = _rnd(_tile(v, bos, eos, cd) * b[..., None], v.dtype)
-        _store(w, bos, eos, A_inv @ kb)
-        _store(u, bos, eos, A_inv @ vb)
+    for cb in _batches(_chunks(T, cu_seqlens, chunk_indices), k.device):
+        A_inv = _load(Ai, cb, cd)  # [B, NC, HV, BT, BT]; rows past the end are zero
+        b = _load(beta, cb, cd)  # [B, NC, HV, BT]
+        G = _load(g_cum, cb, cd)
+        kb = _rnd(_gva(_load(k, cb, cd), HV) * (b * torch.exp(G))[..., None], k.dtype)
+        vb = _rnd(_load(v, cb, cd) * b[..., None], v.dtype)
+        _save(w, cb, A_inv @ kb)
+        _save(u, cb, A_inv @ vb)
     return w, u
 
 
@@ -253,7 +275,8 @@ def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices
         b_v = select(row valid, exp(G_L - G_j) * b_v, 0);  S = exp(G_L) S + k_c^T @ rnd(b_v)
 
     with ``L`` the chunk's last VALID row. A zero-length sequence has no chunks: its final state is
-    its initial state (or 0).
+    its initial state (or 0). Sequences run one after another (fixed length: the B rows together);
+    a kernel runs them in parallel.
     """
     cd = _compute_dtype(k, w, u, g_cum, initial_state)
     B, T, _, K = k.shape
@@ -270,23 +293,22 @@ def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices
     for n, (bos, eos) in enumerate(seqs):
         rows = slice(None) if cu_seqlens is None else slice(n, n + 1)  # this sequence's state rows
         if initial_state is None:
-            S = torch.zeros((B if cu_seqlens is None else 1, HV, K, V), dtype=cd, device=k.device)
+            S = torch.zeros((B if cu_seqlens is None else 1, 1, HV, K, V), dtype=cd, device=k.device)
         else:
-            S = _load_state(initial_state[rows], cd, state_v_first)
-        for cbos in range(bos, eos, BT):
-            ceos = min(cbos + BT, eos)
-            valid = _valid_rows(ceos - cbos, k.device)
+            S = _load_state(initial_state[rows], cd, state_v_first)[:, None]  # [b, 1, HV, K, V]
+        for cb in _batches(chunks[i : i + (eos - bos + BT - 1) // BT], k.device, first=i, size=1):
+            L = int(cb.valid.sum()) - 1  # last VALID row, not row 63
             S_op = _rnd(S, k.dtype)  # the stored h is what w @ S reads
-            h[:, i] = _stored_state(S_op, state_v_first).to(k.dtype)
-            G = _tile(g_cum, cbos, ceos, cd)  # [b, HV, BT]
-            b_v = _tile(u, cbos, ceos, cd) - _tile(w, cbos, ceos, cd) @ S_op  # [b, HV, BT, V]
-            _store(v_new, cbos, ceos, b_v)
-            G_L = G[..., ceos - cbos - 1]  # last valid row, not row 63
-            gated = torch.where(valid[:, None], torch.exp(G_L[..., None] - G)[..., None] * b_v, 0.0)
-            kc = _gva(_tile(k, cbos, ceos, cd), HV)
+            h[:, cb.ids] = _stored_state(S_op, state_v_first).to(k.dtype)
+            G = _load(g_cum, cb, cd)  # [b, 1, HV, BT]
+            b_v = _load(u, cb, cd) - _load(w, cb, cd) @ S_op  # [b, 1, HV, BT, V]
+            _save(v_new, cb, b_v)
+            G_L = G[..., L]
+            gated = torch.where(cb.valid[..., None], torch.exp(G_L[..., None] - G)[..., None] * b_v, 0.0)
+            kc = _gva(_load(k, cb, cd), HV)
             S = torch.exp(G_L)[..., None, None] * S + kc.transpose(-1, -2) @ _rnd(gated, k.dtype)
             i += 1
-        final_state[rows] = _stored_state(S, state_v_first)
+        final_state[rows] = _stored_state(S[:, 0], state_v_first)
     return h, v_new, final_state
 
 
@@ -308,15 +330,14 @@ def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=
                          f"{'cu_seqlens' if cu_seqlens is not None else 'T'}), got {h.shape[1]}")
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
     rows = torch.arange(BT, device=q.device)
-    for i, (_, bos, eos) in enumerate(chunks):
-        valid = _valid_rows(eos - bos, q.device)
-        keep = (rows[:, None] >= rows[None, :]) & valid[:, None] & valid[None, :]  # inclusive
-        qc = _gva(_tile(q, bos, eos, cd), HV)
-        kc = _gva(_tile(k, bos, eos, cd), HV)
-        G = _tile(g_cum, bos, eos, cd)
-        b_o = (qc @ _load_state(h[:, i], cd, state_v_first)) * torch.exp(G)[..., None]
+    for cb in _batches(chunks, q.device):
+        keep = (rows[:, None] >= rows[None, :]) & cb.valid[..., :, None] & cb.valid[..., None, :]  # inclusive
+        qc = _gva(_load(q, cb, cd), HV)  # [B, NC, HV, BT, K]
+        kc = _gva(_load(k, cb, cd), HV)
+        G = _load(g_cum, cb, cd)  # [B, NC, HV, BT]
+        b_o = (qc @ _load_state(h[:, cb.ids], cd, state_v_first)) * torch.exp(G)[..., None]
         b_A = torch.where(keep, (qc @ kc.transpose(-1, -2)) * torch.exp(G[..., :, None] - G[..., None, :]), 0.0)
-        _store(o, bos, eos, scale * (b_o + _rnd(b_A, q.dtype) @ _tile(v_new, bos, eos, cd)))
+        _save(o, cb, scale * (b_o + _rnd(b_A, q.dtype) @ _load(v_new, cb, cd)))
     return o
 
 
