@@ -52,7 +52,7 @@ PINNED_8BIT = {128: 0.008446193, 129: 0.025339384, 130: 0.042234983, 131: 0.0591
                255: 4.6035357}
 
 
-@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4], ids=["b1", "b2", "b3", "b4"])
 def test_unit_tables_equal_spec_literals_bit_for_bit(bits):
     # At D = 64 the per-D scaling is an exact division by 8, so x8 recovers the unit fp32 table.
     cb, bd = ta.aura_codebook(bits, 64)
@@ -64,8 +64,8 @@ def test_unit_tables_equal_spec_literals_bit_for_bit(bits):
     assert torch.equal(bd[half:] * 8, torch.tensor(pos_b, dtype=torch.float32))
 
 
-@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
-@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8], ids=["b1", "b2", "b3", "b4", "b8"])
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
 def test_codebook_shape_symmetry_order_and_midpoints(bits, D):
     cb, bd = ta.aura_codebook(bits, D)
     assert cb.dtype == bd.dtype == torch.float32
@@ -93,7 +93,7 @@ def _quadrature_mse(unit_c: torch.Tensor) -> float:
     return float(torch.trapezoid(f, x))
 
 
-@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8], ids=["b1", "b2", "b3", "b4", "b8"])
 def test_gaussian_mse_matches_spec(bits):
     unit = ta.aura_codebook(bits, 64)[0] * 8
     mse = AC.gaussian_mse(unit)
@@ -228,7 +228,7 @@ def _signs_oracle(mask: torch.Tensor, D: int) -> torch.Tensor:
                         dtype=torch.float64)
 
 
-@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
 def test_rotation_equals_dense_popcount_matrix(D):
     mask = ta.aura_sign_mask(D, seed=7, layer=2, kind="v")
     s = _signs_oracle(mask, D)
@@ -244,7 +244,7 @@ def test_rotation_equals_dense_popcount_matrix(D):
     assert max_rel(ta.hadamard_rotate(x), x.double() @ H.T / math.sqrt(D)) <= 1e-6
 
 
-@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
 def test_rotation_norm_inverse_and_scale(D):
     mask = ta.aura_sign_mask(D)
     x = _randn(4, 3, 2, D, seed=1, dtype=torch.float32)  # any leading dims
@@ -289,8 +289,8 @@ def _unpack_oracle(words: list[int], b: int, D: int) -> list[int]:
     return [(stream >> (j * b)) & ((1 << b) - 1) for j in range(D)]
 
 
-@pytest.mark.parametrize("bits", BITS)
-@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
 def test_pack_unpack_round_trip(bits, D):
     g = _gen(bits * 1000 + D)
     idx = torch.randint(0, 2 ** bits, (6, D), generator=g)
@@ -358,8 +358,8 @@ def _encode_oracle(x: torch.Tensor, bits: int, mask) -> tuple[torch.Tensor, torc
     return idx, (r[..., 0] / c_hat.norm(dim=-1)), gap
 
 
-@pytest.mark.parametrize("bits", BITS)
-@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
 def test_encode_matches_nearest_centroid_oracle(bits, D):
     mask = ta.aura_sign_mask(D, layer=1)
     x = _randn(3, 11, D, seed=bits + D, dtype=torch.float32) * 3.0
@@ -387,7 +387,7 @@ def test_encode_quality_and_norm_preservation(bits, cos):
     assert (ratio - 1).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])
 def test_zero_nan_inf_rows(bits):
     D = 64
     x = _randn(6, D, seed=5, dtype=torch.float32)
@@ -407,7 +407,7 @@ def test_zero_nan_inf_rows(bits):
     assert bool((out[1:] == 0).all()), "a zero/non-finite row must decode to exact zeros"
 
 
-@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])
 def test_strict_greater_on_exact_zero_rotations(bits):
     D = 128
     mask = ta.aura_sign_mask(D)
@@ -447,7 +447,7 @@ def test_encode_low_precision_input_is_fp32_math(dtype):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])
 @pytest.mark.parametrize("D", [64, 256])
 def test_dequantize_matches_oracle(bits, D):
     mask = ta.aura_sign_mask(D, kind="v")
@@ -471,7 +471,7 @@ def _garbage_cache(shape_codes, seed):
     return codes, norms
 
 
-@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])
 def test_write_cache_contiguous_equals_encode_plus_scatter(bits):
     B, Hkv, T_cap, D, N = 3, 2, 7, 128, 9
     cb, bd = ta.aura_codebook(bits, D)
@@ -632,21 +632,21 @@ def _check_attention(cache: Cache, Hq: int, L: int | None, block_size: int, seed
     return o, m, l
 
 
-@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
 @pytest.mark.parametrize("kb,vb", PAIRS, ids=[f"k{k}v{v}" for k, v in PAIRS])
 def test_parity_every_bit_pair_and_head_dim(kb, vb, D):
     cache = Cache(B=2, Hkv=2, cap=37, D=D, kb=kb, vb=vb, seq_lens=[37, 20], seed=kb * 10 + vb)
     _check_attention(cache, Hq=6, L=None, block_size=16)
 
 
-@pytest.mark.parametrize("Hkv", [1, 2, 8])
-@pytest.mark.parametrize("G", range(1, 9))
+@pytest.mark.parametrize("Hkv", [1, 2, 8], ids=lambda h: f"Hkv{h}")
+@pytest.mark.parametrize("G", range(1, 9), ids=lambda g: f"G{g}")
 def test_parity_gqa_ratios(G, Hkv):
     cache = Cache(B=2, Hkv=Hkv, cap=19, D=64, kb=4, vb=2, seq_lens=[19, 11], seed=G)
     _check_attention(cache, Hq=G * Hkv, L=None, block_size=8)
 
 
-@pytest.mark.parametrize("T", [0, 1, 31, 32, 33, 63, 64, 65])
+@pytest.mark.parametrize("T", [0, 1, 31, 32, 33, 63, 64, 65], ids=lambda t: f"T{t}-bs64")
 def test_parity_sequence_lengths_around_blocks(T):
     # block size 64: T in {bs-1, bs, bs+1} and the 32-token stage edges; second sequence fixed.
     cache = Cache(B=2, Hkv=2, cap=130, D=128, kb=4, vb=4, seq_lens=[T, 70], seed=T)
@@ -737,7 +737,7 @@ def test_p2_skips_nan_poisoned_empty_partials():
             assert bool(torch.isfinite(got).all())
 
 
-@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
 @pytest.mark.parametrize("kb,vb", PAIRS, ids=[f"k{k}v{v}" for k, v in PAIRS])
 def test_single_token_decode_path(kb, vb, D):
     # B = 1, L = 1: the batch-1 vector path that left half the V rows undecoded elsewhere.
