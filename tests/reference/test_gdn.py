@@ -228,7 +228,7 @@ def dense_A(k, g_cum, beta, bos, n, b=0, hv=0, H_ratio=1):
     return A
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
 def test_kkt_solve_properties_and_vs_solve_triangular(dtype):
     B, T, H, HV, K = 2, 100, 1, 2, 24  # chunks of 64 and 36 rows
     q, k, v, g, beta = make_inputs(B, T, H, HV, K, 8, dtype, seed=5)
@@ -282,7 +282,7 @@ def test_chunk_cumsum_resets_per_chunk_and_sequence():
         assert_close("g_cum", got, expected, 1e-6)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
 def test_recompute_w_u_vs_dense(dtype):
     B, T, H, HV, K, V = 1, 90, 2, 4, 20, 36
     q, k, v, g, beta = make_inputs(B, T, H, HV, K, V, dtype, seed=7)
@@ -327,7 +327,7 @@ def dense_fwd_h(k, w, u, g_cum, h0, H_ratio):
     return torch.stack(hs, 1), v_new, S
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("with_h0", [False, True], ids=["h0none", "h0randn"])
 def test_fwd_h_vs_dense(dtype, with_h0):
     B, T, H, HV, K, V = 2, 100, 1, 2, 24, 20
@@ -347,7 +347,7 @@ def test_fwd_h_vs_dense(dtype, with_h0):
         assert torch.equal(h[:, 0], torch.zeros_like(h[:, 0]))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
 def test_fwd_o_from_recurrence_states(dtype):
     # feed fwd_o the oracle's chunk-entry states and deltas: its output must be the oracle's o
     B, T, H, HV, K, V = 2, 90, 2, 4, 16, 28
@@ -396,6 +396,12 @@ def test_varlen_chunk_and_recurrent_fp64(lengths, H, HV, K, V, with_ci):
     assert h.shape[1] == ci.shape[0] == sum(math.ceil(L / BT) for L in lengths)
     assert_close("h", h, oracle_h(starts, False), FP64_RATIO)
     assert_close("v_new", v_new, delta, FP64_RATIO)
+
+    # the [V, K] layout: same numbers, transposed
+    o_vk, final_vk = ref.gdn_chunk(q, k, v, g, beta, None, h0.transpose(-1, -2).contiguous(), cu, ci,
+                                   False, True)
+    assert_close("o (state_v_first)", o_vk, o_ref, FP64_RATIO)
+    assert_close("final_state (state_v_first)", final_vk.transpose(-1, -2), f_ref, FP64_RATIO)
 
     pool = torch.zeros(N + 2, HV, K, V, dtype=torch.float64)
     slots = torch.randperm(N + 2, generator=torch.Generator().manual_seed(0))[:N].to(torch.int32)
