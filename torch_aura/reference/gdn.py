@@ -5,14 +5,15 @@ Two independent formulations of the same forward:
 * ``gdn_recurrent``: the token-by-token recurrence of gdn.md §1 (decode, and the ground truth);
 * ``gdn_chunk``: the chunked algorithm of §2, written as the five stage ops a kernel implements
   (``gdn_chunk_cumsum`` -> ``gdn_kkt_solve`` -> ``gdn_recompute_w_u`` -> ``gdn_fwd_h`` ->
-  ``gdn_fwd_o``), each mirroring its kernel: one 64-row chunk tile at a time (zero-filled past the
-  sequence end, like a masked load), fp32 accumulation, and a round trip to the input dtype
+  ``gdn_fwd_o``), each mirroring its kernel: 64-row chunk tiles (zero-filled past the sequence
+  end, like a masked load; the chunk-parallel stages take a batch of chunks side by side, the
+  kernel's grid; fwd_h walks them in order), fp32 accumulation, and a round trip to the input dtype
   exactly where §3.7 says a kernel stores a 16-bit intermediate. With fp32 inputs nothing is
   rounded; called directly with float64 inputs everything runs in float64 (the tests prove
   chunked == recurrent to 1e-8 that way).
 
 Layouts: tensors are head-last (``[B, T, H, K]``); inside a chunk we work heads-first
-(``[B, HV, BT, K]``) so every per-head product is one batched matmul. States are held as
+(``[B, NC, HV, BT, K]`` for NC chunks) so every per-head product is one batched matmul. States are held as
 ``[.., K, V]`` internally; the ``[.., V, K]`` layout (``state_v_first``) is a transpose at load and
 store, which is exact, so both layouts give bit-identical numbers here.
 
