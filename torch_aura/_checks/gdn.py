@@ -68,19 +68,29 @@ def _state(arg: str, t, N, HV, K, V, state_v_first: bool, what: str) -> None:
     c.shape(arg, t, (N, HV, *_state_dims(K, V, state_v_first)), f"{layout}, {what}")
 
 
-def _qkv_g_beta(q, k, v, g, beta, main: str = "q"):
-    """The common input block of gdn_chunk and gdn_recurrent; returns (B, T, H, HV, K, V)."""
-    _float("q", q, 4)
-    B, T, H, K = q.shape
+def _k_v(k, v):
+    """k [B, T, H, K] and v [B, T, HV, V] of one dtype, K, V <= 256, HV % H == 0;
+    returns (B, T, H, HV, K, V)."""
     _float("k", k, 4)
-    c.shape("k", k, (B, T, H, K), "the shape of q")
+    B, T, H, K = k.shape
     _float("v", v, 4)
-    c.shape("v", v, (B, T, None, None), "[B, T, HV, V], B and T of q")
+    c.shape("v", v, (B, T, None, None), "[B, T, HV, V], B and T of k")
     HV, V = v.shape[2], v.shape[3]
-    c.same_dtype(q=q, k=k, v=v)
+    c.same_dtype(k=k, v=v)
     _head_dim("k", K, "K")
     _head_dim("v", V, "V")
     _heads(H, HV)
+    return B, T, H, HV, K, V
+
+
+def _qkv_g_beta(q, k, v, g, beta):
+    """The common input block of gdn_chunk and gdn_recurrent; returns (B, T, H, HV, K, V)."""
+    _float("q", q, 4)
+    _float("k", k, 4)
+    c.shape("k", k, tuple(q.shape), "the shape of q")
+    _float("v", v, 4)
+    c.same_dtype(q=q, k=k, v=v)  # named after q, the op's main input
+    B, T, H, HV, K, V = _k_v(k, v)
     _float("g", g, 3)
     c.shape("g", g, (B, T, HV), "[B, T, HV]")
     _float("beta", beta, 3)
@@ -130,15 +140,7 @@ def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None) -> list[c
 
 
 def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None) -> list[c.TensorSpec]:
-    _float("k", k, 4)
-    B, T, H, K = k.shape
-    _float("v", v, 4)
-    c.shape("v", v, (B, T, None, None), "[B, T, HV, V], B and T of k")
-    HV, V = v.shape[2], v.shape[3]
-    c.same_dtype(k=k, v=v)
-    _head_dim("k", K, "K")
-    _head_dim("v", V, "V")
-    _heads(H, HV)
+    B, T, H, HV, K, V = _k_v(k, v)
     _float("beta", beta, 3)
     c.shape("beta", beta, (B, T, HV), "[B, T, HV]")
     _float("Ai", Ai, 4)
