@@ -68,18 +68,18 @@ def _state(arg: str, t, N, HV, K, V, state_v_first: bool, what: str) -> None:
     c.shape(arg, t, (N, HV, *_state_dims(K, V, state_v_first)), f"{layout}, {what}")
 
 
-def _k_v(k, v):
-    """k [B, T, H, K] and v [B, T, HV, V] of one dtype, K, V <= 256, HV % H == 0;
-    returns (B, T, H, HV, K, V)."""
-    _float("k", k, 4)
+def _k_v(k, v, k_name: str = "k", v_name: str = "v"):
+    """A key-like ``[B, T, H, K]`` and a value-like ``[B, T, HV, V]`` tensor (v, u or v_new) of one
+    dtype, K, V <= 256, HV % H == 0; returns ``(B, T, H, HV, K, V)``."""
+    _float(k_name, k, 4)
     B, T, H, K = k.shape
-    _float("v", v, 4)
-    c.shape("v", v, (B, T, None, None), "[B, T, HV, V], B and T of k")
+    _float(v_name, v, 4)
+    c.shape(v_name, v, (B, T, None, None), f"[B, T, HV, V], B and T of {k_name}")
     HV, V = v.shape[2], v.shape[3]
-    c.same_dtype(k=k, v=v)
-    _head_dim("k", K, "K")
-    _head_dim("v", V, "V")
-    _heads(H, HV)
+    c.same_dtype(**{k_name: k, v_name: v})
+    _head_dim(k_name, K, "K")
+    _head_dim(v_name, V, "V")
+    _heads(H, HV, v_name)
     return B, T, H, HV, K, V
 
 
@@ -156,14 +156,7 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
 
 def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices=None,
               state_v_first=False) -> list[c.TensorSpec]:
-    _float("k", k, 4)
-    B, T, H, K = k.shape
-    _head_dim("k", K, "K")
-    _float("u", u, 4)
-    c.shape("u", u, (B, T, None, None), "[B, T, HV, V], B and T of k")
-    HV, V = u.shape[2], u.shape[3]
-    _head_dim("u", V, "V")
-    _heads(H, HV, "u")
+    B, T, H, HV, K, V = _k_v(k, u, v_name="u")
     _float("w", w, 4)
     c.shape("w", w, (B, T, HV, K), "[B, T, HV, K]")
     c.same_dtype(k=k, w=w, u=u)
@@ -181,16 +174,9 @@ def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices
 
 def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=None,
               state_v_first=False) -> list[c.TensorSpec]:
-    _float("q", q, 4)
-    B, T, H, K = q.shape
-    _head_dim("q", K, "K")
+    B, T, H, HV, K, V = _k_v(q, v_new, k_name="q", v_name="v_new")
     _float("k", k, 4)
     c.shape("k", k, (B, T, H, K), "the shape of q")
-    _float("v_new", v_new, 4)
-    c.shape("v_new", v_new, (B, T, None, None), "[B, T, HV, V], B and T of q")
-    HV, V = v_new.shape[2], v_new.shape[3]
-    _head_dim("v_new", V, "V")
-    _heads(H, HV, "v_new")
     _g_cum(g_cum, B, T, HV)
     _, NT = _varlen(B, T, cu_seqlens, chunk_indices, "q")
     _float("h", h, 5)
