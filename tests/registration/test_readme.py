@@ -31,3 +31,13 @@ def test_backend_matrix_lists_every_op():
     matrix = readme.split("| family | op |", 1)[1].split("\n\n", 1)[0]
     for name in OPS:
         assert f"`{name}`" in matrix, f"{name} missing from the README backend matrix"
+
+
+def test_readme_python_examples_run():
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert blocks, "the README has no Python example"
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
