@@ -38,7 +38,7 @@ def _torch():
 
 
 def _cuda_extension(torch):
-    sources = _sources("csrc/cuda/*.cu") + _sources("csrc/cuda/*.cpp")
+    sources = _sources("csrc/cuda/*.cu") + _sources("csrc/cuda/*.cpp")  # register.cpp binds them
     flag = os.environ.get("AURA_BUILD_CUDA", "")
     if not sources or flag == "0" or torch is None:
         return None
@@ -53,8 +53,8 @@ def _cuda_extension(torch):
         "torch_aura._C_cuda", sources, py_limited_api=True,
         include_dirs=[os.path.join(ROOT, "csrc")],
         extra_compile_args={
-            "cxx": ["-O3", "-std=c++20", TORCH_TARGET, "-DPy_LIMITED_API=0x03090000"],
-            "nvcc": ["-O3", "-std=c++20", TORCH_TARGET, "--expt-relaxed-constexpr", "-lineinfo",
+            "cxx": ["-O3", "-std=c++20", TORCH_TARGET, "-DUSE_CUDA", "-DPy_LIMITED_API=0x03090000"],
+            "nvcc": ["-O3", "-std=c++20", TORCH_TARGET, "-DUSE_CUDA", "--expt-relaxed-constexpr", "-lineinfo",
                      f"-gencode=arch=compute_{arch},code=sm_{arch}"],
         })
 

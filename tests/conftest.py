@@ -60,3 +60,4 @@ def nan_poisoned_allocations():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running test (deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "sanitize: small GPU cases run under compute-sanitizer")

@@ -1,0 +1,83 @@
+"""Shared benchmark machinery: device facts, the copy-bandwidth ceiling, timing, result files.
+
+Timing follows docs/style.md §7 and the anchors of docs/targets.md: ``triton.testing.do_bench``
+(eager: it flushes a buffer larger than L2 before every call, so reads come from HBM; median of
+its runs) beside ``triton.testing.do_bench_cudagraph`` (graph replays of the same call; launch
+overhead removed). Every provider is checked against a reference answer before it is timed, and
+a provider that fails its check is reported as wrong and not timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def commit() -> str:
+    if os.environ.get("AURA_COMMIT"):
+        return os.environ["AURA_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=RESULTS.parent, timeout=10).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def device_facts() -> dict:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": triton.__version__, "python": platform.python_version(),
+            "commit": commit()}
+
+
+def time_us(fn, graph: bool = False) -> float:
+    """Median time of ``fn()`` in microseconds, eager (cold L2) or as CUDA-graph replays."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    if graph:
+        return do_bench_cudagraph(fn, rep=200, return_mode="median") * 1e3
+    return do_bench(fn, warmup=50, rep=200, return_mode="median") * 1e3
+
+
+def copy_bandwidth_tbs(gib: float = 2.0) -> float:
+    """Device-to-device copy, bytes read + written per second: the practical HBM ceiling."""
+    n = int(gib * 2**30) // 4
+    src = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    t = time_us(lambda: dst.copy_(src)) * 1e-6
+    del src, dst
+    return 2 * n * 4 / t / 1e12
+
+
+def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def gpu_slug(name: str) -> str:
+    for key in ("H200", "H100", "A100", "B200", "L40"):
+        if key in name:
+            return key.lower()
+    return name.split()[-1].lower()
+
+
+def write(family: str, facts: dict, rows: list[dict], markdown: str, out_dir: Path | None = None) -> Path:
+    """Markdown summary (committed) and JSONL rows (raw, gitignored) for one family and GPU."""
+    out_dir = Path(out_dir or RESULTS)
+    (out_dir / "raw").mkdir(parents=True, exist_ok=True)
+    slug = gpu_slug(facts["gpu"])
+    with open(out_dir / "raw" / f"{family}_{slug}.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps({**facts, **r}) + "\n")
+    md = out_dir / f"{family}_{slug}.md"
+    md.write_text(markdown)
+    return md

@@ -1,0 +1,172 @@
+// Shared helpers of torch_aura's CUDA kernels: dtype conversion, 16-byte vector loads, cp.async,
+// warp reductions, and host-side checks against the LibTorch stable ABI. Header-only so each
+// kernel family's .cu stays one translation unit (and `nvcc -c` checks it alone in CI).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <cstdint>
+#include <string>
+
+namespace aura {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+// ------------------------------------------------------------------------------------ device side
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Unpack N consecutive elements of T, held in the 32-bit words `w`, to fp32.
+template <typename T, int N>
+__device__ __forceinline__ void words_to_float(const uint32_t* w, float* out) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __uint_as_float(w[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      float2 f;
+      if constexpr (std::is_same_v<T, __half>) {
+        f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+      } else {
+        f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+      }
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+}
+
+// 16 bytes of T (8 half/bf16 or 4 float) from 16-byte aligned shared memory, as fp32.
+template <typename T>
+__device__ __forceinline__ void load16_float(const T* p, float* out) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  words_to_float<T, 16 / sizeof(T)>(w, out);
+}
+
+// 4 consecutive elements of T (8 or 16 bytes, aligned to that size) as fp32.
+template <typename T>
+__device__ __forceinline__ void load4_float(const T* p, float* out) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  } else {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const uint32_t w[2] = {raw.x, raw.y};
+    words_to_float<T, 4>(w, out);
+  }
+}
+
+// cp.async.cg: 16 bytes global -> shared, bypassing L1 (streamed once). With `valid` false the
+// 16 bytes are zero-filled and nothing is read, so tails never touch memory past the sequence.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__host__ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// -------------------------------------------------------------------------------------- host side
+// Errors name the argument, what was expected and what was given (ops.md). They surface in Python
+// as RuntimeError; the public wrappers run the same checks in Python first (ValueError).
+#define AURA_CHECK(cond, ...) STD_TORCH_CHECK(cond, __VA_ARGS__)
+
+inline std::string dtype_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Float: return "float32";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Long: return "int64";
+    default: return "dtype #" + std::to_string(static_cast<int>(t));
+  }
+}
+
+inline void check_cuda_tensor(const Tensor& t, const char* name, int64_t ndim) {
+  AURA_CHECK(t.is_cuda(), name, ": expected a CUDA tensor");
+  AURA_CHECK(t.dim() == ndim, name, ": expected a ", ndim, "-D tensor, got ", t.dim(), "-D");
+  AURA_CHECK(t.numel() == 0 || t.size(ndim - 1) <= 1 || t.stride(ndim - 1) == 1, name,
+             ": expected a unit stride in the last dim, got ", t.stride(ndim - 1));
+}
+
+inline void check_dtype(const Tensor& t, const char* name, ScalarType expected) {
+  AURA_CHECK(t.scalar_type() == expected, name, ": expected dtype ", dtype_name(expected), ", got ",
+             dtype_name(t.scalar_type()));
+}
+
+// 16-byte vector loads need a 16-byte aligned base and 16-byte multiples for every stride but the
+// last (decode.md §3): views that break this are rejected rather than read misaligned.
+inline void check_vector_aligned(const Tensor& t, const char* name) {
+  const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
+  AURA_CHECK(addr % 16 == 0, name, ": expected a 16-byte aligned data pointer (16-byte vector loads), got ",
+             "an address = ", addr % 16, " mod 16");
+  const int64_t elt = static_cast<int64_t>(t.element_size());
+  for (int64_t i = 0; i + 1 < t.dim(); ++i)
+    AURA_CHECK(t.size(i) <= 1 || (t.stride(i) * elt) % 16 == 0, name, ": expected 16-byte multiples for ",
+               "every stride but the last, got stride[", i, "] = ", t.stride(i), " elements of ", elt, " bytes");
+}
+
+inline cudaStream_t current_stream(const Tensor& t) {
+  void* stream = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
+  return static_cast<cudaStream_t>(stream);
+}
+
+inline int sm_count(int device) {
+  // Cached per device: the split plan must never cost a driver round trip per call.
+  static int cache[64] = {0};
+  if (device < 64 && cache[device] > 0) return cache[device];
+  int sms = 0;
+  AURA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess,
+             "cudaDeviceGetAttribute(MultiProcessorCount) failed");
+  if (device < 64) cache[device] = sms;
+  return sms;
+}
+
+inline void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  AURA_CHECK(err == cudaSuccess, what, ": CUDA launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace aura

@@ -1,0 +1,281 @@
+"""The CUDA split-K decode kernels against the fp64 oracle and the reference (docs/decode.md §12).
+
+Runs only where a CUDA device exists; there, a missing kernel is a failure, not a skip.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_aura
+from torch_aura import backends
+from torch_aura.reference import decode as ref
+
+from _util import RATIO, assert_close, assert_max_rel, dtype_id
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+DEV = "cuda"
+DIMS = (64, 80, 96, 128, 192, 256, 512)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INF = math.inf
+
+
+def test_cuda_kernels_are_registered():
+    for op in ("flash_decode", "flash_decode_out", "merge_attn_states"):
+        assert backends.has_kernel(op, "cuda"), backends.status()[op]["cuda"]
+
+
+# ------------------------------------------------------------------------------------ inputs
+def make_cache(lens, Hq, Hkv, D, dtype, *, page=None, T_cap=None, seed=0, poison_tail=True):
+    """q, k, v, seq_lens, block_table (None when contiguous). Tokens past seq_len are NaN, so a
+    kernel that reads them fails; paged tables are random permutations with garbage tails."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    B = len(lens)
+    T_cap = T_cap or max(max(lens), 1)
+    q = torch.randn(B, Hq, D, generator=g).to(DEV, dtype)
+    k = torch.randn(B, Hkv, T_cap, D, generator=g)
+    v = torch.randn(B, Hkv, T_cap, D, generator=g)
+    if poison_tail:
+        for b, n in enumerate(lens):
+            k[b, :, n:] = math.nan
+            v[b, :, n:] = math.nan
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    if page is None:
+        return q, k.to(DEV, dtype), v.to(DEV, dtype), seq_lens, None
+    max_blocks = math.ceil(T_cap / page)
+    num_blocks = B * max_blocks + 3
+    perm = torch.randperm(num_blocks, generator=g)
+    table = perm[: B * max_blocks].reshape(B, max_blocks).to(torch.int32)
+    kp = torch.full((num_blocks, page, Hkv, D), math.nan)
+    vp = torch.full((num_blocks, page, Hkv, D), math.nan)
+    for b in range(B):
+        for j in range(max_blocks):
+            rows = slice(j * page, min((j + 1) * page, T_cap))
+            n = rows.stop - rows.start
+            kp[table[b, j], :n] = k[b, :, rows].transpose(0, 1)
+            vp[table[b, j], :n] = v[b, :, rows].transpose(0, 1)
+        used = math.ceil(lens[b] / page)
+        table[b, used:] = -7  # never read
+    return q, kp.to(DEV, dtype), vp.to(DEV, dtype), seq_lens, table.to(DEV)
+
+
+def dense(cache, b, n, table):
+    """[Hkv, n, D] rows of sequence b from either layout."""
+    if table is None:
+        return cache[b, :, :n]
+    page = cache.shape[1]
+    t = torch.arange(n, device=cache.device)
+    return cache[table[b, t // page].long(), t % page].transpose(0, 1)
+
+
+def oracle(q, k, v, seq_lens, table, scale=None):
+    """fp64 attention per sequence (SDPA on the live rows), out and natural-log lse."""
+    B, Hq, D = q.shape
+    scale = D ** -0.5 if scale is None else scale
+    out = torch.zeros(B, Hq, D, dtype=torch.float64, device=q.device)
+    lse = torch.full((B, Hq), -INF, dtype=torch.float64, device=q.device)
+    for b in range(B):
+        n = int(seq_lens[b])
+        if n == 0:
+            continue
+        kk, vv = dense(k, b, n, table).double(), dense(v, b, n, table).double()
+        G = Hq // kk.shape[0]
+        kk, vv = kk.repeat_interleave(G, 0), vv.repeat_interleave(G, 0)
+        qb = q[b].double()[:, None]
+        out[b] = F.scaled_dot_product_attention(qb, kk, vv, scale=scale)[:, 0]
+        lse[b] = torch.logsumexp((qb @ kk.transpose(1, 2))[:, 0] * scale, -1)
+    return out, lse
+
+
+def check(name, out, lse, want_out, want_lse, dtype):
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    if dtype == torch.float32:
+        assert_max_rel(f"{name} out", out, want_out)
+    else:
+        assert_close(f"{name} out", out.float(), want_out, RATIO[dtype])
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)), f"{name}: lse -inf pattern differs"
+    fin = torch.isfinite(want_lse)
+    if fin.any():
+        err = (lse[fin].double() - want_lse[fin]).abs().max().item()
+        assert err <= 1e-4, f"{name}: lse off by {err:.2e}"
+
+
+# ------------------------------------------------------------------------------ numerics grid
+EDGE = [0, 1, 15, 16, 17, 255, 256, 257, 511, 1000]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("D", DIMS, ids=lambda d: f"D{d}")
+def test_every_head_dim_and_dtype(D, dtype):
+    q, k, v, sl, table = make_cache(EDGE, 8, 2, D, dtype, T_cap=1024, seed=D)
+    out, lse = torch_aura.flash_decode(q, k, v, sl)
+    check(f"D{D}", out, lse, *oracle(q, k, v, sl, None), dtype)
+
+
+@pytest.mark.parametrize("G", (1, 2, 3, 4, 5, 6, 7, 8, 16), ids=lambda g: f"G{g}")
+@pytest.mark.parametrize("layout", ("contig", "page16", "page7", "page1"))
+def test_every_gqa_ratio_and_layout(G, layout):
+    page = None if layout == "contig" else int(layout[4:])
+    lens = [0, 1, 6, 7, 8, 16, 17, 300, 700]
+    q, k, v, sl, table = make_cache(lens, 2 * G, 2, 128, torch.bfloat16, page=page, T_cap=713, seed=G)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, table)
+    check(f"G{G}-{layout}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_matches_reference_split_for_split(dtype):
+    """Same host plan as the reference (real SM count, 2 CTAs/SM): the fp32 results agree to
+    rounding, which pins the device-side split rule to reference.decode.split_chunk."""
+    q, k, v, sl, table = make_cache([3000, 1, 0, 513], 16, 4, 128, dtype, page=16, seed=5)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, table)
+    want_out, want_lse = ref.flash_decode(q, k, v, sl, table)
+    if dtype == torch.float32:
+        assert_max_rel("out", out, want_out, 1e-5)
+    else:
+        assert_close("out", out.float(), want_out.float(), RATIO[dtype])
+    assert torch.equal(lse.isinf(), want_lse.isinf())
+    fin = torch.isfinite(want_lse)
+    assert torch.allclose(lse[fin], want_lse[fin], atol=1e-5)
+
+
+@pytest.mark.parametrize("num_splits", (1, 2, 3, 7, 64, 200))
+def test_forced_split_counts_agree(num_splits):
+    q, k, v, sl, table = make_cache([0, 1, 257, 2049, 4000], 8, 8, 128, torch.float32, seed=num_splits)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, num_splits=num_splits)
+    check(f"S{num_splits}", out, lse, *oracle(q, k, v, sl, None), torch.float32)
+
+
+def test_large_group_uses_head_tiles():
+    # G = 40 at D = 512 does not fit one CTA's shared memory: the group is split into tiles.
+    q, k, v, sl, _ = make_cache([100, 0, 1500], 80, 2, 512, torch.bfloat16, seed=11)
+    out, lse = torch_aura.flash_decode(q, k, v, sl)
+    check("G40-D512", out, lse, *oracle(q, k, v, sl, None), torch.bfloat16)
+
+
+def test_permuted_strides_and_custom_scale():
+    B, Hkv, T, D = 3, 2, 300, 96
+    base_k = torch.randn(B, T, Hkv, D, device=DEV, dtype=torch.float16)  # stored [B, T, Hkv, D]
+    base_v = torch.randn(B, T, Hkv, D, device=DEV, dtype=torch.float16)
+    k, v = base_k.transpose(1, 2), base_v.transpose(1, 2)  # viewed [B, Hkv, T, D]
+    q = torch.randn(12, B, D, device=DEV, dtype=torch.float16).transpose(0, 1)  # non-contiguous q
+    sl = torch.tensor([300, 17, 256], dtype=torch.int32, device=DEV)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, scale=0.05)
+    check("strided", out, lse, *oracle(q, k, v, sl, None, scale=0.05), torch.float16)
+
+
+def test_out_variant_writes_caller_buffers():
+    q, k, v, sl, table = make_cache([5, 0, 600], 8, 4, 64, torch.bfloat16, page=16, seed=3)
+    out = torch.full((3, 2 * 8, 64), math.nan, device=DEV, dtype=torch.bfloat16)[:, ::2]  # strided view
+    lse = torch.full((8, 3), math.nan, device=DEV).t()
+    torch_aura.flash_decode_out(q, k, v, sl, table, None, 0, out, lse)
+    want_out, want_lse = torch_aura.flash_decode(q, k, v, sl, table)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def test_stale_nan_partials_are_skipped():
+    # Fill the caching allocator's free blocks with NaN so the split workspace starts poisoned;
+    # sequences shorter than the split plan leave slots the merge must skip, never multiply.
+    junk = torch.full((64 << 20,), math.nan, device=DEV)
+    del junk
+    q, k, v, sl, _ = make_cache([1, 0, 3, 5000], 32, 8, 128, torch.float32, seed=9)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, num_splits=16)
+    assert not out.isnan().any()
+    check("stale", out, lse, *oracle(q, k, v, sl, None), torch.float32)
+
+
+# ------------------------------------------------------------------------------------- merge
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_merge_kernel_matches_reference(dtype):
+    S, B, Hq, D = 5, 3, 4, 80
+    po = torch.randn(S, B, Hq, D, device=DEV).to(dtype)
+    pl = torch.randn(S, B, Hq, device=DEV) * 3
+    pl[1] = -INF
+    po[1] = math.nan  # a skipped split's stale partial
+    pl[:, 2, 3] = -INF  # a fully empty row
+    po_view = torch.randn(B, S, Hq, D, device=DEV).to(dtype).transpose(0, 1)
+    po_view.copy_(po)
+    out, lse = torch_aura.merge_attn_states(po_view, pl)
+    want_out, want_lse = ref.merge_attn_states(po.cpu(), pl.cpu())
+    assert out.dtype == dtype and not out.isnan().any()
+    assert torch.equal(out[2, 3].float().cpu(), torch.zeros(D)) and lse[2, 3].item() == -INF
+    assert_close("merge out", out.float().cpu(), want_out.float(), RATIO[dtype])
+    fin = torch.isfinite(want_lse)
+    assert torch.allclose(lse.cpu()[fin], want_lse[fin], atol=1e-5)
+
+
+# --------------------------------------------------------------- graphs, compile, errors
+def test_cuda_graph_replay_with_new_lengths_tables_and_values_is_bitwise_eager():
+    B, Hq, Hkv, D, page, T_cap = 4, 16, 4, 128, 16, 2048
+    q, k, v, sl, table = make_cache([2048, 1, 0, 900], Hq, Hkv, D, torch.bfloat16, page=page, T_cap=T_cap,
+                                    poison_tail=False)
+    out = torch.empty(B, Hq, D, device=DEV, dtype=torch.bfloat16)
+    lse = torch.empty(B, Hq, device=DEV)
+    torch_aura.flash_decode_out(q, k, v, sl, table, None, 0, out, lse)  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.ops.aura.flash_decode_out(q, k, v, sl, table, None, 0, out, lse)
+    for trial in range(3):
+        g = torch.Generator(device="cpu").manual_seed(100 + trial)
+        sl.copy_(torch.randint(0, T_cap + 1, (B,), generator=g, dtype=torch.int32))
+        table.copy_(torch.randperm(k.shape[0], generator=g)[: table.numel()].reshape(table.shape).to(torch.int32))
+        q.copy_(torch.randn(q.shape, generator=g))
+        k.copy_(torch.randn(k.shape, generator=g))
+        graph.replay()
+        want_out, want_lse = torch_aura.flash_decode(q, k, v, sl, table)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"replay {trial} differs from eager"
+
+
+def test_compile_fullgraph_and_reduce_overhead():
+    q, k, v, sl, table = make_cache([100, 3000, 0], 8, 2, 128, torch.bfloat16, page=16, seed=4)
+
+    def step(q, k, v, sl, table):
+        out, lse = torch_aura.flash_decode(q, k, v, sl, table)
+        return out.float() * 2, lse
+
+    want = step(q, k, v, sl, table)
+    for mode in (None, "reduce-overhead"):
+        torch._dynamo.reset()
+        fn = torch.compile(step, fullgraph=True, mode=mode)
+        for _ in range(3):  # reduce-overhead records a graph on the warm calls
+            got = fn(q, k, v, sl, table)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), mode
+
+
+def test_direct_op_call_rejects_bad_input_in_cpp():
+    q, k, v, sl, _ = make_cache([10], 4, 2, 128, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="seq_lens: expected dtype int32"):
+        torch.ops.aura.flash_decode(q, k, v, sl.long())
+    misaligned = torch.empty(1, 2, 11 * 128 + 1, device=DEV, dtype=torch.bfloat16)[:, :, 1:].view(1, 2, 11, 128)
+    with pytest.raises(RuntimeError, match="k_cache: expected a 16-byte aligned"):
+        torch.ops.aura.flash_decode(q, misaligned, misaligned, torch.tensor([5], dtype=torch.int32, device=DEV))
+    with pytest.raises(RuntimeError, match="head_dim"):
+        q48 = torch.randn(1, 4, 48, device=DEV, dtype=torch.bfloat16)
+        k48 = torch.randn(1, 2, 8, 48, device=DEV, dtype=torch.bfloat16)
+        torch.ops.aura.flash_decode(q48, k48, k48, torch.tensor([8], dtype=torch.int32, device=DEV))
+
+
+def test_out_of_range_lengths_and_pages_never_fault():
+    # The wrapper rejects these eagerly; the kernel must still be memory safe when called directly.
+    q, k, v, sl, table = make_cache([40, 40], 4, 2, 64, torch.float16, page=16, poison_tail=False)
+    sl.fill_(10**6)
+    table[0, 0] = 10**6
+    table[1, 1] = -5
+    out, lse = torch.ops.aura.flash_decode(q, k, v, sl, table)
+    torch.cuda.synchronize()
+    assert out.shape == (2, 4, 64)
+
+
+@pytest.mark.sanitize
+def test_small_cases_for_compute_sanitizer():
+    """A few small launches (every path: empty splits, S = 1, paged, merge) for memcheck/racecheck."""
+    for layout in (None, 7):
+        q, k, v, sl, table = make_cache([0, 1, 300, 77], 6, 2, 64, torch.bfloat16, page=layout, seed=1)
+        for S in (0, 1, 3):
+            out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+            check(f"san-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+    torch.cuda.synchronize()
