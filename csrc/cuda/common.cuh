@@ -149,7 +149,9 @@ inline void check_vector_aligned(const Tensor& t, const char* name) {
 
 inline cudaStream_t current_stream(const Tensor& t) {
   void* stream = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
+  // Plain return-code check: the CHECK macro's name changed between torch 2.11 and 2.13 headers.
+  AURA_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream) == AOTI_TORCH_SUCCESS,
+             "aoti_torch_get_current_cuda_stream failed");
   return static_cast<cudaStream_t>(stream);
 }
 

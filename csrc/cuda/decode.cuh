@@ -182,20 +182,33 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_kernel(cons
     // 1. logits (log2 units), -inf past the end of the split
     for (int task = tid; task < nh * TS; task += kDecodeThreads) {
       const int g = task / TS, r = task % TS;
-      float acc = -INFINITY;
+      float logit = -INFINITY;
       if (r < nvalid) {
-        acc = 0.f;
+        // VEC independent partial sums: a single accumulator would make the dot product one
+        // D-long chain of dependent FMAs (latency-bound); this keeps it CPR long.
+        float acc[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
         const T* krow = kt + r * ROW;
-        const float* q = qs + g * D;
+        const float4* q4 = reinterpret_cast<const float4*>(qs + g * D);
 #pragma unroll
         for (int c = 0; c < CPR; ++c) {
           float kf[VEC];
           load16_float<T>(krow + c * VEC, kf);
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) acc = fmaf(q[c * VEC + i], kf[i], acc);
+          for (int i = 0; i < VEC; i += 4) {
+            const float4 qv = q4[(c * VEC + i) / 4];  // a warp-uniform address: a broadcast
+            acc[i] = fmaf(qv.x, kf[i], acc[i]);
+            acc[i + 1] = fmaf(qv.y, kf[i + 1], acc[i + 1]);
+            acc[i + 2] = fmaf(qv.z, kf[i + 2], acc[i + 2]);
+            acc[i + 3] = fmaf(qv.w, kf[i + 3], acc[i + 3]);
+          }
         }
+        logit = 0.f;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) logit += acc[i];
       }
-      ps[g * TS + r] = acc;
+      ps[g * TS + r] = logit;
     }
     __syncthreads();
 
@@ -229,18 +242,31 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_kernel(cons
     for (int task = tid; task < nh * D4; task += kDecodeThreads) {
       const int g = task / D4, d0 = (task % D4) * 4;
       const float* pg = ps + g * TS;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int r = 0; r < nvalid; ++r) {
-        float vf[4];
-        load4_float<T>(vt + r * ROW + d0, vf);
-        const float pr = pg[r];
+      // Two accumulator sets (even / odd rows) halve the FMA chains; full stages take an unrolled
+      // path with a compile-time trip count so the shared-memory loads are issued ahead.
+      float acc[2][4] = {};
+      if (nvalid == TS) {
+#pragma unroll 8
+        for (int r = 0; r < TS; ++r) {
+          float vf[4];
+          load4_float<T>(vt + r * ROW + d0, vf);
+          const float pr = pg[r];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] = fmaf(pr, vf[i], acc[i]);
+          for (int i = 0; i < 4; ++i) acc[r & 1][i] = fmaf(pr, vf[i], acc[r & 1][i]);
+        }
+      } else {
+        for (int r = 0; r < nvalid; ++r) {
+          float vf[4];
+          load4_float<T>(vt + r * ROW + d0, vf);
+          const float pr = pg[r];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[0][i] = fmaf(pr, vf[i], acc[0][i]);
+        }
       }
       const float alpha = as[g];
       float* o = os + g * D + d0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) o[i] = fmaf(o[i], alpha, acc[i]);
+      for (int i = 0; i < 4; ++i) o[i] = fmaf(o[i], alpha, acc[0][i] + acc[1][i]);
     }
     __syncthreads();  // the next stage's loads overwrite this buffer and ps
   }
