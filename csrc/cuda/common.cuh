@@ -12,10 +12,11 @@
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
-#include <torch/headeronly/util/Exception.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace aura {
 
@@ -110,7 +111,33 @@ __host__ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b -
 // -------------------------------------------------------------------------------------- host side
 // Errors name the argument, what was expected and what was given (ops.md). They surface in Python
 // as RuntimeError; the public wrappers run the same checks in Python first (ValueError).
-#define AURA_CHECK(cond, ...) STD_TORCH_CHECK(cond, __VA_ARGS__)
+//
+// Messages are built with std::string and std::to_string, never iostreams: an extension linked
+// against a private static libstdc++ (seen with torch 2.11's CUDA build environment) crashed
+// formatting an integer through std::ostringstream (uninitialised locale), turning a clear error
+// into a segfault. std::to_string goes through the C library and is safe either way.
+namespace detail {
+inline void append(std::string& s, const char* x) { s += x; }
+inline void append(std::string& s, const std::string& x) { s += x; }
+template <typename T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+inline void append(std::string& s, T x) { s += std::to_string(x); }
+template <typename... Args>
+[[noreturn]] inline void fail(const char* where, const Args&... args) {
+  std::string msg;
+  (append(msg, args), ...);
+  msg += " (";
+  msg += where;
+  msg += ")";
+  throw std::runtime_error(msg);
+}
+}  // namespace detail
+
+#define AURA_STRINGIFY_(x) #x
+#define AURA_STRINGIFY(x) AURA_STRINGIFY_(x)
+#define AURA_CHECK(cond, ...) \
+  do {                        \
+    if (!(cond)) ::aura::detail::fail(__FILE__ ":" AURA_STRINGIFY(__LINE__), __VA_ARGS__); \
+  } while (0)
 
 inline std::string dtype_name(ScalarType t) {
   switch (t) {
@@ -171,4 +198,43 @@ inline void check_launch(const char* what) {
   AURA_CHECK(err == cudaSuccess, what, ": CUDA launch failed: ", cudaGetErrorString(err));
 }
 
+}  // namespace aura
+
+namespace aura {
+// ------------------------------------------------------------------ tensor-core building blocks
+// ldmatrix: 8x8 tiles of 16-bit values from shared memory, one 16-byte row address per lane
+// (lanes 0-7 tile 0, 8-15 tile 1, ...). Register i of lane l then holds tile i's (row l/4,
+// cols 2(l%4), 2(l%4)+1), or with .trans the transposed pair (rows 2(l%4), 2(l%4)+1, col l/4).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+
+// D (16x8 fp32) += A (16x16, row-major) * B (16x8, "col": stored as 8 rows of 16 k-values).
+// Fragments (PTX ISA, mma.m16n8k16): a0/a1 rows l/4 and l/4+8, cols 2(l%4)+{0,1}; a2/a3 the same
+// rows, cols + 8; b0 k = 2(l%4)+{0,1}, n = l/4, b1 k + 8; d0/d1 row l/4, d2/d3 row l/4+8, cols
+// 2(l%4)+{0,1}.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
 }  // namespace aura

@@ -35,15 +35,25 @@ bool supported_head_dim(int64_t D) {
 
 template <typename T, int D>
 void launch_split(DecodeParams p, cudaStream_t stream) {
-  constexpr size_t kv_bytes = decode_kv_smem_bytes<T, D>();
-  constexpr size_t head_bytes = decode_head_smem_bytes<T, D>();
-  // Heads per CTA: the whole group when it fits next to the K/V stages; otherwise balanced tiles
-  // (each tile re-reads the split from HBM, so only unusually large groups pay for it).
-  const int fit = static_cast<int>(std::max<size_t>(1, (kSmemBudget - kv_bytes) / head_bytes));
-  p.head_tiles = ceil_div(p.G, std::min(fit, p.G));
+  constexpr bool kTensorCores = !std::is_same_v<T, float>;
+  size_t smem;
+  if constexpr (kTensorCores) {
+    // The group's heads are the 16 rows of the MMA tile; larger groups take balanced tiles of at
+    // most 16 heads (each tile re-reads the split from HBM, so only G > 16 pays for it).
+    p.head_tiles = ceil_div(p.G, kMmaHeads);
+    smem = decode_mma_smem_bytes<T, D>();
+  } else {
+    // Heads per CTA: the whole group when it fits next to the K/V stages, else balanced tiles.
+    constexpr size_t kv_bytes = decode_kv_smem_bytes<T, D>();
+    constexpr size_t head_bytes = decode_head_smem_bytes<T, D>();
+    const int fit = static_cast<int>(std::max<size_t>(1, (kSmemBudget - kv_bytes) / head_bytes));
+    p.head_tiles = ceil_div(p.G, std::min(fit, p.G));
+  }
   p.heads_per_cta = ceil_div(p.G, p.head_tiles);
-  const size_t smem = kv_bytes + p.heads_per_cta * head_bytes;
-  auto kernel = flash_decode_split_kernel<T, D>;
+  if constexpr (!kTensorCores) smem = decode_kv_smem_bytes<T, D>() + p.heads_per_cta * decode_head_smem_bytes<T, D>();
+  void (*kernel)(DecodeParams);
+  if constexpr (kTensorCores) kernel = flash_decode_split_mma_kernel<T, D>;  // only 16-bit types instantiate it
+  else kernel = flash_decode_split_simt_kernel<T, D>;
   // Raise the dynamic shared-memory limit once per (instantiation, device): an attribute set outside
   // any stream, so it is legal before and during graph capture alike.
   static bool configured[64] = {};
@@ -169,6 +179,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   p.page_size = paged ? int(k.size(1)) : 0;
   p.num_blocks = paged ? int(k.size(0)) : 0;
   p.capacity = paged ? int(block_table->size(1) * k.size(1)) : int(k.size(2));
+  p.D_runtime = int(D);
   p.scale_log2 = float((scale.has_value() ? *scale : 1.0 / std::sqrt(double(D))) * 1.4426950408889634);
 
   Tensor part_out = q, part_lse = q;  // placeholders; real buffers only when S > 1
