@@ -72,8 +72,9 @@ constexpr size_t decode_head_smem_bytes() {  // CUDA-core kernel: q, o (D each),
 template <typename T, int D>
 constexpr size_t decode_mma_smem_bytes() {  // tensor-core kernel: K/V stages, q, p, logits, m/l/alpha
   constexpr int TS = decode_stage_tokens<T, D>();
+  constexpr int KP = TS / 8 < 4 ? 4 / (TS / 8) : 1;  // partial-logit slices (see the kernel)
   return decode_kv_smem_bytes<T, D>() + sizeof(T) * kMmaHeads * ((D + 8) + (TS + 8)) +
-         sizeof(float) * kMmaHeads * (TS + 3);
+         sizeof(float) * kMmaHeads * (KP * TS + 3);
 }
 
 // The per-sequence split rule (reference: split_chunk): chunk = round_up(max(256, ceil(T/S)), tile).
@@ -165,20 +166,26 @@ __device__ __forceinline__ void next_stage(const DecodeParams& p, const SplitWor
 // Online-softmax update of one stage for head rows g < nh (one warp per row), log2 units. The
 // stage has >= 1 valid token, so m_new is finite and exp2(m_old - m_new) is 0, not NaN, on the
 // first stage (m_old = -inf). Writes p (as P_T) and the row's running max, sum and rescale.
-template <int TS, typename P_T>
+// With KP > 1 the logits arrive as KP partial sums over slices of D, KP_STRIDE floats apart.
+template <int TS, typename P_T, int KP = 1, int KP_STRIDE = 0>
 __device__ __forceinline__ void softmax_stage(const float* s_rows, P_T* p_rows, int p_stride, float* ms, float* ls,
                                               float* as, int nh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  auto logit = [&](int g, int r) {
+    float x = s_rows[g * TS + r];
+#pragma unroll
+    for (int kp = 1; kp < KP; ++kp) x += s_rows[kp * KP_STRIDE + g * TS + r];  // -inf + -inf = -inf
+    return x;
+  };
   for (int g = warp; g < nh; g += kDecodeThreads / 32) {
-    const float* sg = s_rows + g * TS;
     float mx = -INFINITY;
-    for (int r = lane; r < TS; r += 32) mx = fmaxf(mx, sg[r]);
+    for (int r = lane; r < TS; r += 32) mx = fmaxf(mx, logit(g, r));
     mx = warp_max(mx);
     const float m_old = ms[g];
     const float m_new = fmaxf(m_old, mx);
     float sum = 0.f;
     for (int r = lane; r < TS; r += 32) {
-      const float x = sg[r];
+      const float x = logit(g, r);
       const float pr = x == -INFINITY ? 0.f : exp2f(x - m_new);
       p_rows[g * p_stride + r] = from_float<P_T>(pr);
       sum += pr;
@@ -332,6 +339,13 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
   constexpr int NT = D / 8;     // 8-column tiles of the output
   constexpr int NT_W = (NT + 3) / 4;
   static_assert(TS % 16 == 0 && D % 16 == 0, "tile shapes");
+  // QK work split: 4 warps over TS/8 token tiles; with fewer tiles than warps, D is cut into KP
+  // slices (KP * tiles = 4) and the softmax adds the partial logits.
+  constexpr int QK_TILES_PER_ROUND = TS / 8 < 4 ? TS / 8 : 4;
+  constexpr int KP = 4 / QK_TILES_PER_ROUND;
+  static_assert((D / 16) % KP == 0, "D splits evenly into KP slices of 16-wide k-steps");
+  constexpr int KSTEPS_PER_PART = D / 16 / KP;
+  constexpr int KACC = KSTEPS_PER_PART < 4 ? KSTEPS_PER_PART : 4;
 
   SplitWork w;
   if (!plan_split<T>(p, w)) return;
@@ -340,8 +354,8 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
   T* vbuf = kbuf + 2 * TS * ROW;             // [2][TS][ROW]
   T* qs = vbuf + 2 * TS * ROW;               // [M][QROW] raw q, rows >= nh zero
   T* ps = qs + M * QROW;                     // [M][PROW] p in the input dtype
-  float* ss = reinterpret_cast<float*>(ps + M * PROW);  // [M][TS] scaled logits
-  float* ms = ss + M * TS;
+  float* ss = reinterpret_cast<float*>(ps + M * PROW);  // [KP][M][TS] scaled (partial) logits
+  float* ms = ss + KP * M * TS;
   float* ls = ms + M;
   float* as = ls + M;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nh = w.nh;
@@ -369,25 +383,32 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
     const T* vt = vbuf + (st & 1) * TS * ROW;
     const int nvalid = min(TS, w.end - (w.start + st * TS));
 
-    // QK: warp w computes the 8-token tiles w, w+4, ... of S.
-    for (int j = warp; j < TS / 8; j += 4) {
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
+    // QK: warp w computes the 8-token tiles w, w+4, ... of S over its slice of D (the whole of D
+    // unless the stage has fewer than 4 tiles, then the idle warps take slices: KP partials).
+    // KACC independent accumulators keep the chain of dependent MMAs short.
+    for (int j = warp % QK_TILES_PER_ROUND; j < TS / 8; j += QK_TILES_PER_ROUND) {
+      const int kp = warp / QK_TILES_PER_ROUND;
+      float c[KACC][4] = {};
 #pragma unroll
-      for (int k0 = 0; k0 < D; k0 += 16) {
+      for (int ks = 0; ks < KSTEPS_PER_PART; ++ks) {
+        const int k0 = (kp * KSTEPS_PER_PART + ks) * 16;
         uint32_t a[4], b[2];
         ldmatrix_x4(a, qs + a_row * QROW + k0 + a_col);
         ldmatrix_x2(b, kt + (j * 8 + b_row) * ROW + k0 + b_col);
-        mma_16816<T>(c, a, b[0], b[1]);
+        mma_16816<T>(c[ks % KACC], a, b[0], b[1]);
       }
       const int r0 = lane >> 2, col = j * 8 + 2 * (lane & 3);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < KACC; ++i) sum += c[i][e];
         const int r = r0 + 8 * (e >> 1), t = col + (e & 1);
-        ss[r * TS + t] = t < nvalid ? c[e] * p.scale_log2 : -INFINITY;
+        ss[kp * M * TS + r * TS + t] = t < nvalid ? sum * p.scale_log2 : -INFINITY;
       }
     }
     __syncthreads();
-    softmax_stage<TS, T>(ss, ps, PROW, ms, ls, as, nh);
+    softmax_stage<TS, T, KP, M * TS>(ss, ps, PROW, ms, ls, as, nh);
     __syncthreads();
 
     // PV: rescale this warp's output rows, then accumulate P V over the stage's 16-token steps.
