@@ -241,7 +241,8 @@ std::tuple<Tensor, Tensor> merge_attn_states_cuda(Tensor partial_out, Tensor par
   const int64_t S = partial_out.size(0), B = partial_out.size(1), Hq = partial_out.size(2), D = partial_out.size(3);
   AURA_CHECK(partial_lse.size(0) == S && partial_lse.size(1) == B && partial_lse.size(2) == Hq,
              "partial_lse: expected shape [", S, ", ", B, ", ", Hq, "] (partial_out's first three dims)");
-  AURA_CHECK(D <= 32 * kMergeMaxDimsPerLane, "partial_out: expected head_dim <= 512, got ", D);
+  AURA_CHECK(D <= 128 * kMergeMaxChunks && D % 4 == 0, "partial_out: expected a head_dim that is a multiple of 4 "
+             "and at most 512, got ", D);
   Tensor out = torch::stable::new_empty(partial_out, std::vector<int64_t>{B, Hq, D});
   Tensor lse = torch::stable::new_empty(partial_out, std::vector<int64_t>{B, Hq}, ScalarType::Float);
   torch::stable::accelerator::DeviceGuard guard(partial_out.get_device_index());

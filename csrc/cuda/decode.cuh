@@ -458,10 +458,13 @@ struct MergeParams {
   int S, B, Hq, D;
 };
 
-constexpr int kMergeMaxDimsPerLane = 16;  // D <= 512
+constexpr int kMergeMaxChunks = 4;  // 4 dims per lane per chunk, 128 dims per chunk: D <= 512
 
-// One warp per (b, query head): the log-sum-exp merge of decode.md §5. Splits with lse = -inf are
-// skipped (never 0 * stale partial); with no live split out = 0 and lse = -inf.
+// One warp per (b, query head): the log-sum-exp merge of decode.md §5. Lane l owns dims
+// 4l..4l+3 of every 128-wide chunk. The split weights are computed once (lanes over splits) and
+// broadcast; the loop over splits has no data-dependent branch, so the unrolled loads of several
+// splits are in flight together: a split with lse = -inf gets weight 0 and its (possibly stale,
+// NaN) partial is discarded by a select, never multiplied. With no live split out = 0, lse = -inf.
 template <typename TI, typename TO>
 __global__ void __launch_bounds__(128) merge_attn_states_kernel(const MergeParams p) {
   const int lane = threadIdx.x & 31;
@@ -479,28 +482,42 @@ __global__ void __launch_bounds__(128) merge_attn_states_kernel(const MergeParam
     if (lane == 0) p.lse[b * p.lse_b + h * p.lse_h] = -INFINITY;
     return;
   }
-  float acc[kMergeMaxDimsPerLane];
+  float acc[kMergeMaxChunks][4];
 #pragma unroll
-  for (int j = 0; j < kMergeMaxDimsPerLane; ++j) acc[j] = 0.f;
+  for (int c = 0; c < kMergeMaxChunks; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
   float wsum = 0.f;
   const TI* po = static_cast<const TI*>(p.part_out) + b * p.po_b + h * p.po_h;
-  for (int s = 0; s < p.S; ++s) {
-    const float l = lse_in[s * p.pl_s];  // the same address for every lane: one broadcast
-    if (l == -INFINITY) continue;        // warp-uniform
-    const float w = expf(l - M);
-    wsum += w;
-    const TI* ps = po + s * p.po_s;
+  for (int s0 = 0; s0 < p.S; s0 += 32) {
+    const float l = s0 + lane < p.S ? lse_in[(s0 + lane) * p.pl_s] : -INFINITY;
+    const float w_lane = l == -INFINITY ? 0.f : expf(l - M);
+    wsum += w_lane;
+    const int n = min(32, p.S - s0);
+#pragma unroll 2
+    for (int i = 0; i < n; ++i) {
+      const float w = __shfl_sync(0xffffffffu, w_lane, i);
+      const TI* part = po + int64_t(s0 + i) * p.po_s;
 #pragma unroll
-    for (int j = 0; j < kMergeMaxDimsPerLane; ++j) {
-      const int d = lane + 32 * j;
-      if (d < p.D) acc[j] = fmaf(w, to_float<TI>(ps[d]), acc[j]);
+      for (int c = 0; c < kMergeMaxChunks; ++c) {
+        const int d = 128 * c + 4 * lane;
+        if (d < p.D) {  // D is a multiple of 4 (checked on the host)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float v = to_float<TI>(part[d + e]);
+            acc[c][e] = w > 0.f ? fmaf(w, v, acc[c][e]) : acc[c][e];
+          }
+        }
+      }
     }
   }
+  wsum = warp_sum(wsum);
   const float inv = 1.f / wsum;
 #pragma unroll
-  for (int j = 0; j < kMergeMaxDimsPerLane; ++j) {
-    const int d = lane + 32 * j;
-    if (d < p.D) out[d] = from_float<TO>(acc[j] * inv);
+  for (int c = 0; c < kMergeMaxChunks; ++c) {
+    const int d = 128 * c + 4 * lane;
+    if (d < p.D) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[d + e] = from_float<TO>(acc[c][e] * inv);
+    }
   }
   if (lane == 0) p.lse[b * p.lse_b + h * p.lse_h] = M + logf(wsum);
 }
