@@ -41,3 +41,16 @@ def test_readme_python_examples_run():
     assert blocks, "the README has no Python example"
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
+
+
+def test_every_test_tree_is_collected():
+    # pytest's default norecursedirs silently skips folders named "build"; make sure every tree
+    # under tests/ that holds tests is part of the default run.
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests"], cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+    collected = {line.split("/")[1] for line in r.stdout.splitlines() if line.startswith("tests/")}
+    for tree in ("registration", "reference", "build", "cuda"):
+        assert tree in collected, f"tests/{tree} is not collected by the default run"
