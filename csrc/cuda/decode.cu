@@ -13,7 +13,6 @@ namespace {
 constexpr int kCtasPerSm = 2;          // same stand-in as torch_aura/reference/decode.py
 constexpr int kMaxAutoSplits = 128;
 constexpr size_t kSmemBudget = 110 * 1024;  // per CTA, so two CTAs share an H100 SM's 228 KB
-constexpr size_t kMaxSmemPerCta = 227 * 1024;  // the sm_90 opt-in maximum (deep pipeline: one CTA/SM)
 
 // decode.md §4, identical arithmetic to reference.decode.auto_splits (so both plan the same S).
 int auto_splits(int64_t batch, int64_t kv_heads, int sms, int ctas_per_sm) {
@@ -34,35 +33,34 @@ bool supported_head_dim(int64_t D) {
   return D == 64 || D == 80 || D == 96 || D == 128 || D == 192 || D == 256 || D == 512;
 }
 
-template <typename T, int D, int NSTAGE>
-void launch_split_pipelined(DecodeParams p, cudaStream_t stream) {
+template <typename T, int D>
+void launch_split(DecodeParams p, cudaStream_t stream) {
   constexpr bool kTensorCores = !std::is_same_v<T, float>;
   size_t smem;
-  void (*kernel)(DecodeParams);
   if constexpr (kTensorCores) {
     // The group's heads are the 16 rows of the MMA tile; larger groups take balanced tiles of at
     // most 16 heads (each tile re-reads the split from HBM, so only G > 16 pays for it).
     p.head_tiles = ceil_div(p.G, kMmaHeads);
-    p.heads_per_cta = ceil_div(p.G, p.head_tiles);
-    smem = decode_mma_smem_bytes<T, D, NSTAGE>();
-    kernel = flash_decode_split_mma_kernel<T, D, NSTAGE>;  // only 16-bit types instantiate it
+    smem = decode_mma_smem_bytes<T, D>();
   } else {
     // Heads per CTA: the whole group when it fits next to the K/V stages, else balanced tiles.
-    constexpr size_t kv_bytes = decode_kv_smem_bytes<T, D, NSTAGE>();
+    constexpr size_t kv_bytes = decode_kv_smem_bytes<T, D>();
     constexpr size_t head_bytes = decode_head_smem_bytes<T, D>();
     const int fit = static_cast<int>(std::max<size_t>(1, (kSmemBudget - kv_bytes) / head_bytes));
     p.head_tiles = ceil_div(p.G, std::min(fit, p.G));
-    p.heads_per_cta = ceil_div(p.G, p.head_tiles);
-    smem = kv_bytes + p.heads_per_cta * head_bytes;
-    kernel = flash_decode_split_simt_kernel<T, D, NSTAGE>;
   }
+  p.heads_per_cta = ceil_div(p.G, p.head_tiles);
+  if constexpr (!kTensorCores) smem = decode_kv_smem_bytes<T, D>() + p.heads_per_cta * decode_head_smem_bytes<T, D>();
+  void (*kernel)(DecodeParams);
+  if constexpr (kTensorCores) kernel = flash_decode_split_mma_kernel<T, D>;  // only 16-bit types instantiate it
+  else kernel = flash_decode_split_simt_kernel<T, D>;
   // Raise the dynamic shared-memory limit once per (instantiation, device): an attribute set outside
   // any stream, so it is legal before and during graph capture alike.
   static bool configured[64] = {};
   int device = 0;
   cudaGetDevice(&device);
   if (device >= 64 || !configured[device]) {
-    AURA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmemPerCta)) ==
+    AURA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBudget)) ==
                    cudaSuccess,
                "flash_decode: cudaFuncSetAttribute failed");
     if (device < 64) configured[device] = true;
@@ -70,19 +68,6 @@ void launch_split_pipelined(DecodeParams p, cudaStream_t stream) {
   const dim3 grid(p.S, p.Hkv * p.head_tiles, p.B);
   kernel<<<grid, kDecodeThreads, smem, stream>>>(p);
   check_launch("flash_decode split kernel");
-}
-
-// Pipeline depth from static values only: with at most about two CTAs per SM in the grid (batch 1,
-// few KV heads) an SM holds one CTA anyway, so it gets four stage buffers (a short split's stages
-// are all in flight at once instead of paying the memory latency stage by stage); larger grids keep
-// two buffers so two CTAs share an SM. fp32 caches always use two.
-template <typename T, int D>
-void launch_split(const DecodeParams& p, cudaStream_t stream) {
-  if constexpr (!std::is_same_v<T, float>) {
-    const int64_t ctas = int64_t(p.S) * p.Hkv * ceil_div(p.G, kMmaHeads) * p.B;
-    if (ctas <= int64_t(2) * p.sms) return launch_split_pipelined<T, D, 4>(p, stream);
-  }
-  return launch_split_pipelined<T, D, 2>(p, stream);
 }
 
 template <typename T>
@@ -172,8 +157,8 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
 
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(q);
-  const int sms = sm_count(q.get_device_index());
-  const int S = num_splits > 0 ? static_cast<int>(num_splits) : auto_splits(B, Hkv, sms, kCtasPerSm);
+  const int S = num_splits > 0 ? static_cast<int>(num_splits)
+                               : auto_splits(B, Hkv, sm_count(q.get_device_index()), kCtasPerSm);
   if (B == 0 || Hq == 0) return;
 
   DecodeParams p{};
@@ -195,7 +180,6 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   p.num_blocks = paged ? int(k.size(0)) : 0;
   p.capacity = paged ? int(block_table->size(1) * k.size(1)) : int(k.size(2));
   p.D_runtime = int(D);
-  p.sms = sms;
   p.scale_log2 = float((scale.has_value() ? *scale : 1.0 / std::sqrt(double(D))) * 1.4426950408889634);
 
   Tensor part_out = q, part_lse = q;  // placeholders; real buffers only when S > 1

@@ -43,7 +43,6 @@ struct DecodeParams {
   int page_size;       // paged only
   int num_blocks;      // paged only
   int D_runtime;       // head dim (also a template parameter of the kernels)
-  int sms;             // SM count of the device (host-side launch planning only)
   float scale_log2;    // softmax scale * log2(e)
 };
 
@@ -60,10 +59,9 @@ constexpr int decode_stage_tokens() {
 template <typename T, int D>
 constexpr int decode_row_elems() { return D + 16 / static_cast<int>(sizeof(T)); }
 
-// K and V buffers of NSTAGE pipeline stages.
-template <typename T, int D, int NSTAGE = 2>
+template <typename T, int D>
 constexpr size_t decode_kv_smem_bytes() {
-  return size_t(NSTAGE) * 2 * decode_stage_tokens<T, D>() * decode_row_elems<T, D>() * sizeof(T);
+  return size_t(2) * 2 * decode_stage_tokens<T, D>() * decode_row_elems<T, D>() * sizeof(T);
 }
 
 template <typename T, int D>
@@ -71,11 +69,11 @@ constexpr size_t decode_head_smem_bytes() {  // CUDA-core kernel: q, o (D each),
   return sizeof(float) * (2 * D + decode_stage_tokens<T, D>() + 4);
 }
 
-template <typename T, int D, int NSTAGE>
+template <typename T, int D>
 constexpr size_t decode_mma_smem_bytes() {  // tensor-core kernel: K/V stages, q, p, logits, m/l/alpha
   constexpr int TS = decode_stage_tokens<T, D>();
   constexpr int KP = TS / 8 < 4 ? 4 / (TS / 8) : 1;  // partial-logit slices (see the kernel)
-  return decode_kv_smem_bytes<T, D, NSTAGE>() + sizeof(T) * kMmaHeads * ((D + 8) + (TS + 8)) +
+  return decode_kv_smem_bytes<T, D>() + sizeof(T) * kMmaHeads * ((D + 8) + (TS + 8)) +
          sizeof(float) * kMmaHeads * (KP * TS + 3);
 }
 
@@ -152,27 +150,16 @@ __device__ __forceinline__ void issue_kv_stage(const DecodeParams& p, const Spli
   cp_async_commit();
 }
 
-// The cp.async pipeline over NSTAGE buffers: the prologue issues stages 0..NSTAGE-2; iteration st
-// issues stage st+NSTAGE-1 into the buffer stage st-1 used (free: every iteration ends with a
-// barrier) and waits until stage st has landed for the whole CTA. A group is committed every
-// iteration, empty past the last stage, so "all but the newest NSTAGE-1 groups" is always stage st.
-template <typename T, int D, int TS, int ROW, int NSTAGE>
-__device__ __forceinline__ void start_pipeline(const DecodeParams& p, const SplitWork& w, T* kbuf, T* vbuf,
-                                               int n_stages) {
-#pragma unroll
-  for (int st = 0; st < NSTAGE - 1; ++st) {
-    if (st < n_stages) issue_kv_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, st, st);
-    else cp_async_commit();
-  }
-}
-
-template <typename T, int D, int TS, int ROW, int NSTAGE>
+// Issue stage st+1 (if any), then wait until stage st has landed for the whole CTA.
+template <typename T, int D, int TS, int ROW>
 __device__ __forceinline__ void next_stage(const DecodeParams& p, const SplitWork& w, T* kbuf, T* vbuf, int st,
                                            int n_stages) {
-  const int ahead = st + NSTAGE - 1;
-  if (ahead < n_stages) issue_kv_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, ahead, ahead % NSTAGE);
-  else cp_async_commit();
-  cp_async_wait<NSTAGE - 1>();
+  if (st + 1 < n_stages) {
+    issue_kv_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, st + 1, (st + 1) & 1);
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
   __syncthreads();
 }
 
@@ -234,7 +221,7 @@ __device__ __forceinline__ void store_lse(const DecodeParams& p, const SplitWork
 //   QK: one thread per (head, token), the full dot product from shared memory (rows padded by 16
 //       bytes: the 8 lanes of a 16-byte access phase hit disjoint banks), VEC partial sums;
 //   PV: one thread per (head, 4 dims), output accumulators in shared memory so any G fits.
-template <typename T, int D, int NSTAGE>
+template <typename T, int D>
 __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_simt_kernel(const DecodeParams p) {
   constexpr int TS = decode_stage_tokens<T, D>();
   constexpr int ROW = decode_row_elems<T, D>();
@@ -245,10 +232,10 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_simt_kernel
   SplitWork w;
   if (!plan_split<T>(p, w)) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* kbuf = reinterpret_cast<T*>(smem_raw);  // [NSTAGE][TS][ROW]
-  T* vbuf = kbuf + NSTAGE * TS * ROW;        // [NSTAGE][TS][ROW]
+  T* kbuf = reinterpret_cast<T*>(smem_raw);  // [2][TS][ROW]
+  T* vbuf = kbuf + 2 * TS * ROW;             // [2][TS][ROW]
   const int hpc = p.heads_per_cta;
-  float* qs = reinterpret_cast<float*>(vbuf + NSTAGE * TS * ROW);  // [hpc][D], pre-scaled
+  float* qs = reinterpret_cast<float*>(vbuf + 2 * TS * ROW);  // [hpc][D], pre-scaled
   float* os = qs + hpc * D;                                   // [hpc][D], running output
   float* ss = os + hpc * D;                                   // [hpc][TS], logits then p
   float* ms = ss + hpc * TS;                                  // [hpc] running max (log2 units)
@@ -257,7 +244,7 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_simt_kernel
   const int tid = threadIdx.x, nh = w.nh;
   const int n_stages = ceil_div(w.end - w.start, TS);
 
-  start_pipeline<T, D, TS, ROW, NSTAGE>(p, w, kbuf, vbuf, n_stages);  // overlaps with loading q below
+  issue_kv_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, 0, 0);  // overlaps with loading q below
   const T* qg = static_cast<const T*>(p.q);
   for (int i = tid; i < nh * D; i += kDecodeThreads) {
     qs[i] = to_float<T>(qg[w.b * p.q_sb + (w.hq0 + i / D) * p.q_sh + i % D]) * p.scale_log2;
@@ -266,9 +253,9 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_simt_kernel
   for (int g = tid; g < nh; g += kDecodeThreads) ms[g] = -INFINITY, ls[g] = 0.f;
 
   for (int st = 0; st < n_stages; ++st) {
-    next_stage<T, D, TS, ROW, NSTAGE>(p, w, kbuf, vbuf, st, n_stages);
-    const T* kt = kbuf + (st % NSTAGE) * TS * ROW;
-    const T* vt = vbuf + (st % NSTAGE) * TS * ROW;
+    next_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, st, n_stages);
+    const T* kt = kbuf + (st & 1) * TS * ROW;
+    const T* vt = vbuf + (st & 1) * TS * ROW;
     const int nvalid = min(TS, w.end - (w.start + st * TS));  // >= 1
 
     for (int task = tid; task < nh * TS; task += kDecodeThreads) {
@@ -342,7 +329,7 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_simt_kernel
 // q stays in the input dtype (exact) and the softmax scale multiplies the fp32 logits; P is
 // rounded to the input dtype for the PV product, as FlashAttention does; l sums fp32 p.
 // O lives in registers: warp w owns the 8-column tiles w, w+4, ... of D.
-template <typename T, int D, int NSTAGE>
+template <typename T, int D>
 __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(const DecodeParams p) {
   constexpr int TS = decode_stage_tokens<T, D>();
   constexpr int ROW = decode_row_elems<T, D>();
@@ -363,9 +350,9 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
   SplitWork w;
   if (!plan_split<T>(p, w)) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* kbuf = reinterpret_cast<T*>(smem_raw);  // [NSTAGE][TS][ROW]
-  T* vbuf = kbuf + NSTAGE * TS * ROW;        // [NSTAGE][TS][ROW]
-  T* qs = vbuf + NSTAGE * TS * ROW;          // [M][QROW] raw q, rows >= nh zero
+  T* kbuf = reinterpret_cast<T*>(smem_raw);  // [2][TS][ROW]
+  T* vbuf = kbuf + 2 * TS * ROW;             // [2][TS][ROW]
+  T* qs = vbuf + 2 * TS * ROW;               // [M][QROW] raw q, rows >= nh zero
   T* ps = qs + M * QROW;                     // [M][PROW] p in the input dtype
   float* ss = reinterpret_cast<float*>(ps + M * PROW);  // [KP][M][TS] scaled (partial) logits
   float* ms = ss + KP * M * TS;
@@ -374,7 +361,7 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nh = w.nh;
   const int n_stages = ceil_div(w.end - w.start, TS);
 
-  start_pipeline<T, D, TS, ROW, NSTAGE>(p, w, kbuf, vbuf, n_stages);
+  issue_kv_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, 0, 0);
   const T* qg = static_cast<const T*>(p.q);
   for (int i = tid; i < M * D; i += kDecodeThreads) {
     const int g = i / D, d = i % D;
@@ -391,9 +378,9 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
   const int b_row = lane & 7, b_col = 8 * ((lane >> 3) & 1);
 
   for (int st = 0; st < n_stages; ++st) {
-    next_stage<T, D, TS, ROW, NSTAGE>(p, w, kbuf, vbuf, st, n_stages);
-    const T* kt = kbuf + (st % NSTAGE) * TS * ROW;
-    const T* vt = vbuf + (st % NSTAGE) * TS * ROW;
+    next_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, st, n_stages);
+    const T* kt = kbuf + (st & 1) * TS * ROW;
+    const T* vt = vbuf + (st & 1) * TS * ROW;
     const int nvalid = min(TS, w.end - (w.start + st * TS));
 
     // QK: warp w computes the 8-token tiles w, w+4, ... of S over its slice of D (the whole of D
