@@ -92,16 +92,6 @@ void launch_merge(const MergeParams& p, cudaStream_t stream) {
   check_launch("merge_attn_states kernel");
 }
 
-template <typename TO>
-void launch_merge_from(ScalarType in, const MergeParams& p, cudaStream_t stream) {
-  switch (in) {
-    case ScalarType::Float: return launch_merge<float, TO>(p, stream);
-    case ScalarType::Half: return launch_merge<__half, TO>(p, stream);
-    case ScalarType::BFloat16: return launch_merge<__nv_bfloat16, TO>(p, stream);
-    default: AURA_CHECK(false, "partial_out: expected dtype float16 / bfloat16 / float32, got ", dtype_name(in));
-  }
-}
-
 void check_float_dtype(const Tensor& t, const char* name) {
   const auto dt = t.scalar_type();
   AURA_CHECK(dt == ScalarType::Half || dt == ScalarType::BFloat16 || dt == ScalarType::Float, name,
@@ -180,7 +170,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   p.num_blocks = paged ? int(k.size(0)) : 0;
   p.capacity = paged ? int(block_table->size(1) * k.size(1)) : int(k.size(2));
   p.D_runtime = int(D);
-  p.scale_log2 = float((scale.has_value() ? *scale : 1.0 / std::sqrt(double(D))) * 1.4426950408889634);
+  p.scale_log2 = float((scale.has_value() ? *scale : 1.0 / std::sqrt(double(D))) * kLog2e);
 
   Tensor part_out = q, part_lse = q;  // placeholders; real buffers only when S > 1
   if (S > 1) {

@@ -19,7 +19,7 @@ namespace aura {
 constexpr int kDecodeThreads = 128;
 constexpr int kMinChunk = 256;          // decode.md §4: a split below this costs more than it saves
 constexpr int kContiguousTile = 64;     // split granularity of the contiguous layout (reference too)
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr double kLog2e = 1.4426950408889634;  // host-side: the scale is formed in double
 constexpr float kLn2 = 0.6931471805599453f;
 
 struct DecodeParams {
