@@ -52,8 +52,14 @@ void launch_split(DecodeParams p, cudaStream_t stream) {
   p.heads_per_cta = ceil_div(p.G, p.head_tiles);
   if constexpr (!kTensorCores) smem = decode_kv_smem_bytes<T, D>() + p.heads_per_cta * decode_head_smem_bytes<T, D>();
   void (*kernel)(DecodeParams);
-  if constexpr (kTensorCores) kernel = flash_decode_split_mma_kernel<T, D>;  // only 16-bit types instantiate it
-  else kernel = flash_decode_split_simt_kernel<T, D>;
+  int threads;
+  if constexpr (kTensorCores) {
+    kernel = flash_decode_split_mma_kernel<T, D>;  // only 16-bit types instantiate it
+    threads = kMmaThreads;
+  } else {
+    kernel = flash_decode_split_simt_kernel<T, D>;
+    threads = kSimtThreads;
+  }
   // Raise the dynamic shared-memory limit once per (instantiation, device): an attribute set outside
   // any stream, so it is legal before and during graph capture alike.
   static bool configured[64] = {};
@@ -66,7 +72,7 @@ void launch_split(DecodeParams p, cudaStream_t stream) {
     if (device < 64) configured[device] = true;
   }
   const dim3 grid(p.S, p.Hkv * p.head_tiles, p.B);
-  kernel<<<grid, kDecodeThreads, smem, stream>>>(p);
+  kernel<<<grid, threads, smem, stream>>>(p);
   check_launch("flash_decode split kernel");
 }
 

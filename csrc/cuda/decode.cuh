@@ -1,7 +1,7 @@
 // Split-K flash decoding kernels (docs/decode.md): one query token per sequence against a dense
 // KV cache, contiguous [B, Hkv, T_cap, D] or paged [num_blocks, page_size, Hkv, D].
 //
-// Grid (S, Hkv * head_tiles, B), 128 threads. A CTA owns (split s, KV head, sequence b) and the
+// Grid (S, Hkv * head_tiles, B); 256 threads (fp16/bf16) or 128 (fp32). A CTA owns (split s, KV head, sequence b) and the
 // query heads of that KV head's group (all G of them unless G is too large for shared memory, then
 // a tile of them), so each K/V byte of a split crosses HBM once whatever the GQA ratio (§3).
 // Per stage of TS tokens: cp.async K and V rows HBM -> shared memory one stage ahead (double
@@ -16,7 +16,12 @@
 
 namespace aura {
 
-constexpr int kDecodeThreads = 128;
+// Threads per CTA. Tensor-core kernel: 8 warps (at batch 1 an SM holds one CTA, and with 4 warps
+// the B=1 profile was issue-latency bound); CUDA-core fp32 kernel: 4 warps (tuned there, and it
+// spills registers at 8).
+constexpr int kMmaThreads = 256;
+constexpr int kMmaWarps = kMmaThreads / 32;
+constexpr int kSimtThreads = 128;
 constexpr int kMinChunk = 256;          // decode.md §4: a split below this costs more than it saves
 constexpr int kContiguousTile = 64;     // split granularity of the contiguous layout (reference too)
 constexpr double kLog2e = 1.4426950408889634;  // host-side: the scale is formed in double
@@ -72,7 +77,7 @@ constexpr size_t decode_head_smem_bytes() {  // CUDA-core kernel: q, o (D each),
 template <typename T, int D>
 constexpr size_t decode_mma_smem_bytes() {  // tensor-core kernel: K/V stages, q, p, logits, m/l/alpha
   constexpr int TS = decode_stage_tokens<T, D>();
-  constexpr int KP = TS / 8 < 4 ? 4 / (TS / 8) : 1;  // partial-logit slices (see the kernel)
+  constexpr int KP = TS / 8 < kMmaWarps ? kMmaWarps / (TS / 8) : 1;  // partial-logit slices (see the kernel)
   return decode_kv_smem_bytes<T, D>() + sizeof(T) * kMmaHeads * ((D + 8) + (TS + 8)) +
          sizeof(float) * kMmaHeads * (KP * TS + 3);
 }
@@ -121,14 +126,14 @@ __device__ __forceinline__ bool plan_split(const DecodeParams& p, SplitWork& w) 
 
 // cp.async one stage of TS K and V rows into padded shared rows (ROW elements apart). Rows past
 // the split's end are zero-filled without reading memory, so P * V never meets stale NaN.
-template <typename T, int D, int TS, int ROW>
+template <typename T, int D, int TS, int ROW, int THREADS>
 __device__ __forceinline__ void issue_kv_stage(const DecodeParams& p, const SplitWork& w, T* kbuf, T* vbuf,
                                                int stage, int buf) {
   constexpr int VEC = 16 / sizeof(T), CPR = D / VEC;
   const T* kg = static_cast<const T*>(p.k);
   const T* vg = static_cast<const T*>(p.v);
   const int t0 = w.start + stage * TS;
-  for (int idx = threadIdx.x; idx < TS * CPR; idx += kDecodeThreads) {
+  for (int idx = threadIdx.x; idx < TS * CPR; idx += THREADS) {
     const int r = idx / CPR, c = idx % CPR, t = t0 + r;
     const bool valid = t < w.end;
     int64_t ko = 0, vo = 0;
@@ -151,11 +156,11 @@ __device__ __forceinline__ void issue_kv_stage(const DecodeParams& p, const Spli
 }
 
 // Issue stage st+1 (if any), then wait until stage st has landed for the whole CTA.
-template <typename T, int D, int TS, int ROW>
+template <typename T, int D, int TS, int ROW, int THREADS>
 __device__ __forceinline__ void next_stage(const DecodeParams& p, const SplitWork& w, T* kbuf, T* vbuf, int st,
                                            int n_stages) {
   if (st + 1 < n_stages) {
-    issue_kv_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, st + 1, (st + 1) & 1);
+    issue_kv_stage<T, D, TS, ROW, THREADS>(p, w, kbuf, vbuf, st + 1, (st + 1) & 1);
     cp_async_wait<1>();
   } else {
     cp_async_wait<0>();
@@ -167,7 +172,7 @@ __device__ __forceinline__ void next_stage(const DecodeParams& p, const SplitWor
 // stage has >= 1 valid token, so m_new is finite and exp2(m_old - m_new) is 0, not NaN, on the
 // first stage (m_old = -inf). Writes p (as P_T) and the row's running max, sum and rescale.
 // With KP > 1 the logits arrive as KP partial sums over slices of D, KP_STRIDE floats apart.
-template <int TS, typename P_T, int KP = 1, int KP_STRIDE = 0>
+template <int TS, typename P_T, int THREADS, int KP = 1, int KP_STRIDE = 0>
 __device__ __forceinline__ void softmax_stage(const float* s_rows, P_T* p_rows, int p_stride, float* ms, float* ls,
                                               float* as, int nh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -177,7 +182,7 @@ __device__ __forceinline__ void softmax_stage(const float* s_rows, P_T* p_rows, 
     for (int kp = 1; kp < KP; ++kp) x += s_rows[kp * KP_STRIDE + g * TS + r];  // -inf + -inf = -inf
     return x;
   };
-  for (int g = warp; g < nh; g += kDecodeThreads / 32) {
+  for (int g = warp; g < nh; g += THREADS / 32) {
     float mx = -INFINITY;
     for (int r = lane; r < TS; r += 32) mx = fmaxf(mx, logit(g, r));
     mx = warp_max(mx);
@@ -208,8 +213,9 @@ __device__ __forceinline__ void store_value(const DecodeParams& p, const SplitWo
   else p.part_out[((int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0 + g) * p.D_runtime + d] = val;
 }
 
+template <int THREADS>
 __device__ __forceinline__ void store_lse(const DecodeParams& p, const SplitWork& w, const float* ms, const float* ls) {
-  for (int g = threadIdx.x; g < w.nh; g += kDecodeThreads) {
+  for (int g = threadIdx.x; g < w.nh; g += THREADS) {
     const float lse = (ms[g] + log2f(ls[g])) * kLn2;  // natural log, scale included; l >= 1
     if (p.S == 1) p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] = lse;
     else p.part_lse[(int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0 + g] = lse;
@@ -222,7 +228,7 @@ __device__ __forceinline__ void store_lse(const DecodeParams& p, const SplitWork
 //       bytes: the 8 lanes of a 16-byte access phase hit disjoint banks), VEC partial sums;
 //   PV: one thread per (head, 4 dims), output accumulators in shared memory so any G fits.
 template <typename T, int D>
-__global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_simt_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kSimtThreads) flash_decode_split_simt_kernel(const DecodeParams p) {
   constexpr int TS = decode_stage_tokens<T, D>();
   constexpr int ROW = decode_row_elems<T, D>();
   constexpr int VEC = 16 / sizeof(T);
@@ -244,21 +250,21 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_simt_kernel
   const int tid = threadIdx.x, nh = w.nh;
   const int n_stages = ceil_div(w.end - w.start, TS);
 
-  issue_kv_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, 0, 0);  // overlaps with loading q below
+  issue_kv_stage<T, D, TS, ROW, kSimtThreads>(p, w, kbuf, vbuf, 0, 0);  // overlaps with loading q below
   const T* qg = static_cast<const T*>(p.q);
-  for (int i = tid; i < nh * D; i += kDecodeThreads) {
+  for (int i = tid; i < nh * D; i += kSimtThreads) {
     qs[i] = to_float<T>(qg[w.b * p.q_sb + (w.hq0 + i / D) * p.q_sh + i % D]) * p.scale_log2;
     os[i] = 0.f;
   }
-  for (int g = tid; g < nh; g += kDecodeThreads) ms[g] = -INFINITY, ls[g] = 0.f;
+  for (int g = tid; g < nh; g += kSimtThreads) ms[g] = -INFINITY, ls[g] = 0.f;
 
   for (int st = 0; st < n_stages; ++st) {
-    next_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, st, n_stages);
+    next_stage<T, D, TS, ROW, kSimtThreads>(p, w, kbuf, vbuf, st, n_stages);
     const T* kt = kbuf + (st & 1) * TS * ROW;
     const T* vt = vbuf + (st & 1) * TS * ROW;
     const int nvalid = min(TS, w.end - (w.start + st * TS));  // >= 1
 
-    for (int task = tid; task < nh * TS; task += kDecodeThreads) {
+    for (int task = tid; task < nh * TS; task += kSimtThreads) {
       const int g = task / TS, r = task % TS;
       float logit = -INFINITY;
       if (r < nvalid) {
@@ -288,9 +294,9 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_simt_kernel
       ss[g * TS + r] = logit;
     }
     __syncthreads();
-    softmax_stage<TS, float>(ss, ss, TS, ms, ls, as, nh);  // p overwrites the logits in place
+    softmax_stage<TS, float, kSimtThreads>(ss, ss, TS, ms, ls, as, nh);  // p overwrites the logits in place
     __syncthreads();
-    for (int task = tid; task < nh * D4; task += kDecodeThreads) {
+    for (int task = tid; task < nh * D4; task += kSimtThreads) {
       const int g = task / D4, d0 = (task % D4) * 4;
       const float* pg = ss + g * TS;
       // Rows in pairs, two accumulator sets: two independent FMA chains, and only compile-time
@@ -318,8 +324,8 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_simt_kernel
     }
     __syncthreads();  // the next stage's loads overwrite this buffer and ss
   }
-  for (int i = tid; i < nh * D; i += kDecodeThreads) store_value<T>(p, w, i / D, i % D, os[i] / ls[i / D]);
-  store_lse(p, w, ms, ls);
+  for (int i = tid; i < nh * D; i += kSimtThreads) store_value<T>(p, w, i / D, i % D, os[i] / ls[i / D]);
+  store_lse<kSimtThreads>(p, w, ms, ls);
 }
 
 // --------------------------------------------------------------- tensor-core kernel (fp16, bf16)
@@ -328,21 +334,21 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_simt_kernel
 // K rows are exactly the "col" B operand of QK (ldmatrix), V is read transposed (ldmatrix.trans).
 // q stays in the input dtype (exact) and the softmax scale multiplies the fp32 logits; P is
 // rounded to the input dtype for the PV product, as FlashAttention does; l sums fp32 p.
-// O lives in registers: warp w owns the 8-column tiles w, w+4, ... of D.
+// O lives in registers: warp w owns the 8-column tiles w, w+8, ... of D.
 template <typename T, int D>
-__global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kMmaThreads) flash_decode_split_mma_kernel(const DecodeParams p) {
   constexpr int TS = decode_stage_tokens<T, D>();
   constexpr int ROW = decode_row_elems<T, D>();
   constexpr int M = kMmaHeads;
   constexpr int QROW = D + 8;   // padded rows: ldmatrix's 8 row addresses hit disjoint banks
   constexpr int PROW = TS + 8;
   constexpr int NT = D / 8;     // 8-column tiles of the output
-  constexpr int NT_W = (NT + 3) / 4;
+  constexpr int NT_W = (NT + kMmaWarps - 1) / kMmaWarps;  // output tiles per warp
   static_assert(TS % 16 == 0 && D % 16 == 0, "tile shapes");
-  // QK work split: 4 warps over TS/8 token tiles; with fewer tiles than warps, D is cut into KP
-  // slices (KP * tiles = 4) and the softmax adds the partial logits.
-  constexpr int QK_TILES_PER_ROUND = TS / 8 < 4 ? TS / 8 : 4;
-  constexpr int KP = 4 / QK_TILES_PER_ROUND;
+  // QK work split: the warps over TS/8 token tiles; with fewer tiles than warps, D is cut into KP
+  // slices (KP * tiles = warps) and the softmax adds the partial logits.
+  constexpr int QK_TILES_PER_ROUND = TS / 8 < kMmaWarps ? TS / 8 : kMmaWarps;
+  constexpr int KP = kMmaWarps / QK_TILES_PER_ROUND;
   static_assert((D / 16) % KP == 0, "D splits evenly into KP slices of 16-wide k-steps");
   constexpr int KSTEPS_PER_PART = D / 16 / KP;
   constexpr int KACC = KSTEPS_PER_PART < 4 ? KSTEPS_PER_PART : 4;
@@ -361,14 +367,14 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nh = w.nh;
   const int n_stages = ceil_div(w.end - w.start, TS);
 
-  issue_kv_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, 0, 0);
+  issue_kv_stage<T, D, TS, ROW, kMmaThreads>(p, w, kbuf, vbuf, 0, 0);
   const T* qg = static_cast<const T*>(p.q);
-  for (int i = tid; i < M * D; i += kDecodeThreads) {
+  for (int i = tid; i < M * D; i += kMmaThreads) {
     const int g = i / D, d = i % D;
     qs[g * QROW + d] = g < nh ? qg[w.b * p.q_sb + (w.hq0 + g) * p.q_sh + d] : from_float<T>(0.f);
   }
-  for (int i = tid; i < M * PROW; i += kDecodeThreads) ps[i] = from_float<T>(0.f);  // rows >= nh stay 0
-  for (int g = tid; g < M; g += kDecodeThreads) ms[g] = -INFINITY, ls[g] = 0.f, as[g] = 0.f;
+  for (int i = tid; i < M * PROW; i += kMmaThreads) ps[i] = from_float<T>(0.f);  // rows >= nh stay 0
+  for (int g = tid; g < M; g += kMmaThreads) ms[g] = -INFINITY, ls[g] = 0.f, as[g] = 0.f;
 
   float o[NT_W][4];
 #pragma unroll
@@ -378,13 +384,13 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
   const int b_row = lane & 7, b_col = 8 * ((lane >> 3) & 1);
 
   for (int st = 0; st < n_stages; ++st) {
-    next_stage<T, D, TS, ROW>(p, w, kbuf, vbuf, st, n_stages);
+    next_stage<T, D, TS, ROW, kMmaThreads>(p, w, kbuf, vbuf, st, n_stages);
     const T* kt = kbuf + (st & 1) * TS * ROW;
     const T* vt = vbuf + (st & 1) * TS * ROW;
     const int nvalid = min(TS, w.end - (w.start + st * TS));
 
-    // QK: warp w computes the 8-token tiles w, w+4, ... of S over its slice of D (the whole of D
-    // unless the stage has fewer than 4 tiles, then the idle warps take slices: KP partials).
+    // QK: warp w computes the 8-token tiles w, w+8, ... of S over its slice of D (the whole of D
+    // unless the stage has fewer tiles than warps, then the idle warps take slices: KP partials).
     // KACC independent accumulators keep the chain of dependent MMAs short.
     for (int j = warp % QK_TILES_PER_ROUND; j < TS / 8; j += QK_TILES_PER_ROUND) {
       const int kp = warp / QK_TILES_PER_ROUND;
@@ -408,7 +414,7 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
       }
     }
     __syncthreads();
-    softmax_stage<TS, T, KP, M * TS>(ss, ps, PROW, ms, ls, as, nh);
+    softmax_stage<TS, T, kMmaThreads, KP, M * TS>(ss, ps, PROW, ms, ls, as, nh);
     __syncthreads();
 
     // PV: rescale this warp's output rows, then accumulate P V over the stage's 16-token steps.
@@ -423,7 +429,7 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
       ldmatrix_x4(a, ps + a_row * PROW + k0 + a_col);
 #pragma unroll
       for (int i = 0; i < NT_W; ++i) {
-        const int nt = warp + 4 * i;
+        const int nt = warp + kMmaWarps * i;
         if (nt < NT) {
           uint32_t b[2];
           ldmatrix_x2_trans(b, vt + (k0 + b_row + b_col) * ROW + nt * 8);
@@ -436,7 +442,7 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
   const int r0 = lane >> 2;
 #pragma unroll
   for (int i = 0; i < NT_W; ++i) {
-    const int nt = warp + 4 * i;
+    const int nt = warp + kMmaWarps * i;
     if (nt >= NT) continue;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -444,7 +450,7 @@ __global__ void __launch_bounds__(kDecodeThreads) flash_decode_split_mma_kernel(
       if (g < nh) store_value<T>(p, w, g, d, o[i][e] / ls[g]);
     }
   }
-  store_lse(p, w, ms, ls);
+  store_lse<kMmaThreads>(p, w, ms, ls);
 }
 
 struct MergeParams {
