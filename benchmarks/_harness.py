@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -56,11 +57,6 @@ def copy_bandwidth_tbs(gib: float = 2.0) -> float:
     t = time_us(lambda: dst.copy_(src)) * 1e-6
     del src, dst
     return 2 * n * 4 / t / 1e12
-
-
-def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 def gpu_slug(name: str) -> str:

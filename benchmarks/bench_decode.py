@@ -14,7 +14,6 @@ Writes ``decode_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL r
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import shapes  # noqa: E402
 import torch_aura  # noqa: E402,F401  (defines the ops, loads the CUDA kernels)
 from torch_aura import backends  # noqa: E402
 from torch_aura.reference import decode as ref  # noqa: E402
+from torch_aura.testing import rel_rms  # noqa: E402
 
 DTYPE = torch.bfloat16
 
@@ -70,11 +70,11 @@ def main(argv=None) -> int:
         sdpa = lambda: F.scaled_dot_product_attention(q[:, :, None], kc, vc, enable_gqa=True)  # noqa: E731
         out, lse = ours()
         want = sdpa()[:, :, 0]
-        err_sdpa = H.rel_rms(out, want)
+        err_sdpa = rel_rms(out, want)
         err_ref = None
         if T <= 32768:
             ref_out, _ = ref.flash_decode(q, k, v, sl, table)
-            err_ref = H.rel_rms(out, ref_out)
+            err_ref = rel_rms(out, ref_out)
         ok = err_sdpa < 5e-3 and (err_ref is None or err_ref < 5e-3)
         row = {"case": name, "B": B, "Hq": Hq, "Hkv": Hkv, "D": D, "T": T, "page": page, "dtype": "bf16",
                "err_vs_sdpa": err_sdpa, "err_vs_ref": err_ref, "correct": ok}

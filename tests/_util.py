@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from torch_aura.testing import max_rel, rel_rms  # noqa: F401  (re-exported for the tests)
+
 # Relative-RMS gates, kernel vs reference, per input dtype (tests may tighten per family).
 RATIO = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-3}
 
@@ -16,21 +18,6 @@ RATIO = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-3}
 GDN_CHUNK_RATIO = 5e-3
 GDN_RECURRENT_RATIO = 2e-3
 FP32_MAX_REL = 1e-4  # decode and AURA kernels vs reference in fp32
-
-
-def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    den = ref.pow(2).mean().sqrt().item()
-    num = (out - ref).pow(2).mean().sqrt().item()
-    return num / den if den > 0 else num
-
-
-def max_rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |out - ref| / max |ref| (relative to the reference's scale, not elementwise)."""
-    out, ref = out.double(), ref.double()
-    den = ref.abs().max().item() if ref.numel() else 0.0
-    num = (out - ref).abs().max().item() if ref.numel() else 0.0
-    return num / den if den > 0 else num
 
 
 def assert_finite_like(name: str, out: torch.Tensor, ref: torch.Tensor) -> None:

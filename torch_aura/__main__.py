@@ -11,7 +11,6 @@ finish in well under a minute on two cores; GPU shapes are the decode/prefill sh
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -20,6 +19,7 @@ import torch
 
 import torch_aura
 from torch_aura import reference
+from torch_aura.testing import exact_decode_attention, max_rel, rel_rms
 
 # (name, shapes on CPU, shapes on a GPU)
 SHAPES = {
@@ -66,28 +66,8 @@ def served_by_kernel(op: str, device: torch.device) -> bool:
     return device.type != "cpu" and torch_aura.backends.has_kernel(op, device.type)
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |out - ref| / max |ref|, in fp64."""
-    out, ref = out.double(), ref.double()
-    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
-
-
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(a.double().flatten(1), b.double().flatten(1), dim=-1).mean().item()
-
-
-def exact_attention(q, k, v, seq_lens, scale):
-    """fp64 softmax attention per sequence; q [B, Hq, D], k/v [B, Hkv, T, D] (the oracle)."""
-    B, Hq, D = q.shape
-    G = Hq // k.shape[1]
-    out = torch.zeros(B, Hq, D, dtype=torch.float64, device=q.device)
-    for b in range(B):
-        n = int(seq_lens[b])
-        kk = k[b, :, :n].double().repeat_interleave(G, dim=0)  # [Hq, n, D]
-        vv = v[b, :, :n].double().repeat_interleave(G, dim=0)
-        p = torch.softmax(torch.einsum("hd,hnd->hn", q[b].double() * scale, kk), dim=-1)
-        out[b] = torch.einsum("hn,hnd->hd", p, vv)
-    return out
 
 
 # --------------------------------------------------------------------------------------- families
@@ -99,11 +79,11 @@ def run_decode(device, s, repeats):
     seq_lens = torch.randint(s["T"] // 2, s["T"] + 1, (s["B"],), generator=g, dtype=torch.int32).to(device)
     scale = s["D"] ** -0.5
     out, lse = torch_aura.flash_decode(q, k, v, seq_lens)
-    checks = {"max rel err vs exact fp64 attention": (rel_err(out, exact_attention(q, k, v, seq_lens, scale)),
+    checks = {"max rel err vs exact fp64 attention": (max_rel(out, exact_decode_attention(q, k, v, seq_lens, scale=scale)[0]),
                                                        1e-4 if s["dtype"] == torch.float32 else 2e-2)}
     if served_by_kernel("flash_decode", device):
         ref_out, _ = reference.decode.flash_decode(q, k, v, seq_lens)
-        checks["max rel err vs reference"] = (rel_err(out, ref_out), 1e-4 if s["dtype"] == torch.float32 else 2e-2)
+        checks["max rel err vs reference"] = (max_rel(out, ref_out), 1e-4 if s["dtype"] == torch.float32 else 2e-2)
     t = timed(lambda: torch_aura.flash_decode(q, k, v, seq_lens), device, repeats)
     kv_bytes = 2 * int(seq_lens.sum()) * s["Hkv"] * s["D"] * k.element_size()
     shape = f"B={s['B']} Hq={s['Hq']} Hkv={s['Hkv']} D={s['D']} T={s['T']} {str(s['dtype'])[6:]}"
@@ -120,7 +100,7 @@ def run_aura(device, s, repeats):
     cache.append(k, v)
     out, lse = cache.decode(q)
     seq_lens = torch.full((B,), T, dtype=torch.int32, device=device)
-    exact = exact_attention(q, k.transpose(1, 2), v.transpose(1, 2), seq_lens, D ** -0.5)
+    exact, _ = exact_decode_attention(q, k.transpose(1, 2), v.transpose(1, 2), seq_lens)
     # Random isotropic data is the hard case for quantized attention (targets.md gates use
     # channel-structured data); the gate here only catches a broken pipeline.
     checks = {"cosine vs exact attention": (cosine(out, exact), None, 0.80)}
@@ -144,18 +124,13 @@ def run_gdn(device, s, repeats):
     o_rec = reference.gdn.gdn_recurrent(q.double(), k.double(), v.double(), g.double(), beta.double(),
                                         state.double())
     tol = 5e-3
-    checks = {"rel RMS vs fp64 recurrence": (_rel_rms(o, o_rec), tol)}
+    checks = {"rel RMS vs fp64 recurrence": (rel_rms(o, o_rec), tol)}
     if served_by_kernel("gdn_chunk", device):
         o_ref, _ = reference.gdn.gdn_chunk(q, k, v, g, beta)
-        checks["rel RMS vs reference"] = (_rel_rms(o, o_ref), tol)
+        checks["rel RMS vs reference"] = (rel_rms(o, o_ref), tol)
     t = timed(lambda: torch_aura.gdn_chunk(q, k, v, g, beta), device, repeats)
     shape = f"B={B} T={T} H={H} HV={HV} K={K} V={V} {str(s['dtype'])[6:]}"
     return "gdn_chunk", shape, checks, t, f"{B * T / t / 1e6:.2f} M tokens/s"
-
-
-def _rel_rms(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 RUNNERS = {"decode": run_decode, "aura": run_aura, "gdn": run_gdn}

@@ -7,11 +7,12 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import torch_aura
 from torch_aura import backends
 from torch_aura.reference import decode as ref
+
+from torch_aura.testing import exact_decode_attention as oracle
 
 from _util import RATIO, assert_close, assert_max_rel, dtype_id
 
@@ -60,34 +61,6 @@ def make_cache(lens, Hq, Hkv, D, dtype, *, page=None, T_cap=None, seed=0, poison
         used = math.ceil(lens[b] / page)
         table[b, used:] = -7  # never read
     return q, kp.to(DEV, dtype), vp.to(DEV, dtype), seq_lens, table.to(DEV)
-
-
-def dense(cache, b, n, table):
-    """[Hkv, n, D] rows of sequence b from either layout."""
-    if table is None:
-        return cache[b, :, :n]
-    page = cache.shape[1]
-    t = torch.arange(n, device=cache.device)
-    return cache[table[b, t // page].long(), t % page].transpose(0, 1)
-
-
-def oracle(q, k, v, seq_lens, table, scale=None):
-    """fp64 attention per sequence (SDPA on the live rows), out and natural-log lse."""
-    B, Hq, D = q.shape
-    scale = D ** -0.5 if scale is None else scale
-    out = torch.zeros(B, Hq, D, dtype=torch.float64, device=q.device)
-    lse = torch.full((B, Hq), -INF, dtype=torch.float64, device=q.device)
-    for b in range(B):
-        n = int(seq_lens[b])
-        if n == 0:
-            continue
-        kk, vv = dense(k, b, n, table).double(), dense(v, b, n, table).double()
-        G = Hq // kk.shape[0]
-        kk, vv = kk.repeat_interleave(G, 0), vv.repeat_interleave(G, 0)
-        qb = q[b].double()[:, None]
-        out[b] = F.scaled_dot_product_attention(qb, kk, vv, scale=scale)[:, 0]
-        lse[b] = torch.logsumexp((qb @ kk.transpose(1, 2))[:, 0] * scale, -1)
-    return out, lse
 
 
 def check(name, out, lse, want_out, want_lse, dtype):

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 
 import torch_aura
 from torch_aura.reference import decode as ref
+from torch_aura.testing import dense_kv
+from torch_aura.testing import exact_decode_attention as oracle
 
 from _util import FP32_MAX_REL, RATIO, assert_close, assert_max_rel, dtype_id
 
@@ -81,36 +83,6 @@ def make_paged(lens, Hq, Hkv, D, dtype, page, seed=0, spare_pages=3):
             v[p, :n] = torch.randn(n, Hkv, D, generator=g).to(dtype)
     assert not table.is_contiguous()
     return q, k, v, _lens(lens), table
-
-
-def dense_kv(cache, b, T, block_table):
-    """Sequence b's first T tokens as [Hkv, T, D], rebuilt independently of the reference."""
-    if block_table is None:
-        return cache[b, :, :T]
-    page = cache.shape[1]
-    pages = [cache[int(block_table[b, j])] for j in range(-(-T // page))]  # each [page, Hkv, D]
-    rows = torch.cat(pages, dim=0)[:T] if pages else cache[:0, 0]
-    return rows.transpose(0, 1)
-
-
-def oracle(q, k_cache, v_cache, seq_lens, block_table=None, scale=None):
-    """fp64 dense attention per sequence via SDPA; returns (out [B,Hq,D], lse [B,Hq]) fp64."""
-    B, Hq, D = q.shape
-    scale = D ** -0.5 if scale is None else scale
-    out = torch.zeros(B, Hq, D, dtype=torch.float64)
-    lse = torch.full((B, Hq), -INF, dtype=torch.float64)
-    for b in range(B):
-        T = int(seq_lens[b])
-        if T == 0:
-            continue
-        K = dense_kv(k_cache, b, T, block_table).double()
-        V = dense_kv(v_cache, b, T, block_table).double()
-        G = Hq // K.shape[0]
-        K, V = K.repeat_interleave(G, dim=0), V.repeat_interleave(G, dim=0)  # [Hq, T, D]
-        qb = q[b].double()[:, None, :]  # [Hq, 1, D]
-        out[b] = F.scaled_dot_product_attention(qb, K, V, scale=scale)[:, 0]
-        lse[b] = torch.logsumexp((qb @ K.transpose(1, 2))[:, 0] * scale, dim=-1)
-    return out, lse
 
 
 def check_vs_oracle(name, out, lse, q, k, v, lens, table=None, scale=None):
