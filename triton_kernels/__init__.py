@@ -16,14 +16,31 @@ if __name__ == "triton_kernels":
         "this folder is torch_aura's Triton sources and installs as torch_aura.triton_kernels; "
         "it is not OpenAI's triton_kernels package")
 
-# op name -> "module:function" of its launcher; filled as kernels land (GDN: issue 3).
-LAUNCHERS: dict[str, str] = {}
+# op name -> "module:function" of its launcher (relative to this package)
+LAUNCHERS: dict[str, str] = {
+    **{op: f".gdn.chunk:{op}" for op in ("gdn_chunk", "gdn_chunk_cumsum", "gdn_kkt_solve",
+                                           "gdn_recompute_w_u", "gdn_fwd_h", "gdn_fwd_o")},
+    "gdn_recurrent": ".gdn.recurrent:gdn_recurrent",
+}
+
+
+def _lazy(module: str, fn: str):
+    """A launcher that imports its module (and so ``triton``) at its first call."""
+    import importlib
+
+    target = None
+
+    def launch(*args, **kwargs):
+        nonlocal target
+        if target is None:
+            target = getattr(importlib.import_module(module, __name__), fn)
+        return target(*args, **kwargs)
+
+    launch.__name__ = fn
+    return launch
 
 
 def register(lib) -> None:
     """Register every launcher in ``LAUNCHERS`` for the CUDA dispatch key of ``lib``."""
-    import importlib
-
     for op, target in LAUNCHERS.items():
-        module, fn = target.split(":")
-        lib.impl(op, getattr(importlib.import_module(module, __name__), fn), "CUDA")
+        lib.impl(op, _lazy(*target.split(":")), "CUDA")

@@ -1,0 +1,80 @@
+"""Launch-config selection for the Triton kernels: tuned once per key in warm-up, then cached.
+
+Why not ``@triton.autotune``: it re-tunes inside CUDA-graph capture (benchmark launches there
+break the capture) and fails under ``TRITON_INTERPRET=1`` with more than one config. ``Tuner``
+keeps the decision in our hands:
+
+* the key is chosen by the launcher from static facts (head dims, dtype, layout, varlen, a
+  parallelism bucket), never from T, so one warm-up call tunes every later shape of a model;
+* under the interpreter, with ``TORCH_AURA_TUNE=0``, or while a CUDA graph is being captured, the
+  first config runs untuned (a capture never benchmarks; the untuned pick is not cached, so the
+  next eager call still tunes);
+* a config that fails to compile or launch (e.g. too much shared memory) is skipped.
+
+Launches must be repeatable: outputs are fresh buffers and inputs are read-only (the in-place
+``gdn_recurrent`` is not tuned).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch configuration: constexpr kwargs plus Triton's ``num_warps`` / ``num_stages``."""
+
+    kwargs: dict = field(default_factory=dict)
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def launch_kwargs(self) -> dict:
+        return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+class Tuner:
+    """Chooses among ``configs`` per key by timing each once; ``configs[0]`` is the safe default."""
+
+    def __init__(self, name: str, configs: list[Config]):
+        self.name = name
+        self.configs = configs
+        self.cache: dict[tuple, Config] = {}
+        self._warned_capture = False
+
+    def __call__(self, key: tuple, launch) -> None:
+        """Run ``launch(config)`` with the cached or freshly tuned config for ``key``."""
+        cfg = self.cache.get(key)
+        if cfg is None:
+            cfg = self._choose(key, launch)
+        launch(cfg)
+
+    def _choose(self, key, launch) -> Config:
+        if len(self.configs) == 1 or interpreting() or os.environ.get("TORCH_AURA_TUNE", "1") == "0":
+            return self.configs[0]
+        if torch.cuda.is_current_stream_capturing():
+            if not self._warned_capture:
+                self._warned_capture = True
+                warnings.warn(f"torch_aura: {self.name} met key {key} first inside CUDA-graph capture; "
+                              "running its default config untuned (call it once eagerly to tune)",
+                              stacklevel=3)
+            return self.configs[0]
+        from triton.testing import do_bench
+
+        best, best_ms = self.configs[0], float("inf")
+        for cfg in self.configs:
+            try:
+                ms = do_bench(lambda: launch(cfg), warmup=3, rep=15)
+            except Exception:  # noqa: BLE001 - e.g. OutOfResources: this config cannot run here
+                continue
+            if ms < best_ms:
+                best, best_ms = cfg, ms
+        self.cache[key] = best
+        return best

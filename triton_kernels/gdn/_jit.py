@@ -1,0 +1,117 @@
+"""Device helpers shared by the GDN kernels (chunk bounds, tile addressing, gates, the 16x16 solve).
+
+Conventions of every GDN kernel:
+
+* tensors are head-last (``x[b, t, head, col]``) with a unit last stride; kernels take the batch,
+  token and head strides, so views (e.g. a transposed q) need no copy;
+* token offsets are int64: ``T * H * K`` passes 2^31 at 1M tokens x 64 heads x 128;
+* G (the chunk-local cumsum of g, natural log) is scaled by log2(e) on load and every gate is an
+  ``exp2``;
+* rows past a sequence's end are loaded as zeros and every gate that could see them is applied
+  with ``tl.where`` (select), never by multiplying with a 0/1 mask: above the diagonal and past
+  the end ``exp2`` may be inf, and ``0 * inf`` is NaN.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * log2(e))
+BT = 64  # chunk length (rows of every chunk tile)
+
+
+@triton.jit
+def chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN: tl.constexpr, BT: tl.constexpr):
+    """Flat chunk ``i_c`` -> ``(b, start, eos)``: its batch row, first token and sequence end.
+
+    Fixed length: chunk ``i_c`` is chunk ``i_c % NT`` of batch row ``i_c // NT``. Varlen (B == 1):
+    ``chunk_indices[i_c] = (sequence n, chunk c)`` and the sequence spans ``cu_seqlens[n:n+2]``.
+    ``eos`` is clamped to T, so a corrupt ``cu_seqlens`` cannot send a load past the tensor.
+    """
+    if IS_VARLEN:
+        n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        c = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + n).to(tl.int64)
+        eos = tl.minimum(tl.load(cu_seqlens + n + 1).to(tl.int64), T)
+        b = n * 0
+    else:
+        b = (i_c // NT).to(tl.int64)
+        c = (i_c % NT).to(tl.int64)
+        bos = b * 0
+        eos = bos + T
+    return b, bos + c * BT, eos
+
+
+@triton.jit
+def seq_span(n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
+    """Sequence ``n`` -> ``(b, bos, eos)``: batch row and token range (varlen: row 0)."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + n).to(tl.int64)
+        eos = tl.minimum(tl.load(cu_seqlens + n + 1).to(tl.int64), T)
+        b = bos * 0
+    else:
+        b = n.to(tl.int64)
+        bos = b * 0
+        eos = bos + T
+    return b, bos, eos
+
+
+@triton.jit
+def tile_ptrs(base, b, rows, head, cols, s_b, s_t, s_h):
+    """Addresses of ``x[b, rows, head, cols]``: ``[len(rows), len(cols)]``."""
+    return base + b * s_b + head * s_h + rows[:, None] * s_t + cols[None, :]
+
+
+@triton.jit
+def load_tile(base, b, rows, row_ok, head, cols, ncols, s_b, s_t, s_h):
+    """Zero-filled load of ``x[b, rows, head, cols]`` (rows past the end and cols >= ncols are 0)."""
+    mask = row_ok[:, None] & (cols < ncols)[None, :]
+    return tl.load(tile_ptrs(base, b, rows, head, cols, s_b, s_t, s_h), mask=mask, other=0.0)
+
+
+@triton.jit
+def store_tile(base, x, b, rows, row_ok, head, cols, ncols, s_b, s_t, s_h):
+    """Store the valid part of a tile, rounding to the buffer's dtype (RNE) on the way."""
+    mask = row_ok[:, None] & (cols < ncols)[None, :]
+    tl.store(tile_ptrs(base, b, rows, head, cols, s_b, s_t, s_h), x.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def load_rows(base, b, rows, row_ok, head, s_b, s_t, s_h):
+    """fp32 ``x[b, rows, head]`` of a ``[B, T, H]`` tensor (g, g_cum, beta); 0 past the end."""
+    return tl.load(base + b * s_b + head * s_h + rows * s_t, mask=row_ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def gate_causal(a, G2_i, G2_j, ok_i, ok_j, rows_i, rows_j, STRICT: tl.constexpr):
+    """``select(i > j (STRICT) or i >= j, both valid, a * exp2(G2_i - G2_j), 0)``.
+
+    Above the diagonal the exponent is positive and may overflow: select, never multiply by a mask.
+    """
+    if STRICT:
+        keep = rows_i[:, None] > rows_j[None, :]
+    else:
+        keep = rows_i[:, None] >= rows_j[None, :]
+    keep = keep & ok_i[:, None] & ok_j[None, :]
+    return tl.where(keep, a * tl.exp2(G2_i[:, None] - G2_j[None, :]), 0.0)
+
+
+@triton.jit
+def inv_unit_lower16(A):
+    """``(I + A)^-1`` of a strictly lower 16x16 fp32 block by forward substitution:
+    ``X[i, :] = e_i - sum_{j<i} A[i, j] X[j, :]``, row by row (rows < i are final when row i is
+    built, and ``A[i, j] = 0`` for ``j >= i`` keeps the not-yet-built rows out of the sum)."""
+    r = tl.arange(0, 16)
+    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    for i in tl.static_range(1, 16):
+        a_i = tl.sum(tl.where(r[:, None] == i, A, 0.0), axis=0)  # row i of A, indexed by column j
+        x_i = tl.sum(a_i[:, None] * X, axis=0)  # sum_j A[i, j] X[j, :]
+        X = tl.where(r[:, None] == i, X - x_i[None, :], X)
+    return X
+
+
+@triton.jit
+def dot32(a, b):
+    """fp32 x fp32 product in full fp32 (no tf32): the solve's block merges."""
+    return tl.dot(a, b, input_precision="ieee")

@@ -1,0 +1,612 @@
+"""Chunked Gated DeltaNet forward in Triton: the five stage ops and the fused ``gdn_chunk`` (gdn.md).
+
+Stage kernels (one op each; what the stage tests diff against the reference, stage by stage):
+
+* ``_gdn_chunk_cumsum_kernel``   one program per chunk, all value heads of it;
+* ``_gdn_kkt_solve_kernel``      per (chunk, value head): ``(I + A)^-1`` as 16x16 blocks;
+* ``_gdn_recompute_w_u_kernel``  per (chunk, value head): ``w``, ``u`` from the stored ``Ai``;
+* ``_gdn_state_pass_kernel``     per (V tile, sequence, value head): the sequential pass (fwd_h);
+* ``_gdn_fwd_o_kernel``          per (V tile, chunk, value head): chunk outputs from ``h``.
+
+``gdn_chunk`` does not chain them. It runs two kernels:
+
+1. ``_gdn_chunk_prep_kernel`` (chunk-parallel): cumsum, kkt + solve, w/u, and the gated causal
+   ``q k^T`` of the chunk, all for one (chunk, value head) in one program. ``Ai`` goes through a
+   small L2-resident scratch between the solve and w/u (a CTA barrier orders them), so the 16x16
+   solve and the 64-row w/u products share the stage kernels' code.
+2. ``_gdn_state_pass_kernel`` with ``WITH_O``: the sequential pass also computes the outputs. Its
+   program holds the fp32 state of its V tile, so ``o = scale (e^G q S + Aqk v_new)`` costs two
+   more products per chunk, and neither the per-chunk states ``h`` (512 B per token and value
+   head in bf16 at K = V = 128, the largest intermediate) nor ``v_new`` are ever written.
+
+Rounding follows gdn.md §3.7 exactly: ``Ai``, the ``beta e^G k`` / ``beta v`` operands, ``w``,
+``u``, the state operand ``rnd(S)``, ``v_new``, the gated ``v_new`` and the masked ``q k^T`` are
+rounded to the input dtype where the reference rounds them; G and the states are fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._checks import gdn as _checks
+from .._tune import Config, Tuner
+from ._jit import (BT, LOG2E, chunk_span, dot32, gate_causal, inv_unit_lower16, load_rows, load_tile,
+                   seq_span, store_tile)
+
+
+# ------------------------------------------------------------------------------ stage bodies
+@triton.jit
+def _cumsum_head(g, g_cum, b, start, eos, i_hv, s_gb, s_gt, s_gh, s_cb, s_ct, s_ch):
+    """Inclusive cumsum of one chunk of one head's g, stored fp32 (natural log units)."""
+    rows = start + tl.arange(0, BT)
+    ok = rows < eos
+    x = load_rows(g, b, rows, ok, i_hv, s_gb, s_gt, s_gh)
+    tl.store(g_cum + b * s_cb + i_hv * s_ch + rows * s_ct, tl.cumsum(x, axis=0), mask=ok)
+
+
+@triton.jit
+def _store_block_row(Ai, b, rows, ok, i_hv, x0, x1, x2, x3, s_ab, s_at, s_ah):
+    """Store one 16-row block row of ``Ai`` (its four 16x16 column blocks) to the input dtype."""
+    c = tl.arange(0, 16)
+    store_tile(Ai, x0, b, rows, ok, i_hv, c, 64, s_ab, s_at, s_ah)
+    store_tile(Ai, x1, b, rows, ok, i_hv, c + 16, 64, s_ab, s_at, s_ah)
+    store_tile(Ai, x2, b, rows, ok, i_hv, c + 32, 64, s_ab, s_at, s_ah)
+    store_tile(Ai, x3, b, rows, ok, i_hv, c + 48, 64, s_ab, s_at, s_ah)
+
+
+@triton.jit
+def _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
+                    s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
+                    BK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """``Ai = (I + A)^-1`` of one chunk, ``A[i, j] = beta_i (k_i . k_j) e^(G_i - G_j)`` (i > j).
+
+    The 64x64 problem is a 4x4 grid of 16x16 blocks: the ten lower blocks of ``k k^T`` accumulate
+    in fp32 over K tiles; beta and the gate are applied after the dot (as FLA); the four diagonal
+    blocks are inverted by forward substitution and the off-diagonal blocks of the inverse follow
+    by block forward substitution, ``X_ij = -X_ii sum_{j <= m < i} A_im X_mj``, in full fp32.
+    """
+    r = tl.arange(0, 16)
+    rows0 = start + r
+    rows1 = rows0 + 16
+    rows2 = rows0 + 32
+    rows3 = rows0 + 48
+    ok0 = rows0 < eos
+    ok1 = rows1 < eos
+    ok2 = rows2 < eos
+    ok3 = rows3 < eos
+    a00 = tl.zeros([16, 16], tl.float32)
+    a10 = tl.zeros([16, 16], tl.float32)
+    a11 = tl.zeros([16, 16], tl.float32)
+    a20 = tl.zeros([16, 16], tl.float32)
+    a21 = tl.zeros([16, 16], tl.float32)
+    a22 = tl.zeros([16, 16], tl.float32)
+    a30 = tl.zeros([16, 16], tl.float32)
+    a31 = tl.zeros([16, 16], tl.float32)
+    a32 = tl.zeros([16, 16], tl.float32)
+    a33 = tl.zeros([16, 16], tl.float32)
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
+        k_0 = load_tile(k, b, rows0, ok0, i_h, cols, K, s_kb, s_kt, s_kh)
+        k_1 = load_tile(k, b, rows1, ok1, i_h, cols, K, s_kb, s_kt, s_kh)
+        k_2 = load_tile(k, b, rows2, ok2, i_h, cols, K, s_kb, s_kt, s_kh)
+        k_3 = load_tile(k, b, rows3, ok3, i_h, cols, K, s_kb, s_kt, s_kh)
+        t0 = tl.trans(k_0)
+        t1 = tl.trans(k_1)
+        t2 = tl.trans(k_2)
+        a00 += tl.dot(k_0, t0, input_precision=DOT_PREC)
+        a10 += tl.dot(k_1, t0, input_precision=DOT_PREC)
+        a11 += tl.dot(k_1, t1, input_precision=DOT_PREC)
+        a20 += tl.dot(k_2, t0, input_precision=DOT_PREC)
+        a21 += tl.dot(k_2, t1, input_precision=DOT_PREC)
+        a22 += tl.dot(k_2, t2, input_precision=DOT_PREC)
+        a30 += tl.dot(k_3, t0, input_precision=DOT_PREC)
+        a31 += tl.dot(k_3, t1, input_precision=DOT_PREC)
+        a32 += tl.dot(k_3, t2, input_precision=DOT_PREC)
+        a33 += tl.dot(k_3, tl.trans(k_3), input_precision=DOT_PREC)
+    G0 = load_rows(g_cum, b, rows0, ok0, i_hv, s_gb, s_gt, s_gh) * LOG2E
+    G1 = load_rows(g_cum, b, rows1, ok1, i_hv, s_gb, s_gt, s_gh) * LOG2E
+    G2 = load_rows(g_cum, b, rows2, ok2, i_hv, s_gb, s_gt, s_gh) * LOG2E
+    G3 = load_rows(g_cum, b, rows3, ok3, i_hv, s_gb, s_gt, s_gh) * LOG2E
+    b0 = load_rows(beta, b, rows0, ok0, i_hv, s_bb, s_bt, s_bh)[:, None]
+    b1 = load_rows(beta, b, rows1, ok1, i_hv, s_bb, s_bt, s_bh)[:, None]
+    b2 = load_rows(beta, b, rows2, ok2, i_hv, s_bb, s_bt, s_bh)[:, None]
+    b3 = load_rows(beta, b, rows3, ok3, i_hv, s_bb, s_bt, s_bh)[:, None]
+    a00 = gate_causal(a00 * b0, G0, G0, ok0, ok0, rows0, rows0, True)
+    a10 = gate_causal(a10 * b1, G1, G0, ok1, ok0, rows1, rows0, True)
+    a11 = gate_causal(a11 * b1, G1, G1, ok1, ok1, rows1, rows1, True)
+    a20 = gate_causal(a20 * b2, G2, G0, ok2, ok0, rows2, rows0, True)
+    a21 = gate_causal(a21 * b2, G2, G1, ok2, ok1, rows2, rows1, True)
+    a22 = gate_causal(a22 * b2, G2, G2, ok2, ok2, rows2, rows2, True)
+    a30 = gate_causal(a30 * b3, G3, G0, ok3, ok0, rows3, rows0, True)
+    a31 = gate_causal(a31 * b3, G3, G1, ok3, ok1, rows3, rows1, True)
+    a32 = gate_causal(a32 * b3, G3, G2, ok3, ok2, rows3, rows2, True)
+    a33 = gate_causal(a33 * b3, G3, G3, ok3, ok3, rows3, rows3, True)
+
+    x00 = inv_unit_lower16(a00)
+    x11 = inv_unit_lower16(a11)
+    x22 = inv_unit_lower16(a22)
+    x33 = inv_unit_lower16(a33)
+    x10 = -dot32(x11, dot32(a10, x00))
+    x21 = -dot32(x22, dot32(a21, x11))
+    x32 = -dot32(x33, dot32(a32, x22))
+    x20 = -dot32(x22, dot32(a20, x00) + dot32(a21, x10))
+    x31 = -dot32(x33, dot32(a31, x11) + dot32(a32, x21))
+    x30 = -dot32(x33, dot32(a30, x00) + dot32(a31, x10) + dot32(a32, x20))
+    zero = tl.zeros([16, 16], tl.float32)
+    _store_block_row(Ai, b, rows0, ok0, i_hv, x00, zero, zero, zero, s_ab, s_at, s_ah)
+    _store_block_row(Ai, b, rows1, ok1, i_hv, x10, x11, zero, zero, s_ab, s_at, s_ah)
+    _store_block_row(Ai, b, rows2, ok2, i_hv, x20, x21, x22, zero, s_ab, s_at, s_ah)
+    _store_block_row(Ai, b, rows3, ok3, i_hv, x30, x31, x32, x33, s_ab, s_at, s_ah)
+
+
+@triton.jit
+def _w_u_body(k, v, beta, Ai, g_cum, w, u, b, start, eos, i_h, i_hv, K, V,
+              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
+              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
+              BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
+    """``w = Ai @ rnd(beta e^G k)``, ``u = Ai @ rnd(beta v)`` for one chunk, 64-row tiles."""
+    rows = start + tl.arange(0, BT)
+    ok = rows < eos
+    A = load_tile(Ai, b, rows, ok, i_hv, tl.arange(0, BT), BT, s_ab, s_at, s_ah)
+    bt = load_rows(beta, b, rows, ok, i_hv, s_bb, s_bt, s_bh)
+    kscale = bt * tl.exp2(load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E)
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
+        kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
+        kb = (kt.to(tl.float32) * kscale[:, None]).to(kt.dtype)
+        store_tile(w, tl.dot(A, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K, s_wb, s_wt, s_wh)
+    for v0 in range(0, V, BV):
+        cols = v0 + tl.arange(0, BV)
+        vt = load_tile(v, b, rows, ok, i_hv, cols, V, s_vb, s_vt, s_vh)
+        vb = (vt.to(tl.float32) * bt[:, None]).to(vt.dtype)
+        store_tile(u, tl.dot(A, vb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, V, s_ub, s_ut, s_uh)
+
+
+@triton.jit
+def _qk_gated_body(q, k, g_cum, Aqk, b, start, eos, i_h, i_hv, K,
+                   s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_ab, s_at, s_ah,
+                   BK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """The chunk's inclusive causal ``select(i >= j, (q_i . k_j) e^(G_i - G_j), 0)``, stored rounded
+    to q's dtype (the reference rounds it there before ``@ v_new``)."""
+    rows = start + tl.arange(0, BT)
+    ok = rows < eos
+    acc = tl.zeros([BT, BT], tl.float32)
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
+        qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh)
+        kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
+        acc += tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC)
+    G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
+    acc = gate_causal(acc, G2, G2, ok, ok, rows, rows, False)
+    store_tile(Aqk, acc, b, rows, ok, i_hv, tl.arange(0, BT), BT, s_ab, s_at, s_ah)
+
+
+# ------------------------------------------------------------------------------------ kernels
+@triton.jit
+def _gdn_chunk_cumsum_kernel(g, g_cum, cu_seqlens, chunk_indices, T, NT, HV,
+                             s_gb, s_gt, s_cb, s_ct, IS_VARLEN: tl.constexpr, BHV: tl.constexpr):
+    i_c = tl.program_id(0)
+    b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
+    rows = start + tl.arange(0, BT)
+    heads = tl.arange(0, BHV)
+    mask = (rows < eos)[:, None] & (heads < HV)[None, :]
+    x = tl.load(g + b * s_gb + rows[:, None] * s_gt + heads[None, :], mask=mask, other=0.0)
+    tl.store(g_cum + b * s_cb + rows[:, None] * s_ct + heads[None, :],
+             tl.cumsum(x.to(tl.float32), axis=0), mask=mask)
+
+
+@triton.jit
+def _gdn_kkt_solve_kernel(k, g_cum, beta, Ai, cu_seqlens, chunk_indices, T, NT, HV, GROUP, K,
+                          s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
+                          IS_VARLEN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    i_c, i_hv = pid // HV, pid % HV
+    b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
+    _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_hv // GROUP, i_hv, K,
+                    s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, BK, DOT_PREC)
+
+
+@triton.jit
+def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, cu_seqlens, chunk_indices, T, NT, HV, GROUP,
+                              K, V, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh,
+                              s_ab, s_at, s_ah, s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
+                              IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                              DOT_PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    i_c, i_hv = pid // HV, pid % HV
+    b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
+    _w_u_body(k, v, beta, Ai, g_cum, w, u, b, start, eos, i_hv // GROUP, i_hv, K, V,
+              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
+              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, BK, BV, DOT_PREC)
+
+
+@triton.jit
+def _gdn_chunk_prep_kernel(q, k, v, g, beta, g_cum, Ai, w, u, Aqk, cu_seqlens, chunk_indices,
+                           T, NT, HV, GROUP, K, V,
+                           s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
+                           s_bb, s_bt, s_bh, s_cb, s_ct, s_ch, s_ab, s_at, s_ah,
+                           s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
+                           IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                           DOT_PREC: tl.constexpr):
+    """Everything chunk-parallel of ``gdn_chunk`` for one (chunk, value head).
+
+    Adjacent programs are the value heads of one chunk, so GVA heads sharing a key head read its
+    k and q tiles from L2. ``g_cum`` and ``Ai`` are written, then re-read in other tile shapes by
+    the same CTA: the barriers make those global writes visible to the CTA's other threads.
+    ``Ai``, ``Aqk`` and the w/u intermediates use the same scratch-row layout ``[B, T, HV, 64]``.
+    """
+    pid = tl.program_id(0)
+    i_c, i_hv = pid // HV, pid % HV
+    i_h = i_hv // GROUP
+    b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
+    _cumsum_head(g, g_cum, b, start, eos, i_hv, s_gb, s_gt, s_gh, s_cb, s_ct, s_ch)
+    tl.debug_barrier()
+    _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
+                    s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, BK, DOT_PREC)
+    tl.debug_barrier()
+    _w_u_body(k, v, beta, Ai, g_cum, w, u, b, start, eos, i_h, i_hv, K, V,
+              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
+              s_cb, s_ct, s_ch, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, BK, BV, DOT_PREC)
+    # Aqk reuses Ai's scratch layout (same strides): its own buffer, written once
+    _qk_gated_body(q, k, g_cum, Aqk, b, start, eos, i_h, i_hv, K,
+                   s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_ab, s_at, s_ah, BK, DOT_PREC)
+
+
+@triton.jit
+def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, Aqk, cu_seqlens, chunk_offsets,
+                           scale, T, NT, NT_total, HV, GROUP, K, V,
+                           s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,
+                           s_gb, s_gt, s_gh, s_0n, s_0h, s_0k, s_0v, s_hc, s_hh, s_hk, s_hv, s_fn, s_fh, s_fk, s_fv,
+                           s_qb, s_qt, s_qh, s_ab, s_at, s_ah,
+                           IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_H: tl.constexpr,
+                           WITH_O: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                           DOT_PREC: tl.constexpr):
+    """The sequential pass over one sequence's chunks for one (V tile, value head).
+
+    The fp32 state ``S [BK, BV]`` stays in registers for the whole sequence. Per chunk::
+
+        S_op = rnd(S)                      (STORE_H: h[c] = S_op, the state entering the chunk)
+        b_v  = u - w @ S_op                (v_new, the per-token delta; stored ungated)
+        o    = scale (e^G q @ S_op + Aqk @ rnd(b_v))          (WITH_O)
+        S    = e^(G_L) S + k^T @ rnd(select(valid, e^(G_L - G) b_v, 0))
+
+    with L the chunk's last valid row. States use explicit (k, v) strides, so both layouts share
+    this code. ``out`` receives ``o`` (WITH_O, gdn_chunk) or ``v_new`` (the fwd_h op, with h).
+    """
+    NV = tl.cdiv(V, BV)
+    pid = tl.program_id(0)
+    i_v, rest = pid % NV, pid // NV
+    i_hv, n = rest % HV, rest // HV
+    i_h = i_hv // GROUP
+    b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
+    if IS_VARLEN:
+        first = tl.load(chunk_offsets + n).to(tl.int64)  # row of h of this sequence's first chunk
+    else:
+        first = n.to(tl.int64) * NT
+    kk = tl.arange(0, BK)
+    vv = i_v * BV + tl.arange(0, BV)
+    kv_ok = (kk < K)[:, None] & (vv < V)[None, :]
+    if HAS_H0:
+        S = tl.load(h0 + n * s_0n + i_hv * s_0h + kk[:, None] * s_0k + vv[None, :] * s_0v,
+                    mask=kv_ok, other=0.0).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], tl.float32)
+    for c in range(0, tl.cdiv(eos - bos, BT)):
+        start = bos + c * BT
+        rows = start + tl.arange(0, BT)
+        ok = rows < eos
+        S_op = S.to(k.dtype.element_ty)
+        if STORE_H:
+            tl.store(h + (first + c) * s_hc + i_hv * s_hh + kk[:, None] * s_hk + vv[None, :] * s_hv,
+                     S_op, mask=kv_ok & (first + c < NT_total))
+        wt = load_tile(w, b, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh)
+        b_v = load_tile(u, b, rows, ok, i_hv, vv, V, s_ub, s_ut, s_uh).to(tl.float32)
+        b_v -= tl.dot(wt, S_op, input_precision=DOT_PREC)
+        G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
+        if WITH_O:
+            qt = load_tile(q, b, rows, ok, i_h, kk, K, s_qb, s_qt, s_qh)
+            At = load_tile(Aqk, b, rows, ok, i_hv, tl.arange(0, BT), BT, s_ab, s_at, s_ah)
+            b_o = tl.dot(qt, S_op, input_precision=DOT_PREC) * tl.exp2(G2)[:, None]
+            b_o += tl.dot(At, b_v.to(At.dtype), input_precision=DOT_PREC)
+            store_tile(out, b_o * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
+        else:
+            store_tile(out, b_v, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
+        last = tl.minimum(start + BT, eos) - 1
+        G2_L = tl.load(g_cum + b * s_gb + last * s_gt + i_hv * s_gh) * LOG2E
+        gated = tl.where(ok[:, None], tl.exp2(G2_L - G2)[:, None] * b_v, 0.0)
+        kt = load_tile(k, b, rows, ok, i_h, kk, K, s_kb, s_kt, s_kh)
+        S = S * tl.exp2(G2_L) + tl.dot(tl.trans(kt), gated.to(kt.dtype), input_precision=DOT_PREC)
+    tl.store(final + n * s_fn + i_hv * s_fh + kk[:, None] * s_fk + vv[None, :] * s_fv, S, mask=kv_ok)
+
+
+@triton.jit
+def _gdn_fwd_o_kernel(q, k, v_new, h, g_cum, o, cu_seqlens, chunk_indices, scale, T, NT, HV, GROUP, K, V,
+                      s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
+                      s_hb, s_hc, s_hh, s_hk, s_hv, s_ob, s_ot, s_oh,
+                      IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      DOT_PREC: tl.constexpr):
+    """Chunk outputs from the stored states, in gdn.md §3.5's order (shared with Metal)::
+
+        b_o = q @ h[c];  b_A = q @ k^T        (one loop over K tiles, fp32)
+        o = scale (e^G b_o + rnd(select(i >= j, b_A e^(G_i - G_j), 0)) @ v_new)
+    """
+    NV = tl.cdiv(V, BV)
+    pid = tl.program_id(0)
+    i_v, rest = pid % NV, pid // NV
+    i_hv, i_c = rest % HV, rest // HV
+    i_h = i_hv // GROUP
+    b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
+    if IS_VARLEN:
+        h_row = i_c.to(tl.int64)
+    else:
+        h_row = (i_c % NT).to(tl.int64)
+    rows = start + tl.arange(0, BT)
+    ok = rows < eos
+    vv = i_v * BV + tl.arange(0, BV)
+    b_o = tl.zeros([BT, BV], tl.float32)
+    b_A = tl.zeros([BT, BT], tl.float32)
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
+        qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh)
+        kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
+        ht = tl.load(h + b * s_hb + h_row * s_hc + i_hv * s_hh + cols[:, None] * s_hk + vv[None, :] * s_hv,
+                     mask=(cols < K)[:, None] & (vv < V)[None, :], other=0.0)
+        b_o += tl.dot(qt, ht, input_precision=DOT_PREC)
+        b_A += tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC)
+    G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
+    b_o *= tl.exp2(G2)[:, None]
+    b_A = gate_causal(b_A, G2, G2, ok, ok, rows, rows, False)
+    vn = load_tile(v_new, b, rows, ok, i_hv, vv, V, s_vb, s_vt, s_vh)
+    b_o += tl.dot(b_A.to(vn.dtype), vn, input_precision=DOT_PREC)
+    store_tile(o, b_o * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
+
+
+@triton.jit
+def _l2norm_kernel(x, y, H, K, s_xb, s_xt, s_xh, s_yb, s_yt, s_yh, T,
+                   BH: tl.constexpr, BK: tl.constexpr):
+    """``y = rnd(x / sqrt(sum_K x^2 + 1e-6))`` in fp32 for all heads of one token (gdn.md §3.6)."""
+    pid = tl.program_id(0)
+    b, t = (pid // T).to(tl.int64), (pid % T).to(tl.int64)
+    hh = tl.arange(0, BH)
+    kk = tl.arange(0, BK)
+    mask = (hh < H)[:, None] & (kk < K)[None, :]
+    v = tl.load(x + b * s_xb + t * s_xt + hh[:, None] * s_xh + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+    v = v / tl.sqrt(tl.sum(v * v, axis=1) + 1e-6)[:, None]
+    tl.store(y + b * s_yb + t * s_yt + hh[:, None] * s_yh + kk[None, :], v.to(y.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------- launchers
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(n))
+
+
+def _s3(x: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, token, head) strides of a head-last ``[B, T, H, ...]`` tensor."""
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _dot_prec(dtype: torch.dtype) -> str:
+    # fp32 inputs are compared at 0.005 against an fp32 reference: no tf32 anywhere (gdn.md §3.8)
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _varlen_plan(T: int, B: int, cu_seqlens, chunk_indices):
+    """``(chunk_indices or None, NT per sequence (fixed), NT_total)``.
+
+    Eager varlen calls without chunk_indices build it here (one host sync, as the reference);
+    CUDA-graph capture and compiled graphs should pass it.
+    """
+    NT = triton.cdiv(T, BT)
+    if cu_seqlens is None:
+        return None, NT, B * NT
+    if chunk_indices is None:
+        from ...reference.gdn import chunk_indices_from_cu_seqlens
+
+        chunk_indices = chunk_indices_from_cu_seqlens(cu_seqlens)
+    return chunk_indices.contiguous(), NT, chunk_indices.shape[0]
+
+
+def _chunk_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Row of ``h`` of each sequence's first chunk: exclusive cumsum of ``ceil(len / 64)`` (device ops)."""
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64).clamp_min(0)
+    n_chunks = (lens + BT - 1) // BT
+    return torch.cumsum(n_chunks, 0) - n_chunks
+
+
+def _state_strides(s: torch.Tensor | None, state_v_first: bool) -> tuple[int, int, int, int]:
+    """(sequence, head, k, v) strides of a state tensor in either layout (zeros for None)."""
+    if s is None:
+        return 0, 0, 0, 0
+    a, b, c, d = s.stride()
+    return (a, b, d, c) if state_v_first else (a, b, c, d)
+
+
+def _dummy(t: torch.Tensor) -> torch.Tensor:
+    return t  # any valid pointer; the kernel's constexpr flags keep it unread
+
+
+def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
+    _checks.gdn_chunk_cumsum(g, cu_seqlens, chunk_indices)
+    B, T, HV = g.shape
+    ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
+    g_cum = torch.empty((B, T, HV), dtype=torch.float32, device=g.device)
+    if NT_total:
+        _gdn_chunk_cumsum_kernel[(NT_total,)](
+            g, g_cum, _dummy(g) if cu_seqlens is None else cu_seqlens, _dummy(g) if ci is None else ci,
+            T, NT, HV, g.stride(0), g.stride(1), g_cum.stride(0), g_cum.stride(1),
+            IS_VARLEN=cu_seqlens is not None, BHV=_pow2(HV, 1))
+    return g_cum
+
+
+def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
+    _checks.gdn_kkt_solve(k, g_cum, beta, cu_seqlens, chunk_indices)
+    B, T, H, K = k.shape
+    HV = g_cum.shape[2]
+    ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
+    Ai = torch.empty((B, T, HV, BT), dtype=k.dtype, device=k.device)
+    if NT_total:
+        _gdn_kkt_solve_kernel[(NT_total * HV,)](
+            k, g_cum, beta, Ai, _dummy(k) if cu_seqlens is None else cu_seqlens,
+            _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K,
+            *_s3(k), *_s3(g_cum), *_s3(beta), *_s3(Ai),
+            IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype), num_warps=4)
+    return Ai
+
+
+def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None):
+    _checks.gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens, chunk_indices)
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
+    w = torch.empty((B, T, HV, K), dtype=k.dtype, device=k.device)
+    u = torch.empty((B, T, HV, V), dtype=v.dtype, device=k.device)
+    if NT_total:
+        _gdn_recompute_w_u_kernel[(NT_total * HV,)](
+            k, v, beta, Ai, g_cum, w, u, _dummy(k) if cu_seqlens is None else cu_seqlens,
+            _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
+            *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u),
+            IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
+            DOT_PREC=_dot_prec(k.dtype), num_warps=4)
+    return w, u
+
+
+_STATE_PASS = Tuner("gdn_state_pass", [
+    Config(num_warps=4, num_stages=2), Config(num_warps=8, num_stages=2),
+    Config(num_warps=4, num_stages=3), Config(num_warps=8, num_stages=1),
+    Config(num_warps=4, num_stages=1),
+])
+
+
+def _state_pass_bv(V: int, programs_per_tile: int, device: torch.device) -> int:
+    """V tile of the sequential pass: 64, or 32 when 64-wide tiles would leave SMs idle (a few long
+    sequences: parallelism is ``N * HV * V / BV`` programs and each walks its whole sequence)."""
+    bv = min(64, _pow2(V))
+    if bv > 32 and device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        if programs_per_tile * triton.cdiv(V, bv) < sms:
+            bv = 32
+    return bv
+
+
+def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
+                h=None, v_new=None, q=None, Aqk=None, o=None, scale=1.0):
+    """Launch ``_gdn_state_pass_kernel``: fwd_h (``h`` and ``v_new`` given) or fused outputs (``o``)."""
+    B, T, H, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    sd = (V, K) if state_v_first else (K, V)
+    final = torch.empty((N, HV, *sd), dtype=torch.float32, device=k.device)
+    if N == 0 or HV == 0:
+        return final
+    BK = _pow2(K)
+    BV = _state_pass_bv(V, N * HV, k.device)
+    with_o = o is not None
+    first = _chunk_offsets(cu_seqlens) if cu_seqlens is not None else _dummy(k)
+    hs = (h.stride(1), h.stride(2), *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4)))) \
+        if h is not None else (0, 0, 0, 0)
+    out_rows = o if with_o else v_new  # o and v_new share the [B, T, HV, V] layout
+    key = (K, V, k.dtype, BV, cu_seqlens is not None, state_v_first, with_o, initial_state is not None)
+
+    def launch(cfg: Config):
+        _gdn_state_pass_kernel[(triton.cdiv(V, BV) * N * HV,)](
+            k, w, u, g_cum, _dummy(k) if initial_state is None else initial_state,
+            _dummy(k) if h is None else h, out_rows, final,
+            _dummy(k) if q is None else q, _dummy(k) if Aqk is None else Aqk,
+            _dummy(k) if cu_seqlens is None else cu_seqlens, first,
+            scale, T, NT, NT_total, HV, HV // H, K, V,
+            *_s3(k), *_s3(w), *_s3(u), *_s3(out_rows), *_s3(g_cum),
+            *_state_strides(initial_state, state_v_first), *hs, *_state_strides(final, state_v_first),
+            *(_s3(q) if with_o else (0, 0, 0)), *(_s3(Aqk) if with_o else (0, 0, 0)),
+            IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_H=h is not None,
+            WITH_O=with_o, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
+
+    _STATE_PASS(key, launch)
+    return final
+
+
+def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices=None, state_v_first=False):
+    _checks.gdn_fwd_h(k, w, u, g_cum, initial_state, cu_seqlens, chunk_indices, state_v_first)
+    B, T, H, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
+    sd = (V, K) if state_v_first else (K, V)
+    h = torch.empty((B, NT if cu_seqlens is None else NT_total, HV, *sd), dtype=k.dtype,
+                    device=k.device)
+    v_new = torch.empty((B, T, HV, V), dtype=u.dtype, device=k.device)
+    final = _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
+                        h=h, v_new=v_new)
+    return h, v_new, final
+
+
+def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=None, state_v_first=False):
+    _checks.gdn_fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_indices, state_v_first)
+    B, T, H, K = q.shape
+    HV, V = v_new.shape[2], v_new.shape[3]
+    scale = K ** -0.5 if scale is None else scale
+    ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
+    if cu_seqlens is not None and h.shape[1] != NT_total:
+        raise ValueError(f"h: expected {NT_total} chunk states (h.shape[1], the chunks of cu_seqlens), "
+                         f"got {h.shape[1]}")
+    o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
+    if NT_total == 0:
+        return o
+    BV = min(64, _pow2(V))
+    hs = (h.stride(0), h.stride(1), h.stride(2),
+          *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4))))
+    _gdn_fwd_o_kernel[(triton.cdiv(V, BV) * NT_total * HV,)](
+        q, k, v_new, h, g_cum, o, _dummy(q) if cu_seqlens is None else cu_seqlens,
+        _dummy(q) if ci is None else ci, scale, T, NT, HV, HV // H, K, V,
+        *_s3(q), *_s3(k), *_s3(v_new), *_s3(g_cum), *hs, *_s3(o),
+        IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=BV, DOT_PREC=_dot_prec(q.dtype), num_warps=4)
+    return o
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """Row-normalised copy of ``x [B, T, H, K]`` in x's dtype (the chunk path rounds it, as FLA)."""
+    B, T, H, K = x.shape
+    y = torch.empty((B, T, H, K), dtype=x.dtype, device=x.device)
+    if B * T * H:
+        _l2norm_kernel[(B * T,)](x, y, H, K, *_s3(x), *_s3(y), T, BH=_pow2(H, 1), BK=_pow2(K, 1),
+                                 num_warps=4 if H * K <= 4096 else 8)
+    return y
+
+
+_PREP = Tuner("gdn_chunk_prep", [Config(num_warps=4, num_stages=2), Config(num_warps=8, num_stages=2),
+                                 Config(num_warps=4, num_stages=1)])
+
+
+def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
+              use_qk_l2norm=False, state_v_first=False):
+    _checks.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
+                      state_v_first)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K ** -0.5 if scale is None else scale
+    if use_qk_l2norm:
+        q, k = _l2norm(q), _l2norm(k)
+    ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
+    dev = q.device
+    o = torch.empty((B, T, HV, V), dtype=q.dtype, device=dev)
+    g_cum = torch.empty((B, T, HV), dtype=torch.float32, device=dev)
+    # per-token scratch rows: Ai (the solve's inverse) and Aqk (the gated causal q k^T), 64 wide
+    Ai = torch.empty((B, T, HV, BT), dtype=k.dtype, device=dev)
+    Aqk = torch.empty((B, T, HV, BT), dtype=q.dtype, device=dev)
+    w = torch.empty((B, T, HV, K), dtype=k.dtype, device=dev)
+    u = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
+    if NT_total:
+        key = (K, V, k.dtype, cu_seqlens is not None)
+
+        def launch(cfg: Config):
+            _gdn_chunk_prep_kernel[(NT_total * HV,)](
+                q, k, v, g, beta, g_cum, Ai, w, u, Aqk, _dummy(q) if cu_seqlens is None else cu_seqlens,
+                _dummy(q) if ci is None else ci, T, NT, HV, HV // H, K, V,
+                *_s3(q), *_s3(k), *_s3(v), *_s3(g), *_s3(beta), *_s3(g_cum), *_s3(Ai), *_s3(w), *_s3(u),
+                IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
+                DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
+
+        _PREP(key, launch)
+    final = _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
+                        q=q, Aqk=Aqk, o=o, scale=scale)
+    return o, final

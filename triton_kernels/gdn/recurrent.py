@@ -1,0 +1,105 @@
+"""Gated DeltaNet decode in Triton: the token-by-token recurrence over an in-place state pool (gdn.md §4).
+
+One program per (V tile, sequence, value head), 1-D flattened. The program loads its ``[K, BV]``
+slice of the sequence's pool row into fp32 registers, runs every token of the call, and writes it
+back once (rounded to the pool's dtype), so a T-token call moves the state once, not T times.
+Memory-bound at decode: ``2 * K * V * 4`` bytes per (sequence, head) for an fp32 pool.
+
+Per token (S is ``[K, V]``): ``S <- e^g S;  r = v - S^T k;  S <- S + k (beta r)^T;  o = scale S^T q``.
+With ``use_qk_l2norm`` q and k are normalised in fp32 registers and never rounded.
+
+Pool rows: sequence n uses ``state_indices[n]`` (row n without indices). A negative index (or one
+past the pool, which the reference rejects) skips the sequence: no read, no write, zeros in o.
+Duplicate rows race; ``TORCH_AURA_DEBUG=1`` checks for them on the host (one sync).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._checks import gdn as _checks
+from ._jit import seq_span
+
+
+@triton.jit
+def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o, scale, T, HV, GROUP, K, V, P,
+                          s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
+                          s_bb, s_bt, s_bh, s_ob, s_ot, s_oh, s_pn, s_ph, s_pk, s_pv,
+                          HAS_INDICES: tl.constexpr, IS_VARLEN: tl.constexpr, L2NORM: tl.constexpr,
+                          BK: tl.constexpr, BV: tl.constexpr):
+    NV = tl.cdiv(V, BV)
+    pid = tl.program_id(0)
+    i_v, rest = pid % NV, pid // NV
+    i_hv, n = rest % HV, rest // HV
+    i_h = i_hv // GROUP
+    b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
+    if HAS_INDICES:
+        slot = tl.load(state_indices + n).to(tl.int64)
+    else:
+        slot = n.to(tl.int64)
+    live = (slot >= 0) & (slot < P)
+    kk = tl.arange(0, BK)
+    vv = i_v * BV + tl.arange(0, BV)
+    k_ok = kk < K
+    v_ok = vv < V
+    p_state = state + slot * s_pn + i_hv * s_ph + kk[:, None] * s_pk + vv[None, :] * s_pv
+    S = tl.load(p_state, mask=live & k_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
+    for t in range(bos, eos):
+        q_t = tl.load(q + b * s_qb + t * s_qt + i_h * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
+        k_t = tl.load(k + b * s_kb + t * s_kt + i_h * s_kh + kk, mask=k_ok, other=0.0).to(tl.float32)
+        v_t = tl.load(v + b * s_vb + t * s_vt + i_hv * s_vh + vv, mask=v_ok, other=0.0).to(tl.float32)
+        g_t = tl.load(g + b * s_gb + t * s_gt + i_hv * s_gh).to(tl.float32)
+        b_t = tl.load(beta + b * s_bb + t * s_bt + i_hv * s_bh).to(tl.float32)
+        if L2NORM:
+            q_t = q_t / tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
+            k_t = k_t / tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
+        S = S * tl.exp(g_t)  # 1. decay
+        r = v_t - tl.sum(S * k_t[:, None], axis=0)  # 2. read with the decayed state
+        S = S + k_t[:, None] * (b_t * r)[None, :]  # 3. rank-1 write
+        o_t = scale * tl.sum(S * q_t[:, None], axis=0)  # 4. read after the write
+        tl.store(o + b * s_ob + t * s_ot + i_hv * s_oh + vv, tl.where(live, o_t, 0.0).to(o.dtype.element_ty),
+                 mask=v_ok)
+    if eos > bos:  # a zero-length sequence leaves its row untouched (as does a skipped one)
+        tl.store(p_state, S.to(state.dtype.element_ty), mask=live & k_ok[:, None] & v_ok[None, :])
+
+
+def _check_indices(state_indices: torch.Tensor, P: int) -> None:
+    """Debug-mode host check of the pool rows (one sync): in range or -1, and no duplicates."""
+    rows = state_indices.tolist()
+    bad = [s for s in rows if not -1 <= s < P]
+    live = [s for s in rows if s >= 0]
+    if bad or len(set(live)) != len(live):
+        raise ValueError(f"state_indices: expected distinct pool rows in [0, {P}) or -1 (skip), got {rows[:16]}")
+
+
+def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
+                  use_qk_l2norm=False, state_v_first=False):
+    _checks.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm,
+                          state_v_first)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    scale = K ** -0.5 if scale is None else scale
+    if state_indices is not None and os.environ.get("TORCH_AURA_DEBUG", "0") == "1":
+        _check_indices(state_indices, state.shape[0])
+    o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
+    BK = max(16, triton.next_power_of_2(K))
+    # 32-wide V tiles: 128-byte rows of an fp32 [K, V] pool, and N * HV * V/32 programs, enough to
+    # fill the GPU from B = 1 at 32 heads
+    BV = min(32, max(16, triton.next_power_of_2(V)))
+    if N * HV:
+        sp = state.stride()
+        pool = (sp[0], sp[1], sp[3], sp[2]) if state_v_first else sp
+        _gdn_recurrent_kernel[(triton.cdiv(V, BV) * N * HV,)](
+            q, k, v, g, beta, state, q if state_indices is None else state_indices,
+            q if cu_seqlens is None else cu_seqlens, o, scale, T, HV, HV // H, K, V, state.shape[0],
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
+            beta.stride(0), beta.stride(1), beta.stride(2), o.stride(0), o.stride(1), o.stride(2), *pool,
+            HAS_INDICES=state_indices is not None, IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
+            BK=BK, BV=BV, num_warps=4 if BK * BV <= 4096 else 8)
+    return o
