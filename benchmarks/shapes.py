@@ -17,3 +17,16 @@ DECODE = [
     ("B8-T32k-page16", 8, 32, 8, 128, 32768, 16),
     ("B32-T8k-page16", 32, 32, 8, 128, 8192, 16),
 ]
+
+# Gated DeltaNet (targets.md, Qwen3-Next heads: 16 q/k, 32 v, K = V = 128).
+# name, sequence lengths (one entry per sequence; equal lengths run as fixed-length [B, T])
+GDN_CHUNK = [
+    ("1x4k", [4096]),
+    ("1x8k", [8192]),
+    ("1x32k", [32768]),
+    ("8x4k", [4096] * 8),
+    ("varlen-mix-24k", [4096, 1024, 512, 8192, 2048, 300, 5000, 700, 2900]),
+]
+GDN_HEADS = (16, 32, 128, 128)  # H, HV, K, V
+# gdn_recurrent batch sizes (one decode token, fp32 state pool)
+GDN_RECURRENT = [1, 32, 256]

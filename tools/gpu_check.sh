@@ -2,28 +2,44 @@
 # One device run (see the device tool's METHOD): build the CUDA extension, run the GPU tests and
 # opcheck on CUDA, compute-sanitizer memcheck + racecheck on the small cases, then the benchmarks.
 # Everything is teed under $OUT so the logs come back even if a step times out.
-#   usage: bash tools/gpu_check.sh [tests|sanitize|bench]...   (default: all three)
+#   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_gdn]...   (default: all)
+#   FAMILY=gdn|decode|all (default all) narrows the tests and sanitizer runs to one family.
+#   AURA_BUILD_CUDA=0 skips the CUDA C++ build (Triton-only runs).
+#   Wheels under .whl/ (e.g. fla-core, the GDN peer) are installed first when present.
 set -uo pipefail
 OUT=${OUT:-/tmp/aura_gpu}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-steps=${*:-tests sanitize bench}
+steps=${*:-tests sanitize bench_decode bench_gdn}
+FAMILY=${FAMILY:-all}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-AURA_BUILD_CUDA=1 python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 \
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+AURA_BUILD_CUDA=${AURA_BUILD_CUDA:-1} python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 \
   || { tail -60 "$OUT/build.log"; exit 1; }
-python3 -c "import torch_aura; print('flash_decode on cuda:', torch_aura.backends.status()['flash_decode']['cuda'])"
+python3 -c "import torch_aura as t; s = t.backends.status(); print({op: s[op]['cuda'] for op in ('flash_decode', 'gdn_chunk')})"
+case $FAMILY in
+  gdn) test_paths="tests/cuda/test_gdn_cuda.py"; opcheck_k="cuda and gdn" ;;
+  decode) test_paths="tests/cuda/test_decode_cuda.py"; opcheck_k="cuda and (flash_decode or merge)" ;;
+  *) test_paths="tests/cuda"; opcheck_k="cuda" ;;
+esac
 rc=0
 for step in $steps; do
   case $step in
     tests)
-      timeout 420 python3 -m pytest tests/cuda tests/registration/test_opcheck.py -k "cuda" -q -p no:cacheprovider \
-        -x --durations=8 2>&1 | tee "$OUT/tests.log" | tail -30 || rc=1 ;;
+      # tests check numerics, not launch configs: skip the warm-up tuning (each key would time 5 configs)
+      TORCH_AURA_TUNE=0 timeout 480 python3 -m pytest $test_paths tests/registration/test_opcheck.py -k "$opcheck_k or not opcheck" \
+        -q -p no:cacheprovider -n 8 --durations=10 2>&1 | tee "$OUT/tests.log" | tail -40 || rc=1 ;;
     sanitize)
       for tool in memcheck racecheck; do
-        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \
-          python3 -m pytest tests/cuda -m sanitize -q -p no:cacheprovider 2>&1 | tee "$OUT/$tool.log" | tail -6 || rc=1
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCH_AURA_TUNE=0 timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \
+          python3 -m pytest $test_paths -m sanitize -q -p no:cacheprovider 2>&1 | tee "$OUT/$tool.log" | tail -6 || rc=1
       done ;;
-    bench)
-      timeout 400 python3 benchmarks/bench_decode.py --out "$OUT/results" 2>&1 | tee "$OUT/bench.log" | tail -45 || rc=1 ;;
+    bench_decode)
+      timeout 400 python3 benchmarks/bench_decode.py --out "$OUT/results" 2>&1 | tee "$OUT/bench_decode.log" | tail -45 || rc=1 ;;
+    bench_gdn)
+      timeout 500 python3 benchmarks/bench_gdn.py --profile --out "$OUT/results" 2>&1 | tee "$OUT/bench_gdn.log" | tail -60 || rc=1 ;;
   esac
 done
 exit $rc

@@ -1,0 +1,147 @@
+"""GDN kernel-vs-reference checks shared by tests/interp (Triton interpreter, CPU) and tests/cuda.
+
+An ``impl`` is anything with the seven op functions as attributes (the Triton launchers, or the
+public ``torch_aura`` wrappers on CUDA tensors). Each check builds FLA-style inputs (gdn.md §5:
+L2-normalised q, k; ``g = logsigmoid(rand) / gate_norm`` with a fraction ``mask_p`` set to 0;
+``beta = sigmoid(randn)``), runs the kernel and the reference on the same inputs, and compares:
+
+* every stage against the reference stage fed the same reference inputs, so a failure names the
+  stage (``check_stages``);
+* ``gdn_chunk`` against the reference chunk pipeline (same rounding points) and against the fp64
+  token-by-token recurrence (``check_chunk``);
+* ``gdn_recurrent`` on a shuffled pool with skipped rows against the reference and the fp64
+  recurrence, pool rows included (``check_recurrent``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from _util import GDN_CHUNK_RATIO, GDN_RECURRENT_RATIO, assert_close
+
+from torch_aura.reference import gdn as ref
+
+# kernel vs reference with identical rounding points: only accumulation order differs
+STAGE_RATIO = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 5e-3}
+# vs the fp64 recurrence: fp32 runs are far tighter than the 16-bit gates of gdn.md §5
+CHUNK_RATIO = {torch.float32: 2e-4, torch.float16: GDN_CHUNK_RATIO, torch.bfloat16: GDN_CHUNK_RATIO}
+RECURRENT_RATIO = {torch.float32: 1e-5, torch.float16: GDN_RECURRENT_RATIO, torch.bfloat16: GDN_RECURRENT_RATIO}
+
+
+def make_inputs(device, B, T, H, HV, K, V, dtype, *, gate_norm=1.0, mask_p=0.0, seed=0):
+    """``(q, k, v, g, beta)``; q, k, v in ``dtype``, g and beta fp32 (gdn.md §5)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen, dtype=torch.float64)
+    g = F.logsigmoid(torch.rand(B, T, HV, generator=gen, dtype=torch.float64)) / gate_norm
+    if mask_p > 0:
+        g = torch.where(torch.rand(B, T, HV, generator=gen, dtype=torch.float64) < mask_p, 0.0, g)
+    beta = torch.randn(B, T, HV, generator=gen, dtype=torch.float64).sigmoid()
+    q, k, v = (x.to(device=device, dtype=dtype) for x in (q, k, v))
+    return q, k, v, g.to(device, torch.float32), beta.to(device, torch.float32)
+
+
+def recurrence64(q, k, v, g, beta, h0=None, cu=None, scale=None, l2norm=False):
+    """The fp64 token-by-token ground truth on CPU: ``(o, final_state)``."""
+    N = q.shape[0] if cu is None else cu.shape[0] - 1
+    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+    pool = (torch.zeros(N, HV, K, V, dtype=torch.float64) if h0 is None
+            else h0.detach().cpu().to(torch.float64).clone())
+    args = [x.detach().cpu().to(torch.float64) for x in (q, k, v, g, beta)]
+    cu = None if cu is None else cu.cpu()
+    o = ref.gdn_recurrent(*args, pool, None, cu, scale, l2norm)
+    return o, pool
+
+
+def _cu(device, offsets):
+    return None if offsets is None else torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def check_stages(impl, device, B, T, H, HV, K, V, dtype, *, offsets=None, gate_norm=1.0, mask_p=0.0,
+                 h0=False, state_v_first=False, seed=0):
+    q, k, v, g, beta = make_inputs(device, B, T, H, HV, K, V, dtype, gate_norm=gate_norm, mask_p=mask_p, seed=seed)
+    cu = _cu(device, offsets)
+    ci = None if cu is None else ref.chunk_indices_from_cu_seqlens(cu)
+    r = STAGE_RATIO[dtype]
+    g_cum = ref.gdn_chunk_cumsum(g, cu, ci)
+    assert_close("gdn_chunk_cumsum", impl.gdn_chunk_cumsum(g, cu, ci), g_cum, r)
+    Ai = ref.gdn_kkt_solve(k, g_cum, beta, cu, ci)
+    assert_close("gdn_kkt_solve", impl.gdn_kkt_solve(k, g_cum, beta, cu, ci).float(), Ai.float(), r)
+    w, u = ref.gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu, ci)
+    w_k, u_k = impl.gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu, ci)
+    assert_close("gdn_recompute_w_u.w", w_k.float(), w.float(), r)
+    assert_close("gdn_recompute_w_u.u", u_k.float(), u.float(), r)
+    N = B if cu is None else cu.shape[0] - 1
+    sd = (V, K) if state_v_first else (K, V)
+    init = torch.randn(N, HV, *sd, generator=torch.Generator().manual_seed(seed + 1)).to(device) if h0 else None
+    h, v_new, fin = ref.gdn_fwd_h(k, w, u, g_cum, init, cu, ci, state_v_first)
+    h_k, v_new_k, fin_k = impl.gdn_fwd_h(k, w, u, g_cum, init, cu, ci, state_v_first)
+    assert_close("gdn_fwd_h.h", h_k.float(), h.float(), r)
+    assert_close("gdn_fwd_h.v_new", v_new_k.float(), v_new.float(), r)
+    assert_close("gdn_fwd_h.final_state", fin_k, fin, r)
+    o = ref.gdn_fwd_o(q, k, v_new, h, g_cum, 0.7, cu, ci, state_v_first)
+    assert_close("gdn_fwd_o", impl.gdn_fwd_o(q, k, v_new, h, g_cum, 0.7, cu, ci, state_v_first).float(),
+                 o.float(), r)
+
+
+def check_chunk(impl, device, B, T, H, HV, K, V, dtype, *, offsets=None, gate_norm=1.0, mask_p=0.0,
+                h0=False, scale=None, l2norm=False, state_v_first=False, pass_ci=True, seed=0):
+    q, k, v, g, beta = make_inputs(device, B, T, H, HV, K, V, dtype, gate_norm=gate_norm, mask_p=mask_p, seed=seed)
+    if l2norm:  # unnormalised inputs: the op normalises (and rounds) them
+        gen = torch.Generator().manual_seed(seed + 2)
+        q = (torch.randn(q.shape, generator=gen) * 3).to(device, dtype)
+        k = (torch.randn(k.shape, generator=gen) * 3).to(device, dtype)
+    cu = _cu(device, offsets)
+    ci = ref.chunk_indices_from_cu_seqlens(cu) if cu is not None and pass_ci else None
+    N = B if cu is None else cu.shape[0] - 1
+    init = torch.randn(N, HV, K, V, generator=torch.Generator().manual_seed(seed + 1)).to(device) if h0 else None
+    init_l = None if init is None else (init.transpose(-1, -2).contiguous() if state_v_first else init)
+    o, fin = impl.gdn_chunk(q, k, v, g, beta, scale, init_l, cu, ci, l2norm, state_v_first)
+    if state_v_first:
+        fin = fin.transpose(-1, -2)
+    o_ref, fin_ref = ref.gdn_chunk(q, k, v, g, beta, scale, init, cu, ci, l2norm, False)
+    assert_close("gdn_chunk.o vs reference chunk", o.float(), o_ref.float(), STAGE_RATIO[dtype] * 2)
+    assert_close("gdn_chunk.final_state vs reference chunk", fin, fin_ref, STAGE_RATIO[dtype] * 2)
+    # the chunk path rounds normalised q, k to the input dtype (gdn.md §3.6): feed the truth the same
+    if l2norm:
+        q, k = ref._l2norm(q.double()).to(dtype), ref._l2norm(k.double()).to(dtype)
+    o64, fin64 = recurrence64(q, k, v, g, beta, init, cu, scale)
+    assert_close("gdn_chunk.o vs fp64 recurrence", o.double().cpu(), o64, CHUNK_RATIO[dtype])
+    assert_close("gdn_chunk.final_state vs fp64 recurrence", fin.double().cpu(), fin64, CHUNK_RATIO[dtype])
+    return o, fin
+
+
+def check_recurrent(impl, device, B, T, H, HV, K, V, dtype, *, offsets=None, gate_norm=1.0, scale=None,
+                    l2norm=False, state_v_first=False, pool_dtype=torch.float32, skip=True, seed=0):
+    q, k, v, g, beta = make_inputs(device, B, T, H, HV, K, V, dtype, gate_norm=gate_norm, seed=seed)
+    cu = _cu(device, offsets)
+    N = B if cu is None else cu.shape[0] - 1
+    P = N + 3
+    gen = torch.Generator().manual_seed(seed + 1)
+    pool64 = torch.randn(P, HV, K, V, generator=gen, dtype=torch.float64)
+    rows = torch.randperm(P, generator=gen)[:N].to(torch.int32)  # shuffled pool rows
+    if skip and N > 1:
+        rows[1] = -1
+    pool = pool64.to(pool_dtype)
+    pool_l = (pool.transpose(-1, -2) if state_v_first else pool).to(device, copy=True).contiguous()
+    o = impl.gdn_recurrent(q, k, v, g, beta, pool_l, rows.to(device), cu, scale, l2norm, state_v_first)
+    after = (pool_l.transpose(-1, -2) if state_v_first else pool_l).cpu()
+    # the reference on the same (rounded) pool: one fp32 recurrence, the same algorithm
+    pool_r = pool.clone()
+    o_ref = ref.gdn_recurrent(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), pool_r, rows, None if cu is None
+                              else cu.cpu(), scale, l2norm)
+    r = RECURRENT_RATIO[dtype] if pool_dtype == torch.float32 else GDN_RECURRENT_RATIO
+    assert_close("gdn_recurrent.o vs reference", o.float().cpu(), o_ref.float(), r)
+    assert_close("gdn_recurrent.state vs reference", after.float(), pool_r.float(), r)
+    untouched = torch.ones(P, dtype=torch.bool)
+    untouched[rows[rows >= 0].long()] = False
+    if cu is not None:  # a zero-length sequence leaves its row untouched
+        lens = (cu[1:] - cu[:-1]).cpu()
+        untouched[rows[(rows >= 0) & (lens == 0)].long()] = True
+    assert torch.equal(after[untouched], pool[untouched]), "gdn_recurrent wrote pool rows it does not own"
+    for n in range(N):
+        if rows[n] < 0:  # skipped sequence: zeros in o
+            sl = (slice(n, n + 1), slice(None)) if cu is None else (slice(None), slice(int(cu[n]), int(cu[n + 1])))
+            assert torch.all(o[sl].float() == 0), f"gdn_recurrent: skipped sequence {n} has non-zero o"
+    return o

@@ -1,0 +1,253 @@
+"""The Triton GDN kernels on the GPU against the reference and the fp64 recurrence (gdn.md §5, §8).
+
+Runs only where a CUDA device exists; there, a missing kernel is a failure, not a skip. Every
+allocation made by torch_aura is NaN-poisoned (tests/conftest.py), so an output row the kernel
+never writes fails the comparison.
+"""
+
+import pytest
+import torch
+from _gdn_check import check_chunk, check_recurrent, check_stages, make_inputs, recurrence64
+from _util import GDN_CHUNK_RATIO, assert_close, dtype_id
+
+import torch_aura
+from torch_aura import backends
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+DEV = "cuda"
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+GDN_OPS = ("gdn_chunk", "gdn_chunk_cumsum", "gdn_kkt_solve", "gdn_recompute_w_u", "gdn_fwd_h", "gdn_fwd_o",
+           "gdn_recurrent")
+
+
+def _id(case):
+    B, T, H, HV, K, V, dt, extra = case
+    tail = "-".join(f"{a}{b}" for a, b in extra.items() if a != "offsets")
+    lens = f"-varlen{len(extra['offsets']) - 1}" if "offsets" in extra else ""
+    return f"B{B}-T{T}-H{H}-HV{HV}-K{K}-V{V}-{dtype_id(dt)}{lens}" + (f"-{tail}" if tail else "")
+
+
+def test_gdn_kernels_are_registered():
+    for op in GDN_OPS:
+        assert backends.has_kernel(op, "cuda"), backends.status()[op]["cuda"]
+
+
+# --------------------------------------------------------------------------- per-stage (§8)
+STAGE_CASES = [
+    (2, 128, 2, 2, 64, 64, BF16, {}),
+    (2, 128, 2, 4, 64, 64, BF16, {"h0": True}),
+    (1, 256, 4, 4, 32, 32, F16, {"h0": True, "state_v_first": True}),
+    (2, 128, 2, 2, 64, 64, BF16, {"mask_p": 1.0}),  # use_g = False
+    (2, 200, 1, 2, 100, 60, F32, {"h0": True}),
+    (1, 300, 2, 2, 256, 256, BF16, {"offsets": [0, 63, 63, 200, 300], "h0": True}),
+    (1, 129, 1, 1, 192, 16, F16, {"gate_norm": 0.01}),
+]
+
+
+@pytest.mark.parametrize("case", STAGE_CASES, ids=[_id(c) for c in STAGE_CASES])
+def test_stages_match_reference(case):
+    B, T, H, HV, K, V, dt, extra = case
+    check_stages(torch_aura, DEV, B, T, H, HV, K, V, dt, **extra)
+
+
+@pytest.mark.sanitize
+def test_stages_small_for_sanitizer():
+    check_stages(torch_aura, DEV, 1, 70, 1, 2, 20, 24, BF16, offsets=[0, 5, 5, 70], h0=True)
+
+
+# ------------------------------------------------------------------- gdn_chunk: FLA's matrix
+# (B, T, H, HV, D, scale, gate_norm, mask_p, l2norm_in_op) of FLA tests/ops/test_gdn.py, fp16
+FLA_CHUNK = [(4, 1024, 4, 4, 128, 0.1, 1, 1.0, False), (2, 75, 4, 4, 64, 1, 0.01, 0, False),
+             (2, 500, 3, 3, 60, 1, 1, 0, False), (2, 1000, 3, 3, 64, 0.1, 1, 0.5, False),
+             (3, 1024, 4, 4, 100, 1, 0.1, 0, False), (4, 1024, 4, 4, 128, 0.1, 1, 0, True),
+             (2, 1500, 4, 4, 128, 0.1, 10, 0, False), (4, 2048, 8, 8, 64, 0.1, 1, 0, False),
+             (2, 256, 2, 4, 64, 1, 1, 0, False), (2, 512, 2, 8, 64, 1, 0.1, 0, True),
+             (2, 1024, 4, 8, 128, 0.1, 1, 0, False)]
+
+
+@pytest.mark.parametrize("dtype", (F16, BF16), ids=dtype_id)
+@pytest.mark.parametrize("B,T,H,HV,D,scale,gate_norm,mask_p,l2norm", FLA_CHUNK,
+                         ids=[f"B{c[0]}-T{c[1]}-H{c[2]}-HV{c[3]}-D{c[4]}-s{c[5]}-gn{c[6]}-m{c[7]}-l2{int(c[8])}"
+                              for c in FLA_CHUNK])
+def test_chunk_fla_matrix(B, T, H, HV, D, scale, gate_norm, mask_p, l2norm, dtype):
+    check_chunk(torch_aura, DEV, B, T, H, HV, D, D, dtype, scale=scale, gate_norm=gate_norm, mask_p=mask_p,
+                l2norm=l2norm, h0=True)
+
+
+CHUNK_EXTRA = [
+    (1, 0, 1, 1, 64, 64, BF16, {"h0": True}),
+    (2, 1, 1, 1, 64, 64, BF16, {"h0": True}),
+    (1, 63, 2, 2, 16, 16, F16, {}),
+    (1, 64, 2, 6, 60, 100, BF16, {}),
+    (2, 65, 1, 3, 100, 60, F16, {"h0": True}),
+    (1, 200, 1, 1, 256, 256, BF16, {"h0": True}),
+    (1, 300, 2, 4, 192, 128, F32, {"h0": True}),
+    (1, 129, 1, 2, 128, 16, F32, {"mask_p": 1.0}),
+    (2, 700, 4, 8, 128, 128, BF16, {"h0": True, "state_v_first": True}),
+    # varlen: gdn.md §8 lists and FlashInfer-style lengths, zero-length sequences included
+    (1, 15, 4, 4, 60, 60, F16, {"offsets": [0, 15]}),
+    (1, 1000, 4, 4, 64, 64, F16, {"offsets": [0, 256, 500, 1000], "mask_p": 0.5}),
+    (1, 2000, 4, 4, 100, 100, F16, {"offsets": [0, 15, 100, 300, 1200, 2000]}),
+    (1, 1000, 2, 8, 64, 64, BF16, {"offsets": [0, 256, 500, 1000], "h0": True}),
+    (1, 8192, 2, 4, 128, 128, BF16, {"offsets": [0, 8192]}),
+    (1, 1012, 1, 2, 128, 128, BF16, {"offsets": [0, 511, 1012], "h0": True}),
+    (1, 960, 2, 4, 128, 128, BF16, {"offsets": [0, 31, 94, 187, 310, 460, 460, 960], "h0": True}),
+    (1, 121, 16, 32, 128, 128, BF16, {"offsets": [0, 0, 121, 121], "h0": True, "pass_ci": False}),
+]
+
+
+@pytest.mark.parametrize("case", CHUNK_EXTRA, ids=[_id(c) for c in CHUNK_EXTRA])
+def test_chunk_edge_cases(case):
+    B, T, H, HV, K, V, dt, extra = case
+    check_chunk(torch_aura, DEV, B, T, H, HV, K, V, dt, **extra)
+
+
+def test_chunk_thousands_of_short_documents_grid_over_65535():
+    """2050 documents of 1-8 tokens x 32 heads: 1-D grids past CUDA's 65535 limit on y/z."""
+    gen = torch.Generator().manual_seed(5)
+    lens = torch.randint(1, 9, (2050,), generator=gen)
+    offsets = [0] + torch.cumsum(lens, 0).tolist()
+    check_chunk(torch_aura, DEV, 1, offsets[-1], 16, 32, 64, 64, BF16, offsets=offsets, h0=True)
+
+
+def test_state_v_first_matches_kv_layout_of_the_same_kernels():
+    """gdn.md §5: the [V, K] run equals the [K, V] run to 1e-4 (only strides differ)."""
+    for B, T, H, D in [(1, 63, 1, 64), (2, 500, 3, 60), (3, 1024, 4, 128), (4, 2048, 8, 64)]:
+        q, k, v, g, beta = make_inputs(DEV, B, T, H, H, D, D, BF16)
+        h0 = torch.randn(B, H, D, D, device=DEV)
+        o1, f1 = torch_aura.gdn_chunk(q, k, v, g, beta, initial_state=h0)
+        o2, f2 = torch_aura.gdn_chunk(q, k, v, g, beta, initial_state=h0.transpose(-1, -2).contiguous(),
+                                      state_v_first=True)
+        assert_close(f"o B{B} T{T}", o2.float(), o1.float(), 1e-4)
+        assert_close(f"state B{B} T{T}", f2.transpose(-1, -2), f1, 1e-4)
+
+
+def test_k_or_v_above_256_is_rejected():
+    q, k, v, g, beta = make_inputs(DEV, 1, 4, 1, 1, 257, 16, BF16)
+    with pytest.raises(ValueError, match="K"):
+        torch_aura.gdn_chunk(q, k, v, g, beta)
+    q, k, v, g, beta = make_inputs(DEV, 1, 4, 1, 1, 16, 257, BF16)
+    with pytest.raises(ValueError, match="V"):
+        torch.ops.aura.gdn_chunk(q, k, v, g, beta)  # the launcher checks too, not only the wrapper
+
+
+# --------------------------------------------------------------------------- gdn_recurrent
+# (B, T, H, HV, D, scale, gate_norm, dtype) of FLA's recurrent tests
+FLA_RECURRENT = [(1, 63, 1, 1, 64, 1, 1, F32), (2, 500, 4, 4, 60, 1, 1, F32), (2, 1000, 2, 8, 128, 1, 0.1, F32),
+                 (3, 1024, 2, 2, 128, 0.1, 1, F32), (4, 1024, 3, 3, 128, 1, 10, F32),
+                 (4, 2048, 4, 4, 64, 0.1, 1, F32), (2, 1024, 4, 4, 128, 1, 0.1, F16),
+                 (2, 1024, 4, 8, 128, 1, 10, F16)]
+
+
+@pytest.mark.parametrize("B,T,H,HV,D,scale,gate_norm,dtype", FLA_RECURRENT,
+                         ids=[f"B{c[0]}-T{c[1]}-H{c[2]}-HV{c[3]}-D{c[4]}-s{c[5]}-gn{c[6]}-{dtype_id(c[7])}"
+                              for c in FLA_RECURRENT])
+def test_recurrent_fla_matrix(B, T, H, HV, D, scale, gate_norm, dtype):
+    check_recurrent(torch_aura, DEV, B, T, H, HV, D, D, dtype, scale=scale, gate_norm=gate_norm)
+
+
+RECURRENT_EXTRA = [
+    (32, 1, 16, 32, 128, 128, BF16, {}),
+    (3, 1, 1, 2, 60, 100, F16, {"l2norm": True, "state_v_first": True}),
+    (2, 4, 2, 4, 256, 256, BF16, {"pool_dtype": BF16}),
+    (1, 50, 2, 6, 64, 64, F32, {"offsets": [0, 0, 7, 7, 50], "state_v_first": True}),
+    (1, 9, 1, 1, 16, 16, F32, {"offsets": [0, 1, 9], "skip": False}),
+]
+
+
+@pytest.mark.parametrize("case", RECURRENT_EXTRA, ids=[_id(c) for c in RECURRENT_EXTRA])
+def test_recurrent_edge_cases(case):
+    B, T, H, HV, K, V, dt, extra = case
+    check_recurrent(torch_aura, DEV, B, T, H, HV, K, V, dt, **extra)
+
+
+@pytest.mark.sanitize
+def test_recurrent_small_for_sanitizer():
+    check_recurrent(torch_aura, DEV, 1, 6, 1, 2, 20, 24, BF16, offsets=[0, 2, 2, 6])
+
+
+def test_chunk_then_recurrent_continues_one_recurrence():
+    """Prefill's final state feeds decode: equal to one recurrence over the concatenation."""
+    B, T, extra, H, HV, D = 2, 300, 5, 2, 4, 128
+    q, k, v, g, beta = make_inputs(DEV, B, T + extra, H, HV, D, D, BF16, seed=3)
+    o1, state = torch_aura.gdn_chunk(q[:, :T], k[:, :T], v[:, :T], g[:, :T], beta[:, :T])
+    o2 = torch_aura.gdn_recurrent(q[:, T:], k[:, T:], v[:, T:], g[:, T:], beta[:, T:], state)
+    o64, s64 = recurrence64(q, k, v, g, beta)
+    assert_close("prefill o", o1.double().cpu(), o64[:, :T], GDN_CHUNK_RATIO)
+    assert_close("decode o", o2.double().cpu(), o64[:, T:], GDN_CHUNK_RATIO)
+    assert_close("state", state.double().cpu(), s64, GDN_CHUNK_RATIO)
+
+
+def test_duplicate_pool_rows_rejected_in_debug_mode(monkeypatch):
+    monkeypatch.setenv("TORCH_AURA_DEBUG", "1")
+    q, k, v, g, beta = make_inputs(DEV, 2, 1, 1, 1, 16, 16, F32)
+    pool = torch.zeros(4, 1, 16, 16, device=DEV)
+    with pytest.raises(ValueError, match="distinct"):
+        torch.ops.aura.gdn_recurrent(q, k, v, g, beta, pool, torch.tensor([1, 1], dtype=torch.int32, device=DEV))
+
+
+# ------------------------------------------------------------------ graphs and compilation
+def test_recurrent_cuda_graph_replay_is_bitwise_eager():
+    B, H, HV, D = 4, 2, 4, 128
+    q, k, v, g, beta = make_inputs(DEV, B, 1, H, HV, D, D, BF16, seed=1)
+    pool = torch.randn(8, HV, D, D, device=DEV)
+    idx = torch.tensor([5, -1, 0, 2], dtype=torch.int32, device=DEV)
+    static = [x.clone() for x in (q, k, v, g, beta)]
+    pool_g, pool_e = pool.clone(), pool.clone()
+    torch_aura.gdn_recurrent(*static, pool_g.clone(), idx)  # warm-up (compiles) outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_g = torch_aura.gdn_recurrent(*static, pool_g, idx)
+    q2, k2, v2, g2, b2 = make_inputs(DEV, B, 1, H, HV, D, D, BF16, seed=2)
+    for dst, src in zip(static, (q2, k2, v2, g2, b2)):
+        dst.copy_(src)
+    graph.replay()
+    o_e = torch_aura.gdn_recurrent(q2, k2, v2, g2, b2, pool_e, idx)
+    assert torch.equal(o_g, o_e) and torch.equal(pool_g, pool_e)
+
+
+def test_chunk_cuda_graph_replay_is_bitwise_eager():
+    offsets = [0, 100, 100, 357]
+    cu = torch.tensor(offsets, dtype=torch.int32, device=DEV)
+    ci = torch_aura.gdn_chunk_indices(cu)
+    q, k, v, g, beta = make_inputs(DEV, 1, 357, 2, 4, 128, 128, BF16, seed=1)
+    static = [x.clone() for x in (q, k, v, g, beta)]
+    torch_aura.gdn_chunk(*static, cu_seqlens=cu, chunk_indices=ci)  # tunes and compiles eagerly
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_g, s_g = torch_aura.gdn_chunk(*static, cu_seqlens=cu, chunk_indices=ci)
+    new = make_inputs(DEV, 1, 357, 2, 4, 128, 128, BF16, seed=2)
+    for dst, src in zip(static, new):
+        dst.copy_(src)
+    graph.replay()
+    o_e, s_e = torch_aura.gdn_chunk(*new, cu_seqlens=cu, chunk_indices=ci)
+    assert torch.equal(o_g, o_e) and torch.equal(s_g, s_e)
+
+
+class _GDNBlock(torch.nn.Module):
+    """A module in the shape of a Qwen3-Next linear-attention layer's core: prefill then decode."""
+
+    def forward(self, q, k, v, g, beta, qd, kd, vd, gd, bd, pool, idx):
+        o, state = torch_aura.gdn_chunk(q, k, v, g, beta, use_qk_l2norm=True)
+        pool[idx.long()] = state
+        od = torch_aura.gdn_recurrent(qd, kd, vd, gd, bd, pool, idx, use_qk_l2norm=True)
+        return o.float().sum() + od.float().sum(), o, od
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compile_fullgraph_module_with_chunk_and_recurrent(mode):
+    torch._dynamo.reset()
+    B, T, H, HV, D = 2, 130, 2, 4, 64
+    args = [*make_inputs(DEV, B, T, H, HV, D, D, BF16, seed=4), *make_inputs(DEV, B, 1, H, HV, D, D, BF16, seed=5)]
+    idx = torch.tensor([3, 1], dtype=torch.int32, device=DEV)
+    block = _GDNBlock()
+    pool_e = torch.zeros(4, HV, D, D, device=DEV)
+    _, o_e, od_e = block(*args, pool_e, idx)
+    fn = torch.compile(block, fullgraph=True, mode=mode)
+    for _ in range(3):
+        pool_c = torch.zeros(4, HV, D, D, device=DEV)
+        _, o_c, od_c = fn(*args, pool_c, idx)
+    assert_close("compiled o", o_c.float(), o_e.float(), 1e-6)
+    assert_close("compiled decode o", od_c.float(), od_e.float(), 1e-6)
+    assert_close("compiled pool", pool_c, pool_e, 1e-6)
