@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * log2(e))
-BT = 64  # chunk length (rows of every chunk tile)
+CHUNK = 64  # chunk length (rows of every chunk tile), for the Python launchers
+BT = tl.constexpr(CHUNK)  # the same, readable inside kernels (globals must be constexpr there)
 
 
 @triton.jit

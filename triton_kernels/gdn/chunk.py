@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ..._checks import gdn as _checks
 from .._tune import Config, Tuner
-from ._jit import (BT, LOG2E, chunk_span, dot32, gate_causal, inv_unit_lower16, load_rows, load_tile,
+from ._jit import (BT, CHUNK, LOG2E, chunk_span, dot32, gate_causal, inv_unit_lower16, load_rows, load_tile,
                    seq_span, store_tile)
 
 
@@ -398,7 +398,7 @@ def _varlen_plan(T: int, B: int, cu_seqlens, chunk_indices):
     Eager varlen calls without chunk_indices build it here (one host sync, as the reference);
     CUDA-graph capture and compiled graphs should pass it.
     """
-    NT = triton.cdiv(T, BT)
+    NT = triton.cdiv(T, CHUNK)
     if cu_seqlens is None:
         return None, NT, B * NT
     if chunk_indices is None:
@@ -411,7 +411,7 @@ def _varlen_plan(T: int, B: int, cu_seqlens, chunk_indices):
 def _chunk_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
     """Row of ``h`` of each sequence's first chunk: exclusive cumsum of ``ceil(len / 64)`` (device ops)."""
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64).clamp_min(0)
-    n_chunks = (lens + BT - 1) // BT
+    n_chunks = (lens + CHUNK - 1) // CHUNK
     return torch.cumsum(n_chunks, 0) - n_chunks
 
 
@@ -445,7 +445,7 @@ def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
     B, T, H, K = k.shape
     HV = g_cum.shape[2]
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
-    Ai = torch.empty((B, T, HV, BT), dtype=k.dtype, device=k.device)
+    Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=k.device)
     if NT_total:
         _gdn_kkt_solve_kernel[(NT_total * HV,)](
             k, g_cum, beta, Ai, _dummy(k) if cu_seqlens is None else cu_seqlens,
@@ -591,8 +591,8 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=dev)
     g_cum = torch.empty((B, T, HV), dtype=torch.float32, device=dev)
     # per-token scratch rows: Ai (the solve's inverse) and Aqk (the gated causal q k^T), 64 wide
-    Ai = torch.empty((B, T, HV, BT), dtype=k.dtype, device=dev)
-    Aqk = torch.empty((B, T, HV, BT), dtype=q.dtype, device=dev)
+    Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=dev)
+    Aqk = torch.empty((B, T, HV, CHUNK), dtype=q.dtype, device=dev)
     w = torch.empty((B, T, HV, K), dtype=k.dtype, device=dev)
     u = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     if NT_total:
