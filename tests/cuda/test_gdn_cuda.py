@@ -103,6 +103,11 @@ def test_chunk_edge_cases(case):
     check_chunk(torch_aura, DEV, B, T, H, HV, K, V, dt, **extra)
 
 
+@pytest.mark.sanitize
+def test_chunk_small_for_sanitizer():
+    check_chunk(torch_aura, DEV, 1, 150, 2, 4, 60, 40, BF16, offsets=[0, 64, 64, 150], h0=True, l2norm=True)
+
+
 def test_chunk_thousands_of_short_documents_grid_over_65535():
     """2050 documents of 1-8 tokens x 32 heads: 1-D grids past CUDA's 65535 limit on y/z."""
     gen = torch.Generator().manual_seed(5)
@@ -251,3 +256,19 @@ def test_compile_fullgraph_module_with_chunk_and_recurrent(mode):
     assert_close("compiled o", o_c.float(), o_e.float(), 1e-6)
     assert_close("compiled decode o", od_c.float(), od_e.float(), 1e-6)
     assert_close("compiled pool", pool_c, pool_e, 1e-6)
+
+
+@pytest.mark.parametrize("tuner", ["_PREP", "_STATE_PASS"])
+def test_every_tuner_config_is_correct(monkeypatch, tuner):
+    """Tests run untuned (config 0); warm-up tuning may pick any config, so each must be right."""
+    from torch_aura.triton_kernels.gdn import chunk
+
+    t = getattr(chunk, tuner)
+    for cfg in t.configs:
+        monkeypatch.setattr(t, "configs", [cfg])
+        monkeypatch.setattr(t, "cache", {})
+        for K, V, dt, extra in [(128, 128, BF16, {"h0": True}), (60, 100, F16, {"offsets": [0, 7, 7, 300]})]:
+            try:
+                check_chunk(torch_aura, DEV, 2 if "offsets" not in extra else 1, 300, 2, 4, K, V, dt, **extra)
+            except AssertionError as e:
+                raise AssertionError(f"{tuner} config {cfg}: {e}") from e

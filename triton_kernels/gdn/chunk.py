@@ -26,6 +26,8 @@ rounded to the input dtype where the reference rounds them; G and the states are
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -228,7 +230,7 @@ def _gdn_chunk_prep_kernel(q, k, v, g, beta, g_cum, Ai, w, u, Aqk, cu_seqlens, c
                            s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
                            s_bb, s_bt, s_bh, s_cb, s_ct, s_ch, s_ab, s_at, s_ah,
                            s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
-                           IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                           IS_VARLEN: tl.constexpr, WITH_QK: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            DOT_PREC: tl.constexpr):
     """Everything chunk-parallel of ``gdn_chunk`` for one (chunk, value head).
 
@@ -249,9 +251,9 @@ def _gdn_chunk_prep_kernel(q, k, v, g, beta, g_cum, Ai, w, u, Aqk, cu_seqlens, c
     _w_u_body(k, v, beta, Ai, g_cum, w, u, b, start, eos, i_h, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_cb, s_ct, s_ch, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, BK, BV, DOT_PREC)
-    # Aqk reuses Ai's scratch layout (same strides): its own buffer, written once
-    _qk_gated_body(q, k, g_cum, Aqk, b, start, eos, i_h, i_hv, K,
-                   s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_ab, s_at, s_ah, BK, DOT_PREC)
+    if WITH_QK:  # Aqk (fused-o path only) reuses Ai's scratch layout: same strides, its own buffer
+        _qk_gated_body(q, k, g_cum, Aqk, b, start, eos, i_h, i_hv, K,
+                       s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_ab, s_at, s_ah, BK, DOT_PREC)
 
 
 @triton.jit
@@ -540,15 +542,9 @@ def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices
     return h, v_new, final
 
 
-def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=None, state_v_first=False):
-    _checks.gdn_fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_indices, state_v_first)
+def _fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, ci, NT, NT_total, state_v_first):
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
-    scale = K ** -0.5 if scale is None else scale
-    ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
-    if cu_seqlens is not None and h.shape[1] != NT_total:
-        raise ValueError(f"h: expected {NT_total} chunk states (h.shape[1], the chunks of cu_seqlens), "
-                         f"got {h.shape[1]}")
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
     if NT_total == 0:
         return o
@@ -563,6 +559,17 @@ def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=
     return o
 
 
+def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=None, state_v_first=False):
+    _checks.gdn_fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_indices, state_v_first)
+    B, T, H, K = q.shape
+    ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
+    if cu_seqlens is not None and h.shape[1] != NT_total:
+        raise ValueError(f"h: expected {NT_total} chunk states (h.shape[1], the chunks of cu_seqlens), "
+                         f"got {h.shape[1]}")
+    return _fwd_o(q, k, v_new, h, g_cum, float(K ** -0.5 if scale is None else scale), cu_seqlens, ci, NT,
+                  NT_total, state_v_first)
+
+
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
     """Row-normalised copy of ``x [B, T, H, K]`` in x's dtype (the chunk path rounds it, as FLA)."""
     B, T, H, K = x.shape
@@ -572,6 +579,12 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
                                  num_warps=4 if H * K <= 4096 else 8)
     return y
 
+
+# The state pass can also emit o itself (WITH_O: h and v_new never written, the memory-traffic
+# floor of gdn.md §6). It matches the reference under the Triton interpreter, but the compiled
+# kernel gave wrong o (and an illegal address for some shapes) on an H200 with Triton 3.6, so it
+# stays off until that is understood: gdn_chunk runs fwd_h + fwd_o, both verified on the GPU.
+FUSED_O = os.environ.get("TORCH_AURA_GDN_FUSED_O", "0") == "1"
 
 _PREP = Tuner("gdn_chunk_prep", [Config(num_warps=4, num_stages=2), Config(num_warps=8, num_stages=2),
                                  Config(num_warps=4, num_stages=1)])
@@ -583,16 +596,15 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
                       state_v_first)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    scale = K ** -0.5 if scale is None else scale
+    scale = float(K ** -0.5 if scale is None else scale)
     if use_qk_l2norm:
         q, k = _l2norm(q), _l2norm(k)
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
     dev = q.device
-    o = torch.empty((B, T, HV, V), dtype=q.dtype, device=dev)
     g_cum = torch.empty((B, T, HV), dtype=torch.float32, device=dev)
     # per-token scratch rows: Ai (the solve's inverse) and Aqk (the gated causal q k^T), 64 wide
     Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=dev)
-    Aqk = torch.empty((B, T, HV, CHUNK), dtype=q.dtype, device=dev)
+    Aqk = torch.empty((B, T, HV, CHUNK), dtype=q.dtype, device=dev) if FUSED_O else Ai
     w = torch.empty((B, T, HV, K), dtype=k.dtype, device=dev)
     u = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     if NT_total:
@@ -603,10 +615,18 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
                 q, k, v, g, beta, g_cum, Ai, w, u, Aqk, _dummy(q) if cu_seqlens is None else cu_seqlens,
                 _dummy(q) if ci is None else ci, T, NT, HV, HV // H, K, V,
                 *_s3(q), *_s3(k), *_s3(v), *_s3(g), *_s3(beta), *_s3(g_cum), *_s3(Ai), *_s3(w), *_s3(u),
-                IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
+                IS_VARLEN=cu_seqlens is not None, WITH_QK=FUSED_O, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
                 DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
 
         _PREP(key, launch)
+    if FUSED_O:
+        o = torch.empty((B, T, HV, V), dtype=q.dtype, device=dev)
+        final = _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
+                            q=q, Aqk=Aqk, o=o, scale=scale)
+        return o, final
+    sd = (V, K) if state_v_first else (K, V)
+    h = torch.empty((B, NT if cu_seqlens is None else NT_total, HV, *sd), dtype=k.dtype, device=dev)
+    v_new = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     final = _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                        q=q, Aqk=Aqk, o=o, scale=scale)
-    return o, final
+                        h=h, v_new=v_new)
+    return _fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, ci, NT, NT_total, state_v_first), final

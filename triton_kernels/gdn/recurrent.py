@@ -83,7 +83,7 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    scale = K ** -0.5 if scale is None else scale
+    scale = float(K ** -0.5 if scale is None else scale)  # an int 1 would specialise the kernel
     if state_indices is not None and os.environ.get("TORCH_AURA_DEBUG", "0") == "1":
         _check_indices(state_indices, state.shape[0])
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
