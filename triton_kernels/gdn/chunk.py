@@ -8,16 +8,17 @@ Stage kernels (one op each; what the stage tests diff against the reference, sta
 * ``_gdn_state_pass_kernel``     per (V tile, sequence, value head): the sequential pass (fwd_h);
 * ``_gdn_fwd_o_kernel``          per (V tile, chunk, value head): chunk outputs from ``h``.
 
-``gdn_chunk`` does not chain them. It runs two kernels:
+``gdn_chunk`` does not chain them all:
 
-1. ``_gdn_chunk_prep_kernel`` (chunk-parallel): cumsum, kkt + solve, w/u, and the gated causal
-   ``q k^T`` of the chunk, all for one (chunk, value head) in one program. ``Ai`` goes through a
-   small L2-resident scratch between the solve and w/u (a CTA barrier orders them), so the 16x16
-   solve and the 64-row w/u products share the stage kernels' code.
-2. ``_gdn_state_pass_kernel`` with ``WITH_O``: the sequential pass also computes the outputs. Its
-   program holds the fp32 state of its V tile, so ``o = scale (e^G q S + Aqk v_new)`` costs two
-   more products per chunk, and neither the per-chunk states ``h`` (512 B per token and value
-   head in bf16 at K = V = 128, the largest intermediate) nor ``v_new`` are ever written.
+1. ``_gdn_chunk_prep_kernel`` (chunk-parallel): cumsum, kkt + solve, and w/u for one (chunk, value
+   head) in one program, instead of four kernels. ``Ai`` goes through a small L2-resident scratch
+   between the solve and w/u (a CTA barrier orders them), so the 16x16 solve and the 64-row w/u
+   products share the stage kernels' code.
+2. ``_gdn_state_pass_kernel``, then ``_gdn_fwd_o_kernel`` (as the fwd_h and fwd_o ops); or, with
+   ``FUSED_O``, the state pass alone with ``WITH_O``: its program holds the fp32 state of its V tile,
+   so ``o = scale (e^G q S + mask(q k^T) v_new)`` costs three more products per chunk, and neither
+   the per-chunk states ``h`` (512 B per token and value head in bf16 at K = V = 128, the largest
+   intermediate) nor ``v_new`` are ever written.
 
 Rounding follows gdn.md §3.7 exactly: ``Ai``, the ``beta e^G k`` / ``beta v`` operands, ``w``,
 ``u``, the state operand ``rnd(S)``, ``v_new``, the gated ``v_new`` and the masked ``q k^T`` are
@@ -166,25 +167,6 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, b, start, eos, i_h, i_hv, K, V,
         store_tile(u, tl.dot(A, vb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, V, s_ub, s_ut, s_uh)
 
 
-@triton.jit
-def _qk_gated_body(q, k, g_cum, Aqk, b, start, eos, i_h, i_hv, K,
-                   s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_ab, s_at, s_ah,
-                   BK: tl.constexpr, DOT_PREC: tl.constexpr):
-    """The chunk's inclusive causal ``select(i >= j, (q_i . k_j) e^(G_i - G_j), 0)``, stored rounded
-    to q's dtype (the reference rounds it there before ``@ v_new``)."""
-    rows = start + tl.arange(0, BT)
-    ok = rows < eos
-    acc = tl.zeros([BT, BT], tl.float32)
-    for k0 in range(0, K, BK):
-        cols = k0 + tl.arange(0, BK)
-        qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh)
-        kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
-        acc += tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC)
-    G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
-    acc = gate_causal(acc, G2, G2, ok, ok, rows, rows, False)
-    store_tile(Aqk, acc, b, rows, ok, i_hv, tl.arange(0, BT), BT, s_ab, s_at, s_ah)
-
-
 # ------------------------------------------------------------------------------------ kernels
 @triton.jit
 def _gdn_chunk_cumsum_kernel(g, g_cum, cu_seqlens, chunk_indices, T, NT, HV,
@@ -225,19 +207,19 @@ def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, cu_seqlens, chunk_ind
 
 
 @triton.jit
-def _gdn_chunk_prep_kernel(q, k, v, g, beta, g_cum, Ai, w, u, Aqk, cu_seqlens, chunk_indices,
+def _gdn_chunk_prep_kernel(k, v, g, beta, g_cum, Ai, w, u, cu_seqlens, chunk_indices,
                            T, NT, HV, GROUP, K, V,
-                           s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
+                           s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
                            s_bb, s_bt, s_bh, s_cb, s_ct, s_ch, s_ab, s_at, s_ah,
                            s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
-                           IS_VARLEN: tl.constexpr, WITH_QK: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                           IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            DOT_PREC: tl.constexpr):
-    """Everything chunk-parallel of ``gdn_chunk`` for one (chunk, value head).
+    """Everything chunk-parallel of ``gdn_chunk`` for one (chunk, value head): cumsum, kkt + solve,
+    w and u.
 
     Adjacent programs are the value heads of one chunk, so GVA heads sharing a key head read its
-    k and q tiles from L2. ``g_cum`` and ``Ai`` are written, then re-read in other tile shapes by
-    the same CTA: the barriers make those global writes visible to the CTA's other threads.
-    ``Ai``, ``Aqk`` and the w/u intermediates use the same scratch-row layout ``[B, T, HV, 64]``.
+    k tiles from L2. ``g_cum`` and ``Ai`` are written, then re-read in other tile shapes by the
+    same CTA: the barriers make those global writes visible to the CTA's other threads.
     """
     pid = tl.program_id(0)
     i_c, i_hv = pid // HV, pid % HV
@@ -251,17 +233,14 @@ def _gdn_chunk_prep_kernel(q, k, v, g, beta, g_cum, Ai, w, u, Aqk, cu_seqlens, c
     _w_u_body(k, v, beta, Ai, g_cum, w, u, b, start, eos, i_h, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_cb, s_ct, s_ch, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, BK, BV, DOT_PREC)
-    if WITH_QK:  # Aqk (fused-o path only) reuses Ai's scratch layout: same strides, its own buffer
-        _qk_gated_body(q, k, g_cum, Aqk, b, start, eos, i_h, i_hv, K,
-                       s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_ab, s_at, s_ah, BK, DOT_PREC)
 
 
 @triton.jit
-def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, Aqk, cu_seqlens, chunk_offsets,
+def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, cu_seqlens, chunk_offsets,
                            scale, T, NT, NT_total, HV, GROUP, K, V,
                            s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,
                            s_gb, s_gt, s_gh, s_0n, s_0h, s_0k, s_0v, s_hc, s_hh, s_hk, s_hv, s_fn, s_fh, s_fk, s_fv,
-                           s_qb, s_qt, s_qh, s_ab, s_at, s_ah,
+                           s_qb, s_qt, s_qh,
                            IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_H: tl.constexpr,
                            WITH_O: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            DOT_PREC: tl.constexpr):
@@ -271,7 +250,7 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, Aqk, cu_seqlens
 
         S_op = rnd(S)                      (STORE_H: h[c] = S_op, the state entering the chunk)
         b_v  = u - w @ S_op                (v_new, the per-token delta; stored ungated)
-        o    = scale (e^G q @ S_op + Aqk @ rnd(b_v))          (WITH_O)
+        o    = scale (e^G q @ S_op + rnd(select(i >= j, (q k^T) e^(G_i - G_j), 0)) @ rnd(b_v))   (WITH_O)
         S    = e^(G_L) S + k^T @ rnd(select(valid, e^(G_L - G) b_v, 0))
 
     with L the chunk's last valid row. States use explicit (k, v) strides, so both layouts share
@@ -307,18 +286,18 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, Aqk, cu_seqlens
         b_v = load_tile(u, b, rows, ok, i_hv, vv, V, s_ub, s_ut, s_uh).to(tl.float32)
         b_v -= tl.dot(wt, S_op, input_precision=DOT_PREC)
         G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
+        kt = load_tile(k, b, rows, ok, i_h, kk, K, s_kb, s_kt, s_kh)
         if WITH_O:
             qt = load_tile(q, b, rows, ok, i_h, kk, K, s_qb, s_qt, s_qh)
-            At = load_tile(Aqk, b, rows, ok, i_hv, tl.arange(0, BT), BT, s_ab, s_at, s_ah)
+            b_A = gate_causal(tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC), G2, G2, ok, ok, rows, rows, False)
             b_o = tl.dot(qt, S_op, input_precision=DOT_PREC) * tl.exp2(G2)[:, None]
-            b_o += tl.dot(At, b_v.to(At.dtype), input_precision=DOT_PREC)
+            b_o += tl.dot(b_A.to(kt.dtype), b_v.to(kt.dtype), input_precision=DOT_PREC)
             store_tile(out, b_o * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
         else:
             store_tile(out, b_v, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
         last = tl.minimum(start + BT, eos) - 1
         G2_L = tl.load(g_cum + b * s_gb + last * s_gt + i_hv * s_gh) * LOG2E
         gated = tl.where(ok[:, None], tl.exp2(G2_L - G2)[:, None] * b_v, 0.0)
-        kt = load_tile(k, b, rows, ok, i_h, kk, K, s_kb, s_kt, s_kh)
         S = S * tl.exp2(G2_L) + tl.dot(tl.trans(kt), gated.to(kt.dtype), input_precision=DOT_PREC)
     tl.store(final + n * s_fn + i_hv * s_fh + kk[:, None] * s_fk + vv[None, :] * s_fv, S, mask=kv_ok)
 
@@ -493,7 +472,7 @@ def _state_pass_bv(V: int, programs_per_tile: int, device: torch.device) -> int:
 
 
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                h=None, v_new=None, q=None, Aqk=None, o=None, scale=1.0):
+                h=None, v_new=None, q=None, o=None, scale=1.0):
     """Launch ``_gdn_state_pass_kernel``: fwd_h (``h`` and ``v_new`` given) or fused outputs (``o``)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
@@ -515,12 +494,12 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
         _gdn_state_pass_kernel[(triton.cdiv(V, BV) * N * HV,)](
             k, w, u, g_cum, _dummy(k) if initial_state is None else initial_state,
             _dummy(k) if h is None else h, out_rows, final,
-            _dummy(k) if q is None else q, _dummy(k) if Aqk is None else Aqk,
+            _dummy(k) if q is None else q,
             _dummy(k) if cu_seqlens is None else cu_seqlens, first,
             scale, T, NT, NT_total, HV, HV // H, K, V,
             *_s3(k), *_s3(w), *_s3(u), *_s3(out_rows), *_s3(g_cum),
             *_state_strides(initial_state, state_v_first), *hs, *_state_strides(final, state_v_first),
-            *(_s3(q) if with_o else (0, 0, 0)), *(_s3(Aqk) if with_o else (0, 0, 0)),
+            *(_s3(q) if with_o else (0, 0, 0)),
             IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_H=h is not None,
             WITH_O=with_o, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
 
@@ -581,9 +560,9 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 # The state pass can also emit o itself (WITH_O: h and v_new never written, the memory-traffic
-# floor of gdn.md §6). It matches the reference under the Triton interpreter, but the compiled
-# kernel gave wrong o (and an illegal address for some shapes) on an H200 with Triton 3.6, so it
-# stays off until that is understood: gdn_chunk runs fwd_h + fwd_o, both verified on the GPU.
+# floor of gdn.md §6). Its first version read a gated q k^T that the prep kernel stored; compiled
+# by Triton 3.6 for an H200 that store corrupted memory (wrong o, illegal addresses) although the
+# interpreter ran it exactly. The pass now forms q k^T itself; it is opt-in until measured.
 FUSED_O = os.environ.get("TORCH_AURA_GDN_FUSED_O", "0") == "1"
 
 _PREP = Tuner("gdn_chunk_prep", [Config(num_warps=4, num_stages=2), Config(num_warps=8, num_stages=2),
@@ -602,9 +581,7 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
     dev = q.device
     g_cum = torch.empty((B, T, HV), dtype=torch.float32, device=dev)
-    # per-token scratch rows: Ai (the solve's inverse) and Aqk (the gated causal q k^T), 64 wide
-    Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=dev)
-    Aqk = torch.empty((B, T, HV, CHUNK), dtype=q.dtype, device=dev) if FUSED_O else Ai
+    Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=dev)  # scratch between solve and w/u
     w = torch.empty((B, T, HV, K), dtype=k.dtype, device=dev)
     u = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     if NT_total:
@@ -612,17 +589,17 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
 
         def launch(cfg: Config):
             _gdn_chunk_prep_kernel[(NT_total * HV,)](
-                q, k, v, g, beta, g_cum, Ai, w, u, Aqk, _dummy(q) if cu_seqlens is None else cu_seqlens,
-                _dummy(q) if ci is None else ci, T, NT, HV, HV // H, K, V,
-                *_s3(q), *_s3(k), *_s3(v), *_s3(g), *_s3(beta), *_s3(g_cum), *_s3(Ai), *_s3(w), *_s3(u),
-                IS_VARLEN=cu_seqlens is not None, WITH_QK=FUSED_O, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
+                k, v, g, beta, g_cum, Ai, w, u, _dummy(k) if cu_seqlens is None else cu_seqlens,
+                _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
+                *_s3(k), *_s3(v), *_s3(g), *_s3(beta), *_s3(g_cum), *_s3(Ai), *_s3(w), *_s3(u),
+                IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
                 DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
 
         _PREP(key, launch)
     if FUSED_O:
         o = torch.empty((B, T, HV, V), dtype=q.dtype, device=dev)
         final = _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                            q=q, Aqk=Aqk, o=o, scale=scale)
+                            q=q, o=o, scale=scale)
         return o, final
     sd = (V, K) if state_v_first else (K, V)
     h = torch.empty((B, NT if cu_seqlens is None else NT_total, HV, *sd), dtype=k.dtype, device=dev)
