@@ -29,8 +29,8 @@ for step in $steps; do
   case $step in
     tests)
       # tests check numerics, not launch configs: skip the warm-up tuning (each key would time 5 configs)
-      TORCH_AURA_TUNE=0 timeout 480 python3 -m pytest $test_paths tests/registration/test_opcheck.py -k "$opcheck_k or not opcheck" \
-        -q -p no:cacheprovider -n 8 --durations=10 2>&1 | tee "$OUT/tests.log" | tail -40 || rc=1 ;;
+      TORCH_AURA_TUNE=0 timeout 540 python3 -m pytest $test_paths tests/registration/test_opcheck.py -k "$opcheck_k or not opcheck" \
+        -q -p no:cacheprovider -n 16 --durations=10 2>&1 | tee "$OUT/tests.log" | tail -40 || rc=1 ;;
     sanitize)
       for tool in memcheck racecheck; do
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCH_AURA_TUNE=0 timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \

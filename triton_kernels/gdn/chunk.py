@@ -565,8 +565,11 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 # interpreter ran it exactly. The pass now forms q k^T itself; it is opt-in until measured.
 FUSED_O = os.environ.get("TORCH_AURA_GDN_FUSED_O", "0") == "1"
 
+# 2 warps: the 16x16 solve is latency-bound (layout conversions through shared memory between small
+# dots), so fewer threads per CTA and more CTAs per SM can win
 _PREP = Tuner("gdn_chunk_prep", [Config(num_warps=4, num_stages=2), Config(num_warps=8, num_stages=2),
-                                 Config(num_warps=4, num_stages=1)])
+                                 Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=2),
+                                 Config(num_warps=2, num_stages=1)])
 
 
 def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
