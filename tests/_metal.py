@@ -54,13 +54,22 @@ def find_clang() -> str | None:
                                input="typedef float f4 __attribute__((ext_vector_type(4)));\n"
                                      "__bf16 f(__bf16 a) { return a * a; }\n",
                                capture_output=True, text=True)
-        if probe.returncode == 0:
+        if probe.returncode == 0 and _builtins(path):
             return path
     return None
 
 
-SKIP_REASON = ("no clang++ (>= 17) found: the Metal emulator compiles .metal files as C++ with clang "
-               "(apt-get install clang-19, or set AURA_CLANG); g++ cannot (docs/metal.md §6)")
+def _builtins(clang: str) -> str | None:
+    """compiler-rt's builtins archive: GCC 12's libgcc lacks the float -> bfloat conversion
+    (``__truncsfbf2``) that ``__bf16`` stores call (Debian: libclang-rt-19-dev)."""
+    r = subprocess.run([clang, "-print-libgcc-file-name", "-rtlib=compiler-rt"], capture_output=True, text=True)
+    path = r.stdout.strip()
+    return path if r.returncode == 0 and path and Path(path).exists() else None
+
+
+SKIP_REASON = ("no clang++ (>= 17) with compiler-rt found: the Metal emulator compiles .metal files as C++ "
+               "with clang (apt-get install clang-19 libclang-rt-19-dev, or set AURA_CLANG); g++ cannot "
+               "(docs/metal.md §6)")
 
 
 def clang_or_skip() -> str:
@@ -108,11 +117,7 @@ def build_emulator(clang: str, opt: str = "-O1") -> Path:
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
         list(pool.map(run, jobs))
-    builtins = subprocess.run([clang, "-print-libgcc-file-name", "-rtlib=compiler-rt"], capture_output=True,
-                              text=True).stdout.strip()
-    # compiler-rt's builtins: GCC 12's libgcc lacks the float -> bfloat conversion (__truncsfbf2).
-    extra = [builtins] if builtins and Path(builtins).exists() else []
-    run([clang, "-shared", "-o", str(work / lib.name), *sorted(str(p) for p in work.glob("*.o")), *extra])
+    run([clang, "-shared", "-o", str(work / lib.name), *sorted(str(p) for p in work.glob("*.o")), _builtins(clang)])
     out_dir.mkdir(parents=True, exist_ok=True)
     os.replace(work / lib.name, lib)  # atomic: a concurrent session sees a whole library or none
     shutil.rmtree(work, ignore_errors=True)
@@ -170,10 +175,12 @@ class Emulator:
 
     @staticmethod
     def split_args(name: str, args: tuple) -> tuple[list, list[float]]:
-        """Schema-ordered tensor arguments and scalars (None = NaN, dtype = DType code)."""
+        """Schema-ordered tensor arguments and scalars (None = NaN, dtype = DType code); arguments
+        not passed take their schema defaults."""
         schema = getattr(torch.ops.aura, name).default._schema
         tensors, scalars = [], []
-        for arg, value in zip(schema.arguments, args):
+        for i, arg in enumerate(schema.arguments):
+            value = args[i] if i < len(args) else arg.default_value
             kind = str(arg.type)
             if kind in ("Tensor", "Optional[Tensor]"):
                 tensors.append(value)

@@ -66,16 +66,6 @@ Launch merge_launch(const TensorMeta& po, const TensorMeta& pl, const TensorMeta
   return l;
 }
 
-TensorMeta contiguous_meta(DType t, std::initializer_list<std::int64_t> sizes) {
-  TensorMeta m{};
-  m.defined = 1, m.dtype = std::int32_t(t), m.ndim = int(sizes.size());
-  int i = 0;
-  for (std::int64_t s : sizes) m.sizes[i++] = s;
-  std::int64_t stride = 1;
-  for (int j = m.ndim - 1; j >= 0; --j) m.strides[j] = stride, stride *= m.sizes[j];
-  return m;
-}
-
 // flash_decode(_out): tensors q, k, v, seq_lens, block_table, out, lse; scalars scale, num_splits.
 OpPlan plan_flash_decode(const OpCall& call, const char* op) {
   Args a(call, 5, 2, op);

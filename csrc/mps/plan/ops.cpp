@@ -16,11 +16,17 @@ struct OpEntry {
 };
 
 const std::map<std::string, OpEntry>& table() {
+#define AURA_OP(op) {#op, {specs_##op, plan_##op}}
+#define AURA_INPLACE_OP(op) {#op, {nullptr, plan_##op}}
   static const std::map<std::string, OpEntry> t = {
-      {"flash_decode", {specs_flash_decode, plan_flash_decode}},
-      {"flash_decode_out", {nullptr, plan_flash_decode_out}},
-      {"merge_attn_states", {specs_merge_attn_states, plan_merge_attn_states}},
+      AURA_OP(flash_decode), AURA_INPLACE_OP(flash_decode_out), AURA_OP(merge_attn_states),
+      AURA_OP(hadamard_rotate), AURA_OP(aura_encode), AURA_INPLACE_OP(aura_write_cache),
+      AURA_OP(aura_dequantize), AURA_OP(aura_flash_p1), AURA_OP(aura_flash_p2), AURA_OP(aura_decode),
+      AURA_OP(gdn_chunk), AURA_OP(gdn_chunk_cumsum), AURA_OP(gdn_kkt_solve), AURA_OP(gdn_recompute_w_u),
+      AURA_OP(gdn_fwd_h), AURA_OP(gdn_fwd_o), AURA_OP(gdn_recurrent),
   };
+#undef AURA_OP
+#undef AURA_INPLACE_OP
   return t;
 }
 

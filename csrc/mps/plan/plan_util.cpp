@@ -1,5 +1,7 @@
 #include "plan_util.h"
 
+#include <algorithm>
+
 namespace aura::mps {
 
 std::size_t element_size(DType t) {
@@ -74,6 +76,29 @@ void bind(Launch& l, int slot, const Args& a, int arg, int stand_in) {
   bool present = arg >= 0 && (arg >= a.out(0) || a.has(arg));  // outputs and workspaces always exist
   l.buffers.push_back({slot, present ? arg : stand_in});
 }
+
+TensorMeta contiguous_meta(DType t, const std::vector<std::int64_t>& sizes) {
+  TensorMeta m{};
+  m.defined = 1, m.dtype = std::int32_t(t), m.ndim = int(sizes.size());
+  int i = 0;
+  for (std::int64_t s : sizes) m.sizes[i++] = s;
+  std::int64_t stride = 1;
+  for (int j = m.ndim - 1; j >= 0; --j) m.strides[j] = stride, stride *= m.sizes[j];
+  return m;
+}
+
+Operand operand(const Args& a, int i) { return a.has(i) ? Operand{i, a.t(i)} : Operand{}; }
+Operand output_operand(const Args& a, int k) { return Operand{a.out(k), a.output(k)}; }
+
+std::vector<std::int64_t> sizes_of(const TensorMeta& t) { return {t.sizes, t.sizes + t.ndim}; }
+
+Operand PlanBuilder::workspace(DType t, const std::vector<std::int64_t>& sizes) {
+  Operand w{first_workspace_ + int(plan_.workspace_bytes.size()), contiguous_meta(t, sizes)};
+  plan_.workspace_bytes.push_back(std::max<std::int64_t>(1, w.meta.numel()) * std::int64_t(element_size(t)));
+  return w;
+}
+
+void bind(Launch& l, int slot, const Operand& x, int stand_in) { l.buffers.push_back({slot, x.present() ? x.arg : stand_in}); }
 
 std::string host_name(const std::string& prefix, DType t, std::int64_t dim) {
   return prefix + "_" + dtype_name(t) + (dim >= 0 ? "_" + std::to_string(dim) : "");

@@ -44,6 +44,36 @@ void check_dim(const TensorMeta& t, const char* name, int dim, std::int64_t expe
 // bound, and the kernel never reads it (its parameters say so).
 void bind(Launch& l, int slot, const Args& a, int arg, int stand_in = 0);
 
+// Metadata of a contiguous tensor (workspaces, and the fp32 partials the plans allocate).
+TensorMeta contiguous_meta(DType t, const std::vector<std::int64_t>& sizes);
+std::vector<std::int64_t> sizes_of(const TensorMeta& t);
+
+// A tensor operand of a launch: its argument index (-1 = absent) and metadata. Composite plans
+// (gdn_chunk, aura_decode) pass workspaces where a stage op would take user tensors.
+struct Operand {
+  int arg = -1;
+  TensorMeta meta{};
+  bool present() const { return arg >= 0; }
+};
+Operand operand(const Args& a, int i);         // schema tensor i (absent when None)
+Operand output_operand(const Args& a, int k);  // output k
+
+// Collects launches and workspaces; workspace w is argument n_tensors + w.
+class PlanBuilder {
+ public:
+  explicit PlanBuilder(const OpCall& call) : first_workspace_(int(call.tensors.size())) {}
+  Operand workspace(DType t, const std::vector<std::int64_t>& sizes);  // contiguous
+  void add(Launch l) { plan_.launches.push_back(std::move(l)); }
+  OpPlan take() { return std::move(plan_); }
+
+ private:
+  int first_workspace_;
+  OpPlan plan_;
+};
+
+// Binds an operand, or `stand_in` when it is absent (the kernel's parameters say not to read it).
+void bind(Launch& l, int slot, const Operand& x, int stand_in = 0);
+
 // "<prefix>_<dtype>[_<dim>]": the host-name convention of docs/style.md §8.
 std::string host_name(const std::string& prefix, DType t, std::int64_t dim = -1);
 

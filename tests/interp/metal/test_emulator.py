@@ -161,3 +161,10 @@ def test_numerics_probe_runs(emu):
 def test_every_shader_kernel_is_registered(emu):
     names = set(emu.kernel_names())
     assert {"flash_decode_split_f16_128", "merge_attn_states_f32_bf16"} <= names
+
+
+def test_every_op_has_a_metal_plan(emu):
+    # register.mm registers exactly the planned ops for the MPS key: all of them
+    from torch_aura._schema import OPS
+
+    assert sorted(emu.planned_ops()) == sorted(OPS)
