@@ -209,6 +209,7 @@ void add_p1(PlanBuilder& pb, const Args& a, const AttnShape& s, const Operand& q
   p.batch = int(s.B), p.queries = int(s.L), p.q_heads = int(s.Hq), p.kv_heads = int(s.Hkv), p.group = int(s.Hq / s.Hkv);
   p.capacity = int(s.capacity), p.block_size = int(block_size), p.page_size = int(s.page_size);
   p.key_bits = int(a.s(bits)), p.value_bits = int(a.s(bits + 1));
+  p.num_blocks = int(a.has(table) ? a.t(1).size(0) : 0);
   Launch launch;
   launch.kernel = kernel_name("aura_flash_p1", q.meta.type(), s.D);
   launch.groups = {std::uint32_t(NB), std::uint32_t(s.Hkv), std::uint32_t(s.B)};

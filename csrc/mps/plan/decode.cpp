@@ -92,6 +92,8 @@ OpPlan plan_flash_decode(const OpCall& call, const char* op) {
   p.tile = s.paged ? p.page_size : int(kDecodeContiguousTile);
   p.direct = S == 1;
   p.scale_log2 = float(scale * 1.4426950408889634);
+  p.capacity = int(s.paged ? a.t(4).size(1) * a.t(1).size(1) : a.t(1).size(2));
+  p.num_blocks = int(s.paged ? a.t(1).size(0) : 0);
 
   OpPlan plan;
   const int out_arg = a.out(0), lse_arg = a.out(1);

@@ -140,6 +140,7 @@ void add_fwd_h(PlanBuilder& pb, const GdnShape& s, const Operand& k, const Opera
   p.k = strides_of(k.meta), p.w = strides_of(w.meta), p.u = strides_of(u.meta), p.g = strides_of(g_cum.meta);
   p.o = strides_of(v_new.meta);
   for (int i = 0; i < 4; ++i) p.h_stride[i] = h.meta.stride(i);
+  p.h_rows = int(h.meta.size(1));
   for (int i = 0; i < 3; ++i) {
     p.state_stride[i] = init32.present() ? init32.meta.stride(i) : 0;
     p.final_stride[i] = final_state.meta.stride(i);
@@ -405,6 +406,7 @@ OpPlan plan_gdn_recurrent(const OpCall& call) {
   p.g = strides_of(g32.meta), p.beta = strides_of(beta32.meta), p.o = strides_of(o.meta);
   for (int i = 0; i < 3; ++i) p.state_stride[i] = a.t(5).stride(i);
   p.state_v_first = a.s(2) != 0, p.has_indices = a.has(6), p.use_l2norm = a.s(1) != 0;
+  p.pool_rows = int(a.t(5).size(0));
   p.scale = float(scale_or_default(a, 0, s.K));
   if (s.N * s.HV > 0)
     add_stage(pb, "gdn_recurrent_" + std::string(dtype_name(a.t(0).type())) + "_" + dtype_name(a.t(5).type()),

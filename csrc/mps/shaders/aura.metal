@@ -190,14 +190,14 @@ kernel void aura_dequantize(device const int* codes [[buffer(0)]],
 inline device const int* aura_cache_row(device const int* cache, constant aura_i64* stride, device const int* table,
                                         constant AuraP1Params& p, int b, int h, int t) {
   if (p.page_size == 0) return cache + b * stride[0] + h * stride[1] + t * stride[2];
-  const int page = table[b * p.table_stride + t / p.page_size];
+  const int page = clamp(table[b * p.table_stride + t / p.page_size], 0, p.num_blocks - 1);
   return cache + page * stride[0] + (t % p.page_size) * stride[1] + h * stride[2];
 }
 
 inline float aura_cache_norm(device const float* norms, constant aura_i64* stride, device const int* table,
                              constant AuraP1Params& p, int b, int h, int t) {
   if (p.page_size == 0) return norms[b * stride[0] + h * stride[1] + t * stride[2]];
-  const int page = table[b * p.table_stride + t / p.page_size];
+  const int page = clamp(table[b * p.table_stride + t / p.page_size], 0, p.num_blocks - 1);
   return norms[page * stride[0] + (t % p.page_size) * stride[1] + h * stride[2]];
 }
 
@@ -226,7 +226,7 @@ kernel void aura_flash_p1(device const Tq* q [[buffer(0)]],
   for (int i = int(tid); i < (1 << p.key_bits); i += W * 32) cbk[i] = k_codebook[i];
   for (int i = int(tid); i < (1 << p.value_bits); i += W * 32) cbv[i] = v_codebook[i];
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  const int seq_len = seq_lens[b];
+  const int seq_len = clamp(seq_lens[b], 0, p.capacity);
   const int t0 = n * p.block_size, t1 = min(min(t0 + p.block_size, p.capacity), seq_len);
   for (int r = int(sg); r < p.queries * p.group; r += W) {
     const int qi = r / p.group, hq = kvh * p.group + r % p.group;

@@ -29,9 +29,12 @@ struct DecodeSplitParams {
   int splits, tile, page_size;          // page_size 0 = contiguous cache
   int direct;                           // 1: one split, store out/lse; 0: store fp32 partials
   float scale_log2;                     // softmax scale * log2(e): the kernel works in base 2
+  // Memory safety when torch.ops.aura.* is called directly with bad data (the wrapper's checks
+  // read no data): lengths are clamped to the capacity and page indices to the pool.
+  int capacity, num_blocks;
   int pad_;
 };
-static_assert(sizeof(DecodeSplitParams) == 13 * 8 + 10 * 4, "DecodeSplitParams layout");
+static_assert(sizeof(DecodeSplitParams) == 13 * 8 + 12 * 4, "DecodeSplitParams layout");
 
 struct MergeParams {
   aura_i64 po_stride[3];   // partial_out s, b, h
@@ -70,8 +73,10 @@ struct GdnParams {
   int has_indices;    // recurrent: state_indices given
   int use_l2norm;     // recurrent: normalise q and k over K in fp32
   float scale;
+  int pool_rows;      // recurrent: state pool rows; an index outside [0, rows) is skipped, never read
+  int h_rows;         // fwd_h: rows (flat chunks) of h
 };
-static_assert(sizeof(GdnParams) == 37 * 8 + 14 * 4, "GdnParams layout");
+static_assert(sizeof(GdnParams) == 37 * 8 + 16 * 4, "GdnParams layout");
 
 struct CastParams {
   aura_i64 sizes[4];    // up to 4-D, leading dims padded with 1
@@ -120,5 +125,7 @@ struct AuraP1Params {
   int batch, queries, q_heads, kv_heads, group;
   int capacity, block_size, page_size;  // page_size 0 = contiguous
   int key_bits, value_bits;
+  int num_blocks;  // paged: page indices are clamped to the pool (memory safety on bad data)
+  int pad_;
 };
-static_assert(sizeof(AuraP1Params) == 24 * 8 + 10 * 4, "AuraP1Params layout");
+static_assert(sizeof(AuraP1Params) == 24 * 8 + 12 * 4, "AuraP1Params layout");

@@ -12,7 +12,7 @@ template <typename T>
 inline device const T* decode_kv_row(device const T* cache, constant aura_i64* stride, device const int* block_table,
                                      constant DecodeSplitParams& p, uint b, uint h, int t) {
   if (p.page_size == 0) return cache + b * stride[0] + h * stride[1] + t * stride[2];
-  int page = block_table[b * p.table_stride + t / p.page_size];
+  const int page = clamp(block_table[b * p.table_stride + t / p.page_size], 0, p.num_blocks - 1);
   return cache + page * stride[0] + (t % p.page_size) * stride[1] + h * stride[2];
 }
 
@@ -40,7 +40,7 @@ kernel void flash_decode_split(device const T* q [[buffer(0)]],
 
   // The per-sequence split rule of reference/decode.py split_chunk, on the device: the host never
   // reads seq_lens (decode.md §4).
-  const int seq_len = seq_lens[b];
+  const int seq_len = clamp(seq_lens[b], 0, p.capacity);
   const int chunk = decode_ceil_div(max(int(kDecodeMinChunk), decode_ceil_div(seq_len, p.splits)), p.tile) * p.tile;
   const int live_splits = decode_ceil_div(seq_len, chunk);
   const int start = int(s) * chunk, end = min(start + chunk, seq_len);

@@ -12,8 +12,10 @@ constant constexpr int BT = kGdnChunk;
 template <typename T>
 inline float gdn_rnd(float x) { return float(T(x)); }
 
+// Offset i of cu_seqlens, clamped to [0, T]: a bad offset (the reference rejects it, a direct
+// call does not) must not send a kernel outside the tensors.
 inline int gdn_cu(device const int* cu, constant GdnParams& p, int i) {
-  return p.cu_is_i64 ? cu[2 * i] : cu[i];  // int64 offsets: the low little-endian word (< 2^31)
+  return clamp(p.cu_is_i64 ? cu[2 * i] : cu[i], 0, p.tokens);  // int64: the low little-endian word
 }
 
 // Token range of a sequence: (batch row, bos, eos) of sequence n.
@@ -34,7 +36,7 @@ inline bool gdn_chunk_span(device const int* cu, constant GdnParams& p, int c, t
   }
   for (int n = 0; n < p.sequences; ++n) {
     const int s = gdn_cu(cu, p, n), e = gdn_cu(cu, p, n + 1);
-    const int chunks = (e - s + BT - 1) / BT;
+    const int chunks = (max(e - s, 0) + BT - 1) / BT;
     if (c < chunks) {
       bos = s + c * BT;
       len = min(BT, e - bos);
@@ -48,7 +50,7 @@ inline bool gdn_chunk_span(device const int* cu, constant GdnParams& p, int c, t
 // Flat index of sequence n's first chunk.
 inline int gdn_first_chunk(device const int* cu, constant GdnParams& p, int n) {
   int first = 0;
-  for (int m = 0; p.varlen && m < n; ++m) first += (gdn_cu(cu, p, m + 1) - gdn_cu(cu, p, m) + BT - 1) / BT;
+  for (int m = 0; p.varlen && m < n; ++m) first += (max(gdn_cu(cu, p, m + 1) - gdn_cu(cu, p, m), 0) + BT - 1) / BT;
   return first;
 }
 
@@ -290,6 +292,7 @@ kernel void gdn_fwd_h(device const T* k [[buffer(0)]],
   const int v0 = int(group.x) * BV, hv = int(group.y), n = int(group.z), hk = hv / (p.v_heads / p.heads);
   int b, bos, eos;
   gdn_sequence(cu, p, n, b, bos, eos);
+  eos = max(eos, bos);
   AURA_TG(float, S_rnd, kGdnMaxHeadDim * BV);
   AURA_TG(float, BV_tile, BT * BV);
   AURA_TG(float, G, BT);
@@ -310,7 +313,7 @@ kernel void gdn_fwd_h(device const T* k [[buffer(0)]],
       if (r >= p.key_dim) break;
       const float s = gdn_rnd<T>(S[i]);
       S_rnd[e] = s;
-      if (c < p.value_dim)
+      if (c < p.value_dim && flat < p.h_rows)  // h_rows: a cu_seqlens that disagrees with h never overruns it
         h[b * p.h_stride[0] + flat * p.h_stride[1] + hv * p.h_stride[2] +
           (p.state_v_first ? c * p.h_stride[3] + r : r * p.h_stride[3] + c)] = T(s);
     }
@@ -488,8 +491,9 @@ kernel void gdn_recurrent(device const T* q [[buffer(0)]],
   const int v0 = int(group.x) * int(kGdnStateTile) + int(sg) * COLS;
   int b, bos, eos;
   gdn_sequence(cu, p, n, b, bos, eos);
+  eos = max(eos, bos);
   const int slot = p.has_indices ? state_indices[n] : n;
-  if (slot < 0) {
+  if (slot < 0 || slot >= p.pool_rows) {  // -1 skips; an out-of-range row is never touched
     for (int t = bos; t < eos; ++t)
       if (int(lane) < COLS && v0 + int(lane) < p.value_dim) o[gdn_at(p.o, b, t, hv, v0 + int(lane))] = T(0.0f);
     return;

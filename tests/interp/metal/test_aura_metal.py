@@ -161,3 +161,25 @@ def test_attention(emu, case):
         l[..., -1] = 0.0
     check_op(emu, "aura_flash_p2", (o, m, l, vm, torch.bfloat16), orders=("forward",))
     check_op(emu, "aura_flash_p2", (o, m, l, None, None), orders=("forward",))
+
+
+def test_out_of_range_lengths_and_pages_never_fault(emu):
+    kc, kn, vc, vn, table, (kcb, vcb, km, vm) = _cache(2, 1, 64, 20, 4, 4, 8, seed=1)
+    q = torch.randn(2, 2, 64)
+    seq_lens = torch.tensor([10**6, 5], dtype=torch.int32)
+    table[0, 0], table[1, 0] = 10**6, -7
+    out, lse = emu.run_op("aura_decode", q, kc, kn, vc, vn, seq_lens, kcb, vcb, km, vm, 4, 4, table, None, 0)
+    assert out.shape == (2, 2, 64) and lse.shape == (2, 2)
+
+
+def test_write_cache_skips_negative_and_out_of_range_slots(emu):
+    cb, bd = _tables(4, 64)
+    x = torch.randn(4, 2, 64)
+    codes = torch.zeros(2, 2, 5, 8, dtype=torch.int32)  # PW = 64 * 4 / 32
+    norms = torch.zeros(2, 2, 5)
+    slots = torch.tensor([3, -1, 10**9, 7], dtype=torch.int64)
+    emu.run_op("aura_write_cache", x, codes, norms, slots, cb, bd, 4, None, False)
+    want_c, want_n = codes.clone().zero_(), norms.clone().zero_()
+    ref.aura_write_cache(x[[0, 3]], want_c, want_n, slots[[0, 3]], cb, bd, 4)
+    assert torch.equal(codes, want_c)
+    torch.testing.assert_close(norms, want_n, rtol=1e-6, atol=0)

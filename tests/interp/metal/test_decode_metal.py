@@ -107,3 +107,32 @@ def test_split_count_matches_the_reference_plan(emu):
         emu.run_op("flash_decode", q, k, v, seq_lens, None, None, 0)
         S = plan_num_splits(B, Hkv, torch.device("mps"))
         assert emu.last_launches == (2 if S > 1 else 1), (B, Hkv, S)
+
+
+@pytest.mark.parametrize("layout", [None, 16, 7, 1], ids=lambda p: "contig" if p is None else f"page{p}")
+def test_every_gqa_ratio_and_layout(emu, layout):
+    # head tiles of 4: G = 1..8 and 16 cover full, partial and several tiles per threadgroup
+    for G in (1, 2, 3, 4, 5, 6, 7, 8, 16):
+        q, k, v, seq_lens, table = _cache(2, 2 * G, 2, 64, 40, torch.float32, layout, [37, 3], seed=G)
+        check_op(emu, "flash_decode", (q, k, v, seq_lens, table, None, 0), orders=("forward",))
+
+
+def test_forced_split_counts_agree(emu):
+    # more splits than 256-token chunks: the surplus splits are empty and must be skipped
+    q, k, v, seq_lens, _ = _cache(1, 4, 2, 64, 700, torch.float32, None, [700], seed=3)
+    outs = [check_op(emu, "flash_decode", (q, k, v, seq_lens, None, None, S), orders=("forward",))
+            for S in (1, 2, 3, 7, 64, 200)]
+    for out, lse in outs[1:]:
+        torch.testing.assert_close(out, outs[0][0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lse, outs[0][1], rtol=1e-5, atol=1e-6)
+
+
+def test_out_of_range_lengths_and_pages_never_fault(emu):
+    # The wrapper and the reference reject these; a direct call must still stay inside the
+    # tensors: lengths clamp to the capacity, page indices to the pool. Unclamped, the emulator
+    # would dereference an address a million pages away and crash.
+    q, k, v, seq_lens, table = _cache(2, 4, 2, 64, 40, torch.float16, 16, [40, 40], seed=5)
+    seq_lens.fill_(10**6)
+    table[0, 0], table[1, 1] = 10**6, -5
+    out, lse = emu.run_op("flash_decode", q, k, v, seq_lens, table, None, 0)
+    assert out.shape == (2, 4, 64) and lse.shape == (2, 4)

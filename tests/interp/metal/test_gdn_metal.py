@@ -77,3 +77,15 @@ def test_chunk_equals_recurrent_on_a_long_varlen_batch(emu):
     o_rec = emu.run_op("gdn_recurrent", q, k, v, g, beta, pool, None, cu, None, False, False)
     torch.testing.assert_close(o_chunk, o_rec, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(s_chunk, pool, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_pool_rows_and_offsets_never_fault(emu):
+    # direct calls with data the reference rejects: an index past the pool is skipped (o = 0,
+    # nothing written), offsets past T are clamped; nothing is read or written out of bounds
+    q, k, v, g, beta = _inputs(1, 6, 1, 1, 16, 8, torch.float32, seed=9)
+    pool = torch.randn(2, 1, 16, 8)
+    before = pool.clone()
+    o = emu.run_op("gdn_recurrent", q, k, v, g, beta, pool, torch.tensor([10**6, 1], dtype=torch.int32),
+                   torch.tensor([0, 3, 10**6], dtype=torch.int32))
+    assert torch.equal(o[0, :3], torch.zeros(3, 1, 8)) and torch.equal(pool[0], before[0])
+    assert not torch.equal(pool[1], before[1])  # the valid sequence (clamped to end at T) ran
