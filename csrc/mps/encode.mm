@@ -16,6 +16,7 @@
 #include <c10/util/Exception.h>
 
 #include <exception>
+#include <iterator>
 #include <mutex>
 #include <unordered_map>
 
@@ -27,7 +28,7 @@ namespace {
 id<MTLBuffer> mtl_buffer(const at::Tensor& t) {
   // MPS storage data pointers are the MTLBuffer objects themselves (PyTorch's own
   // getMTLBufferStorage bit-casts them); __bridge keeps ARC from taking ownership.
-  return (__bridge id<MTLBuffer>)(t.storage().data());
+  return (__bridge id<MTLBuffer>)(const_cast<void*>(t.storage().data()));
 }
 
 NSUInteger byte_offset(const at::Tensor& t) { return NSUInteger(t.storage_offset() * t.element_size()); }
@@ -60,6 +61,9 @@ class PipelineCache {
     auto it = libraries_.find(i);
     if (it != libraries_.end()) return it->second;
     MTLCompileOptions* options = [MTLCompileOptions new];
+    // bfloat needs MSL 3.1 (macOS 14), the floor of PyTorch's bf16 support on MPS as well. Math
+    // mode stays the default (fast): tests/mps/probes measures its error.
+    options.languageVersion = MTLLanguageVersion3_1;
     NSError* error = nil;
     id<MTLLibrary> lib = [device newLibraryWithSource:[NSString stringWithUTF8String:kEmbeddedShaders[i].source]
                                               options:options
@@ -125,17 +129,21 @@ void encode(const OpPlan& plan, const std::vector<at::Tensor>& args) {
     psos.push_back(pso);
   }
   at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
-  // dispatch_sync with the exception carried out of the block: a TORCH_CHECK inside becomes a
-  // Python exception instead of std::terminate (pytorch/pytorch#78503).
+  // The block captures pointers: dispatch_sync returns only after it ran, and C++ objects
+  // captured by value would be copied. Exceptions are carried out of the block by hand, so a
+  // TORCH_CHECK inside becomes a Python exception instead of std::terminate (pytorch/pytorch#78503).
+  const OpPlan* plan_p = &plan;
+  const std::vector<at::Tensor>* args_p = &args;
+  const std::vector<id<MTLComputePipelineState>>* psos_p = &psos;
   __block std::exception_ptr failure;
   dispatch_sync(stream->queue(), ^{
     try {
       id<MTLComputeCommandEncoder> enc = stream->commandEncoder();  // the stream's own encoder
-      for (std::size_t i = 0; i < plan.launches.size(); ++i) {
-        const Launch& l = plan.launches[i];
-        [enc setComputePipelineState:psos[i]];
+      for (std::size_t i = 0; i < plan_p->launches.size(); ++i) {
+        const Launch& l = plan_p->launches[i];
+        [enc setComputePipelineState:(*psos_p)[i]];
         for (const Binding& b : l.buffers) {
-          const at::Tensor& t = args.at(std::size_t(b.arg));
+          const at::Tensor& t = args_p->at(std::size_t(b.arg));
           [enc setBuffer:mtl_buffer(t) offset:byte_offset(t) atIndex:NSUInteger(b.slot)];
         }
         if (l.params_slot >= 0)
