@@ -142,6 +142,12 @@ def tensor_meta(t: torch.Tensor | None) -> TensorMeta:
     return m
 
 
+def _extent_bytes(t: torch.Tensor | None) -> int:
+    if t is None or t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
+
+
 class EmulatorError(RuntimeError):
     pass
 
@@ -231,9 +237,11 @@ class Emulator:
         g = (ctypes.c_uint * 3)(*(list(groups) + [1] * (3 - len(groups))))
         s = (ctypes.c_uint * 3)(*(list(group_size) + [1] * (3 - len(group_size))))
         ptrs = (ctypes.c_void_p * max(1, len(buffers)))(*[self._ptr(b) for b in buffers])
+        # each buffer in a guarded copy of its extent: a read or write past the end is an error
+        extents = (ctypes.c_uint64 * max(1, len(buffers)))(*[_extent_bytes(b) for b in buffers])
         err = self._err()
-        if self.lib.aura_emu_run_kernel(kernel.encode(), g, s, ptrs, len(buffers), LANE_ORDERS[lane_order], ctypes.c_uint64(seed),
-                                        err, len(err)):
+        if self.lib.aura_emu_run_kernel(kernel.encode(), g, s, ptrs, extents, len(buffers), LANE_ORDERS[lane_order],
+                                        ctypes.c_uint64(seed), err, len(err)):
             raise EmulatorError(err.value.decode())
 
 

@@ -11,11 +11,13 @@
 // `if (gid >= n) return;` before a barrier is legal (Apple silicon rule, MSL spec §6.9.1).
 #include "emu_runtime.h"
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -66,6 +68,7 @@ struct Dispatch {
   std::string error;
   std::uint64_t group_serial = 0;  // one per threadgroup run: threadgroup arrays re-poison on change
   std::size_t threadgroup_bytes = 0;
+  void* fault_address = nullptr;
 };
 
 thread_local Dispatch* t_dispatch = nullptr;
@@ -91,6 +94,43 @@ struct StackPool {
 thread_local StackPool t_stacks;
 
 Dispatch& current_dispatch() { return *t_dispatch; }
+
+// A memory fault inside a kernel (the harness puts every tensor right before a PROT_NONE page)
+// ends the dispatch with an error instead of killing the process: the handler records the
+// address and resumes the scheduler, abandoning the faulting fiber. Faults anywhere else get the
+// default action.
+void on_fault(int sig, siginfo_t* info, void*) {
+  Dispatch* d = t_dispatch;
+  if (d == nullptr || d->current == nullptr) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
+  char msg[96];
+  std::snprintf(msg, sizeof msg, "memory fault at %p", info->si_addr);
+  if (d->error.empty()) d->error = msg;
+  d->fault_address = info->si_addr;
+  d->current->state = FiberState::done;
+  setcontext(&d->scheduler);
+}
+
+void install_fault_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa = {};
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, nullptr);
+    sigaction(SIGBUS, &sa, nullptr);
+  });
+  // The handler runs on an alternate stack: a fiber's own stack may be what overflowed.
+  thread_local std::vector<char> alt(1 << 16);
+  stack_t ss = {};
+  ss.ss_sp = alt.data();
+  ss.ss_size = alt.size();
+  sigaltstack(&ss, nullptr);
+}
 
 void yield_to_scheduler() {
   Dispatch& d = current_dispatch();
@@ -205,6 +245,11 @@ void run_group(Dispatch& d, LaneOrder order, std::mt19937_64& rng) {
 
 Registrar::Registrar(const char* host_name, KernelEntry entry) { registry()[host_name] = entry; }
 
+void*& last_fault_address() {
+  thread_local void* address = nullptr;
+  return address;
+}
+
 std::vector<std::string> kernel_names() {
   std::vector<std::string> names;
   for (auto& kv : registry()) names.push_back(kv.first);
@@ -299,6 +344,7 @@ std::string run_dispatch(const std::string& kernel, Grid3 groups, Grid3 group_si
   for (int i = 0; i < n_buffers; ++i) d.buffers[i] = buffers[i];
   d.fibers.resize(n);
   d.simds.resize((n + kSimdWidth - 1) / kSimdWidth);
+  install_fault_handler();
   Dispatch* outer = t_dispatch;
   t_dispatch = &d;
   std::mt19937_64 rng(seed);
@@ -310,6 +356,7 @@ std::string run_dispatch(const std::string& kernel, Grid3 groups, Grid3 group_si
     if (!d.error.empty()) break;
   }
   t_dispatch = outer;
+  if (d.fault_address) last_fault_address() = d.fault_address;
   return d.error.empty() ? "" : kernel + ": " + d.error;
 }
 

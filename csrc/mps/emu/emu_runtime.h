@@ -29,4 +29,8 @@ std::string run_dispatch(const std::string& kernel, Grid3 groups, Grid3 group_si
 
 std::vector<std::string> kernel_names();
 
+// Address of the last memory fault a dispatch turned into an error (the harness names the
+// argument whose guard page it hit).
+void*& last_fault_address();
+
 }  // namespace aura_emu

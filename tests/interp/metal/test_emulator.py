@@ -168,3 +168,15 @@ def test_every_op_has_a_metal_plan(emu):
     from torch_aura._schema import OPS
 
     assert sorted(emu.planned_ops()) == sorted(OPS)
+
+
+def test_reading_past_the_end_of_a_buffer_is_an_error_naming_it(emu):
+    # every argument sits right before a PROT_NONE page: one element too far faults, and the
+    # fault becomes an error naming the buffer instead of a crash
+    x, y = torch.arange(64, dtype=torch.float32), torch.zeros(64)
+    _run(emu, "selftest_shifted_copy", [2], [32], [x, y, torch.tensor([0], dtype=torch.int32)])
+    assert torch.equal(y, x)
+    with pytest.raises(_metal.EmulatorError, match=r"memory fault .* past the end of argument 0 \(bound at slot 0\)"):
+        _run(emu, "selftest_shifted_copy", [2], [32], [x, y, torch.tensor([1], dtype=torch.int32)])
+    # the process survives and the emulator keeps working
+    _run(emu, "selftest_shifted_copy", [2], [32], [x, y, torch.tensor([0], dtype=torch.int32)])

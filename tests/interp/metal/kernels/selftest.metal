@@ -120,3 +120,12 @@ kernel void selftest_rounding(device const float* x [[buffer(0)]],
   bf16_add[i] = bfloat(x[i]) + bfloat(y[i]);
 }
 AURA_REGISTER(selftest_rounding)
+
+// y[i] = x[i + shift]: with shift > 0 the last threads read past the end of x.
+kernel void selftest_shifted_copy(device const float* x [[buffer(0)]],
+                                  device float* y [[buffer(1)]],
+                                  constant uint& shift [[buffer(2)]],
+                                  uint i [[thread_position_in_grid]]) {
+  y[i] = x[i + shift];
+}
+AURA_REGISTER(selftest_shifted_copy)
