@@ -163,6 +163,18 @@ def test_attention(emu, case):
     check_op(emu, "aura_flash_p2", (o, m, l, None, None), orders=("forward",))
 
 
+def test_every_gqa_ratio(emu):
+    # all query heads of a KV head in one threadgroup, 4 simdgroups: G = 1..8 cover rows < 4,
+    # = 4 and several rows per simdgroup; both layouts
+    for G in range(1, 9):
+        for page in (None, 3):
+            kc, kn, vc, vn, table, (kcb, vcb, km, vm) = _cache(1, 2, 64, 11, 4, 2, page, seed=G)
+            q = torch.randn(1, 2 * G, 64, generator=torch.Generator().manual_seed(G))
+            seq_lens = torch.tensor([11], dtype=torch.int32)
+            check_op(emu, "aura_decode", (q, kc, kn, vc, vn, seq_lens, kcb, vcb, km, vm, 4, 2, table, None, 2),
+                     orders=("forward",))
+
+
 def test_out_of_range_lengths_and_pages_never_fault(emu):
     kc, kn, vc, vn, table, (kcb, vcb, km, vm) = _cache(2, 1, 64, 20, 4, 4, 8, seed=1)
     q = torch.randn(2, 2, 64)
