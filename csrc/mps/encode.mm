@@ -61,9 +61,21 @@ class PipelineCache {
     auto it = libraries_.find(i);
     if (it != libraries_.end()) return it->second;
     MTLCompileOptions* options = [MTLCompileOptions new];
-    // bfloat needs MSL 3.1 (macOS 14), the floor of PyTorch's bf16 support on MPS as well. Math
-    // mode stays the default (fast): tests/mps/probes measures its error.
+    // bfloat needs MSL 3.1 (macOS 14), the floor of PyTorch's bf16 support on MPS as well.
     options.languageVersion = MTLLanguageVersion3_1;
+    // IEEE semantics, not the default fast math: the kernels rely on -inf (empty splits, masked
+    // logits) and on NaN comparing false (skipped partials), which fast math may fold away; the
+    // emulator, which validates them, computes with IEEE libm as well.
+#if defined(__MAC_OS_X_VERSION_MAX_ALLOWED) && __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+    if (@available(macOS 15.0, *)) {
+      options.mathMode = MTLMathModeSafe;
+      options.mathFloatingPointFunctions = MTLMathFloatingPointFunctionsPrecise;
+    } else {
+      options.fastMathEnabled = NO;
+    }
+#else
+    options.fastMathEnabled = NO;
+#endif
     NSError* error = nil;
     id<MTLLibrary> lib = [device newLibraryWithSource:[NSString stringWithUTF8String:kEmbeddedShaders[i].source]
                                               options:options
