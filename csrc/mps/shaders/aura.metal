@@ -182,11 +182,14 @@ kernel void aura_dequantize(device const int* codes [[buffer(0)]],
 }
 
 // ------------------------------------------------------------------------------------ pass 1
-// Per (block n, KV head, sequence b): every query head of the KV head's group, and every causal
-// query, share the block's codes (aura-format.md §9). Grid (NB, Hkv, B), 4 simdgroups; simdgroup
-// w takes rows w, w + 4, .. of the L * G (query, head) rows. Two passes over the block, as the
-// reference: the max m of the visible scores, then p = exp(s - m), l = sum p,
-// o = sum (p norm_V) codebook_V[idx_V]. An empty block writes m = -inf, l = 0, o = 0.
+// Per (block n, KV head, sequence b), one threadgroup serves every query head of the KV head's
+// group and every causal query (aura-format.md §9): rows (query, head) go in tiles of four, and
+// for each tile every token's K and V codes are unpacked and looked up once and feed all four
+// rows (one float4 simd_sum). Simdgroup w takes tokens t0 + w, t0 + w + 4, ... Two passes over
+// the block, as the reference: the rows' max m over their visible scores (combined across
+// simdgroups), then p = exp(s - m), l = sum p, o = sum (p norm_V) codebook_V[idx_V], the
+// simdgroups' l and o added through threadgroup memory. A row that sees no token of the block
+// writes m = -inf, l = 0, o = 0. Grid (NB, Hkv, B), 4 simdgroups.
 inline device const int* aura_cache_row(device const int* cache, constant aura_i64* stride, device const int* table,
                                         constant AuraP1Params& p, int b, int h, int t) {
   if (p.page_size == 0) return cache + b * stride[0] + h * stride[1] + t * stride[2];
@@ -219,48 +222,94 @@ kernel void aura_flash_p1(device const Tq* q [[buffer(0)]],
                           uint sg [[simdgroup_index_in_threadgroup]],
                           uint lane [[thread_index_in_simdgroup]],
                           uint tid [[thread_index_in_threadgroup]]) {
-  constexpr int PER = D / 32, W = kAuraP1Simdgroups;
+  constexpr int PER = D / 32, W = kAuraP1Simdgroups, RT = 4;
   const int n = int(group.x), kvh = int(group.y), b = int(group.z);
   AURA_TG(float, cbk, 256);
   AURA_TG(float, cbv, 256);
+  AURA_TG(float, tg_m, W * RT);
+  AURA_TG(float, tg_l, W * RT);
+  AURA_TG(float, tg_o, RT * D);
   for (int i = int(tid); i < (1 << p.key_bits); i += W * 32) cbk[i] = k_codebook[i];
   for (int i = int(tid); i < (1 << p.value_bits); i += W * 32) cbv[i] = v_codebook[i];
   threadgroup_barrier(mem_flags::mem_threadgroup);
   const int seq_len = clamp(seq_lens[b], 0, p.capacity);
   const int t0 = n * p.block_size, t1 = min(min(t0 + p.block_size, p.capacity), seq_len);
-  for (int r = int(sg); r < p.queries * p.group; r += W) {
-    const int qi = r / p.group, hq = kvh * p.group + r % p.group;
-    const int last = seq_len - p.queries + qi;  // causal: query qi sees tokens t <= last
-    const int t_end = min(t1, last + 1);
-    float qv[PER];
-    for (int i = 0; i < PER; ++i) qv[i] = float(q[b * p.q_stride[0] + qi * p.q_stride[1] + hq * p.q_stride[2] + lane + 32 * i]);
-    float m = -INFINITY;
-    for (int t = t0; t < t_end; ++t) {
-      device const int* kr = aura_cache_row(k_codes, p.k_stride, block_table, p, b, kvh, t);
-      float dot = 0.0f;
-      for (int i = 0; i < PER; ++i) dot += qv[i] * cbk[aura_code(kr, int(lane) + 32 * i, p.key_bits)];
-      m = max(m, simd_sum(dot) * aura_cache_norm(k_norms, p.kn_stride, block_table, p, b, kvh, t));
+  const int rows = p.queries * p.group;
+  for (int r0 = 0; r0 < rows; r0 += RT) {
+    const int nr = min(RT, rows - r0);
+    float qv[RT][PER];
+    int last[RT];  // causal: row r (query qi) sees tokens t <= seq_len - L + qi
+    for (int r = 0; r < RT; ++r) {
+      const int row = min(r0 + r, rows - 1), qi = row / p.group, hq = kvh * p.group + row % p.group;
+      last[r] = r < nr ? seq_len - p.queries + qi : -1;
+      for (int i = 0; i < PER; ++i)
+        qv[r][i] = float(q[b * p.q_stride[0] + qi * p.q_stride[1] + hq * p.q_stride[2] + lane + 32 * i]);
     }
-    float l = 0.0f, acc[PER];
-    for (int i = 0; i < PER; ++i) acc[i] = 0.0f;
-    for (int t = t0; t < t_end && m != -INFINITY; ++t) {
+    float m[RT];
+    for (int r = 0; r < RT; ++r) m[r] = -INFINITY;
+    for (int t = t0 + int(sg); t < t1; t += W) {
       device const int* kr = aura_cache_row(k_codes, p.k_stride, block_table, p, b, kvh, t);
-      float dot = 0.0f;
-      for (int i = 0; i < PER; ++i) dot += qv[i] * cbk[aura_code(kr, int(lane) + 32 * i, p.key_bits)];
-      const float s = simd_sum(dot) * aura_cache_norm(k_norms, p.kn_stride, block_table, p, b, kvh, t);
-      const float pr = exp(s - m);
-      l += pr;
-      const float pv = pr * aura_cache_norm(v_norms, p.vn_stride, block_table, p, b, kvh, t);
+      float4 dot = float4{0.0f, 0.0f, 0.0f, 0.0f};
+      for (int i = 0; i < PER; ++i) {
+        const float kv = cbk[aura_code(kr, int(lane) + 32 * i, p.key_bits)];  // unpacked once, four rows
+        for (int r = 0; r < RT; ++r) dot[r] += qv[r][i] * kv;
+      }
+      const float4 s = simd_sum(dot) * aura_cache_norm(k_norms, p.kn_stride, block_table, p, b, kvh, t);
+      for (int r = 0; r < RT; ++r)
+        if (t <= last[r]) m[r] = max(m[r], s[r]);
+    }
+    if (lane < uint(RT)) tg_m[sg * RT + lane] = m[lane];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float M[RT];
+    for (int r = 0; r < RT; ++r) {
+      M[r] = -INFINITY;
+      for (int w = 0; w < W; ++w) M[r] = max(M[r], tg_m[w * RT + r]);
+    }
+    float l[RT], acc[RT][PER];
+    for (int r = 0; r < RT; ++r) {
+      l[r] = 0.0f;
+      for (int i = 0; i < PER; ++i) acc[r][i] = 0.0f;
+    }
+    for (int t = t0 + int(sg); t < t1; t += W) {
+      device const int* kr = aura_cache_row(k_codes, p.k_stride, block_table, p, b, kvh, t);
       device const int* vr = aura_cache_row(v_codes, p.v_stride, block_table, p, b, kvh, t);
-      for (int i = 0; i < PER; ++i) acc[i] += pv * cbv[aura_code(vr, int(lane) + 32 * i, p.value_bits)];
+      float4 dot = float4{0.0f, 0.0f, 0.0f, 0.0f};
+      float vv[PER];
+      for (int i = 0; i < PER; ++i) {
+        const float kv = cbk[aura_code(kr, int(lane) + 32 * i, p.key_bits)];
+        for (int r = 0; r < RT; ++r) dot[r] += qv[r][i] * kv;
+        vv[i] = cbv[aura_code(vr, int(lane) + 32 * i, p.value_bits)];
+      }
+      const float4 s = simd_sum(dot) * aura_cache_norm(k_norms, p.kn_stride, block_table, p, b, kvh, t);
+      const float vn = aura_cache_norm(v_norms, p.vn_stride, block_table, p, b, kvh, t);
+      for (int r = 0; r < RT; ++r) {
+        if (t > last[r]) continue;  // masked: selected out, never exp(-inf) times garbage
+        const float pr = exp(s[r] - M[r]);
+        l[r] += pr;
+        const float pv = pr * vn;
+        for (int i = 0; i < PER; ++i) acc[r][i] += pv * vv[i];
+      }
     }
-    const aura_i64 at = b * p.o_stride[0] + qi * p.o_stride[1] + hq * p.o_stride[2] + n * p.o_stride[3];
-    for (int i = 0; i < PER; ++i) o[at + lane + 32 * i] = acc[i];
-    if (lane == 0) {
+    if (lane < uint(RT)) tg_l[sg * RT + lane] = l[lane];
+    for (int w = 0; w < W; ++w) {  // the simdgroups' o, added one after another
+      if (int(sg) == w)
+        for (int r = 0; r < RT; ++r)
+          for (int i = 0; i < PER; ++i) tg_o[r * D + lane + 32 * i] = (w == 0 ? 0.0f : tg_o[r * D + lane + 32 * i]) + acc[r][i];
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    for (int e = int(tid); e < nr * D; e += W * 32) {
+      const int r = e / D, row = r0 + r, qi = row / p.group, hq = kvh * p.group + row % p.group;
+      o[b * p.o_stride[0] + qi * p.o_stride[1] + hq * p.o_stride[2] + n * p.o_stride[3] + e % D] = tg_o[e];
+    }
+    if (int(tid) < nr) {
+      const int row = r0 + int(tid), qi = row / p.group, hq = kvh * p.group + row % p.group;
+      float L = 0.0f;
+      for (int w = 0; w < W; ++w) L += tg_l[w * RT + tid];
       const aura_i64 ml = b * p.ml_stride[0] + qi * p.ml_stride[1] + hq * p.ml_stride[2] + n * p.ml_stride[3];
-      m_out[ml] = m;
-      l_out[ml] = l;
+      m_out[ml] = M[tid];
+      l_out[ml] = L;
     }
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // tg_m, tg_l and tg_o are reused by the next tile
   }
 }
 
