@@ -57,6 +57,21 @@ def _compare(name, got, ref, args):
             _util.assert_close(label, g.float(), r.float(), _util.RATIO[g.dtype])
 
 
+def test_embedded_shaders_compile_without_warnings():
+    # First in this file, so the host's first use compiles every library here (encode.mm turns
+    # compiler warnings into Python warnings).
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for name in sorted(OPS):
+            sample = SAMPLES[name]("cpu")[0]
+            getattr(torch.ops.aura, name)(*_to(sample.args, "mps"))
+        torch.mps.synchronize()
+    noisy = [str(w.message) for w in caught if "compiled with warnings" in str(w.message)]
+    assert not noisy, noisy
+
+
 @pytest.mark.parametrize("name,sample", CASES, ids=IDS)
 def test_op_on_mps_matches_the_reference(name, sample):
     _compare(name, _mps(name, sample.args), _reference(name, sample.args), sample.args)
