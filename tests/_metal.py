@@ -168,6 +168,12 @@ class Emulator:
         self.lib.aura_emu_kernel_names(buf, len(buf))
         return buf.value.decode().split()
 
+    def launched_kernels(self) -> set[str]:
+        """Host names dispatched so far by this process (run_op and run_kernel)."""
+        buf = ctypes.create_string_buffer(1 << 20)
+        self.lib.aura_emu_launched_kernels(buf, len(buf))
+        return set(buf.value.decode().split())
+
     def planned_ops(self) -> list[str]:
         buf = ctypes.create_string_buffer(1 << 16)
         self.lib.aura_emu_planned_ops(buf, len(buf))

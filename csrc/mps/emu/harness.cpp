@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,12 @@ class GuardedArgs {
   std::vector<void*> ptrs_;
 };
 
+// Host names dispatched so far in this process: the tests check every shipped kernel ran.
+std::set<std::string>& launched() {
+  static std::set<std::string> names;
+  return names;
+}
+
 // Runs one dispatch over the guarded arguments; slot_args[slot] is the argument bound there
 // (-1: none); `params` (if any) goes to `params_slot`.
 std::string dispatch(const std::string& kernel, aura_emu::Grid3 groups, aura_emu::Grid3 size, const GuardedArgs& args,
@@ -113,6 +120,7 @@ std::string dispatch(const std::string& kernel, aura_emu::Grid3 groups, aura_emu
     used = std::max(used, params_slot + 1);
   }
   aura_emu::last_fault_address() = nullptr;
+  launched().insert(kernel);
   std::string e = aura_emu::run_dispatch(kernel, groups, size, slots, used, aura_emu::LaneOrder(lane_order), seed);
   const int arg = args.faulting_arg(aura_emu::last_fault_address());
   if (arg >= 0) {
@@ -213,6 +221,12 @@ int aura_emu_run_kernel(const char* kernel, const unsigned* groups, const unsign
 int aura_emu_kernel_names(char* out, int len) {
   std::string all;
   for (const auto& n : aura_emu::kernel_names()) all += n + "\n";
+  return report(out, len, all), int(all.size());
+}
+
+int aura_emu_launched_kernels(char* out, int len) {
+  std::string all;
+  for (const auto& n : launched()) all += n + "\n";
   return report(out, len, all), int(all.size());
 }
 

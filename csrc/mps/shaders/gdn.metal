@@ -554,7 +554,6 @@ kernel void gdn_recurrent(device const T* q [[buffer(0)]],
 }
 
 #define AURA_GDN_STAGES(T, tname, unused)                                          \
-  AURA_INSTANTIATE("gdn_cast_f32_" #tname, gdn_cast_f32, T)                        \
   AURA_INSTANTIATE("gdn_l2norm_" #tname, gdn_l2norm, T)                            \
   AURA_INSTANTIATE("gdn_chunk_cumsum_" #tname, gdn_chunk_cumsum, T)                \
   AURA_INSTANTIATE("gdn_kkt_solve_" #tname, gdn_kkt_solve, T)                      \
@@ -565,3 +564,6 @@ kernel void gdn_recurrent(device const T* q [[buffer(0)]],
   AURA_INSTANTIATE("gdn_recurrent_" #tname "_f16", gdn_recurrent, T, half)         \
   AURA_INSTANTIATE("gdn_recurrent_" #tname "_bf16", gdn_recurrent, T, bfloat)
 AURA_FOR_FLOAT_TYPES(AURA_GDN_STAGES, _)
+// fp32 inputs are used as they are: only 16-bit g, beta and initial states are cast.
+AURA_INSTANTIATE("gdn_cast_f32_f16", gdn_cast_f32, half)
+AURA_INSTANTIATE("gdn_cast_f32_bf16", gdn_cast_f32, bfloat)
