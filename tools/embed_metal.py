@@ -14,7 +14,7 @@ from pathlib import Path
 
 SHADER_DIR = Path(__file__).resolve().parents[1] / "csrc" / "mps" / "shaders"
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
-_DELIM = "AURA_METAL_SOURCE"  # raw-string delimiter; must not occur in a shader
+_DELIM = "AURA_MSL"  # raw-string delimiter (at most 16 characters); must not occur in a shader
 
 
 def inline_includes(path: Path, seen: set | None = None) -> str:

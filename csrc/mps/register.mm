@@ -15,11 +15,11 @@
 namespace aura::mps {
 namespace {
 
-bool is_tensor_argument(const c10::Argument& arg) {
+// The kind of a schema argument's type, looking through Optional (Tensor? is a Tensor argument).
+c10::TypeKind kind_of(const c10::Argument& arg) {
   const auto& type = arg.type();
-  if (type->kind() == c10::TypeKind::TensorType) return true;
-  if (auto opt = type->cast<c10::OptionalType>()) return opt->getElementType()->kind() == c10::TypeKind::TensorType;
-  return false;
+  if (auto opt = type->cast<c10::OptionalType>()) return opt->getElementType()->kind();
+  return type->kind();
 }
 
 double scalar_of(const c10::IValue& v) {
@@ -41,13 +41,14 @@ void run_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   c10::optional<at::Device> device;
   for (std::size_t i = 0; i < n_args; ++i) {
     const c10::IValue& v = args[i];
-    if (is_tensor_argument(schema.arguments()[i])) {
+    const c10::TypeKind kind = kind_of(schema.arguments()[i]);
+    if (kind == c10::TypeKind::TensorType) {
       at::Tensor t = v.isTensor() ? v.toTensor() : at::Tensor();
       if (t.defined() && !device) device = t.device();
       call.tensors.push_back(meta_of(t));
       tensors.push_back(t);
-    } else if (v.isScalarType()) {
-      call.scalars.push_back(double(int(dtype_of(v.toScalarType()))));
+    } else if (kind == c10::TypeKind::ScalarTypeType && !v.isNone()) {
+      call.scalars.push_back(double(int(dtype_of(v.toScalarType()))));  // boxed as an int
     } else {
       call.scalars.push_back(scalar_of(v));
     }
