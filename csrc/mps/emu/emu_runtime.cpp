@@ -47,6 +47,7 @@ struct Fiber {
   unsigned line = 0;
   long uniform = 0;
   unsigned rendezvous_count = 0;  // parity selects the mailbox half
+  unsigned barrier_count = 0;     // threadgroup barriers reached so far
 };
 
 struct SimdGroup {
@@ -234,8 +235,26 @@ void run_group(Dispatch& d, LaneOrder order, std::mt19937_64& rng) {
                   site(first->file, first->line) + ", thread " + std::to_string(f.index) + " at " + site(f.file, f.line);
         return;
       }
+      else if (f.barrier_count != first->barrier_count) {
+        // same line, different iteration: loop trip counts differ between threads
+        d.error = "threads of one threadgroup meet at the barrier at " + site(f.file, f.line) + " after different numbers of "
+                  "barriers (thread " + std::to_string(first->index) + ": " + std::to_string(first->barrier_count) +
+                  ", thread " + std::to_string(f.index) + ": " + std::to_string(f.barrier_count) + ")";
+        return;
+      }
     }
     if (!first) return;  // every thread returned
+    for (const Fiber& f : d.fibers) {
+      // Convention (docs/metal.md §5), stricter than Metal: a thread returns before its first
+      // barrier or after its last, never in between; otherwise loop trip counts or early exits
+      // differ between threads and the kernel relies on the returned-thread rule by accident.
+      if (f.state == FiberState::done && f.barrier_count > 0 && f.barrier_count < first->barrier_count) {
+        d.error = "thread " + std::to_string(f.index) + " returned after " + std::to_string(f.barrier_count) +
+                  " barriers while thread " + std::to_string(first->index) + " waits at its barrier number " +
+                  std::to_string(first->barrier_count) + " (" + site(first->file, first->line) + ")";
+        return;
+      }
+    }
     for (Fiber& f : d.fibers)
       if (f.state == FiberState::at_barrier) f.state = FiberState::runnable;
   }
@@ -299,6 +318,7 @@ void threadgroup_barrier_at(const char* file, unsigned line) {
   f.state = FiberState::at_barrier;
   f.file = file;
   f.line = line;
+  ++f.barrier_count;
   yield_to_scheduler();
 }
 

@@ -38,6 +38,11 @@ def test_threads_at_different_barriers_abort_with_both_lines(emu):
         _run(emu, "selftest_split_barrier", [1], [32], [torch.zeros(32, dtype=torch.int32)])
 
 
+def test_barrier_in_loops_of_different_trip_counts_is_an_error(emu):
+    with pytest.raises(_metal.EmulatorError, match=r"returned after 2 barriers while thread \d+ waits at its barrier number 3"):
+        _run(emu, "selftest_divergent_trip_count", [1], [64], [torch.zeros(64, dtype=torch.int32)])
+
+
 def test_return_before_barrier_is_legal(emu):
     out = torch.full((64,), -1, dtype=torch.int32)
     live = torch.tensor([40], dtype=torch.int32)

@@ -129,3 +129,13 @@ kernel void selftest_shifted_copy(device const float* x [[buffer(0)]],
   y[i] = x[i + shift];
 }
 AURA_REGISTER(selftest_shifted_copy)
+
+// Every thread loops to its own trip count with a barrier inside: at the same line the threads
+// meet in different iterations, which the GPU does not promise to survive.
+kernel void selftest_divergent_trip_count(device uint* out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
+  const uint trips = 2 + tid % 2;  // even threads twice, odd ones three times
+  uint i = 0;
+  for (; i < trips; ++i) threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[tid] = i;
+}
+AURA_REGISTER(selftest_divergent_trip_count)
