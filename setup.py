@@ -60,13 +60,28 @@ def _cuda_extension(torch):
 
 
 def _mps_extension(torch):
+    """The Objective-C++ host (csrc/mps/*.mm) with the portable launch plans (csrc/mps/plan) and
+    the shaders embedded as source (tools/embed_metal.py, compiled by Metal at first use)."""
     sources = _sources("csrc/mps/*.mm")
     if sys.platform != "darwin" or torch is None or not sources or not torch.backends.mps.is_built():
         return None
+    import importlib.util
+
     from torch.utils.cpp_extension import CppExtension
 
+    spec = importlib.util.spec_from_file_location("embed_metal", os.path.join(ROOT, "tools", "embed_metal.py"))
+    embed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(embed)
+    generated = os.path.join(ROOT, "build", "aura_generated")
+    embed.write_header(__import__("pathlib").Path(generated) / "aura_shader_sources.h")
+    # _C_mps uses ordinary ATen (the stable ABI has no MPS surface): it is tied to this torch
+    # minor version, recorded here and checked by torch_aura.backends before the import.
+    minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    with open(os.path.join(ROOT, "torch_aura", "_mps_build_info.py"), "w") as f:
+        f.write(f'"""Written by setup.py: the torch version _C_mps was built against."""\nTORCH_MINOR = "{minor}"\n')
     return CppExtension(
-        "torch_aura._C_mps", sources, include_dirs=[os.path.join(ROOT, "csrc")],
+        "torch_aura._C_mps", sources + _sources("csrc/mps/plan/*.cpp"),
+        include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "csrc", "mps"), generated],
         extra_compile_args={"cxx": ["-O3", "-std=c++20", "-fobjc-arc"]},
         extra_link_args=["-framework", "Metal", "-framework", "Foundation"])
 

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 status=0
 run_pytest() {  # $1: "required" or "optional", rest: pytest args
   local kind=$1; shift
-  python -m pytest "$@"
+  python -m pytest "$@"  # the interpreter on PATH, never another environment's pytest script
   local rc=$?
   if [ "$rc" -eq 5 ] && [ "$kind" = optional ]; then rc=0; fi
   if [ "$rc" -ne 0 ]; then status=$rc; fi

@@ -81,11 +81,24 @@ def _load_triton() -> str | None:
     return None
 
 
+def _torch_minor() -> str:
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
 def _load_mps_ext() -> str | None:
     if sys.platform != "darwin":
         return "mps extension not built: not macOS"
     if importlib.util.find_spec("torch_aura._C_mps") is None:
         return "mps extension not built (torch_aura._C_mps missing)"
+    # _C_mps links ordinary ATen (the stable ABI has no MPS surface): loading it into another torch
+    # minor version could crash, so the version setup.py recorded is checked before the import.
+    try:
+        from .. import _mps_build_info
+    except ImportError:
+        return "mps extension has no build record (torch_aura/_mps_build_info.py): rebuild it"
+    if _mps_build_info.TORCH_MINOR != _torch_minor():
+        return (f"mps extension built for torch {_mps_build_info.TORCH_MINOR}, running {_torch_minor()}: "
+                "rebuild with pip install --no-build-isolation -e .")
     try:
         importlib.import_module("torch_aura._C_mps")
     except Exception as e:
