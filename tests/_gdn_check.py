@@ -29,7 +29,7 @@ RECURRENT_RATIO = {torch.float32: 1e-5, torch.float16: GDN_RECURRENT_RATIO, torc
 
 
 def make_inputs(device, B, T, H, HV, K, V, dtype, *, gate_norm=1.0, mask_p=0.0, seed=0):
-    """``(q, k, v, g, beta)``; q, k, v in ``dtype``, g and beta fp32 (gdn.md §5)."""
+    """``(q, k, v, g, beta)``; q, k, v in ``dtype``, g and beta fp32 (fp64 for fp64 runs), gdn.md §5."""
     gen = torch.Generator().manual_seed(seed)
     q = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
     k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
@@ -39,7 +39,8 @@ def make_inputs(device, B, T, H, HV, K, V, dtype, *, gate_norm=1.0, mask_p=0.0, 
         g = torch.where(torch.rand(B, T, HV, generator=gen, dtype=torch.float64) < mask_p, 0.0, g)
     beta = torch.randn(B, T, HV, generator=gen, dtype=torch.float64).sigmoid()
     q, k, v = (x.to(device=device, dtype=dtype) for x in (q, k, v))
-    return q, k, v, g.to(device, torch.float32), beta.to(device, torch.float32)
+    gb = torch.float64 if dtype == torch.float64 else torch.float32  # fp64 runs stay fp64 throughout
+    return q, k, v, g.to(device, gb), beta.to(device, gb)
 
 
 def recurrence64(q, k, v, g, beta, h0=None, cu=None, scale=None, l2norm=False):

@@ -10,6 +10,11 @@ from _util import dtype_id
 
 F32, F16 = torch.float32, torch.float16
 
+
+def _ids(cases):
+    return [f"B{c[0]}-T{c[1]}-H{c[2]}-HV{c[3]}-K{c[4]}-V{c[5]}-{dtype_id(c[6])}-"
+            + "-".join(f"{a}{b}" for a, b in c[7].items()) for c in cases]
+
 STAGE_CASES = [
     # (B, T, H, HV, K, V, dtype, extra)
     (2, 70, 1, 2, 12, 20, F32, {}),
@@ -21,8 +26,7 @@ STAGE_CASES = [
 
 
 @pytest.mark.parametrize("B,T,H,HV,K,V,dtype,extra", STAGE_CASES,
-                         ids=[f"B{c[0]}-T{c[1]}-H{c[2]}-HV{c[3]}-K{c[4]}-V{c[5]}-{dtype_id(c[6])}-"
-                              + "-".join(f"{a}{b}" for a, b in c[7].items()) for c in STAGE_CASES])
+                         ids=_ids(STAGE_CASES))
 def test_stages_match_reference(gdn_kernels, B, T, H, HV, K, V, dtype, extra):
     check_stages(gdn_kernels, "cpu", B, T, H, HV, K, V, dtype, **extra)
 
@@ -41,8 +45,7 @@ CHUNK_CASES = [
 
 
 @pytest.mark.parametrize("B,T,H,HV,K,V,dtype,extra", CHUNK_CASES,
-                         ids=[f"B{c[0]}-T{c[1]}-H{c[2]}-HV{c[3]}-K{c[4]}-V{c[5]}-{dtype_id(c[6])}-"
-                              + "-".join(f"{a}{b}" for a, b in c[7].items()) for c in CHUNK_CASES])
+                         ids=_ids(CHUNK_CASES))
 def test_chunk_matches_reference_and_recurrence(gdn_kernels, B, T, H, HV, K, V, dtype, extra):
     check_chunk(gdn_kernels, "cpu", B, T, H, HV, K, V, dtype, **extra)
 
@@ -56,8 +59,7 @@ RECURRENT_CASES = [
 
 
 @pytest.mark.parametrize("B,T,H,HV,K,V,dtype,extra", RECURRENT_CASES,
-                         ids=[f"B{c[0]}-T{c[1]}-H{c[2]}-HV{c[3]}-K{c[4]}-V{c[5]}-{dtype_id(c[6])}-"
-                              + "-".join(f"{a}{b}" for a, b in c[7].items()) for c in RECURRENT_CASES])
+                         ids=_ids(RECURRENT_CASES))
 def test_recurrent_matches_reference(gdn_kernels, B, T, H, HV, K, V, dtype, extra):
     check_recurrent(gdn_kernels, "cpu", B, T, H, HV, K, V, dtype, **extra)
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import torch_aura
 from torch_aura.reference import gdn as ref
 
+import _gdn_check
 from _util import GDN_CHUNK_RATIO, GDN_RECURRENT_RATIO, assert_close, dtype_id
 
 FP64_RATIO = 1e-8
@@ -40,17 +41,8 @@ def _one_thread():
 
 # --------------------------------------------------------------------------------- inputs
 def make_inputs(B, T, H, HV, K, V, dtype=torch.float32, gate_norm=1.0, mask_p=0.0, seed=0):
-    """gdn.md §5 inputs: normalised q, k; randn v; g = logsigmoid(rand) / gate_norm; beta fp32."""
-    gen = torch.Generator().manual_seed(seed)
-    q = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
-    v = torch.randn(B, T, HV, V, generator=gen, dtype=torch.float64)
-    g = F.logsigmoid(torch.rand(B, T, HV, generator=gen, dtype=torch.float64)) / gate_norm
-    if mask_p > 0:
-        g = torch.where(torch.rand(B, T, HV, generator=gen, dtype=torch.float64) < mask_p, 0.0, g)
-    beta = torch.randn(B, T, HV, generator=gen, dtype=torch.float64).sigmoid()
-    return q.to(dtype), k.to(dtype), v.to(dtype), g.to(torch.float32 if dtype != torch.float64 else dtype), \
-        beta.to(torch.float32 if dtype != torch.float64 else dtype)
+    """gdn.md §5 inputs on the CPU (the builder the kernel trees use)."""
+    return _gdn_check.make_inputs("cpu", B, T, H, HV, K, V, dtype, gate_norm=gate_norm, mask_p=mask_p, seed=seed)
 
 
 def randn_state(N, HV, K, V, seed=1, dtype=torch.float32):

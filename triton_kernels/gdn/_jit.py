@@ -59,6 +59,16 @@ def seq_span(n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def v_tile_head_row(V, BV: tl.constexpr, HV):
+    """This program of a 1-D grid over (row, value head, V tile), V tiles fastest:
+    ``(i_v, i_hv, row)``; a row is a sequence (state pass, recurrent) or a chunk (fwd_o)."""
+    NV = tl.cdiv(V, BV)
+    pid = tl.program_id(0)
+    i_v, rest = pid % NV, pid // NV
+    return i_v, rest % HV, rest // HV
+
+
+@triton.jit
 def tile_ptrs(base, b, rows, head, cols, s_b, s_t, s_h):
     """Addresses of ``x[b, rows, head, cols]``: ``[len(rows), len(cols)]``."""
     return base + b * s_b + head * s_h + rows[:, None] * s_t + cols[None, :]

@@ -36,7 +36,7 @@ import triton.language as tl
 from ..._checks import gdn as _checks
 from .._tune import Config, Tuner
 from ._jit import (BT, CHUNK, LOG2E, chunk_span, dot32, gate_causal, inv_unit_lower16, load_rows, load_tile,
-                   seq_span, store_tile)
+                   seq_span, store_tile, v_tile_head_row)
 
 
 # ------------------------------------------------------------------------------ stage bodies
@@ -256,10 +256,7 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, cu_seqlens, chu
     with L the chunk's last valid row. States use explicit (k, v) strides, so both layouts share
     this code. ``out`` receives ``o`` (WITH_O, gdn_chunk) or ``v_new`` (the fwd_h op, with h).
     """
-    NV = tl.cdiv(V, BV)
-    pid = tl.program_id(0)
-    i_v, rest = pid % NV, pid // NV
-    i_hv, n = rest % HV, rest // HV
+    i_v, i_hv, n = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
     b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
     if IS_VARLEN:
@@ -313,10 +310,7 @@ def _gdn_fwd_o_kernel(q, k, v_new, h, g_cum, o, cu_seqlens, chunk_indices, scale
         b_o = q @ h[c];  b_A = q @ k^T        (one loop over K tiles, fp32)
         o = scale (e^G b_o + rnd(select(i >= j, b_A e^(G_i - G_j), 0)) @ v_new)
     """
-    NV = tl.cdiv(V, BV)
-    pid = tl.program_id(0)
-    i_v, rest = pid % NV, pid // NV
-    i_hv, i_c = rest % HV, rest // HV
+    i_v, i_hv, i_c = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
     b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
     if IS_VARLEN:

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import gdn as _checks
-from ._jit import seq_span
+from ._jit import seq_span, v_tile_head_row
 
 
 @triton.jit
@@ -31,10 +31,7 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
                           s_bb, s_bt, s_bh, s_ob, s_ot, s_oh, s_pn, s_ph, s_pk, s_pv,
                           HAS_INDICES: tl.constexpr, IS_VARLEN: tl.constexpr, L2NORM: tl.constexpr,
                           BK: tl.constexpr, BV: tl.constexpr):
-    NV = tl.cdiv(V, BV)
-    pid = tl.program_id(0)
-    i_v, rest = pid % NV, pid // NV
-    i_hv, n = rest % HV, rest // HV
+    i_v, i_hv, n = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
     b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
     if HAS_INDICES:
