@@ -111,17 +111,6 @@ std::vector<int64_t> sizes_of(const Tensor& t, int64_t from, int64_t to) {
 
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kAuraWarps - 1) / kAuraWarps); }
 
-// Dispatch a functor templated on <D> or <D, BITS> to the instantiation of run-time values.
-template <typename F>
-void with_dim(int64_t D, F&& f) {
-  switch (D) {
-    case 64: return f(std::integral_constant<int, 64>{});
-    case 128: return f(std::integral_constant<int, 128>{});
-    case 256: return f(std::integral_constant<int, 256>{});
-    default: return f(std::integral_constant<int, 512>{});
-  }
-}
-
 P1Kernel p1_kernel(int64_t D, int64_t kb, int64_t vb, int device) {
   switch (D) {
     case 64: return p1_kernel_for_dim<64>(kb, vb, device);

@@ -447,8 +447,9 @@ __device__ __forceinline__ void stage_codes(uint32_t* dst, const uint32_t* src, 
 }
 
 // ------------------------------------------------------------------------- pass 1: the kernel
-// CTAs per SM the register budget is cut for (168 registers at 3): at D <= 128 three CTAs keep 12 warps
-// resident to hide the lookup and MMA latencies; wider rows need the registers (no spills, CI checks).
+// CTAs per SM the register budget is cut for (168 registers at 3): at D = 128, the decode shape of the
+// targets, three CTAs keep 12 warps resident to hide the lookup and MMA latencies; other head dims
+// need more registers per thread to stay free of spills (tests/build checks).
 template <int D>
 constexpr int kP1MinCtas = D == 128 ? 3 : D <= 256 ? 2 : 1;
 
@@ -751,16 +752,19 @@ P1Kernel p1_kernel_of(int device) {
   return {fn, smem, ctas[device]};
 }
 
-// Call f(std::integral_constant<int, BITS>) for a run-time bit width in {2, 3, 4, 8} (checked before).
-template <typename F>
-void with_bits(int64_t bits, F&& f) {
-  switch (bits) {
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    default: return f(std::integral_constant<int, 8>{});
-  }
+// Call f(std::integral_constant<int, V>) for a run-time value among four compile-time ones (checked
+// before): the head dims and the bit widths that the kernels are instantiated for.
+template <int A, int B, int C, int Z, typename F>
+void with_one_of(int64_t v, F&& f) {
+  if (v == A) return f(std::integral_constant<int, A>{});
+  if (v == B) return f(std::integral_constant<int, B>{});
+  if (v == C) return f(std::integral_constant<int, C>{});
+  return f(std::integral_constant<int, Z>{});
 }
+template <typename F>
+void with_bits(int64_t bits, F&& f) { with_one_of<2, 3, 4, 8>(bits, f); }
+template <typename F>
+void with_dim(int64_t D, F&& f) { with_one_of<64, 128, 256, 512>(D, f); }
 
 template <int D>
 P1Kernel p1_kernel_for_dim(int64_t kb, int64_t vb, int device);  // defined in aura_p1_d<D>.cu
