@@ -450,11 +450,11 @@ __device__ __forceinline__ void stage_codes(uint32_t* dst, const uint32_t* src, 
 // CTAs per SM the register budget is cut for (168 registers at 3): at D = 128, the decode shape of the
 // targets, three CTAs keep 12 warps resident to hide the lookup and MMA latencies; other head dims
 // need more registers per thread to stay free of spills (tests/build checks).
-template <int D, int KB, int VB>
-constexpr int kP1MinCtas = D == 128 && KB != 3 && VB != 3 ? 3 : D <= 256 ? 2 : 1;  // 3-bit: funnel shifts
+template <int D>
+constexpr int kP1MinCtas = D == 128 ? 3 : D <= 256 ? 2 : 1;
 
 template <int D, int KB, int VB>
-__global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D, KB, VB>) aura_flash_p1_kernel(const AuraP1Params p) {
+__global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_kernel(const AuraP1Params p) {
   using C = P1Config<D, KB, VB>;
   constexpr int TS = C::TS;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -556,8 +556,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D, KB, VB>) aura_flas
   const unsigned char* lane_table_v = table_v + (lane % CodeTable<VB>::kCopies) * CodeTable<VB>::kEntryBytes;
   const uint32_t* qs32 = reinterpret_cast<const uint32_t*>(qs);
   const uint32_t* ps32 = reinterpret_cast<const uint32_t*>(ps);
-  // O^T accumulators of the A_hi and A_lo products (two independent MMA chains), summed at the end.
-  float acc[C::MT_PER_WARP][kMaxRowTiles][4] = {}, acc_lo[C::MT_PER_WARP][kMaxRowTiles][4] = {};
+  float acc[C::MT_PER_WARP][kMaxRowTiles][4] = {};
 
   for (int st = 0; st < n_stages; ++st) {
     if (st + 1 < n_stages) {
@@ -578,9 +577,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D, KB, VB>) aura_flas
       const int tt = warp % C::TOKEN_TILES, kp = warp / C::TOKEN_TILES;
       const uint32_t* row_a = kcs + (tt * 16 + g4) * C::RSK;
       const uint32_t* row_b = row_a + 8 * C::RSK;
-      // hi and lo products in separate accumulators: two independent MMA chains instead of one of
-      // twice the length (the kernel is latency bound between the lookups and the tensor cores).
-      float s[kMaxRowTiles][4] = {}, s_lo[kMaxRowTiles][4] = {};
+      float s[kMaxRowTiles][4] = {};
 #pragma unroll 2
       for (int ks = 0; ks < C::KSTEPS; ++ks) {
         const int kk = kp * C::KSTEPS + ks, j0 = 16 * kk + 2 * c4, j1 = j0 + 8;
@@ -595,17 +592,14 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D, KB, VB>) aura_flas
             const uint32_t* col = qs32 + (rt * 8 + g4) * (C::QROW / 2);
             const uint32_t b0 = col[8 * kk + c4], b1 = col[8 * kk + 4 + c4];
             mma_16816<__nv_bfloat16>(s[rt], a_hi, b0, b1);
-            mma_16816<__nv_bfloat16>(s_lo[rt], a_lo, b0, b1);
+            mma_16816<__nv_bfloat16>(s[rt], a_lo, b0, b1);
           }
         }
       }
 #pragma unroll
       for (int rt = 0; rt < kMaxRowTiles; ++rt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[rt][e] += s_lo[rt][e];
-          s[rt][e] += __shfl_xor_sync(0xffffffffu, s[rt][e], 2);  // hi + lo columns
-        }
+        for (int e = 0; e < 4; ++e) s[rt][e] += __shfl_xor_sync(0xffffffffu, s[rt][e], 2);  // hi + lo columns
       }
       if (c4 < 2) {
 #pragma unroll
@@ -674,10 +668,9 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D, KB, VB>) aura_flas
 #pragma unroll
         for (int mi = 0; mi < C::MT_PER_WARP; ++mi) {
           acc[mi][rt][0] *= a0, acc[mi][rt][1] *= a1, acc[mi][rt][2] *= a0, acc[mi][rt][3] *= a1;
-          acc_lo[mi][rt][0] *= a0, acc_lo[mi][rt][1] *= a1, acc_lo[mi][rt][2] *= a0, acc_lo[mi][rt][3] *= a1;
         }
       }
-#pragma unroll 2
+#pragma unroll 1
       for (int kt = 0; kt < TS / 16; ++kt) {
         const uint32_t* v0 = vcs + (kt * 16 + 2 * c4) * C::RSV;  // tokens 2c, 2c+1, 2c+8, 2c+9
         const uint32_t* v1 = v0 + C::RSV;
@@ -693,27 +686,16 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D, KB, VB>) aura_flas
 #pragma unroll
         for (int mi = 0; mi < C::MT_PER_WARP; ++mi) {
           const int da = 16 * (warp + kAuraWarps * mi) + g4, db = da + 8;
-          uint2 e0, e1, e2, e3;
-          if constexpr (VB == 2) {
-            // One word holds the tile's 16 dims: load each token row's word once for both dims.
-            const int w = da >> 4, sa = (2 * da) & 31, sb = sa + 16;
-            const uint32_t x0 = v0[w], x1 = v1[w], x8 = v8[w], x9 = v9[w];
-            e0 = lookup_pair<VB>(lane_table_v, ((x0 >> sa) & 3u) | (((x1 >> sa) & 3u) << 2));
-            e1 = lookup_pair<VB>(lane_table_v, ((x0 >> sb) & 3u) | (((x1 >> sb) & 3u) << 2));
-            e2 = lookup_pair<VB>(lane_table_v, ((x8 >> sa) & 3u) | (((x9 >> sa) & 3u) << 2));
-            e3 = lookup_pair<VB>(lane_table_v, ((x8 >> sb) & 3u) | (((x9 >> sb) & 3u) << 2));
-          } else {
-            e0 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v0, da) | (code_field<VB, 1>(v1, da) << VB));
-            e1 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v0, db) | (code_field<VB, 1>(v1, db) << VB));
-            e2 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v8, da) | (code_field<VB, 1>(v9, da) << VB));
-            e3 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v8, db) | (code_field<VB, 1>(v9, db) << VB));
-          }
+          const uint2 e0 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v0, da) | (code_field<VB, 1>(v1, da) << VB));
+          const uint2 e1 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v0, db) | (code_field<VB, 1>(v1, db) << VB));
+          const uint2 e2 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v8, da) | (code_field<VB, 1>(v9, da) << VB));
+          const uint2 e3 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v8, db) | (code_field<VB, 1>(v9, db) << VB));
           const uint32_t a_hi[4] = {e0.x, e1.x, e2.x, e3.x}, a_lo[4] = {e0.y, e1.y, e2.y, e3.y};
 #pragma unroll
           for (int rt = 0; rt < kMaxRowTiles; ++rt) {
             if (rt < nrt) {
               mma_16816<__nv_bfloat16>(acc[mi][rt], a_hi, b[rt][0], b[rt][1]);
-              mma_16816<__nv_bfloat16>(acc_lo[mi][rt], a_lo, b[rt][0], b[rt][1]);
+              mma_16816<__nv_bfloat16>(acc[mi][rt], a_lo, b[rt][0], b[rt][1]);
             }
           }
         }
@@ -733,8 +715,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D, KB, VB>) aura_flas
     for (int rt = 0; rt < kMaxRowTiles; ++rt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float part = acc[mi][rt][e] + acc_lo[mi][rt][e];
-        const float v = part + __shfl_xor_sync(0xffffffffu, part, 2);
+        const float v = acc[mi][rt][e] + __shfl_xor_sync(0xffffffffu, acc[mi][rt][e], 2);
         const int row = rt * kQRowsPerTile + 2 * c4 + (e & 1);
         const int d = 16 * (warp + kAuraWarps * mi) + g4 + 8 * (e >> 1);
         if (c4 < 2 && rt < nrt && row < R) p.o[out_row(row) * D + d] = v;
@@ -854,7 +835,7 @@ __global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP
       ws[lane] = w;
       __syncwarp();
       const int cnt = min(32, p.NB - n0);
-#pragma unroll 8
+#pragma unroll 4
       for (int k = 0; k < cnt; ++k) {
         const float wk = ws[k];
         const float* on = o + (n0 + k) * p.o_sn;
