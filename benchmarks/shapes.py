@@ -30,3 +30,19 @@ GDN_CHUNK = [
 GDN_HEADS = (16, 32, 128, 128)  # H, HV, K, V
 # gdn_recurrent batch sizes (one decode token, fp32 state pool)
 GDN_RECURRENT = [1, 32, 256]
+
+# AURA compressed decode (targets.md): name, B, Hq, Hkv, D, T, page (None = contiguous), scheme.
+AURA = [
+    (f"{name}-{scheme}", B, Hq, Hkv, D, T, page, scheme)
+    for scheme, cases in (
+        ("aura4v2", [("B1-T4k", 1, 32, 8, 128, 4096, None), ("B1-T8k", 1, 32, 8, 128, 8192, None),
+                     ("B1-T32k", 1, 32, 8, 128, 32768, None), ("B1-T64k", 1, 32, 8, 128, 65536, None),
+                     ("B1-T128k", 1, 32, 8, 128, 131072, None), ("B8-T32k", 8, 32, 8, 128, 32768, None),
+                     ("B8-T32k-page16", 8, 32, 8, 128, 32768, 16), ("B32-T8k", 32, 32, 8, 128, 8192, None),
+                     ("B1-T32k-D256", 1, 16, 8, 256, 32768, None)]),
+        ("aura4v4", [("B1-T4k", 1, 32, 8, 128, 4096, None), ("B1-T32k", 1, 32, 8, 128, 32768, None),
+                     ("B1-T128k", 1, 32, 8, 128, 131072, None), ("B8-T32k", 8, 32, 8, 128, 32768, None)]),
+        ("aura8v4", [("B8-T32k", 8, 32, 8, 128, 32768, None)]),
+    )
+    for name, B, Hq, Hkv, D, T, page in cases
+]

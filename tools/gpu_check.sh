@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # One device run (see the device tool's METHOD): build the CUDA extension, run the GPU tests and
 # opcheck on CUDA, compute-sanitizer memcheck + racecheck on the small cases, then the benchmarks.
-# Everything is teed under $OUT so the logs come back even if a step times out.
-#   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_gdn]...   (default: all)
-#   FAMILY=gdn|decode|all (default all) narrows the tests and sanitizer runs to one family.
+# Everything is teed under $OUT so the logs come back even if a step times out. No -x: one device
+# run must report every failure.
+#   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_aura|bench_gdn]...   (default: all)
+#   FAMILY=decode|aura|gdn|all (default all) narrows the tests and sanitizer runs to one family.
 #   AURA_BUILD_CUDA=0 skips the CUDA C++ build (Triton-only runs).
 #   Wheels under .whl/ (e.g. fla-core, the GDN peer) are installed first when present.
 set -uo pipefail
 OUT=${OUT:-/tmp/aura_gpu}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-steps=${*:-tests sanitize bench_decode bench_gdn}
+steps=${*:-tests sanitize bench_decode bench_aura bench_gdn}
 FAMILY=${FAMILY:-all}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -18,19 +19,22 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 AURA_BUILD_CUDA=${AURA_BUILD_CUDA:-1} python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 \
   || { tail -60 "$OUT/build.log"; exit 1; }
-python3 -c "import torch_aura as t; s = t.backends.status(); print({op: s[op]['cuda'] for op in ('flash_decode', 'gdn_chunk')})"
+python3 -c "import torch_aura as t; s = t.backends.status(); print({op: s[op]['cuda'] for op in ('flash_decode', 'aura_decode', 'gdn_chunk')})"
 case $FAMILY in
-  gdn) test_paths="tests/cuda/test_gdn_cuda.py"; opcheck_k="cuda and gdn" ;;
   decode) test_paths="tests/cuda/test_decode_cuda.py"; opcheck_k="cuda and (flash_decode or merge)" ;;
+  aura) test_paths="tests/cuda/test_aura_cuda.py"; opcheck_k="cuda and (aura or hadamard)" ;;
+  gdn) test_paths="tests/cuda/test_gdn_cuda.py"; opcheck_k="cuda and gdn" ;;
   *) test_paths="tests/cuda"; opcheck_k="cuda" ;;
 esac
 rc=0
 for step in $steps; do
   case $step in
     tests)
-      # tests check numerics, not launch configs: skip the warm-up tuning (each key would time 5 configs)
-      TORCH_AURA_TUNE=0 timeout 540 python3 -m pytest $test_paths tests/registration/test_opcheck.py -k "$opcheck_k or not opcheck" \
-        -q -p no:cacheprovider -n 16 --durations=10 2>&1 | tee "$OUT/tests.log" | tail -40 || rc=1 ;;
+      # tests check numerics, not launch configs: skip the Triton warm-up tuning (each key would time
+      # every config); xdist spreads the Triton compiles over the host's cores
+      TORCH_AURA_TUNE=0 timeout ${TESTS_TIMEOUT:-540} python3 -m pytest $test_paths tests/registration/test_opcheck.py \
+        -k "$opcheck_k or not opcheck" -q -p no:cacheprovider -n 16 --durations=10 2>&1 | tee "$OUT/tests.log" \
+        | grep -E "passed|failed|FAILED|ERROR|Error" | tail -60 || rc=1 ;;
     sanitize)
       for tool in memcheck racecheck; do
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCH_AURA_TUNE=0 timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \
@@ -38,6 +42,9 @@ for step in $steps; do
       done ;;
     bench_decode)
       timeout 400 python3 benchmarks/bench_decode.py --out "$OUT/results" 2>&1 | tee "$OUT/bench_decode.log" | tail -45 || rc=1 ;;
+    bench_aura)
+      timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/bench_aura.py --out "$OUT/results" 2>&1 | tee "$OUT/bench_aura.log" \
+        | tail -60 || rc=1 ;;
     bench_gdn)
       timeout 500 python3 benchmarks/bench_gdn.py --profile --out "$OUT/results" 2>&1 | tee "$OUT/bench_gdn.log" | tail -60 || rc=1 ;;
   esac

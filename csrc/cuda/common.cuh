@@ -13,6 +13,8 @@
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -90,6 +92,20 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+// The 4- and 8-byte forms (cp.async.ca; .cg takes 16 bytes only) for rows whose size or alignment
+// is not a 16-byte multiple, e.g. 3-bit AURA codes at D = 64 (24-byte rows).
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool valid) {
+  if constexpr (BYTES == 16) {
+    cp_async16(smem, gmem, valid);
+  } else {
+    static_assert(BYTES == 4 || BYTES == 8, "cp.async moves 4, 8 or 16 bytes");
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const int src_bytes = valid ? BYTES : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem), "n"(BYTES),
+                 "r"(src_bytes));
+  }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -191,6 +207,23 @@ inline int sm_count(int device) {
              "cudaDeviceGetAttribute(MultiProcessorCount) failed");
   if (device < 64) cache[device] = sms;
   return sms;
+}
+
+// decode.md §4: the split count from static values only (batch, KV heads, SM count, CTAs per SM),
+// identical arithmetic to reference.decode.auto_splits so both plan the same S. Shared by the dense
+// and the AURA split-K decodes.
+inline int auto_splits(int64_t batch, int64_t kv_heads, int sms, int ctas_per_sm, int max_splits = 128) {
+  const double slots = double(sms) * ctas_per_sm, work = double(batch) * kv_heads;
+  if (work == 0 || work >= 0.8 * slots) return 1;
+  auto eff = [&](int s) {
+    const double waves = work * s / slots;
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int s = 1; s <= max_splits; ++s) best = std::max(best, eff(s));
+  for (int s = 1; s <= max_splits; ++s)
+    if (eff(s) >= 0.85 * best) return s;
+  return 1;
 }
 
 inline void check_launch(const char* what) {

@@ -11,23 +11,7 @@ namespace aura {
 namespace {
 
 constexpr int kCtasPerSm = 2;          // same stand-in as torch_aura/reference/decode.py
-constexpr int kMaxAutoSplits = 128;
 constexpr size_t kSmemBudget = 110 * 1024;  // per CTA, so two CTAs share an H100 SM's 228 KB
-
-// decode.md §4, identical arithmetic to reference.decode.auto_splits (so both plan the same S).
-int auto_splits(int64_t batch, int64_t kv_heads, int sms, int ctas_per_sm) {
-  const double slots = double(sms) * ctas_per_sm, work = double(batch) * kv_heads;
-  if (work == 0 || work >= 0.8 * slots) return 1;
-  auto eff = [&](int s) {
-    const double waves = work * s / slots;
-    return waves / std::ceil(waves);
-  };
-  double best = 0;
-  for (int s = 1; s <= kMaxAutoSplits; ++s) best = std::max(best, eff(s));
-  for (int s = 1; s <= kMaxAutoSplits; ++s)
-    if (eff(s) >= 0.85 * best) return s;
-  return 1;
-}
 
 bool supported_head_dim(int64_t D) {
   return D == 64 || D == 80 || D == 96 || D == 128 || D == 192 || D == 256 || D == 512;

@@ -15,4 +15,11 @@ STABLE_TORCH_LIBRARY_IMPL(aura, CUDA, m) {
   m.impl("flash_decode", TORCH_BOX(&aura::flash_decode_cuda));
   m.impl("flash_decode_out", TORCH_BOX(&aura::flash_decode_out_cuda));
   m.impl("merge_attn_states", TORCH_BOX(&aura::merge_attn_states_cuda));
+  m.impl("hadamard_rotate", TORCH_BOX(&aura::hadamard_rotate_cuda));
+  m.impl("aura_encode", TORCH_BOX(&aura::aura_encode_cuda));
+  m.impl("aura_write_cache", TORCH_BOX(&aura::aura_write_cache_cuda));
+  m.impl("aura_dequantize", TORCH_BOX(&aura::aura_dequantize_cuda));
+  m.impl("aura_flash_p1", TORCH_BOX(&aura::aura_flash_p1_cuda));
+  m.impl("aura_flash_p2", TORCH_BOX(&aura::aura_flash_p2_cuda));
+  m.impl("aura_decode", TORCH_BOX(&aura::aura_decode_cuda));
 }

@@ -1,0 +1,859 @@
+// AURA compressed KV cache kernels (docs/aura-format.md): the signed Walsh-Hadamard rotation, encode
+// (+ the in-place cache write), dequantize, and the compressed-domain split-K decode, pass 1 over
+// the packed codes and pass 2 merging the block partials with the inverse rotation fused.
+//
+// Lane mapping of every per-vector kernel: one warp per vector, lane l holds dims l + 32 i, so the
+// butterfly strides 1..16 are lane exchanges and 32..D/2 pair registers inside a lane (§8), in the
+// reference's stage order 1, 2, ..., D/2: the rotation is bitwise the reference's.
+//
+// Pass 1 (aura_flash_p1_kernel) is the headline. One CTA per (token block, KV head, sequence) owns
+// every query row (L x G) of that KV head, so each packed word crosses HBM once and is unpacked once
+// (§9). The products run on tensor cores (mma.m16n8k16, bf16 in, fp32 accumulate) with the codes as
+// the 16-row A operand and the query rows as the 8 columns of B, split in two exact halves:
+//   x = hi + lo, hi = bf16(x), lo = bf16(x - hi)      (16 significant bits, relative error ~2^-17)
+// Columns 0-3 carry the hi parts of four query rows and columns 4-7 their lo parts; the codebook
+// values come from shared-memory tables already split into hi and lo bf16 pairs. Two MMAs (A_hi, A_lo)
+// then produce all four cross terms, and the two column halves add up to the product to ~1e-5
+// relative: fp32-grade logits at tensor-core speed. QK: S^T[tokens x rows] = K_codes . Q^T;
+// PV: O^T[dims x rows] += V_codes^T . P^T with P already multiplied by the value norms.
+#pragma once
+
+#include "common.cuh"
+
+namespace aura {
+
+constexpr int kAuraWarps = 4;  // warps per CTA of every AURA kernel
+constexpr int kAuraThreads = 32 * kAuraWarps;
+constexpr int kQRowsPerTile = 4;  // query rows per MMA column tile: columns 0-3 hi, 4-7 lo
+constexpr int kMaxRowTiles = 2;   // so a pass-1 CTA holds up to 8 query rows (L x G)
+constexpr int kMaxRowsPerCta = kQRowsPerTile * kMaxRowTiles;
+constexpr int kMaxLeadDims = 6;   // leading dims of [..., D] tensors the row indexer walks
+constexpr float kLog2eF = 1.4426950408889634f;
+constexpr float kLn2F = 0.6931471805599453f;
+
+enum class FloatKind : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+__device__ __forceinline__ float load_float(const void* base, int64_t i, FloatKind k) {
+  switch (k) {
+    case FloatKind::kF16: return __half2float(static_cast<const __half*>(base)[i]);
+    case FloatKind::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+
+__device__ __forceinline__ void store_float(void* base, int64_t i, FloatKind k, float v) {
+  switch (k) {
+    case FloatKind::kF16: static_cast<__half*>(base)[i] = __float2half_rn(v); break;
+    case FloatKind::kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<float*>(base)[i] = v; break;
+  }
+}
+
+// Element offset of row `row` of a tensor's leading dims (any strides): the kernels read views.
+struct RowIndexer {
+  int nd;
+  int64_t size[kMaxLeadDims];
+  int64_t stride[kMaxLeadDims];
+  __device__ __forceinline__ int64_t offset(int64_t row) const {
+    int64_t off = 0;
+    for (int d = nd - 1; d >= 0; --d) {
+      off += (row % size[d]) * stride[d];
+      row /= size[d];
+    }
+    return off;
+  }
+};
+
+// ----------------------------------------------------------------------------- the rotation
+// In-place unnormalised FWHT of the warp's D-vector (lane l holds dims l + 32 i), strides 1, 2, ...,
+// D/2 like the reference: at a lane stride the lane whose index has that bit set holds the upper
+// element b of the pair and keeps a - b = partner - own; the other keeps own + partner.
+template <int D>
+__device__ __forceinline__ void fwht_warp(float (&v)[D / 32]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 1; h < 32; h <<= 1) {
+    const bool upper = (lane & h) != 0;
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+      const float other = __shfl_xor_sync(0xffffffffu, v[i], h);
+      v[i] = upper ? other - v[i] : v[i] + other;
+    }
+  }
+#pragma unroll
+  for (int h = 1; h < D / 32; h <<= 1) {
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+      if ((i & h) == 0) {
+        const float a = v[i], b = v[i + h];
+        v[i] = a + b;
+        v[i + h] = a - b;
+      }
+    }
+  }
+}
+
+// s_j = -1 where bit j mod 32 of mask word j div 32 is set: for lane l's dim l + 32 i, word i, bit l.
+template <int D>
+__device__ __forceinline__ void apply_signs(float (&v)[D / 32], const uint32_t* mask) {
+  if (mask == nullptr) return;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i)
+    if ((mask[i] >> lane) & 1u) v[i] = -v[i];
+}
+
+// Forward y = factor * H(s . x) or inverse x = factor * s . H(y), in place; the sign flip is exact, so
+// its place relative to the factor does not change a bit.
+template <int D>
+__device__ __forceinline__ void rotate_warp(float (&v)[D / 32], const uint32_t* mask, float factor, bool inverse) {
+  if (!inverse) apply_signs<D>(v, mask);
+  fwht_warp<D>(v);
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) v[i] *= factor;
+  if (inverse) apply_signs<D>(v, mask);
+}
+
+struct AuraRotateParams {
+  const void* x;
+  void* out;  // contiguous [rows, D], x's dtype
+  RowIndexer x_rows;
+  int64_t rows;
+  const uint32_t* mask;  // nullptr: s = +1
+  float factor;          // scale / sqrt(D)
+  int inverse;
+  FloatKind kind;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kAuraThreads) hadamard_rotate_kernel(const AuraRotateParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kAuraWarps + (threadIdx.x >> 5);
+  if (row >= p.rows) return;
+  const int64_t in = p.x_rows.offset(row);
+  float v[D / 32];
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) v[i] = load_float(p.x, in + lane + 32 * i, p.kind);
+  rotate_warp<D>(v, p.mask, p.factor, p.inverse != 0);
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) store_float(p.out, row * D + lane + 32 * i, p.kind, v[i]);
+}
+
+// -------------------------------------------------------------------------------- bit packing
+// N consecutive BITS-bit codes starting at code j of a packed row (LSB first, §6), as one integer
+// (code j in the low bits). Only 3-bit codes straddle words: they take a funnel shift over two words,
+// so rows in shared memory keep one word of padding after them.
+template <int BITS, int N>
+__device__ __forceinline__ uint32_t code_field(const uint32_t* row, int j) {
+  const int bit = j * BITS;
+  uint32_t v;
+  if constexpr (BITS == 3) {
+    v = __funnelshift_r(row[bit >> 5], row[(bit >> 5) + 1], bit & 31);
+  } else {
+    v = row[bit >> 5] >> (bit & 31);  // 2, 4, 8 bits: an aligned group never crosses a word
+  }
+  return v & ((1u << (N * BITS)) - 1u);
+}
+
+// The same from a global row of PW words, never reading past the row's last word.
+template <int BITS>
+__device__ __forceinline__ uint32_t code_at(const uint32_t* row, int pw, int j) {
+  const int bit = j * BITS, w = bit >> 5;
+  const uint32_t hi = (BITS == 3 && w + 1 < pw) ? row[w + 1] : 0u;
+  return __funnelshift_r(row[w], hi, bit & 31) & ((1u << BITS) - 1u);
+}
+
+// ---------------------------------------------------------------------------- encode / write
+struct AuraEncodeParams {
+  const void* x;
+  RowIndexer x_rows;  // rows of x: [..., D] (encode) or [N, Hkv] (write)
+  int64_t rows;
+  FloatKind kind;
+  const float* codebook;    // [2^b]
+  const float* boundaries;  // [2^b - 1]
+  const uint32_t* mask;
+  float factor;  // 1 / sqrt(D)
+  // Destination: encode writes contiguous codes [rows, PW] and norms [rows]; a cache write scatters
+  // row (n, h) to slot_mapping[n] of the cache (slots < 0 or past the end write nothing).
+  uint32_t* codes;
+  float* norms;
+  const int64_t* slots;  // nullptr: encode
+  int Hkv, paged;
+  int64_t slot_div;  // T_cap (contiguous) or page_size (paged)
+  int64_t n_slots;
+  int64_t c_s0, c_s1, c_s2;  // codes cache strides (contiguous: b, h, t; paged: block, row, h)
+  int64_t n_s0, n_s1, n_s2;  // norms cache strides
+};
+
+template <int D, int BITS>
+__global__ void __launch_bounds__(kAuraThreads) aura_encode_kernel(const AuraEncodeParams p) {
+  constexpr int PW = D * BITS / 32, V = D / 32;
+  __shared__ float cb_s[1 << BITS], bd_s[1 << BITS];
+  __shared__ uint8_t idx_s[kAuraWarps][D];
+  for (int i = threadIdx.x; i < (1 << BITS); i += blockDim.x) {
+    cb_s[i] = p.codebook[i];
+    if (i + 1 < (1 << BITS)) bd_s[i] = p.boundaries[i];
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = int64_t(blockIdx.x) * kAuraWarps + warp;
+  if (row >= p.rows) return;
+
+  int64_t codes_off = row * PW, norm_off = row;
+  if (p.slots != nullptr) {
+    const int64_t n = row / p.Hkv, h = row % p.Hkv;
+    const int64_t slot = p.slots[n];
+    if (slot < 0 || slot >= p.n_slots) return;  // padding (or a bad slot: never written out of bounds)
+    const int64_t q = slot / p.slot_div, r = slot % p.slot_div;
+    if (p.paged) {
+      codes_off = q * p.c_s0 + r * p.c_s1 + h * p.c_s2;
+      norm_off = q * p.n_s0 + r * p.n_s1 + h * p.n_s2;
+    } else {
+      codes_off = q * p.c_s0 + h * p.c_s1 + r * p.c_s2;
+      norm_off = q * p.n_s0 + h * p.n_s1 + r * p.n_s2;
+    }
+  }
+
+  const int64_t in = p.x_rows.offset(row);
+  float v[V];
+  float sq = 0.f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    v[i] = load_float(p.x, in + lane + 32 * i, p.kind);
+    sq = fmaf(v[i], v[i], sq);
+  }
+  const float r = sqrtf(warp_sum(sq));
+  uint8_t* idx = idx_s[warp];
+  float norm = 0.f;
+  if (!(r > 0.f) || isinf(r)) {  // zero, or any NaN/Inf element (r NaN or inf): codes 2^(b-1), norm 0
+#pragma unroll
+    for (int i = 0; i < V; ++i) idx[lane + 32 * i] = uint8_t(1 << (BITS - 1));
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = v[i] / r;  // u = x / r exactly as the reference divides
+    rotate_warp<D>(v, p.mask, p.factor, false);
+    float cc = 0.f;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      // idx = #{k : y > boundaries[k]} by binary search over the sorted boundaries (strict >: a
+      // tie takes the lower index).
+      int k = 0;
+#pragma unroll
+      for (int step = 1 << (BITS - 1); step > 0; step >>= 1)
+        if (v[i] > bd_s[k + step - 1]) k += step;
+      idx[lane + 32 * i] = uint8_t(k);
+      const float c = cb_s[k];
+      cc = fmaf(c, c, cc);
+    }
+    norm = r / sqrtf(warp_sum(cc));  // the corrected norm: the decoded vector keeps |x| (§5)
+  }
+  __syncwarp();
+  // Word w holds the codes whose bits meet [32 w, 32 w + 32); a 3-bit code crossing the boundary
+  // contributes its low bits here (left shift) and its high bits to word w + 1 (right shift).
+  for (int w = lane; w < PW; w += 32) {
+    uint32_t word = 0;
+    const int j_first = (32 * w) / BITS, j_last = (32 * w + 31) / BITS;
+    for (int j = j_first; j <= j_last; ++j) {
+      const int sh = j * BITS - 32 * w;
+      const uint32_t c = idx[j];
+      word |= sh >= 0 ? (c << sh) : (c >> -sh);
+    }
+    p.codes[codes_off + w] = word;
+  }
+  if (lane == 0) p.norms[norm_off] = norm;
+}
+
+// -------------------------------------------------------------------------------- dequantize
+struct AuraDequantParams {
+  const uint32_t* codes;
+  const float* norms;
+  RowIndexer code_rows, norm_rows;
+  int64_t rows;
+  const float* codebook;
+  const uint32_t* mask;  // non-null: return the original domain
+  float factor;
+  void* out;  // contiguous [rows, D]
+  FloatKind kind;
+};
+
+template <int D, int BITS>
+__global__ void __launch_bounds__(kAuraThreads) aura_dequantize_kernel(const AuraDequantParams p) {
+  constexpr int PW = D * BITS / 32, V = D / 32;
+  __shared__ float cb_s[1 << BITS];
+  for (int i = threadIdx.x; i < (1 << BITS); i += blockDim.x) cb_s[i] = p.codebook[i];
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kAuraWarps + (threadIdx.x >> 5);
+  if (row >= p.rows) return;
+  const uint32_t* codes = p.codes + p.code_rows.offset(row);
+  const float norm = p.norms[p.norm_rows.offset(row)];
+  float v[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) v[i] = norm * cb_s[code_at<BITS>(codes, PW, lane + 32 * i)];
+  if (p.mask != nullptr) rotate_warp<D>(v, p.mask, p.factor, true);
+#pragma unroll
+  for (int i = 0; i < V; ++i) store_float(p.out, row * D + lane + 32 * i, p.kind, v[i]);
+}
+
+// ------------------------------------------------------------------- pass 1: codebook tables
+// bf16 hi/lo halves of an fp32 value: x = hi + lo to 16 significant bits.
+__device__ __forceinline__ void split_bf16(float x, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat16 h = __float2bfloat16_rn(x);
+  hi = __bfloat16_as_ushort(h);
+  lo = __bfloat16_as_ushort(__float2bfloat16_rn(x - __bfloat162float(h)));
+}
+
+template <int BITS>
+struct CodeTable {
+  // b <= 4: one entry per *pair* of codes, index x | y << b, holding the MMA operand registers
+  // {hi(x) | hi(y) << 16, lo(x) | lo(y) << 16}: one 8-byte load per register pair. b = 8: 65536 pairs
+  // is too many, so one {hi, lo} word per code, paired by byte permutes.
+  static constexpr bool kPairs = BITS <= 4;
+  static constexpr int kEntries = kPairs ? 1 << (2 * BITS) : 1 << BITS;
+  static constexpr int kEntryBytes = kPairs ? 8 : 4;
+  // Replicas, one per lane of a shared-memory wavefront (16 lanes for 8-byte loads, 32 for 4-byte):
+  // an entry's copies fill one 128-byte bank row, so random codes never collide on a bank (with a
+  // single 256-entry copy they did ~3-way, tripling the lookup time).
+  static constexpr int kCopies = kPairs ? 16 : 32;
+  static constexpr int kStride = kCopies * kEntryBytes;  // 128 bytes
+  static constexpr int kBytes = kEntries * kStride;
+};
+
+template <int BITS>
+__device__ __forceinline__ void fill_code_table(unsigned char* table, const float* cb) {
+  using CT = CodeTable<BITS>;
+  for (int i = threadIdx.x; i < CT::kEntries * CT::kCopies; i += blockDim.x) {
+    const int e = i / CT::kCopies;
+    if constexpr (CT::kPairs) {
+      uint32_t hx, lx, hy, ly;
+      split_bf16(__ldg(cb + (e & ((1 << BITS) - 1))), hx, lx);
+      split_bf16(__ldg(cb + (e >> BITS)), hy, ly);
+      *reinterpret_cast<uint2*>(table + size_t(i) * 8) = make_uint2(hx | (hy << 16), lx | (ly << 16));
+    } else {
+      uint32_t h, l;
+      split_bf16(__ldg(cb + e), h, l);
+      *reinterpret_cast<uint32_t*>(table + size_t(i) * 4) = h | (l << 16);
+    }
+  }
+}
+
+// {hi, lo} bf16x2 operand registers of the code pair (x, y) = (pair & mask, pair >> b), x in the low half.
+template <int BITS>
+__device__ __forceinline__ uint2 lookup_pair(const unsigned char* lane_table, uint32_t pair) {
+  using CT = CodeTable<BITS>;
+  if constexpr (CT::kPairs) {
+    return *reinterpret_cast<const uint2*>(lane_table + pair * CT::kStride);
+  } else {
+    const uint32_t ex = *reinterpret_cast<const uint32_t*>(lane_table + (pair & 0xFFu) * CT::kStride);
+    const uint32_t ey = *reinterpret_cast<const uint32_t*>(lane_table + (pair >> 8) * CT::kStride);
+    return make_uint2(__byte_perm(ex, ey, 0x5410), __byte_perm(ex, ey, 0x7632));
+  }
+}
+
+// ---------------------------------------------------------------------------- pass 1: plan
+struct AuraP1Params {
+  const void* q;  // q_rot [B, (L,) Hq, D] (or the raw q when k_sign is set), any float dtype
+  FloatKind q_kind;
+  int64_t q_sb, q_sl, q_sh;
+  const uint32_t* kc;
+  const float* kn;
+  const uint32_t* vc;
+  const float* vn;
+  // strides of dims 0..2: contiguous (b, h, t), paged (block, row, h)
+  int64_t kc_s0, kc_s1, kc_s2, kn_s0, kn_s1, kn_s2, vc_s0, vc_s1, vc_s2, vn_s0, vn_s1, vn_s2;
+  const int* seq_lens;
+  const int* block_table;  // nullptr: contiguous
+  int64_t bt_sb;
+  const float* k_cb;
+  const float* v_cb;
+  const uint32_t* k_sign;  // non-null: q is raw, rotate it here with factor (aura_decode's fused q rotation)
+  float q_factor;
+  float* o;  // [B, L, Hq, NB, D] contiguous
+  float* m;  // [B, L, Hq, NB]
+  float* l;
+  int B, L, Hq, Hkv, G, NB, block_size, capacity, page_size, num_blocks;
+  int rows_per_cta, row_groups;  // the L x G query rows of a KV head, in CTA groups of <= 8
+  int kc_vec, vc_vec;            // bytes per cp.async of the code rows (16, 8 or 4)
+};
+
+// Row stride of a staged code row in words: >= PW (+1 for 3-bit, whose funnel shift reads one word
+// past a code) and = 4 mod 8, so the 8 token rows of an MMA fragment land on distinct banks and rows
+// stay 16-byte aligned for cp.async.
+__host__ __device__ constexpr int staged_row_words(int pw, bool straddles) {
+  int rs = pw + (straddles ? 1 : 0);
+  while (rs % 8 != 4) ++rs;
+  return rs;
+}
+
+template <int D, int KB, int VB>
+struct P1Config {
+  static constexpr int PWK = D * KB / 32, PWV = D * VB / 32;
+  static constexpr int RSK = staged_row_words(PWK, KB == 3), RSV = staged_row_words(PWV, VB == 3);
+  // Tokens per stage: 64 (four 16-token MMA tiles, one per warp) unless the rows are wide.
+  static constexpr int TS = RSK + RSV <= 48 ? 64 : RSK + RSV <= 140 ? 32 : 16;
+  static constexpr int TOKEN_TILES = TS / 16;
+  static constexpr int KP = kAuraWarps / TOKEN_TILES;  // QK: warps sharing a token tile split D
+  static constexpr int KSTEPS = D / 16 / KP;
+  static constexpr int MT_PER_WARP = D / 16 / kAuraWarps;  // PV: 16-dim output tiles per warp
+  static constexpr int QROW = D + 8;                       // bf16 per q column: +16 B, conflict-free
+  static constexpr int PROW = TS + 8;
+  static constexpr size_t kTableK = 0;
+  static constexpr size_t kTableV = kTableK + CodeTable<KB>::kBytes;
+  static constexpr size_t kCodesK = kTableV + CodeTable<VB>::kBytes;  // [2][TS][RSK] words
+  static constexpr size_t kCodesV = kCodesK + size_t(2) * TS * RSK * 4;
+  static constexpr size_t kNormsK = kCodesV + size_t(2) * TS * RSV * 4;  // [2][TS]
+  static constexpr size_t kNormsV = kNormsK + size_t(2) * TS * 4;
+  static constexpr size_t kQ = kNormsV + size_t(2) * TS * 4;  // [row tiles][8 columns][QROW] bf16
+  static constexpr size_t kP = kQ + size_t(kMaxRowTiles) * 8 * QROW * 2;  // [row tiles][8][PROW] bf16
+  static constexpr size_t kS = kP + size_t(kMaxRowTiles) * 8 * PROW * 2;  // [KP][rows][TS] fp32 logits
+  static constexpr size_t kStats = kS + size_t(KP) * kMaxRowsPerCta * TS * 4;  // m, l, alpha per row
+  static constexpr size_t kBytes = kStats + 3 * kMaxRowsPerCta * 4;
+  static_assert(D % 64 == 0 && (D / 16) % KP == 0 && MT_PER_WARP >= 1, "tile shapes");
+};
+
+// Where token t of (sequence b, KV head h) lives, for a tensor with strides (s0, s1, s2).
+struct TokenMap {
+  const int* pages;  // block_table row of b, or nullptr
+  int b, h, page_size, num_blocks;
+  __device__ __forceinline__ int64_t offset(int64_t s0, int64_t s1, int64_t s2, int t) const {
+    if (pages == nullptr) return b * s0 + h * s1 + int64_t(t) * s2;
+    const int page = min(max(pages[t / page_size], 0), num_blocks - 1);  // never outside the cache
+    return page * s0 + int64_t(t % page_size) * s1 + h * s2;
+  }
+};
+
+template <int PW, int RS, int BYTES, int TS>
+__device__ __forceinline__ void stage_code_rows(uint32_t* dst, const uint32_t* src, int64_t s0, int64_t s1,
+                                                int64_t s2, const TokenMap& tm, int ts0, int t_end) {
+  constexpr int W = BYTES / 4, CPR = PW / W;
+  for (int i = threadIdx.x; i < TS * CPR; i += kAuraThreads) {
+    const int r = i / CPR, c = i % CPR, t = ts0 + r;
+    const bool valid = t < t_end;  // rows past the block are zero-filled without reading memory
+    const int64_t off = valid ? tm.offset(s0, s1, s2, t) : 0;
+    cp_async<BYTES>(dst + r * RS + c * W, src + off + c * W, valid);
+  }
+}
+
+template <int PW, int RS, int TS>
+__device__ __forceinline__ void stage_codes(uint32_t* dst, const uint32_t* src, int64_t s0, int64_t s1, int64_t s2,
+                                            const TokenMap& tm, int ts0, int t_end, int vec) {
+  if constexpr (PW % 4 == 0) {
+    if (vec == 16) return stage_code_rows<PW, RS, 16, TS>(dst, src, s0, s1, s2, tm, ts0, t_end);
+  }
+  if constexpr (PW % 2 == 0) {
+    if (vec == 8) return stage_code_rows<PW, RS, 8, TS>(dst, src, s0, s1, s2, tm, ts0, t_end);
+  }
+  stage_code_rows<PW, RS, 4, TS>(dst, src, s0, s1, s2, tm, ts0, t_end);
+}
+
+// ------------------------------------------------------------------------- pass 1: the kernel
+// CTAs per SM the register budget is cut for (168 registers at 3): at D = 128, the decode shape of the
+// targets, three CTAs keep 12 warps resident to hide the lookup and MMA latencies; other head dims
+// need more registers per thread to stay free of spills (tests/build checks).
+template <int D>
+constexpr int kP1MinCtas = D == 128 ? 3 : D <= 256 ? 2 : 1;
+
+template <int D, int KB, int VB>
+__global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_kernel(const AuraP1Params p) {
+  using C = P1Config<D, KB, VB>;
+  constexpr int TS = C::TS;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g4 = lane >> 2, c4 = lane & 3;  // mma fragment coordinates (row group, column pair)
+
+  const int n = blockIdx.x, b = blockIdx.z;
+  const int kvh = blockIdx.y / p.row_groups, r0 = (blockIdx.y % p.row_groups) * p.rows_per_cta;
+  const int R = min(p.rows_per_cta, p.L * p.G - r0);
+  if (R <= 0) return;
+  // Clamped, so a bad seq_len can only give a wrong answer, never an out-of-bounds read.
+  const int T = min(max(p.seq_lens[b], 0), p.capacity);
+  const int t0 = n * p.block_size;
+  // Query row r (flattened i * G + g) sits at position T - L + i and sees tokens t <= that; the
+  // CTA's last row sees the most.
+  const int t_end = min(min(t0 + p.block_size, T), T - p.L + (r0 + R - 1) / p.G + 1);
+  auto out_row = [&](int r) {  // [B, L, Hq, NB] index of (row r, block n)
+    const int i = (r0 + r) / p.G, h = kvh * p.G + (r0 + r) % p.G;
+    return ((int64_t(b) * p.L + i) * p.Hq + h) * p.NB + n;
+  };
+  if (t_end <= t0) {  // an empty block: m = -inf, l = 0, o = 0 (the merge skips it)
+    for (int i = tid; i < R * D; i += kAuraThreads) p.o[out_row(i / D) * D + i % D] = 0.f;
+    for (int r = tid; r < R; r += kAuraThreads) p.m[out_row(r)] = -INFINITY, p.l[out_row(r)] = 0.f;
+    return;
+  }
+
+  unsigned char* table_k = smem + C::kTableK;
+  unsigned char* table_v = smem + C::kTableV;
+  uint32_t* codes_k = reinterpret_cast<uint32_t*>(smem + C::kCodesK);
+  uint32_t* codes_v = reinterpret_cast<uint32_t*>(smem + C::kCodesV);
+  float* norms_k = reinterpret_cast<float*>(smem + C::kNormsK);
+  float* norms_v = reinterpret_cast<float*>(smem + C::kNormsV);
+  uint16_t* qs = reinterpret_cast<uint16_t*>(smem + C::kQ);
+  uint16_t* ps = reinterpret_cast<uint16_t*>(smem + C::kP);
+  float* ss = reinterpret_cast<float*>(smem + C::kS);
+  float* ms = reinterpret_cast<float*>(smem + C::kStats);
+  float* ls = ms + kMaxRowsPerCta;
+  float* as = ls + kMaxRowsPerCta;
+
+  const TokenMap tm{p.block_table != nullptr ? p.block_table + b * p.bt_sb : nullptr, b, kvh, p.page_size,
+                    p.num_blocks};
+  auto issue_stage = [&](int st, int buf) {
+    const int ts0 = t0 + st * TS;
+    stage_codes<C::PWK, C::RSK, TS>(codes_k + buf * TS * C::RSK, p.kc, p.kc_s0, p.kc_s1, p.kc_s2, tm, ts0, t_end,
+                                    p.kc_vec);
+    stage_codes<C::PWV, C::RSV, TS>(codes_v + buf * TS * C::RSV, p.vc, p.vc_s0, p.vc_s1, p.vc_s2, tm, ts0, t_end,
+                                    p.vc_vec);
+    for (int i = tid; i < 2 * TS; i += kAuraThreads) {
+      const int r = i % TS, t = ts0 + r;
+      const bool valid = t < t_end;  // zero-filled: p * norm_V = 0 for rows past the block
+      if (i < TS) {
+        cp_async<4>(norms_k + buf * TS + r, p.kn + (valid ? tm.offset(p.kn_s0, p.kn_s1, p.kn_s2, t) : 0), valid);
+      } else {
+        cp_async<4>(norms_v + buf * TS + r, p.vn + (valid ? tm.offset(p.vn_s0, p.vn_s1, p.vn_s2, t) : 0), valid);
+      }
+    }
+    cp_async_commit();
+  };
+  const int n_stages = ceil_div(t_end - t0, TS);
+  issue_stage(0, 0);  // in flight while the tables and queries are prepared
+
+  // Padding words of the staged rows are read (masked) by the 3-bit funnel shift: keep them defined.
+  for (int i = tid; i < 2 * TS; i += kAuraThreads) {
+    for (int w = C::PWK; w < C::RSK; ++w) codes_k[i * C::RSK + w] = 0u;
+    for (int w = C::PWV; w < C::RSV; ++w) codes_v[i * C::RSV + w] = 0u;
+  }
+  fill_code_table<KB>(table_k, p.k_cb);
+  fill_code_table<VB>(table_v, p.v_cb);
+  for (int i = tid; i < kMaxRowTiles * 8 * C::PROW; i += kAuraThreads) ps[i] = 0;  // unused rows stay 0
+  for (int r = tid; r < kMaxRowsPerCta; r += kAuraThreads) ms[r] = -INFINITY, ls[r] = 0.f, as[r] = 1.f;
+  // Query rows -> B operand columns: row r -> column r % 4 (hi) and r % 4 + 4 (lo) of tile r / 4, in
+  // log2 units (exp2 softmax); rows >= R are zero.
+  for (int r = warp; r < kMaxRowsPerCta; r += kAuraWarps) {
+    float v[D / 32];
+    if (r < R) {
+      const int i = (r0 + r) / p.G, h = kvh * p.G + (r0 + r) % p.G;
+      const int64_t base = b * p.q_sb + i * p.q_sl + h * p.q_sh;
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) v[j] = load_float(p.q, base + lane + 32 * j, p.q_kind);
+      if (p.k_sign != nullptr) rotate_warp<D>(v, p.k_sign, p.q_factor, false);  // q_rot = scale Pi_K q
+    } else {
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) v[j] = 0.f;
+    }
+    uint16_t* col_hi = qs + ((r / kQRowsPerTile) * 8 + r % kQRowsPerTile) * C::QROW;
+    uint16_t* col_lo = col_hi + kQRowsPerTile * C::QROW;
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) {
+      uint32_t hi, lo;
+      split_bf16(v[j] * kLog2eF, hi, lo);
+      col_hi[lane + 32 * j] = uint16_t(hi);
+      col_lo[lane + 32 * j] = uint16_t(lo);
+    }
+  }
+  __syncthreads();
+
+  const int nrt = ceil_div(R, kQRowsPerTile);
+  const unsigned char* lane_table_k = table_k + (lane % CodeTable<KB>::kCopies) * CodeTable<KB>::kEntryBytes;
+  const unsigned char* lane_table_v = table_v + (lane % CodeTable<VB>::kCopies) * CodeTable<VB>::kEntryBytes;
+  const uint32_t* qs32 = reinterpret_cast<const uint32_t*>(qs);
+  const uint32_t* ps32 = reinterpret_cast<const uint32_t*>(ps);
+  float acc[C::MT_PER_WARP][kMaxRowTiles][4] = {};
+
+  for (int st = 0; st < n_stages; ++st) {
+    if (st + 1 < n_stages) {
+      issue_stage(st + 1, (st + 1) & 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int buf = st & 1, ts0 = t0 + st * TS;
+    const uint32_t* kcs = codes_k + buf * TS * C::RSK;
+    const uint32_t* vcs = codes_v + buf * TS * C::RSV;
+    const float* kns = norms_k + buf * TS;
+    const float* vns = norms_v + buf * TS;
+
+    // ---- QK: warp = (token tile, D slice); S^T[16 tokens x 8 columns] over its k-steps.
+    {
+      const int tt = warp % C::TOKEN_TILES, kp = warp / C::TOKEN_TILES;
+      const uint32_t* row_a = kcs + (tt * 16 + g4) * C::RSK;
+      const uint32_t* row_b = row_a + 8 * C::RSK;
+      float s[kMaxRowTiles][4] = {};
+#pragma unroll 2
+      for (int ks = 0; ks < C::KSTEPS; ++ks) {
+        const int kk = kp * C::KSTEPS + ks, j0 = 16 * kk + 2 * c4, j1 = j0 + 8;
+        const uint2 e0 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_a, j0));  // token g,   dims j0, j0+1
+        const uint2 e1 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_b, j0));  // token g+8
+        const uint2 e2 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_a, j1));  // token g,   dims j1, j1+1
+        const uint2 e3 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_b, j1));
+        const uint32_t a_hi[4] = {e0.x, e1.x, e2.x, e3.x}, a_lo[4] = {e0.y, e1.y, e2.y, e3.y};
+#pragma unroll
+        for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+          if (rt < nrt) {
+            const uint32_t* col = qs32 + (rt * 8 + g4) * (C::QROW / 2);
+            const uint32_t b0 = col[8 * kk + c4], b1 = col[8 * kk + 4 + c4];
+            mma_16816<__nv_bfloat16>(s[rt], a_hi, b0, b1);
+            mma_16816<__nv_bfloat16>(s[rt], a_lo, b0, b1);
+          }
+        }
+      }
+#pragma unroll
+      for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[rt][e] += __shfl_xor_sync(0xffffffffu, s[rt][e], 2);  // hi + lo columns
+      }
+      if (c4 < 2) {
+#pragma unroll
+        for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = rt * kQRowsPerTile + 2 * c4 + (e & 1), tok = tt * 16 + g4 + 8 * (e >> 1);
+            if (rt < nrt) ss[(kp * kMaxRowsPerCta + row) * TS + tok] = s[rt][e] * kns[tok];
+          }
+        }
+      }
+    }
+    __syncthreads();
+
+    // ---- online softmax per query row (log2 units), P^T (times the value norms) as hi/lo columns.
+    for (int r = warp; r < R; r += kAuraWarps) {
+      const int last = T - p.L + (r0 + r) / p.G;  // the row's last visible token
+      constexpr int PER = (TS + 31) / 32;
+      float x[PER];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < PER; ++k) {
+        const int tt = lane + 32 * k, t = ts0 + tt;
+        x[k] = -INFINITY;
+        if (tt < TS && t < t_end && t <= last) {
+          float v = ss[r * TS + tt];
+#pragma unroll
+          for (int kp = 1; kp < C::KP; ++kp) v += ss[(kp * kMaxRowsPerCta + r) * TS + tt];
+          x[k] = v;
+        }
+        mx = fmaxf(mx, x[k]);
+      }
+      mx = warp_max(mx);
+      const float m_old = ms[r], m_new = fmaxf(m_old, mx);
+      uint16_t* p_hi = ps + ((r / kQRowsPerTile) * 8 + r % kQRowsPerTile) * C::PROW;
+      uint16_t* p_lo = p_hi + kQRowsPerTile * C::PROW;
+      float sum = 0.f;
+#pragma unroll
+      for (int k = 0; k < PER; ++k) {
+        const int tt = lane + 32 * k;
+        if (tt < TS) {
+          const float pr = x[k] == -INFINITY ? 0.f : exp2f(x[k] - m_new);
+          sum += pr;
+          uint32_t hi, lo;
+          split_bf16(pr * vns[tt], hi, lo);
+          p_hi[tt] = uint16_t(hi);
+          p_lo[tt] = uint16_t(lo);
+        }
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        // m_new = -inf: nothing seen yet, keep alpha 1 (exp2(-inf - -inf) would be NaN).
+        const float alpha = m_new == -INFINITY ? 1.f : exp2f(m_old - m_new);
+        ls[r] = ls[r] * alpha + sum;
+        ms[r] = m_new;
+        as[r] = alpha;
+      }
+    }
+    __syncthreads();
+
+    // ---- PV: warp owns 16-dim output tiles mt = warp + 4 i; O^T[16 dims x 8 columns] += V^T P^T.
+    {
+#pragma unroll
+      for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+        const float a0 = as[rt * kQRowsPerTile + ((2 * c4) & 3)], a1 = as[rt * kQRowsPerTile + ((2 * c4 + 1) & 3)];
+#pragma unroll
+        for (int mi = 0; mi < C::MT_PER_WARP; ++mi) {
+          acc[mi][rt][0] *= a0, acc[mi][rt][1] *= a1, acc[mi][rt][2] *= a0, acc[mi][rt][3] *= a1;
+        }
+      }
+#pragma unroll 1
+      for (int kt = 0; kt < TS / 16; ++kt) {
+        const uint32_t* v0 = vcs + (kt * 16 + 2 * c4) * C::RSV;  // tokens 2c, 2c+1, 2c+8, 2c+9
+        const uint32_t* v1 = v0 + C::RSV;
+        const uint32_t* v8 = v0 + 8 * C::RSV;
+        const uint32_t* v9 = v8 + C::RSV;
+        uint32_t b[kMaxRowTiles][2];
+#pragma unroll
+        for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+          const uint32_t* col = ps32 + (rt * 8 + g4) * (C::PROW / 2);
+          b[rt][0] = col[8 * kt + c4];
+          b[rt][1] = col[8 * kt + 4 + c4];
+        }
+#pragma unroll
+        for (int mi = 0; mi < C::MT_PER_WARP; ++mi) {
+          const int da = 16 * (warp + kAuraWarps * mi) + g4, db = da + 8;
+          const uint2 e0 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v0, da) | (code_field<VB, 1>(v1, da) << VB));
+          const uint2 e1 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v0, db) | (code_field<VB, 1>(v1, db) << VB));
+          const uint2 e2 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v8, da) | (code_field<VB, 1>(v9, da) << VB));
+          const uint2 e3 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v8, db) | (code_field<VB, 1>(v9, db) << VB));
+          const uint32_t a_hi[4] = {e0.x, e1.x, e2.x, e3.x}, a_lo[4] = {e0.y, e1.y, e2.y, e3.y};
+#pragma unroll
+          for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+            if (rt < nrt) {
+              mma_16816<__nv_bfloat16>(acc[mi][rt], a_hi, b[rt][0], b[rt][1]);
+              mma_16816<__nv_bfloat16>(acc[mi][rt], a_lo, b[rt][0], b[rt][1]);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next stage's loads overwrite this buffer, ss and ps
+  }
+
+  // Unnormalised partials (§8): o in the rotated domain, m in natural-log units.
+  for (int r = tid; r < R; r += kAuraThreads) {
+    p.m[out_row(r)] = ms[r] * kLn2F;  // -inf stays -inf for a row that saw nothing
+    p.l[out_row(r)] = ls[r];
+  }
+#pragma unroll
+  for (int mi = 0; mi < C::MT_PER_WARP; ++mi) {
+#pragma unroll
+    for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float v = acc[mi][rt][e] + __shfl_xor_sync(0xffffffffu, acc[mi][rt][e], 2);
+        const int row = rt * kQRowsPerTile + 2 * c4 + (e & 1);
+        const int d = 16 * (warp + kAuraWarps * mi) + g4 + 8 * (e >> 1);
+        if (c4 < 2 && rt < nrt && row < R) p.o[out_row(row) * D + d] = v;
+      }
+    }
+  }
+}
+
+// Host side of pass 1: the instantiation for run-time (D, key bits, value bits). The 64 instantiations
+// are spread over aura_p1_d{64,128,256,512}.cu so they compile in parallel.
+struct P1Kernel {
+  void (*fn)(AuraP1Params);
+  size_t smem;
+  int ctas_per_sm;
+};
+
+template <int D, int KB, int VB>
+P1Kernel p1_kernel_of(int device) {
+  // Dynamic shared memory above 48 KB and the occupancy, once per (instantiation, device): attribute
+  // calls are not stream work, so they are legal during graph capture as well.
+  static int ctas[64] = {};
+  auto fn = aura_flash_p1_kernel<D, KB, VB>;
+  constexpr size_t smem = P1Config<D, KB, VB>::kBytes;
+  if (device >= 64 || ctas[device] == 0) {
+    AURA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess,
+               "aura_flash_p1: cudaFuncSetAttribute failed for ", smem, " bytes of shared memory");
+    int n = 0;
+    AURA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kAuraThreads, smem) == cudaSuccess,
+               "aura_flash_p1: occupancy query failed");
+    n = std::max(n, 1);
+    if (device < 64) ctas[device] = n;
+    return {fn, smem, n};
+  }
+  return {fn, smem, ctas[device]};
+}
+
+// Call f(std::integral_constant<int, V>) for a run-time value among four compile-time ones (checked
+// before): the head dims and the bit widths that the kernels are instantiated for.
+template <int A, int B, int C, int Z, typename F>
+void with_one_of(int64_t v, F&& f) {
+  if (v == A) return f(std::integral_constant<int, A>{});
+  if (v == B) return f(std::integral_constant<int, B>{});
+  if (v == C) return f(std::integral_constant<int, C>{});
+  return f(std::integral_constant<int, Z>{});
+}
+template <typename F>
+void with_bits(int64_t bits, F&& f) { with_one_of<2, 3, 4, 8>(bits, f); }
+template <typename F>
+void with_dim(int64_t D, F&& f) { with_one_of<64, 128, 256, 512>(D, f); }
+
+template <int D>
+P1Kernel p1_kernel_for_dim(int64_t kb, int64_t vb, int device);  // defined in aura_p1_d<D>.cu
+
+#define AURA_DEFINE_P1_FOR_DIM(DIM)                                                                    \
+  template <>                                                                                          \
+  P1Kernel p1_kernel_for_dim<DIM>(int64_t kb, int64_t vb, int device) {                                \
+    P1Kernel k{};                                                                                      \
+    with_bits(kb, [&](auto kbits) {                                                                    \
+      with_bits(vb, [&](auto vbits) {                                                                  \
+        k = p1_kernel_of<DIM, decltype(kbits)::value, decltype(vbits)::value>(device);                 \
+      });                                                                                              \
+    });                                                                                                \
+    return k;                                                                                          \
+  }
+
+// ---------------------------------------------------------------------- pass 2: the merge
+struct AuraP2Params {
+  const float* o;  // [..., NB, D]
+  const float* m;  // [..., NB]
+  const float* l;
+  RowIndexer o_rows, m_rows, l_rows;
+  int64_t o_sn, m_sn, l_sn;  // stride of the block dim
+  int64_t rows;
+  int NB;
+  const uint32_t* v_sign;  // non-null: un-rotate (out = s_V . H(o_rot) / sqrt(D))
+  float factor;
+  void* out;   // contiguous [rows, D]
+  float* lse;  // contiguous [rows]
+  FloatKind kind;
+};
+
+// One warp per (b, (i,) h) row, lane l holding dims l + 32 i (the butterfly's mapping). Blocks with
+// l > 0 only (a NaN l compares false): an empty block's partial may be stale or poisoned, so it is
+// dropped by a select, never multiplied by 0. Weights go through shared memory 32 blocks at a time,
+// so the block loop has no shuffle and unrolls (see merge_attn_states_kernel).
+template <int D>
+__global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP2Params p) {
+  constexpr int V = D / 32;
+  __shared__ float wsplit[kAuraWarps][32];
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kAuraWarps + (threadIdx.x >> 5);
+  if (row >= p.rows) return;
+  const float* o = p.o + p.o_rows.offset(row);
+  const float* m = p.m + p.m_rows.offset(row);
+  const float* l = p.l + p.l_rows.offset(row);
+  float M = -INFINITY;
+  for (int n = lane; n < p.NB; n += 32)
+    if (l[n * p.l_sn] > 0.f) M = fmaxf(M, m[n * p.m_sn]);
+  M = warp_max(M);
+  const bool any_live = M > -INFINITY;
+  float acc[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) acc[i] = 0.f;
+  float lsum = 0.f;
+  float* ws = wsplit[threadIdx.x >> 5];
+  if (any_live) {
+    for (int n0 = 0; n0 < p.NB; n0 += 32) {
+      float w = 0.f;
+      if (n0 + lane < p.NB) {
+        const float lv = l[(n0 + lane) * p.l_sn];
+        if (lv > 0.f) {
+          w = expf(m[(n0 + lane) * p.m_sn] - M);
+          lsum = fmaf(w, lv, lsum);
+        }
+      }
+      __syncwarp();
+      ws[lane] = w;
+      __syncwarp();
+      const int cnt = min(32, p.NB - n0);
+#pragma unroll 4
+      for (int k = 0; k < cnt; ++k) {
+        const float wk = ws[k];
+        const float* on = o + (n0 + k) * p.o_sn;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const float v = on[lane + 32 * i];
+          acc[i] = wk > 0.f ? fmaf(wk, v, acc[i]) : acc[i];
+        }
+      }
+    }
+  }
+  lsum = warp_sum(lsum);
+#pragma unroll
+  for (int i = 0; i < V; ++i) acc[i] = any_live ? acc[i] / lsum : 0.f;
+  if (p.v_sign != nullptr) rotate_warp<D>(acc, p.v_sign, p.factor, true);
+#pragma unroll
+  for (int i = 0; i < V; ++i) store_float(p.out, row * D + lane + 32 * i, p.kind, acc[i]);
+  if (lane == 0) p.lse[row] = any_live ? M + logf(lsum) : -INFINITY;
+}
+
+}  // namespace aura

@@ -1,0 +1,7 @@
+// Pass-1 instantiations of the AURA compressed decode for head dim 512 (all 16 bit pairs), in a
+// translation unit of their own so the four head dims compile in parallel (see aura.cuh).
+#include "aura.cuh"
+
+namespace aura {
+AURA_DEFINE_P1_FOR_DIM(512)
+}  // namespace aura

@@ -1,0 +1,522 @@
+"""The CUDA AURA kernels against the pure-PyTorch reference (aura-format.md §11.6, targets.md).
+
+Attention kernels read reference-encoded caches and must agree with the reference to a max relative
+error of 1e-4 in fp32; encode kernels may differ from the reference only where the rotated value is
+within 1e-5/sqrt(D) of a boundary, and then by one index. Runs only where a CUDA device exists;
+there, a missing kernel is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import torch_aura as ta
+from torch_aura import backends
+from torch_aura.reference import aura as R
+
+from _util import assert_max_rel, dtype_id, max_rel
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+DEV = "cuda"
+HEAD_DIMS = (64, 128, 256, 512)
+BITS = (2, 3, 4, 8)
+PAIRS = [(kb, vb) for kb in BITS for vb in BITS]
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+OPS = ("hadamard_rotate", "aura_encode", "aura_write_cache", "aura_dequantize", "aura_flash_p1",
+       "aura_flash_p2", "aura_decode")
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=_gen(seed)).to(dtype)
+
+
+def test_cuda_kernels_are_registered():
+    for op in OPS:
+        assert backends.has_kernel(op, "cuda"), backends.status()[op]["cuda"]
+
+
+# ================================================================================ rotation
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
+def test_hadamard_rotate_matches_reference(D, dtype):
+    x = _randn(7, 3, D, seed=D, dtype=dtype).transpose(0, 1)  # a view: strides (D, 3D, 1)
+    mask = ta.aura_sign_mask(D, layer=2)
+    for m, scale, inverse in ((mask, 1.0, False), (mask, 0.3, True), (None, 2.0, False)):
+        got = ta.hadamard_rotate(x.to(DEV), None if m is None else m.to(DEV), scale, inverse)
+        want = R.hadamard_rotate(x, m, scale, inverse)
+        assert got.dtype == dtype and got.shape == x.shape and got.is_contiguous()
+        if dtype == torch.float32:
+            assert_max_rel(f"rotate D{D}", got.cpu(), want, 1e-6)
+        else:  # the same fp32 math, one final rounding each: at most an ulp of the output dtype apart
+            assert max_rel(got.cpu().float(), want.float()) <= 1e-2
+    y = ta.hadamard_rotate(x.to(DEV).float(), mask.to(DEV))
+    assert_max_rel("inverse(forward)", ta.hadamard_rotate(y, mask.to(DEV), inverse=True).cpu(), x.float(), 1e-5)
+
+
+# ================================================================================== encode
+def _check_codes_near_boundaries(x, codes, norms, ref_codes, ref_norms, bits, mask):
+    """Equal codes except where y_j is within 1e-5/sqrt(D) of a boundary, and there by one index."""
+    D = x.shape[-1]
+    idx, ref_idx = R.unpack_codes(codes, bits, D), R.unpack_codes(ref_codes, bits, D)
+    xf = x.float()
+    r = xf.norm(dim=-1, keepdim=True)
+    y = R.hadamard_rotate(torch.where(r > 0, xf / r.clamp_min(1e-30), 0.0), mask)
+    _, bd = ta.aura_codebook(bits, D)
+    gap = (y[..., None] - bd).abs().amin(-1)
+    diff = idx != ref_idx
+    assert bool((gap[diff] <= 1e-5 / math.sqrt(D)).all()), "a code differs away from a boundary"
+    assert bool(((idx - ref_idx).abs() <= 1).all())
+    same = ~diff.any(-1)
+    assert_max_rel("norms (equal codes)", norms[same], ref_norms[same], 1e-5)
+    assert_max_rel("norms (all)", norms, ref_norms, 1e-4)
+
+
+@pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
+def test_encode_matches_reference(D, bits):
+    x = _randn(5, 67, D, seed=D + bits) * 3
+    x[0, 3] = 0.0
+    x[1, 4, 2] = float("nan")
+    x[2, 5, 9] = float("inf")
+    mask = ta.aura_sign_mask(D, layer=1)
+    cb, bd = ta.aura_codebook(bits, D)
+    codes, norms = ta.aura_encode(x.to(DEV), cb.to(DEV), bd.to(DEV), bits, mask.to(DEV))
+    assert codes.shape == (5, 67, D * bits // 32) and codes.dtype == torch.int32 and norms.dtype == torch.float32
+    ref_codes, ref_norms = R.aura_encode(x, cb, bd, bits, mask)
+    _check_codes_near_boundaries(x, codes.cpu(), norms.cpu(), ref_codes, ref_norms, bits, mask)
+    # zero and non-finite rows: codes 2^(b-1), norm 0, exactly
+    for b_, t_ in ((0, 3), (1, 4), (2, 5)):
+        assert norms[b_, t_].item() == 0.0
+        assert bool((R.unpack_codes(codes[b_, t_].cpu(), bits, D) == 2 ** (bits - 1)).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_encode_low_precision_views_and_no_mask(dtype):
+    x = _randn(9, 4, 128, seed=3, dtype=dtype).transpose(0, 1)
+    cb, bd = ta.aura_codebook(3, 128)
+    for mask in (ta.aura_sign_mask(128), None):
+        got = ta.aura_encode(x.to(DEV), cb.to(DEV), bd.to(DEV), 3, None if mask is None else mask.to(DEV))
+        want = R.aura_encode(x, cb, bd, 3, mask)
+        _check_codes_near_boundaries(x, got[0].cpu(), got[1].cpu(), *want, 3, mask)
+
+
+@pytest.mark.parametrize("bits,cos", [(2, 0.9406), (3, 0.9831), (4, 0.9954), (8, 0.99998)])
+def test_encode_quality_targets_on_gpu(bits, cos):
+    """targets.md: mean cosine(x, x_hat) at D = 128 (+-0.001) and |x_hat| = |x| (rel 1e-5), all on the GPU."""
+    D = 128
+    x = torch.randn(8192, D, generator=torch.Generator(device=DEV).manual_seed(11), device=DEV)
+    cb, bd = (t.to(DEV) for t in ta.aura_codebook(bits, D))
+    mask = ta.aura_sign_mask(D, device=DEV)
+    x_hat = ta.aura_dequantize(*ta.aura_encode(x, cb, bd, bits, mask), cb, bits, mask)
+    got = torch.nn.functional.cosine_similarity(x, x_hat, dim=-1).mean().item()
+    assert got == pytest.approx(cos, abs=1e-3)
+    ratio = x_hat.double().norm(dim=-1) / x.double().norm(dim=-1)
+    assert (ratio - 1).abs().max().item() <= 1e-5
+
+
+def _garbage(shape, seed):
+    g = _gen(seed)
+    codes = torch.randint(-2**31, 2**31 - 1, shape, generator=g, dtype=torch.int64).to(torch.int32)
+    return codes.to(DEV), (torch.rand(shape[:-1], generator=g) + 7.0).to(DEV)
+
+
+@pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])
+@pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged5"])
+def test_write_cache_equals_encode_plus_scatter(bits, paged):
+    Hkv, D, N = 3, 128, 11
+    PW = D * bits // 32
+    shape = (6, 5, Hkv, PW) if paged else (3, Hkv, 10, PW)
+    n_slots = 30
+    base_c, base_n = _garbage((2, *shape), bits)  # a vLLM-style (2, ...) buffer: the cache is a view
+    codes, norms = base_c[1], base_n[1]
+    before_c, before_n = base_c.clone(), base_n.clone()
+    x = _randn(N, Hkv, D, seed=bits, dtype=torch.bfloat16).to(DEV)
+    slots = torch.tensor([0, 29, -1, 6, 13, -7, 7, 15, 1, 22, n_slots + 5], device=DEV)  # last: out of range
+    cb, bd = (t.to(DEV) for t in ta.aura_codebook(bits, D))
+    mask = ta.aura_sign_mask(D, device=DEV)
+    torch.ops.aura.aura_write_cache(x, codes, norms, slots, cb, bd, bits, mask, paged)
+    enc_c, enc_n = ta.aura_encode(x, cb, bd, bits, mask)
+    want_c, want_n = before_c.clone(), before_n.clone()
+    for n, slot in enumerate(slots.tolist()):
+        if 0 <= slot < n_slots:
+            if paged:
+                want_c[1, slot // 5, slot % 5] = enc_c[n]
+                want_n[1, slot // 5, slot % 5] = enc_n[n]
+            else:
+                want_c[1, slot // 10, :, slot % 10] = enc_c[n]
+                want_n[1, slot // 10, :, slot % 10] = enc_n[n]
+    assert torch.equal(base_c, want_c) and torch.equal(base_n, want_n)  # the other half and slots untouched
+
+
+# ============================================================================== dequantize
+@pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
+def test_dequantize_matches_reference(D, bits):
+    mask = ta.aura_sign_mask(D, kind="v")
+    cb, bd = ta.aura_codebook(bits, D)
+    codes, norms = R.aura_encode(_randn(2, 9, D, seed=D * bits), cb, bd, bits, mask)
+    gc, gn, gcb, gm = codes.to(DEV), norms.to(DEV), cb.to(DEV), mask.to(DEV)
+    assert_max_rel("rotated", ta.aura_dequantize(gc, gn, gcb, bits).cpu(), R.aura_dequantize(codes, norms, cb, bits), 1e-6)
+    got = ta.aura_dequantize(gc[:, 2:7], gn[:, 2:7], gcb, bits, gm)  # sliced views
+    assert_max_rel("original", got.cpu(), R.aura_dequantize(codes[:, 2:7], norms[:, 2:7], cb, bits, mask), 1e-6)
+    bf = ta.aura_dequantize(gc, gn, gcb, bits, gm, torch.bfloat16)
+    assert bf.dtype == torch.bfloat16
+    assert max_rel(bf.cpu().float(), R.aura_dequantize(codes, norms, cb, bits, mask)) <= 1e-2
+
+
+# =============================================================== attention: p1, p2, decode
+class Cache:
+    """A reference-encoded K/V cache on the GPU, contiguous or paged; dead rows are NaN garbage."""
+
+    def __init__(self, B, Hkv, cap, D, kb, vb, seq_lens, page_size=None, seed=0):
+        self.B, self.Hkv, self.cap, self.D, self.kb, self.vb = B, Hkv, cap, D, kb, vb
+        self.seq_cpu = torch.tensor(seq_lens, dtype=torch.int32)
+        self.k_mask, self.v_mask = ta.aura_sign_mask(D, seed, 0, "k"), ta.aura_sign_mask(D, seed, 0, "v")
+        self.k_cb, k_bd = ta.aura_codebook(kb, D)
+        self.v_cb, v_bd = ta.aura_codebook(vb, D)
+        kc, kn = R.aura_encode(_randn(B, Hkv, cap, D, seed=seed + 1), self.k_cb, k_bd, kb, self.k_mask)
+        vc, vn = R.aura_encode(_randn(B, Hkv, cap, D, seed=seed + 2), self.v_cb, v_bd, vb, self.v_mask)
+        dead = (torch.arange(cap)[None, :] >= self.seq_cpu[:, None].long())[:, None, :].expand(B, Hkv, cap)
+        g = _gen(seed + 3)
+        for c, n in ((kc, kn), (vc, vn)):  # tokens past seq_len are never read: poison them
+            c[dead] = torch.randint(-2**31, 2**31 - 1, (int(dead.sum()), c.shape[-1]), generator=g).to(torch.int32)
+            n[dead] = float("nan")
+        self.block_table = None
+        if page_size is not None:
+            max_blocks = -(-cap // page_size)
+            num_blocks = B * max_blocks + 3
+            table = torch.randperm(num_blocks, generator=g)[: B * max_blocks].reshape(B, max_blocks).to(torch.int32)
+            paged = []
+            for c, n in ((kc, kn), (vc, vn)):
+                pc = torch.randint(-2**31, 2**31 - 1, (num_blocks, page_size, Hkv, c.shape[-1]), generator=g).to(torch.int32)
+                pn = torch.full((num_blocks, page_size, Hkv), float("nan"))
+                for b in range(B):
+                    for j in range(max_blocks):
+                        rows = slice(j * page_size, min((j + 1) * page_size, cap))
+                        pc[table[b, j], : rows.stop - rows.start] = c[b, :, rows].transpose(0, 1)
+                        pn[table[b, j], : rows.stop - rows.start] = n[b, :, rows].transpose(0, 1)
+                paged.append((pc, pn))
+            live = torch.arange(max_blocks)[None, :] * page_size < self.seq_cpu[:, None].long()
+            table[~live] = 10**6  # pages with no live token are never dereferenced
+            self.block_table = table
+            (kc, kn), (vc, vn) = paged
+        self.cpu = (kc, kn, vc, vn)
+        self.gpu = tuple(t.to(DEV) for t in self.cpu)
+
+    def args(self, dev):
+        kc, kn, vc, vn = self.gpu if dev == DEV else self.cpu
+        seq = self.seq_cpu.to(dev)
+        return kc, kn, vc, vn, seq, self.k_cb.to(dev), self.v_cb.to(dev)
+
+    def table(self, dev):
+        return None if self.block_table is None else self.block_table.to(dev)
+
+    def p1(self, q_rot, block_size, dev):
+        kc, kn, vc, vn, seq, kcb, vcb = self.args(dev)
+        return ta.aura_flash_p1(q_rot.to(dev), kc, kn, vc, vn, seq, kcb, vcb, self.kb, self.vb, self.table(dev),
+                                block_size)
+
+    def decode(self, q, dev, scale=None, num_splits=0):
+        kc, kn, vc, vn, seq, kcb, vcb = self.args(dev)
+        return ta.aura_decode(q.to(dev), kc, kn, vc, vn, seq, kcb, vcb, self.k_mask.to(dev), self.v_mask.to(dev),
+                              self.kb, self.vb, self.table(dev), scale, num_splits)
+
+
+def _check_partials(got, want):
+    o, m, l = (t.cpu() for t in got)
+    wo, wm, wl = want
+    assert o.shape == wo.shape and m.shape == wm.shape and l.shape == wl.shape
+    assert torch.equal(torch.isinf(m), torch.isinf(wm)) and torch.equal(l == 0, wl == 0), "empty-block pattern"
+    empty = wl == 0
+    assert bool((o[empty] == 0).all()) and bool((m[empty] == -math.inf).all()), "empty block: o = 0, m = -inf"
+    fin = torch.isfinite(wm)
+    if fin.any():
+        assert (m[fin].double() - wm[fin].double()).abs().max().item() <= 1e-4 * max(1.0, wm[fin].abs().max().item())
+        assert_max_rel("l", l[fin], wl[fin])
+    # o per (row, block): relative to that partial's own scale, so small blocks are checked too
+    scale = wo.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+    err = ((o.double() - wo.double()).abs() / scale).max().item() if o.numel() else 0.0
+    assert err <= 1e-4, f"o: max relative error {err:.3e} > 1e-4"
+
+
+def _check_attention(cache: Cache, Hq, L, block_size, seed=0, num_splits=None):
+    """GPU p1 / p2 / decode against the reference on the same inputs."""
+    B, D = cache.B, cache.D
+    q = _randn(B, L or 1, Hq, D, seed=seed + 100)
+    qq = q if L else q[:, 0]
+    q_rot = R.hadamard_rotate(qq, cache.k_mask, scale=D ** -0.5)
+    want = cache.p1(q_rot, block_size, "cpu")
+    got = cache.p1(q_rot, block_size, DEV)
+    _check_partials(got, want)
+    for mask in (None, cache.v_mask):
+        out, lse = ta.aura_flash_p2(*got, None if mask is None else mask.to(DEV))
+        w_out, w_lse = R.aura_flash_p2(*want, mask)
+        assert out.dtype == torch.float32
+        assert_max_rel("p2 out", out.cpu(), w_out)
+        assert torch.equal(torch.isinf(lse.cpu()), torch.isinf(w_lse))
+        assert_max_rel("p2 lse", lse.cpu(), w_lse)
+    for ns in ([num_splits] if num_splits is not None else [0, 3]):
+        out, lse = cache.decode(qq, DEV, num_splits=ns)
+        w_out, w_lse = cache.decode(qq, "cpu", num_splits=ns)
+        assert out.dtype == qq.dtype and out.shape == qq.shape and lse.shape == qq.shape[:-1]
+        assert_max_rel(f"decode out (num_splits={ns})", out.cpu(), w_out)
+        assert_max_rel(f"decode lse (num_splits={ns})", lse.cpu(), w_lse)
+    return got
+
+
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
+@pytest.mark.parametrize("kb,vb", PAIRS, ids=[f"k{k}v{v}" for k, v in PAIRS])
+def test_every_bit_pair_and_head_dim(kb, vb, D):
+    cache = Cache(B=2, Hkv=2, cap=77, D=D, kb=kb, vb=vb, seq_lens=[77, 20], seed=kb * 10 + vb)
+    _check_attention(cache, Hq=6, L=None, block_size=33)
+
+
+@pytest.mark.parametrize("Hkv", [1, 2, 8], ids=lambda h: f"Hkv{h}")
+@pytest.mark.parametrize("G", range(1, 9), ids=lambda g: f"G{g}")
+def test_every_gqa_ratio(G, Hkv):
+    cache = Cache(B=2, Hkv=Hkv, cap=70, D=64, kb=4, vb=2, seq_lens=[70, 11], seed=G)
+    _check_attention(cache, Hq=G * Hkv, L=None, block_size=16, num_splits=0)
+
+
+def test_large_group_uses_row_groups():
+    cache = Cache(B=1, Hkv=2, cap=100, D=128, kb=4, vb=2, seq_lens=[99], seed=40)
+    _check_attention(cache, Hq=40, L=None, block_size=64, num_splits=0)  # G = 20: three CTA row groups
+
+
+@pytest.mark.parametrize("T", [0, 1, 31, 32, 33, 63, 64, 65, 4096], ids=lambda t: f"T{t}")
+def test_sequence_lengths_around_blocks(T):
+    cache = Cache(B=2, Hkv=2, cap=max(T, 130), D=128, kb=4, vb=4, seq_lens=[T, 70], seed=T)
+    got = _check_attention(cache, Hq=8, L=None, block_size=64)
+    o, m, l = got
+    live = -(-T // 64)
+    assert bool((l[0, :, :live] > 0).all()) and bool((l[0, :, live:] == 0).all())
+
+
+@pytest.mark.parametrize("page_size,block_size", [(1, 4), (16, 16), (16, 24), (5, 10), (5, 7), (7, 64)],
+                         ids=["p1-bs4", "p16-bs16", "p16-bs24", "p5-bs10", "p5-bs7", "p7-bs64"])
+def test_paged(page_size, block_size):
+    cap = 80 if page_size != 1 else 12
+    lens = [cap, cap // 2 + 1, 0]
+    paged = Cache(B=3, Hkv=2, cap=cap, D=128, kb=3, vb=4, seq_lens=lens, page_size=page_size, seed=page_size)
+    contig = Cache(B=3, Hkv=2, cap=cap, D=128, kb=3, vb=4, seq_lens=lens, seed=page_size)
+    a = _check_attention(paged, Hq=4, L=None, block_size=block_size)
+    b = _check_attention(contig, Hq=4, L=None, block_size=block_size)
+    # same logical data, other layout: the kernel stages both identically -> bitwise equal partials
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("layout", ["contig", "paged5"])
+@pytest.mark.parametrize("G", [1, 4, 6])
+def test_causal_including_negative_positions(layout, G):
+    cache = Cache(B=3, Hkv=2, cap=40, D=64, kb=8, vb=3, seq_lens=[33, 2, 0],
+                  page_size=5 if layout == "paged5" else None, seed=21)
+    o, m, l = _check_attention(cache, Hq=2 * G, L=4, block_size=5)
+    out, lse = ta.aura_flash_p2(o, m, l, cache.v_mask.to(DEV))
+    assert bool((out[1, :2] == 0).all()) and bool((lse[1, :2] == -math.inf).all())
+    assert bool((out[2] == 0).all()) and bool((lse[2] == -math.inf).all())
+
+
+@pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
+@pytest.mark.parametrize("kb,vb", PAIRS, ids=[f"k{k}v{v}" for k, v in PAIRS])
+def test_single_token_decode_path(kb, vb, D):
+    """B = 1, L = 1, through aura_decode and through p1 + p2: every output dim of every head."""
+    cache = Cache(B=1, Hkv=2, cap=300, D=D, kb=kb, vb=vb, seq_lens=[300], seed=kb + vb + D)
+    q = _randn(1, 8, D, seed=D)
+    want, want_lse = cache.decode(q, "cpu", num_splits=4)
+    q_rot = ta.hadamard_rotate(q.to(DEV), cache.k_mask.to(DEV), scale=D ** -0.5)
+    via_p = ta.aura_flash_p2(*cache.p1(q_rot, 75, DEV), cache.v_mask.to(DEV))
+    for name, (out, lse) in (("aura_decode", cache.decode(q, DEV)), ("p1+p2", via_p)):
+        out = out.cpu()
+        assert_max_rel(name, out, want)
+        assert_max_rel(name + " lse", lse.cpu(), want_lse)
+        err = (out.double() - want.double()).abs()
+        assert bool((err <= 1e-4 * want.abs().amax(-1, keepdim=True)).all()), f"{name}: some output dim is off"
+
+
+def test_p2_skips_nan_poisoned_empty_partials():
+    cache = Cache(B=3, Hkv=2, cap=40, D=128, kb=4, vb=2, seq_lens=[40, 7, 0], seed=6)
+    q_rot = _randn(3, 2, 4, 128, seed=2)
+    o, m, l = cache.p1(q_rot, 8, DEV)
+    dead = l == 0
+    assert int(dead.sum()) > 0
+    nan = float("nan")
+    for ob, mb, lb in ((torch.where(dead[..., None], nan, o), m, l),
+                       (torch.where(dead[..., None], nan, o), torch.where(dead, nan, m), torch.where(dead, nan, l))):
+        for mask in (None, cache.v_mask.to(DEV)):
+            got, lse = ta.aura_flash_p2(ob, mb, lb, mask)
+            want, want_lse = ta.aura_flash_p2(o, m, l, mask)
+            assert torch.equal(got, want) and torch.equal(lse, want_lse) and bool(torch.isfinite(got).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_decode_low_precision_query_and_p2_out_dtype(dtype):
+    cache = Cache(B=2, Hkv=2, cap=300, D=128, kb=4, vb=2, seq_lens=[300, 3], seed=1)
+    q = _randn(2, 8, 128, seed=3, dtype=dtype)
+    out, lse = cache.decode(q, DEV, scale=0.1)
+    want, want_lse = cache.decode(q, "cpu", scale=0.1)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert max_rel(out.cpu().float(), want.float()) <= 1e-2
+    assert_max_rel("lse", lse.cpu(), want_lse)
+
+
+def test_quality_against_exact_attention_on_gpu():
+    """targets.md: synthetic attention with outlier channels, cosine >= 0.99 aura4v4, >= 0.93 aura4v2."""
+    D, T = 128, 2048
+    cos = {"aura4v4": [], "aura4v2": []}
+    for trial in range(10):
+        g = _gen(trial)
+        z = torch.randn(D, generator=g, dtype=torch.float64)
+        sigma = torch.exp(0.5 * z)
+        sigma[torch.randperm(D, generator=g)[:4]] *= 8
+        K = sigma * torch.randn(T, D, generator=g, dtype=torch.float64) + 0.5
+        V = torch.randn(T, D, generator=g, dtype=torch.float64)
+        q = sigma * torch.randn(16, D, generator=g, dtype=torch.float64)
+        q = q * (2.0 / (q @ K.T).std(dim=-1, keepdim=True))
+        exact = torch.softmax(q @ K.T, -1) @ V
+        for scheme in cos:
+            cache = ta.AuraCache(scheme, batch=1, kv_heads=1, head_dim=D, capacity=T, device=DEV)
+            cache.append(K.float()[None, :, None].to(DEV), V.float()[None, :, None].to(DEV))
+            out, _ = cache.decode(q.float()[None].to(DEV), scale=1.0)
+            cos[scheme].append(torch.nn.functional.cosine_similarity(out[0].double().cpu(), exact, dim=-1).mean().item())
+    c44, c42 = (sum(v) / len(v) for v in cos.values())
+    assert c44 >= 0.99, c44
+    assert c42 >= 0.93, c42
+
+
+# ----------------------------------------------------------- graphs, compile, errors, sanitizer
+def test_cuda_graph_replay_with_new_lengths_tables_and_values_is_bitwise_eager():
+    B, Hq, Hkv, D, page, cap = 3, 16, 4, 128, 16, 2048
+    cache = Cache(B=B, Hkv=Hkv, cap=cap, D=D, kb=4, vb=2, seq_lens=[cap, 1, 0], page_size=page, seed=8)
+    kc, kn, vc, vn, seq, kcb, vcb = cache.args(DEV)
+    table = cache.table(DEV)
+    table.copy_(torch.randperm(kc.shape[0], device=DEV)[: table.numel()].reshape(table.shape).to(torch.int32))
+    kn.copy_(torch.rand_like(kn))  # every slot finite so any table is valid: NaN != NaN under equal
+    vn.copy_(torch.rand_like(vn))
+    km, vm = cache.k_mask.to(DEV), cache.v_mask.to(DEV)
+    q = torch.randn(B, Hq, D, device=DEV)
+    args = lambda: (q, kc, kn, vc, vn, seq, kcb, vcb, km, vm, 4, 2, table, None, 0)  # noqa: E731
+    torch.ops.aura.aura_decode(*args())  # warm-up outside capture (tables, attributes)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = torch.ops.aura.aura_decode(*args())
+    for trial in range(3):
+        g = torch.Generator(device="cpu").manual_seed(100 + trial)
+        seq.copy_(torch.randint(0, cap + 1, (B,), generator=g, dtype=torch.int32))
+        table.copy_(torch.randperm(kc.shape[0], generator=g)[: table.numel()].reshape(table.shape).to(torch.int32))
+        q.copy_(torch.randn(q.shape, generator=g))
+        kc.copy_(torch.randint(-2**31, 2**31 - 1, kc.shape, generator=g, dtype=torch.int64).to(torch.int32))
+        vn.copy_(torch.rand(vn.shape, generator=g))
+        graph.replay()
+        want_out, want_lse = torch.ops.aura.aura_decode(*args())
+        torch.cuda.synchronize()
+        assert not out.isnan().any()
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"replay {trial} differs from eager"
+
+
+def test_write_cache_and_decode_capture_together():
+    """AuraCache.append + decode captured in one graph (a serving loop's decode step) == the same eagerly."""
+    def fresh():
+        c = ta.AuraCache("aura4v2", batch=4, kv_heads=2, head_dim=128, capacity=64, device=DEV)
+        g = torch.Generator(device=DEV).manual_seed(0)
+        c.append(torch.randn(4, 20, 2, 128, device=DEV, generator=g), torch.randn(4, 20, 2, 128, device=DEV, generator=g))
+        return c
+
+    k1, v1 = torch.randn(4, 2, 128, device=DEV), torch.randn(4, 2, 128, device=DEV)
+    q = torch.randn(4, 8, 128, device=DEV)
+    eager = fresh()
+    eager.append(k1, v1)
+    want = eager.decode(q)
+    cache = fresh()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # recorded, not run: the cache still holds 20 tokens
+        cache.append(k1, v1)  # slots from the device-side seq_lens, which the graph advances
+        out, lse = cache.decode(q)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert cache.seq_lens.tolist() == [21] * 4
+    assert torch.equal(cache.k_codes, eager.k_codes) and torch.equal(cache.v_norms, eager.v_norms)
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+
+
+def test_compile_fullgraph():
+    cache = Cache(B=2, Hkv=2, cap=300, D=128, kb=4, vb=4, seq_lens=[300, 7], seed=4)
+    kc, kn, vc, vn, seq, kcb, vcb = cache.args(DEV)
+    km, vm = cache.k_mask.to(DEV), cache.v_mask.to(DEV)
+    _, kbd = ta.aura_codebook(4, 128)
+    kbd = kbd.to(DEV)
+
+    def step(q, x):
+        q_rot = ta.hadamard_rotate(q, km, 0.1)
+        o, m, l = ta.aura_flash_p1(q_rot, kc, kn, vc, vn, seq, kcb, vcb, 4, 4, None, 64)
+        out, lse = ta.aura_flash_p2(o, m, l, vm)
+        dec, _ = ta.aura_decode(q, kc, kn, vc, vn, seq, kcb, vcb, km, vm, 4, 4, scale=0.1)
+        codes, norms = ta.aura_encode(x, kcb, kbd, 4, km)
+        return out * 2, lse, dec, ta.aura_dequantize(codes, norms, kcb, 4, km)
+
+    q, x = torch.randn(2, 8, 128, device=DEV), torch.randn(5, 128, device=DEV)
+    want = step(q, x)
+    for mode in (None, "reduce-overhead"):
+        torch._dynamo.reset()
+        fn = torch.compile(step, fullgraph=True, mode=mode)
+        for _ in range(3):
+            got = fn(q, x)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), mode
+
+
+def test_direct_op_calls_reject_bad_input_in_cpp():
+    cache = Cache(B=1, Hkv=2, cap=16, D=64, kb=4, vb=2, seq_lens=[16])
+    kc, kn, vc, vn, seq, kcb, vcb = cache.args(DEV)
+    q = torch.randn(1, 4, 64, device=DEV)
+    with pytest.raises(RuntimeError, match="seq_lens: expected dtype int32"):
+        torch.ops.aura.aura_flash_p1(q, kc, kn, vc, vn, seq.long(), kcb, vcb, 4, 2, None, 16)
+    with pytest.raises(RuntimeError, match="v_codes: expected 4 words"):
+        torch.ops.aura.aura_flash_p1(q, kc, kn, kc, vn, seq, kcb, vcb, 4, 2, None, 16)
+    with pytest.raises(RuntimeError, match="head_dim"):
+        torch.ops.aura.hadamard_rotate(torch.randn(3, 48, device=DEV), None, 1.0, False)
+    with pytest.raises(RuntimeError, match="k_codebook: expected 16 entries"):
+        torch.ops.aura.aura_flash_p1(q, kc, kn, vc, vn, seq, vcb, vcb, 4, 2, None, 16)
+    with pytest.raises(RuntimeError, match="sign_mask"):
+        torch.ops.aura.aura_encode(q, kcb, kcb[:15], 4, torch.zeros(3, dtype=torch.int32, device=DEV))
+
+
+def test_out_of_range_lengths_and_pages_never_fault():
+    cache = Cache(B=2, Hkv=2, cap=40, D=64, kb=4, vb=4, seq_lens=[40, 40], page_size=16, seed=2)
+    kc, kn, vc, vn, seq, kcb, vcb = cache.args(DEV)
+    table = cache.table(DEV)
+    seq.fill_(10**6)
+    table[0, 0] = 10**6
+    table[1, 1] = -5
+    out, lse = torch.ops.aura.aura_decode(torch.randn(2, 4, 64, device=DEV), kc, kn, vc, vn, seq, kcb, vcb,
+                                          cache.k_mask.to(DEV), cache.v_mask.to(DEV), 4, 4, table, None, 0)
+    torch.cuda.synchronize()
+    assert out.shape == (2, 4, 64)
+
+
+@pytest.mark.sanitize
+def test_small_cases_for_compute_sanitizer():
+    """Every kernel once on small shapes (empty blocks, causal, paged, 3-bit 8-byte rows) for memcheck/racecheck."""
+    for page, (kb, vb), D in ((None, (4, 2), 128), (5, (3, 8), 64), (None, (8, 3), 64)):
+        cache = Cache(B=3, Hkv=2, cap=70, D=D, kb=kb, vb=vb, seq_lens=[70, 1, 0], page_size=page, seed=1)
+        _check_attention(cache, Hq=6, L=None, block_size=32, num_splits=0)
+        _check_attention(cache, Hq=4, L=3, block_size=16, num_splits=2)
+    x = torch.randn(6, 2, 64, device=DEV)
+    cb, bd = (t.to(DEV) for t in ta.aura_codebook(3, 64))
+    mask = ta.aura_sign_mask(64, device=DEV)
+    codes = torch.zeros(2, 2, 5, 6, dtype=torch.int32, device=DEV)
+    norms = torch.zeros(2, 2, 5, device=DEV)
+    ta.aura_write_cache(x, codes, norms, torch.tensor([0, 9, -1, 3, 5, 2], device=DEV), cb, bd, 3, mask)
+    ta.aura_dequantize(codes, norms, cb, 3, mask)
+    ta.hadamard_rotate(x, mask, 0.5, True)
+    torch.cuda.synchronize()
