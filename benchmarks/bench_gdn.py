@@ -160,7 +160,8 @@ def bench_recurrent(fla_rec):
             row["ours_TBs"] = state_bytes / row["ours_us"] / 1e6
             row["ours_graph_TBs"] = state_bytes / row["ours_graph_us"] / 1e6
         if fla_rec is not None:
-            fla = lambda: fla_rec(q, k, v, g, beta, initial_state=pool, output_final_state=True)  # noqa: E731
+            # keywords: FLA's fifth positional parameter is gk (per-key decay), not beta
+            fla = lambda: fla_rec(q, k, v, g=g, beta=beta, initial_state=pool, output_final_state=True)  # noqa: E731
             measure_peer(row, fla, (o_ref, pool_ref), 2e-3)
         if B == 1:
             row["ref_us"] = H.time_us(lambda: ref.gdn_recurrent(q, k, v, g, beta, pool_ref, idx))
