@@ -258,17 +258,26 @@ def test_compile_fullgraph_module_with_chunk_and_recurrent(mode):
     assert_close("compiled pool", pool_c, pool_e, 1e-6)
 
 
-@pytest.mark.parametrize("tuner", ["_PREP", "_STATE_PASS"])
-def test_every_tuner_config_is_correct(monkeypatch, tuner):
+def _tuner_configs():
+    if not torch.cuda.is_available():  # skipped anyway; never import triton at collection on CPU
+        return [("_PREP", 0)]
+    from torch_aura.triton_kernels.gdn import chunk
+
+    return [(name, i) for name in ("_PREP", "_STATE_PASS") for i in range(len(getattr(chunk, name).configs))]
+
+
+# one test per config, so xdist spreads their compiles over workers
+@pytest.mark.parametrize("tuner,index", _tuner_configs(), ids=[f"{n.strip('_').lower()}-{i}" for n, i in _tuner_configs()])
+def test_every_tuner_config_is_correct(monkeypatch, tuner, index):
     """Tests run untuned (config 0); warm-up tuning may pick any config, so each must be right."""
     from torch_aura.triton_kernels.gdn import chunk
 
     t = getattr(chunk, tuner)
-    for cfg in t.configs:
-        monkeypatch.setattr(t, "configs", [cfg])
-        monkeypatch.setattr(t, "cache", {})
-        for K, V, dt, extra in [(128, 128, BF16, {"h0": True}), (60, 100, F16, {"offsets": [0, 7, 7, 300]})]:
-            try:
-                check_chunk(torch_aura, DEV, 2 if "offsets" not in extra else 1, 300, 2, 4, K, V, dt, **extra)
-            except AssertionError as e:
-                raise AssertionError(f"{tuner} config {cfg}: {e}") from e
+    cfg = t.configs[index]
+    monkeypatch.setattr(t, "configs", [cfg])
+    monkeypatch.setattr(t, "cache", {})
+    for K, V, dt, extra in [(128, 128, BF16, {"h0": True}), (60, 100, F16, {"offsets": [0, 7, 7, 300]})]:
+        try:
+            check_chunk(torch_aura, DEV, 2 if "offsets" not in extra else 1, 300, 2, 4, K, V, dt, **extra)
+        except AssertionError as e:
+            raise AssertionError(f"{tuner} config {cfg}: {e}") from e
