@@ -554,9 +554,11 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 # The state pass can also emit o itself (WITH_O: h and v_new never written, the memory-traffic
-# floor of gdn.md §6). Its first version read a gated q k^T that the prep kernel stored; compiled
-# by Triton 3.6 for an H200 that store corrupted memory (wrong o, illegal addresses) although the
-# interpreter ran it exactly. The pass now forms q k^T itself; it is opt-in until measured.
+# floor of gdn.md §6). It is exact under the Triton interpreter, but compiled by Triton 3.6 for an
+# H200 it gives wrong o and illegal addresses (compute-sanitizer memcheck: 66 errors), whether
+# q k^T comes from the prep kernel or is formed in the pass; its final states also changed with
+# num_stages. Opt-in (TORCH_AURA_GDN_FUSED_O=1) until that is bisected; gdn_chunk runs the
+# verified fwd_h + fwd_o kernels instead.
 FUSED_O = os.environ.get("TORCH_AURA_GDN_FUSED_O", "0") == "1"
 
 # 2 warps: the 16x16 solve is latency-bound (layout conversions through shared memory between small
