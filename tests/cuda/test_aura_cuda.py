@@ -17,6 +17,7 @@ import torch_aura as ta
 from torch_aura import backends
 from torch_aura.reference import aura as R
 
+from _aura_cache import EncodedCache
 from _util import assert_max_rel, dtype_id, max_rel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -173,47 +174,17 @@ def test_dequantize_matches_reference(D, bits):
 
 
 # =============================================================== attention: p1, p2, decode
-class Cache:
-    """A reference-encoded K/V cache on the GPU, contiguous or paged; dead rows are NaN garbage."""
+class Cache(EncodedCache):
+    """A reference-encoded K/V cache (tests/_aura_cache.py), kept on the CPU and on the GPU."""
 
     def __init__(self, B, Hkv, cap, D, kb, vb, seq_lens, page_size=None, seed=0):
-        self.B, self.Hkv, self.cap, self.D, self.kb, self.vb = B, Hkv, cap, D, kb, vb
-        self.seq_cpu = torch.tensor(seq_lens, dtype=torch.int32)
-        self.k_mask, self.v_mask = ta.aura_sign_mask(D, seed, 0, "k"), ta.aura_sign_mask(D, seed, 0, "v")
-        self.k_cb, k_bd = ta.aura_codebook(kb, D)
-        self.v_cb, v_bd = ta.aura_codebook(vb, D)
-        kc, kn = R.aura_encode(_randn(B, Hkv, cap, D, seed=seed + 1), self.k_cb, k_bd, kb, self.k_mask)
-        vc, vn = R.aura_encode(_randn(B, Hkv, cap, D, seed=seed + 2), self.v_cb, v_bd, vb, self.v_mask)
-        dead = (torch.arange(cap)[None, :] >= self.seq_cpu[:, None].long())[:, None, :].expand(B, Hkv, cap)
-        g = _gen(seed + 3)
-        for c, n in ((kc, kn), (vc, vn)):  # tokens past seq_len are never read: poison them
-            c[dead] = torch.randint(-2**31, 2**31 - 1, (int(dead.sum()), c.shape[-1]), generator=g).to(torch.int32)
-            n[dead] = float("nan")
-        self.block_table = None
-        if page_size is not None:
-            max_blocks = -(-cap // page_size)
-            num_blocks = B * max_blocks + 3
-            table = torch.randperm(num_blocks, generator=g)[: B * max_blocks].reshape(B, max_blocks).to(torch.int32)
-            paged = []
-            for c, n in ((kc, kn), (vc, vn)):
-                pc = torch.randint(-2**31, 2**31 - 1, (num_blocks, page_size, Hkv, c.shape[-1]), generator=g).to(torch.int32)
-                pn = torch.full((num_blocks, page_size, Hkv), float("nan"))
-                for b in range(B):
-                    for j in range(max_blocks):
-                        rows = slice(j * page_size, min((j + 1) * page_size, cap))
-                        pc[table[b, j], : rows.stop - rows.start] = c[b, :, rows].transpose(0, 1)
-                        pn[table[b, j], : rows.stop - rows.start] = n[b, :, rows].transpose(0, 1)
-                paged.append((pc, pn))
-            live = torch.arange(max_blocks)[None, :] * page_size < self.seq_cpu[:, None].long()
-            table[~live] = 10**6  # pages with no live token are never dereferenced
-            self.block_table = table
-            (kc, kn), (vc, vn) = paged
-        self.cpu = (kc, kn, vc, vn)
+        super().__init__(B, Hkv, cap, D, kb, vb, seq_lens, page_size, seed, randn=_randn)
+        self.cpu = (self.kc, self.kn, self.vc, self.vn)
         self.gpu = tuple(t.to(DEV) for t in self.cpu)
 
     def args(self, dev):
         kc, kn, vc, vn = self.gpu if dev == DEV else self.cpu
-        seq = self.seq_cpu.to(dev)
+        seq = self.seq_lens.to(dev)
         return kc, kn, vc, vn, seq, self.k_cb.to(dev), self.v_cb.to(dev)
 
     def table(self, dev):

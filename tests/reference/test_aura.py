@@ -18,6 +18,7 @@ import torch_aura as ta
 from torch_aura.reference import aura as R
 from torch_aura.reference import aura_codebooks as AC
 
+from _aura_cache import EncodedCache
 from _util import assert_max_rel, dtype_id, max_rel
 
 HEAD_DIMS = (64, 128, 256, 512)
@@ -538,55 +539,19 @@ def _exact_attention(q, K, V, seq_lens, scale=1.0):
     return out, lse
 
 
-class Cache:
+class Cache(EncodedCache):
     """An encoded K/V cache in one layout, with the logical (per-sequence) dequantised vectors."""
 
     def __init__(self, B, Hkv, cap, D, kb, vb, seq_lens, page_size=None, seed=0):
-        self.B, self.Hkv, self.cap, self.D, self.kb, self.vb = B, Hkv, cap, D, kb, vb
-        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
-        self.k_mask, self.v_mask = ta.aura_sign_mask(D, seed, 0, "k"), ta.aura_sign_mask(D, seed, 0, "v")
-        self.k_cb, k_bd = ta.aura_codebook(kb, D)
-        self.v_cb, v_bd = ta.aura_codebook(vb, D)
-        xk = _randn(B, Hkv, cap, D, seed=seed + 1, dtype=torch.float32)
-        xv = _randn(B, Hkv, cap, D, seed=seed + 2, dtype=torch.float32)
-        kc, kn = ta.aura_encode(xk, self.k_cb, k_bd, kb, self.k_mask)
-        vc, vn = ta.aura_encode(xv, self.v_cb, v_bd, vb, self.v_mask)
+        if page_size is not None:
+            assert cap % page_size == 0
+        super().__init__(B, Hkv, cap, D, kb, vb, seq_lens, page_size, seed,
+                         randn=lambda *shape, seed: _randn(*shape, seed=seed, dtype=torch.float32))
+        kc, kn, vc, vn = self.clean
         # Oracle inputs: dequantised rotated (for pass 1 / 2) and original-domain (for decode).
         self.K_rot, self.V_rot = ta.aura_dequantize(kc, kn, self.k_cb, kb), ta.aura_dequantize(vc, vn, self.v_cb, vb)
         self.K, self.V = (ta.aura_dequantize(kc, kn, self.k_cb, kb, self.k_mask),
                           ta.aura_dequantize(vc, vn, self.v_cb, vb, self.v_mask))
-        # Tokens at or past seq_len are never read: poison them (NaN norms, random codes).
-        dead = torch.arange(cap)[None, :] >= self.seq_lens[:, None].long()  # [B, cap]
-        g = _gen(seed + 3)
-        for c, n in ((kc, kn), (vc, vn)):
-            c[dead[:, None, :].expand(B, Hkv, cap)] = torch.randint(-2**31, 2**31 - 1, (int(dead.sum()) * Hkv, c.shape[-1]),
-                                                                     generator=g).to(torch.int32)
-            n[dead[:, None, :].expand(B, Hkv, cap)] = float("nan")
-        self.page_size = page_size
-        if page_size is None:
-            self.block_table = None
-            self.kc, self.kn, self.vc, self.vn = kc, kn, vc, vn
-            return
-        assert cap % page_size == 0
-        max_blocks = cap // page_size
-        num_blocks = B * max_blocks + 3  # a few spare pages full of garbage
-        perm = torch.randperm(num_blocks, generator=g)
-        table = perm[: B * max_blocks].reshape(B, max_blocks).to(torch.int32)
-        pages = []
-        for c, n in ((kc, kn), (vc, vn)):
-            pc = torch.randint(-2**31, 2**31 - 1, (num_blocks, page_size, Hkv, c.shape[-1]), generator=g).to(torch.int32)
-            pn = torch.full((num_blocks, page_size, Hkv), float("nan"))
-            for b in range(B):
-                for j in range(max_blocks):
-                    rows = slice(j * page_size, (j + 1) * page_size)
-                    pc[table[b, j]] = c[b, :, rows].transpose(0, 1)
-                    pn[table[b, j]] = n[b, :, rows].transpose(0, 1)
-            pages.append((pc, pn))
-        # Table entries of pages with no live token may be anything: never dereferenced.
-        live = torch.arange(max_blocks)[None, :] * page_size < self.seq_lens[:, None].long()
-        table[~live] = 10**6
-        self.block_table = table
-        (self.kc, self.kn), (self.vc, self.vn) = pages
 
     def p1(self, q_rot, block_size):
         return ta.aura_flash_p1(q_rot, self.kc, self.kn, self.vc, self.vn, self.seq_lens, self.k_cb,

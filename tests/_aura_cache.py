@@ -1,0 +1,68 @@
+"""An AURA-encoded K/V cache for tests, shared by tests/reference and tests/cuda.
+
+The codes are encoded on the CPU by the reference; every token at or past its sequence's length is
+poisoned (random codes, NaN norms) so a kernel that reads it fails; with ``page_size`` the codes
+are scattered into a random permutation of pages (a few spare pages of garbage, the last page may
+be partial) and table entries of pages with no live token point far out of range, since they must
+never be dereferenced.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import torch_aura as ta
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+class EncodedCache:
+    """Codes ``kc, kn, vc, vn`` (contiguous ``[B, Hkv, cap, *]`` or paged ``[num_blocks, page_size,
+    Hkv, *]``), ``block_table`` (None when contiguous), ``seq_lens`` int32, the codebooks and sign
+    masks, and ``clean``: the contiguous codes before poisoning, for oracles.
+
+    ``randn(*shape, seed=...)`` draws the fp32 vectors that are encoded (each test tree keeps its
+    own sampler, so its inputs do not change).
+    """
+
+    def __init__(self, B, Hkv, cap, D, kb, vb, seq_lens, page_size=None, seed=0, *, randn):
+        self.B, self.Hkv, self.cap, self.D, self.kb, self.vb = B, Hkv, cap, D, kb, vb
+        self.page_size = page_size
+        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
+        self.k_mask, self.v_mask = ta.aura_sign_mask(D, seed, 0, "k"), ta.aura_sign_mask(D, seed, 0, "v")
+        self.k_cb, k_bd = ta.aura_codebook(kb, D)
+        self.v_cb, v_bd = ta.aura_codebook(vb, D)
+        kc, kn = ta.aura_encode(randn(B, Hkv, cap, D, seed=seed + 1), self.k_cb, k_bd, kb, self.k_mask)
+        vc, vn = ta.aura_encode(randn(B, Hkv, cap, D, seed=seed + 2), self.v_cb, v_bd, vb, self.v_mask)
+        self.clean = tuple(t.clone() for t in (kc, kn, vc, vn))
+        dead = (torch.arange(cap)[None, :] >= self.seq_lens[:, None].long())[:, None, :].expand(B, Hkv, cap)
+        g = generator(seed + 3)
+        for c, n in ((kc, kn), (vc, vn)):
+            c[dead] = torch.randint(-2**31, 2**31 - 1, (int(dead.sum()), c.shape[-1]), generator=g).to(torch.int32)
+            n[dead] = float("nan")
+        self.block_table = None
+        if page_size is not None:
+            (kc, kn), (vc, vn) = self._paged(((kc, kn), (vc, vn)), page_size, g)
+        self.kc, self.kn, self.vc, self.vn = kc, kn, vc, vn
+
+    def _paged(self, pairs, page_size, g):
+        B, Hkv, cap = self.B, self.Hkv, self.cap
+        max_blocks = -(-cap // page_size)
+        num_blocks = B * max_blocks + 3  # a few spare pages full of garbage
+        table = torch.randperm(num_blocks, generator=g)[: B * max_blocks].reshape(B, max_blocks).to(torch.int32)
+        pages = []
+        for c, n in pairs:
+            pc = torch.randint(-2**31, 2**31 - 1, (num_blocks, page_size, Hkv, c.shape[-1]), generator=g).to(torch.int32)
+            pn = torch.full((num_blocks, page_size, Hkv), float("nan"))
+            for b in range(B):
+                for j in range(max_blocks):
+                    rows = slice(j * page_size, min((j + 1) * page_size, cap))
+                    pc[table[b, j], : rows.stop - rows.start] = c[b, :, rows].transpose(0, 1)
+                    pn[table[b, j], : rows.stop - rows.start] = n[b, :, rows].transpose(0, 1)
+            pages.append((pc, pn))
+        live = torch.arange(max_blocks)[None, :] * page_size < self.seq_lens[:, None].long()
+        table[~live] = 10**6  # pages with no live token are never dereferenced
+        self.block_table = table
+        return pages
