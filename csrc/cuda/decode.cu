@@ -10,54 +10,59 @@
 namespace aura {
 namespace {
 
-constexpr int kCtasPerSm = 2;          // same stand-in as torch_aura/reference/decode.py
-constexpr size_t kSmemBudget = 110 * 1024;  // per CTA, so two CTAs share an H100 SM's 228 KB
+constexpr int kCtasPerSm = 2;  // same stand-in as torch_aura/reference/decode.py; kSmemBudget keeps it true
 
 bool supported_head_dim(int64_t D) {
   return D == 64 || D == 80 || D == 96 || D == 128 || D == 192 || D == 256 || D == 512;
 }
 
+// Raise a kernel's dynamic shared-memory limit (to the whole per-CTA budget, whatever this launch
+// needs) once per device: an attribute set outside any stream, so it is legal before and during
+// graph capture alike.
+template <auto Kernel>
+void allow_smem() {
+  static bool configured[64] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device < 64 && configured[device]) return;
+  AURA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBudget)) ==
+                 cudaSuccess,
+             "flash_decode: cudaFuncSetAttribute failed");
+  if (device < 64) configured[device] = true;
+}
+
+template <auto Kernel>
+void launch_split_kernel(const DecodeParams& p, int threads, size_t smem, cudaStream_t stream) {
+  AURA_CHECK(smem <= kSmemBudget, "flash_decode: shared memory plan exceeds the budget: ", smem);
+  allow_smem<Kernel>();
+  const dim3 grid(p.S, p.Hkv * p.head_tiles, p.B);
+  Kernel<<<grid, threads, smem, stream>>>(p);
+  check_launch("flash_decode split kernel");
+}
+
 template <typename T, int D>
 void launch_split(DecodeParams p, cudaStream_t stream) {
-  constexpr bool kTensorCores = !std::is_same_v<T, float>;
-  size_t smem;
-  if constexpr (kTensorCores) {
-    // The group's heads are the 16 rows of the MMA tile; larger groups take balanced tiles of at
-    // most 16 heads (each tile re-reads the split from HBM, so only G > 16 pays for it).
-    p.head_tiles = ceil_div(p.G, kMmaHeads);
-    smem = decode_mma_smem_bytes<T, D>();
+  if constexpr (!std::is_same_v<T, float>) {
+    // Tensor cores: the group's heads are the MMA's n (8 per tile); up to kMaxHeads per CTA, larger
+    // groups take balanced head tiles (each re-reads the split, so only such groups pay for it).
+    using Shape = WarpSplitShape<T, D>;
+    p.head_tiles = ceil_div(p.G, Shape::kMaxHeads);
+    p.heads_per_cta = ceil_div(p.G, p.head_tiles);
+    if (p.heads_per_cta <= 8) {
+      launch_split_kernel<flash_decode_split_mma_kernel<T, D, 1>>(p, Shape::kWarps * 32, Shape::kSmem, stream);
+    } else if constexpr (Shape::kMaxHeads > 8) {
+      launch_split_kernel<flash_decode_split_mma_kernel<T, D, 2>>(p, Shape::kWarps * 32, Shape::kSmem, stream);
+    }
   } else {
-    // Heads per CTA: the whole group when it fits next to the K/V stages, else balanced tiles.
+    // CUDA cores: heads per CTA = the whole group when it fits next to the K/V stages, else tiles.
     constexpr size_t kv_bytes = decode_kv_smem_bytes<T, D>();
     constexpr size_t head_bytes = decode_head_smem_bytes<T, D>();
     const int fit = static_cast<int>(std::max<size_t>(1, (kSmemBudget - kv_bytes) / head_bytes));
     p.head_tiles = ceil_div(p.G, std::min(fit, p.G));
+    p.heads_per_cta = ceil_div(p.G, p.head_tiles);
+    launch_split_kernel<flash_decode_split_simt_kernel<T, D>>(
+        p, kSimtThreads, kv_bytes + p.heads_per_cta * head_bytes, stream);
   }
-  p.heads_per_cta = ceil_div(p.G, p.head_tiles);
-  if constexpr (!kTensorCores) smem = decode_kv_smem_bytes<T, D>() + p.heads_per_cta * decode_head_smem_bytes<T, D>();
-  void (*kernel)(DecodeParams);
-  int threads;
-  if constexpr (kTensorCores) {
-    kernel = flash_decode_split_mma_kernel<T, D>;  // only 16-bit types instantiate it
-    threads = kMmaThreads;
-  } else {
-    kernel = flash_decode_split_simt_kernel<T, D>;
-    threads = kSimtThreads;
-  }
-  // Raise the dynamic shared-memory limit once per (instantiation, device): an attribute set outside
-  // any stream, so it is legal before and during graph capture alike.
-  static bool configured[64] = {};
-  int device = 0;
-  cudaGetDevice(&device);
-  if (device >= 64 || !configured[device]) {
-    AURA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBudget)) ==
-                   cudaSuccess,
-               "flash_decode: cudaFuncSetAttribute failed");
-    if (device < 64) configured[device] = true;
-  }
-  const dim3 grid(p.S, p.Hkv * p.head_tiles, p.B);
-  kernel<<<grid, threads, smem, stream>>>(p);
-  check_launch("flash_decode split kernel");
 }
 
 template <typename T>
@@ -74,12 +79,52 @@ void launch_split_any_dim(int64_t D, const DecodeParams& p, cudaStream_t stream)
   }
 }
 
+// after_split: a programmatic dependent launch behind the split kernel (same stream), so the
+// merge's CTAs are resident and waiting (griddepcontrol.wait) when the split grid drains instead of
+// paying a full launch latency after it; captured into CUDA graphs as a programmatic edge.
+// after_split: a programmatic dependent launch behind the split kernel (same stream), so the
+// merge's CTAs are resident and waiting (griddepcontrol.wait) when the split grid drains instead of
+// paying a full launch latency after it; captured into CUDA graphs as a programmatic edge.
 template <typename TI, typename TO>
-void launch_merge(const MergeParams& p, cudaStream_t stream) {
+void launch_merge(const MergeParams& p, cudaStream_t stream, bool after_split) {
   const int64_t rows = int64_t(p.B) * p.Hq;
   if (rows == 0) return;
-  merge_attn_states_kernel<TI, TO><<<static_cast<unsigned>(ceil_div(int(rows), 4)), 128, 0, stream>>>(p);
-  check_launch("merge_attn_states kernel");
+  AURA_CHECK(rows <= int64_t(INT32_MAX), "merge_attn_states: too many (batch, head) rows: ", rows);
+  // 16-byte loads of fp32 partials when base and strides allow (always, for the split kernel's own)
+  const bool vec = std::is_same_v<TI, float> && reinterpret_cast<uintptr_t>(p.part_out) % 16 == 0 &&
+                   p.po_s % 4 == 0 && p.po_b % 4 == 0 && p.po_h % 4 == 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows));
+  cfg.blockDim = dim3(kMergeThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = after_split ? 1 : 0;
+  cudaError_t err;
+  auto launch = [&](auto vec_tag, auto nch_tag) {
+    constexpr auto kernel = merge_attn_states_kernel<TI, TO, decltype(vec_tag)::value, decltype(nch_tag)::value>;
+    // The split kernel runs with the largest shared-memory carveout; asking the same for the merge
+    // spares the SMs an L1/shared reconfiguration between the two (set once per device).
+    static bool configured[64] = {};
+    int device = 0;
+    cudaGetDevice(&device);
+    if (device >= 64 || !configured[device]) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared));
+      if (device < 64) configured[device] = true;
+    }
+    err = cudaLaunchKernelEx(&cfg, kernel, p);
+  };
+  auto with_chunks = [&](auto vec_tag) {
+    if (p.D <= 128) launch(vec_tag, std::integral_constant<int, 1>{});
+    else if (p.D <= 256) launch(vec_tag, std::integral_constant<int, 2>{});
+    else launch(vec_tag, std::integral_constant<int, 4>{});
+  };
+  if (vec) with_chunks(std::true_type{});
+  else with_chunks(std::false_type{});
+  AURA_CHECK(err == cudaSuccess, "merge_attn_states kernel: launch failed: ", cudaGetErrorString(err));
 }
 
 void check_float_dtype(const Tensor& t, const char* name) {
@@ -187,9 +232,9 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
     m.lse_b = lse.stride(0), m.lse_h = lse.stride(1);
     m.S = S, m.B = int(B), m.Hq = int(Hq), m.D = int(D);
     switch (q.scalar_type()) {
-      case ScalarType::Float: launch_merge<float, float>(m, stream); break;
-      case ScalarType::Half: launch_merge<float, __half>(m, stream); break;
-      default: launch_merge<float, __nv_bfloat16>(m, stream); break;
+      case ScalarType::Float: launch_merge<float, float>(m, stream, true); break;
+      case ScalarType::Half: launch_merge<float, __half>(m, stream, true); break;
+      default: launch_merge<float, __nv_bfloat16>(m, stream, true); break;
     }
   }
 }
@@ -237,9 +282,9 @@ std::tuple<Tensor, Tensor> merge_attn_states_cuda(Tensor partial_out, Tensor par
   m.S = int(S), m.B = int(B), m.Hq = int(Hq), m.D = int(D);
   const cudaStream_t stream = current_stream(partial_out);
   switch (partial_out.scalar_type()) {
-    case ScalarType::Float: launch_merge<float, float>(m, stream); break;
-    case ScalarType::Half: launch_merge<__half, __half>(m, stream); break;
-    default: launch_merge<__nv_bfloat16, __nv_bfloat16>(m, stream); break;
+    case ScalarType::Float: launch_merge<float, float>(m, stream, false); break;
+    case ScalarType::Half: launch_merge<__half, __half>(m, stream, false); break;
+    default: launch_merge<__nv_bfloat16, __nv_bfloat16>(m, stream, false); break;
   }
   return {out, lse};
 }

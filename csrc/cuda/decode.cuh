@@ -1,27 +1,24 @@
 // Split-K flash decoding kernels (docs/decode.md): one query token per sequence against a dense
 // KV cache, contiguous [B, Hkv, T_cap, D] or paged [num_blocks, page_size, Hkv, D].
 //
-// Grid (S, Hkv * head_tiles, B); 256 threads (fp16/bf16) or 128 (fp32). A CTA owns (split s, KV head, sequence b) and the
-// query heads of that KV head's group (all G of them unless G is too large for shared memory, then
-// a tile of them), so each K/V byte of a split crosses HBM once whatever the GQA ratio (§3).
-// Per stage of TS tokens: cp.async K and V rows HBM -> shared memory one stage ahead (double
-// buffer), QK, an online softmax per head in base 2, PV. fp16/bf16 caches take the tensor-core
-// kernel (mma.m16n8k16, the group's heads as the 16 rows); fp32 caches the CUDA-core kernel,
-// which keeps exact fp32 products.
+// Grid (S, Hkv * head_tiles, B). A CTA owns (split s, KV head kvh, sequence b) and the query heads
+// of that KV head's group (all G of them up to 16 heads at D <= 128, 8 above; larger groups take
+// balanced head tiles), so each K/V byte of a split crosses HBM once for the group (§3).
+// fp16/bf16 caches take the tensor-core kernel: warps own token slices with private cp.async rings
+// and register-resident softmax state, merged once at the end (no CTA barrier in the main loop).
+// fp32 caches take the CUDA-core kernel (exact fp32 products; a CTA-wide double-buffered stage).
 // The split rule runs on the device from seq_lens (the host only fixes S from static values),
-// matching torch_aura/reference/decode.py's split_chunk bit for bit.
+// matching torch_aura/reference/decode.py's split_chunk bit for bit. With S > 1 the merge kernel is
+// a programmatic dependent launch: its CTAs start while the split kernel drains.
 #pragma once
 
 #include "common.cuh"
 
 namespace aura {
 
-// Threads per CTA. Tensor-core kernel: 8 warps (at batch 1 an SM holds one CTA, and with 4 warps
-// the B=1 profile was issue-latency bound); CUDA-core fp32 kernel: 4 warps (tuned there, and it
-// spills registers at 8).
-constexpr int kMmaThreads = 256;
-constexpr int kMmaWarps = kMmaThreads / 32;
+// Threads per CTA of the CUDA-core fp32 kernel: 4 warps (tuned there, and it spills registers at 8).
 constexpr int kSimtThreads = 128;
+constexpr size_t kSmemBudget = 110 * 1024;  // per CTA: two CTAs share an H100 SM's 228 KB (CTAS_PER_SM = 2)
 constexpr int kMinChunk = 256;          // decode.md §4: a split below this costs more than it saves
 constexpr int kContiguousTile = 64;     // split granularity of the contiguous layout (reference too)
 constexpr double kLog2e = 1.4426950408889634;  // host-side: the scale is formed in double
@@ -51,8 +48,6 @@ struct DecodeParams {
   float scale_log2;    // softmax scale * log2(e)
 };
 
-constexpr int kMmaHeads = 16;  // query heads per tensor-core tile (the m of m16n8k16)
-
 // Stage length: one K tile of about 16 KB (bf16 D=128: 64 tokens; D=512: 16; fp32 D=512: 8).
 template <typename T, int D>
 constexpr int decode_stage_tokens() {
@@ -72,14 +67,6 @@ constexpr size_t decode_kv_smem_bytes() {
 template <typename T, int D>
 constexpr size_t decode_head_smem_bytes() {  // CUDA-core kernel: q, o (D each), p (TS), m, l, alpha
   return sizeof(float) * (2 * D + decode_stage_tokens<T, D>() + 4);
-}
-
-template <typename T, int D>
-constexpr size_t decode_mma_smem_bytes() {  // tensor-core kernel: K/V stages, q, p, logits, m/l/alpha
-  constexpr int TS = decode_stage_tokens<T, D>();
-  constexpr int KP = TS / 8 < kMmaWarps ? kMmaWarps / (TS / 8) : 1;  // partial-logit slices (see the kernel)
-  return decode_kv_smem_bytes<T, D>() + sizeof(T) * kMmaHeads * ((D + 8) + (TS + 8)) +
-         sizeof(float) * kMmaHeads * (KP * TS + 3);
 }
 
 // The per-sequence split rule (reference: split_chunk): chunk = round_up(max(256, ceil(T/S)), tile).
@@ -168,31 +155,24 @@ __device__ __forceinline__ void next_stage(const DecodeParams& p, const SplitWor
   __syncthreads();
 }
 
-// Online-softmax update of one stage for head rows g < nh (one warp per row), log2 units. The
-// stage has >= 1 valid token, so m_new is finite and exp2(m_old - m_new) is 0, not NaN, on the
-// first stage (m_old = -inf). Writes p (as P_T) and the row's running max, sum and rescale.
-// With KP > 1 the logits arrive as KP partial sums over slices of D, KP_STRIDE floats apart.
-template <int TS, typename P_T, int THREADS, int KP = 1, int KP_STRIDE = 0>
-__device__ __forceinline__ void softmax_stage(const float* s_rows, P_T* p_rows, int p_stride, float* ms, float* ls,
-                                              float* as, int nh) {
+// Online-softmax update of one stage for head rows g < nh (one warp per row), log2 units; the
+// CUDA-core kernel's (the tensor-core kernel keeps its softmax in registers). The stage has >= 1
+// valid token, so m_new is finite and exp2(m_old - m_new) is 0, not NaN, on the first stage
+// (m_old = -inf). Writes p in place of the logits and the row's running max, sum and rescale.
+template <int TS, int THREADS>
+__device__ __forceinline__ void softmax_stage(float* s_rows, float* ms, float* ls, float* as, int nh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  auto logit = [&](int g, int r) {
-    float x = s_rows[g * TS + r];
-#pragma unroll
-    for (int kp = 1; kp < KP; ++kp) x += s_rows[kp * KP_STRIDE + g * TS + r];  // -inf + -inf = -inf
-    return x;
-  };
   for (int g = warp; g < nh; g += THREADS / 32) {
     float mx = -INFINITY;
-    for (int r = lane; r < TS; r += 32) mx = fmaxf(mx, logit(g, r));
+    for (int r = lane; r < TS; r += 32) mx = fmaxf(mx, s_rows[g * TS + r]);
     mx = warp_max(mx);
     const float m_old = ms[g];
     const float m_new = fmaxf(m_old, mx);
     float sum = 0.f;
     for (int r = lane; r < TS; r += 32) {
-      const float x = logit(g, r);
+      const float x = s_rows[g * TS + r];
       const float pr = x == -INFINITY ? 0.f : exp2f(x - m_new);
-      p_rows[g * p_stride + r] = from_float<P_T>(pr);
+      s_rows[g * TS + r] = pr;
       sum += pr;
     }
     sum = warp_sum(sum);
@@ -294,7 +274,7 @@ __global__ void __launch_bounds__(kSimtThreads) flash_decode_split_simt_kernel(c
       ss[g * TS + r] = logit;
     }
     __syncthreads();
-    softmax_stage<TS, float, kSimtThreads>(ss, ss, TS, ms, ls, as, nh);  // p overwrites the logits in place
+    softmax_stage<TS, kSimtThreads>(ss, ms, ls, as, nh);  // p overwrites the logits in place
     __syncthreads();
     for (int task = tid; task < nh * D4; task += kSimtThreads) {
       const int g = task / D4, d0 = (task % D4) * 4;
@@ -329,128 +309,308 @@ __global__ void __launch_bounds__(kSimtThreads) flash_decode_split_simt_kernel(c
 }
 
 // --------------------------------------------------------------- tensor-core kernel (fp16, bf16)
-// The group's query heads are the 16 rows of an mma.m16n8k16 tile (rows >= nh are zero), so QK of
-// a stage is S[16 x TS] = Q[16 x D] K^T and PV is O[16 x D] += P[16 x TS] V, fp32 accumulation.
-// K rows are exactly the "col" B operand of QK (ldmatrix), V is read transposed (ldmatrix.trans).
-// q stays in the input dtype (exact) and the softmax scale multiplies the fp32 logits; P is
-// rounded to the input dtype for the PV product, as FlashAttention does; l sums fp32 p.
-// O lives in registers: warp w owns the 8-column tiles w, w+8, ... of D.
+// Warp-split design (decode.md §3): each warp owns a token slice of the split (16-token steps,
+// interleaved over the warps) with a private cp.async ring in shared memory, and keeps its own
+// running max, sum and output per head in registers. Nothing is shared between warps until the
+// end, so the main loop has no CTA barrier at all; the warps' states merge once through shared
+// memory. Per 16-token step, with tokens as the MMA's m and the group's heads as its n:
+//   QK:  S^T [16 tok x 8 heads]  = K [16 x D] . Q^T            (D/16 mma.m16n8k16, K from ldmatrix)
+//   softmax over each head's column (3 shuffles), p rounded to the input dtype, transposed in
+//   registers by movmatrix into the B operand of
+//   PV:  O^T [D x 8 heads]      += V^T [D x 16 tok] . P^T       (D/16 mmas, V from ldmatrix.trans)
+// Heads on n (8 wide) instead of m (16) halves the MMAs of a GQA-4/8 group and leaves P in the
+// registers FA2-style. Groups of 9-16 heads take two n tiles (D <= 128: registers) or two CTAs.
+// q stays in the input dtype (exact); the scale multiplies the fp32 logits; l sums fp32 p.
+
+// Launch shape per head dim: warps per CTA and ring depth (steps in flight per warp), chosen so
+// that ring + q fit kSmemBudget (two CTAs per SM, the CTAS_PER_SM of the split plan).
 template <typename T, int D>
-__global__ void __launch_bounds__(kMmaThreads) flash_decode_split_mma_kernel(const DecodeParams p) {
-  constexpr int TS = decode_stage_tokens<T, D>();
-  constexpr int ROW = decode_row_elems<T, D>();
-  constexpr int M = kMmaHeads;
-  constexpr int QROW = D + 8;   // padded rows: ldmatrix's 8 row addresses hit disjoint banks
-  constexpr int PROW = TS + 8;
-  constexpr int NT = D / 8;     // 8-column tiles of the output
-  constexpr int NT_W = (NT + kMmaWarps - 1) / kMmaWarps;  // output tiles per warp
-  static_assert(TS % 16 == 0 && D % 16 == 0, "tile shapes");
-  // QK work split: the warps over TS/8 token tiles; with fewer tiles than warps, D is cut into KP
-  // slices (KP * tiles = warps) and the softmax adds the partial logits.
-  constexpr int QK_TILES_PER_ROUND = TS / 8 < kMmaWarps ? TS / 8 : kMmaWarps;
-  constexpr int KP = kMmaWarps / QK_TILES_PER_ROUND;
-  static_assert((D / 16) % KP == 0, "D splits evenly into KP slices of 16-wide k-steps");
-  constexpr int KSTEPS_PER_PART = D / 16 / KP;
-  constexpr int KACC = KSTEPS_PER_PART < 4 ? KSTEPS_PER_PART : 4;
+struct WarpSplitShape {
+  static constexpr int kRow = D + 16 / static_cast<int>(sizeof(T));  // +16 B: ldmatrix rows hit disjoint banks
+  static constexpr int kMaxHeads = D <= 128 ? 16 : 8;                 // heads one CTA takes (registers)
+  static constexpr int kWarps = D <= 192 ? 4 : D <= 256 ? 3 : 1;
+  static constexpr size_t kStepBytes = size_t(2) * 16 * kRow * sizeof(T);  // K and V of 16 tokens
+  static constexpr size_t kQBytes = size_t(kMaxHeads) * kRow * sizeof(T);
+  static constexpr size_t kBarBytes = 4 * 4 * sizeof(uint64_t);  // an mbarrier per ring slot and warp
+  static constexpr int kStages =
+      std::min<int>(4, int((kSmemBudget - kQBytes - kBarBytes) / (kWarps * kStepBytes)));
+  static constexpr size_t kSmem = kWarps * kStages * kStepBytes + kQBytes + kBarBytes;
+  static_assert(kWarps * kStages * sizeof(uint64_t) <= kBarBytes, "barrier area");
+  static_assert(kStages >= 2, "a ring needs two steps to overlap loads with math");
+  // the end-of-split merge of the warps' states reuses the ring: [W][16][D + 1] o, [W][16] m and l
+  static_assert(size_t(kWarps) * 16 * (D + 3) * sizeof(float) <= kWarps * kStages * kStepBytes, "merge area");
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {  // lo in the low half (lower column)
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+template <typename T, int D, int NHT>
+__global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
+    flash_decode_split_mma_kernel(const DecodeParams p) {
+  using Shape = WarpSplitShape<T, D>;
+  constexpr int W = Shape::kWarps, NS = Shape::kStages, ROW = Shape::kRow;
+  constexpr int KS = D / 16;                          // QK k-steps = PV m-tiles
+  constexpr int CPR = D * int(sizeof(T)) / 16;        // 16-byte chunks per row
+  constexpr int CPL = 16 * CPR / 32;                  // chunks per lane per 16-row tile
+  constexpr int TILE = 16 * ROW;                      // elements of one 16-token K or V tile
+  constexpr bool kQInRegs = KS * NHT <= 16;           // B fragments of q held for the whole split
+  static_assert(D % 16 == 0 && (16 * CPR) % 32 == 0, "tile shapes");
+  static_assert(8 * NHT <= Shape::kMaxHeads, "head tile");
 
   SplitWork w;
   if (!plan_split<T>(p, w)) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* kbuf = reinterpret_cast<T*>(smem_raw);  // [2][TS][ROW]
-  T* vbuf = kbuf + 2 * TS * ROW;             // [2][TS][ROW]
-  T* qs = vbuf + 2 * TS * ROW;               // [M][QROW] raw q, rows >= nh zero
-  T* ps = qs + M * QROW;                     // [M][PROW] p in the input dtype
-  float* ss = reinterpret_cast<float*>(ps + M * PROW);  // [KP][M][TS] scaled (partial) logits
-  float* ms = ss + KP * M * TS;
-  float* ls = ms + M;
-  float* as = ls + M;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nh = w.nh;
-  const int n_stages = ceil_div(w.end - w.start, TS);
+  T* ring = reinterpret_cast<T*>(smem_raw);           // [W][NS][K, V][16][ROW]
+  T* qs = ring + W * NS * 2 * TILE;                   // [8 * NHT][ROW] raw q, rows >= nh zero
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nh = w.nh;
+  T* my_ring = ring + warp * NS * 2 * TILE;
 
-  issue_kv_stage<T, D, TS, ROW, kMmaThreads>(p, w, kbuf, vbuf, 0, 0);
+  // ---- this warp's steps: s = warp, warp + W, ... of the split's ceil(len / 16)
+  const int n_steps = ceil_div(w.end - w.start, 16);
+  const int my_n = n_steps > warp ? ceil_div(n_steps - warp, W) : 0;
+  auto step_t0 = [&](int i) { return w.start + (warp + W * i) * 16; };
+
+  // ---- copies: lane r < 16 brings K row r of a step and lane 16 + r its V row, each with one
+  // bulk copy completing on the slot's mbarrier (no per-16-byte address math or commit groups).
+  // Rows past the end are zeroed instead: P = 0 must meet finite V, never stale shared memory.
+  uint64_t* bars = reinterpret_cast<uint64_t*>(qs + 8 * NHT * ROW) + warp * NS;  // [W][NS]
+  const bool paged = p.block_table != nullptr, is_v = lane >= 16;
+  const int my_row = lane & 15;
+  const T* src_base = static_cast<const T*>(is_v ? p.v : p.k);
+  const int64_t s0 = is_v ? p.v_s0 : p.k_s0, s1 = is_v ? p.v_s1 : p.k_s1, s2 = is_v ? p.v_s2 : p.k_s2;
+  const int64_t head_off = paged ? w.kvh * s2 : w.b * s0 + w.kvh * s1;
+  // This lane's source row in step i (only for rows before the end). Paged: resolved one step
+  // before its copy is issued, so the block-table read is off the issue path.
+  auto row_src = [&](int i) -> const T* {
+    const int t = step_t0(i) + my_row;
+    if (i >= my_n || t >= w.end) return nullptr;
+    if (paged) {
+      int page = p.block_table[w.b * p.bt_sb + t / p.page_size];
+      page = min(max(page, 0), p.num_blocks - 1);  // never read outside the cache
+      return src_base + page * s0 + (t % p.page_size) * s1 + head_off;
+    }
+    return src_base + head_off + int64_t(t) * s2;
+  };
+  if (lane == 0) {
+#pragma unroll
+    for (int j = 0; j < NS; ++j) mbar_init(bars + j, 1);
+    mbar_init_fence();
+  }
+  __syncwarp();
+  const T* next_src = row_src(0);
+  auto issue = [&](int i) {  // step i into ring slot i % NS
+    if (i >= my_n) return;
+    const int slot = i % NS;
+    T* dst = my_ring + slot * 2 * TILE + (is_v ? TILE : 0) + my_row * ROW;
+    const T* src = next_src;
+    next_src = row_src(i + 1);
+    fence_proxy_async_shared();  // this lane's ldmatrix reads of the slot come before the refill
+    __syncwarp();
+    if (lane == 0) {
+      const int rows = min(16, w.end - step_t0(i));
+      mbar_arrive_expect_tx(bars + slot, unsigned(2 * rows * D * sizeof(T)));
+    }
+    __syncwarp();  // the expected bytes are posted before any copy can complete
+    if (src != nullptr) {
+      bulk_copy_g2s(dst, src, unsigned(D * sizeof(T)), bars + slot);
+    } else {
+#pragma unroll
+      for (int c = 0; c < CPR; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) issue(i);  // the ring fills while q is staged
+
   const T* qg = static_cast<const T*>(p.q);
-  for (int i = tid; i < M * D; i += kMmaThreads) {
+  for (int i = threadIdx.x; i < 8 * NHT * D; i += W * 32) {
     const int g = i / D, d = i % D;
-    qs[g * QROW + d] = g < nh ? qg[w.b * p.q_sb + (w.hq0 + g) * p.q_sh + d] : from_float<T>(0.f);
+    qs[g * ROW + d] = g < nh ? qg[w.b * p.q_sb + (w.hq0 + g) * p.q_sh + d] : from_float<T>(0.f);
   }
-  for (int i = tid; i < M * PROW; i += kMmaThreads) ps[i] = from_float<T>(0.f);  // rows >= nh stay 0
-  for (int g = tid; g < M; g += kMmaThreads) ms[g] = -INFINITY, ls[g] = 0.f, as[g] = 0.f;
+  __syncthreads();  // the only CTA barrier before the end: q visible to every warp
 
-  float o[NT_W][4];
+  // B fragments of q: head n*8 + lane/4... via ldmatrix (rows = heads, 16 k-values of D per step)
+  const int qb_row = lane & 7, qb_col = 8 * ((lane >> 3) & 1);
+  uint32_t qreg[kQInRegs ? NHT : 1][kQInRegs ? KS : 1][2];
+  if constexpr (kQInRegs) {
 #pragma unroll
-  for (int i = 0; i < NT_W; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  // ldmatrix row addresses: A tiles (rows = heads) and B tiles (rows = tokens).
-  const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);
-  const int b_row = lane & 7, b_col = 8 * ((lane >> 3) & 1);
-
-  for (int st = 0; st < n_stages; ++st) {
-    next_stage<T, D, TS, ROW, kMmaThreads>(p, w, kbuf, vbuf, st, n_stages);
-    const T* kt = kbuf + (st & 1) * TS * ROW;
-    const T* vt = vbuf + (st & 1) * TS * ROW;
-    const int nvalid = min(TS, w.end - (w.start + st * TS));
-
-    // QK: warp w computes the 8-token tiles w, w+8, ... of S over its slice of D (the whole of D
-    // unless the stage has fewer tiles than warps, then the idle warps take slices: KP partials).
-    // KACC independent accumulators keep the chain of dependent MMAs short.
-    for (int j = warp % QK_TILES_PER_ROUND; j < TS / 8; j += QK_TILES_PER_ROUND) {
-      const int kp = warp / QK_TILES_PER_ROUND;
-      float c[KACC][4] = {};
+    for (int n = 0; n < NHT; ++n)
 #pragma unroll
-      for (int ks = 0; ks < KSTEPS_PER_PART; ++ks) {
-        const int k0 = (kp * KSTEPS_PER_PART + ks) * 16;
-        uint32_t a[4], b[2];
-        ldmatrix_x4(a, qs + a_row * QROW + k0 + a_col);
-        ldmatrix_x2(b, kt + (j * 8 + b_row) * ROW + k0 + b_col);
-        mma_16816<T>(c[ks % KACC], a, b[0], b[1]);
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t b[2];
+        ldmatrix_x2(b, qs + (n * 8 + qb_row) * ROW + ks * 16 + qb_col);
+        qreg[n][ks][0] = b[0], qreg[n][ks][1] = b[1];
       }
-      const int r0 = lane >> 2, col = j * 8 + 2 * (lane & 3);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float sum = 0.f;
-#pragma unroll
-        for (int i = 0; i < KACC; ++i) sum += c[i][e];
-        const int r = r0 + 8 * (e >> 1), t = col + (e & 1);
-        ss[kp * M * TS + r * TS + t] = t < nvalid ? sum * p.scale_log2 : -INFINITY;
-      }
-    }
-    __syncthreads();
-    softmax_stage<TS, T, kMmaThreads, KP, M * TS>(ss, ps, PROW, ms, ls, as, nh);
-    __syncthreads();
+  }
 
-    // PV: rescale this warp's output rows, then accumulate P V over the stage's 16-token steps.
-    const float a_lo = as[lane >> 2], a_hi = as[(lane >> 2) + 8];
+  // Per head column (tile n, column e = head n*8 + 2*(lane%4) + e): running max (warp-uniform
+  // per column), this lane's share of the sum, and O^T fragments [m-tile][n][4].
+  float m_run[NHT][2], l_run[NHT][2], o[KS][NHT][4];
 #pragma unroll
-    for (int i = 0; i < NT_W; ++i) {
-      o[i][0] *= a_lo, o[i][1] *= a_lo, o[i][2] *= a_hi, o[i][3] *= a_hi;
-    }
+  for (int n = 0; n < NHT; ++n) m_run[n][0] = m_run[n][1] = -INFINITY, l_run[n][0] = l_run[n][1] = 0.f;
 #pragma unroll
-    for (int k0 = 0; k0 < TS; k0 += 16) {
+  for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+    for (int n = 0; n < NHT; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+  const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);  // K: A tiles, rows = tokens
+  const int v_row = (lane & 7) + 8 * (lane >> 4), v_col = 8 * ((lane >> 3) & 1);  // V^T: A tiles via .trans
+
+  for (int i = 0; i < my_n; ++i) {
+    issue(i + NS - 1);                      // refills the slot step i - 1 used
+    mbar_wait(bars + i % NS, (i / NS) & 1);  // step i's bulk copies have landed ...
+    __syncwarp();                            // ... and its zeroed tail rows are visible
+    const T* kt = my_ring + (i % NS) * 2 * TILE;
+    const T* vt = kt + TILE;
+    const int t0 = step_t0(i);
+
+    // QK, two accumulator chains per head tile so consecutive MMAs do not wait on each other
+    float s[NHT][2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
       uint32_t a[4];
-      ldmatrix_x4(a, ps + a_row * PROW + k0 + a_col);
+      ldmatrix_x4(a, kt + a_row * ROW + ks * 16 + a_col);
 #pragma unroll
-      for (int i = 0; i < NT_W; ++i) {
-        const int nt = warp + kMmaWarps * i;
-        if (nt < NT) {
+      for (int n = 0; n < NHT; ++n) {
+        uint32_t b0, b1;
+        if constexpr (kQInRegs) {
+          b0 = qreg[n][ks][0], b1 = qreg[n][ks][1];
+        } else {
           uint32_t b[2];
-          ldmatrix_x2_trans(b, vt + (k0 + b_row + b_col) * ROW + nt * 8);
-          mma_16816<T>(o[i], a, b[0], b[1]);
+          ldmatrix_x2(b, qs + (n * 8 + qb_row) * ROW + ks * 16 + qb_col);
+          b0 = b[0], b1 = b[1];
         }
+        mma_16816<T>(s[n][ks & 1], a, b0, b1);
       }
     }
-    __syncthreads();
-  }
-  const int r0 = lane >> 2;
+    // softmax: rows of S^T are tokens lane/4 (c0, c1) and lane/4 + 8 (c2, c3)
+    const bool ok_lo = t0 + (lane >> 2) < w.end, ok_hi = t0 + (lane >> 2) + 8 < w.end;
+    uint32_t pb[NHT][2];
+    float alpha[NHT][2];
+    bool grew = false;
 #pragma unroll
-  for (int i = 0; i < NT_W; ++i) {
-    const int nt = warp + kMmaWarps * i;
-    if (nt >= NT) continue;
+    for (int n = 0; n < NHT; ++n) {
+      float x[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int g = r0 + 8 * (e >> 1), d = nt * 8 + 2 * (lane & 3) + (e & 1);
-      if (g < nh) store_value<T>(p, w, g, d, o[i][e] / ls[g]);
+      for (int c = 0; c < 4; ++c) {
+        const bool ok = c < 2 ? ok_lo : ok_hi;
+        x[c] = ok ? (s[n][0][c] + s[n][1][c]) * p.scale_log2 : -INFINITY;
+      }
+      float pr[4];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float mx = fmaxf(x[e], x[e + 2]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m_run[n][e], mx);
+        grew |= m_new > m_run[n][e];
+        // m_new = -inf only if every logit so far is -inf: keep the (zero) state, never NaN;
+        // exp2(-inf) = 0 covers the first step (m_old = -inf) and masked logits
+        alpha[n][e] = m_new == -INFINITY ? 1.f : fast_exp2(m_run[n][e] - m_new);
+        pr[e] = m_new == -INFINITY ? 0.f : fast_exp2(x[e] - m_new);
+        pr[e + 2] = m_new == -INFINITY ? 0.f : fast_exp2(x[e + 2] - m_new);
+        l_run[n][e] = l_run[n][e] * alpha[n][e] + pr[e] + pr[e + 2];
+        m_run[n][e] = m_new;
+      }
+      // P^T as the B operand (k = tokens, n = heads): transpose both 8x8 halves in registers
+      pb[n][0] = movmatrix_trans(pack2<T>(pr[0], pr[1]));  // tokens 0-7
+      pb[n][1] = movmatrix_trans(pack2<T>(pr[2], pr[3]));  // tokens 8-15
+    }
+    // Rescale O only when some running max moved (after the first steps it rarely does): a
+    // warp-uniform branch, so D/4 multiplies per lane are skipped on most steps.
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+        for (int n = 0; n < NHT; ++n) {
+          o[mt][n][0] *= alpha[n][0], o[mt][n][1] *= alpha[n][1];
+          o[mt][n][2] *= alpha[n][0], o[mt][n][3] *= alpha[n][1];
+        }
+    }
+    // PV
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt) {
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, vt + v_row * ROW + mt * 16 + v_col);
+#pragma unroll
+      for (int n = 0; n < NHT; ++n) mma_16816<T>(o[mt][n], a, pb[n][0], pb[n][1]);
     }
   }
-  store_lse<kMmaThreads>(p, w, ms, ls);
+  grid_dependents_launch();  // the merge (programmatic dependent launch) may start its prologue
+
+  // ---- merge the warps' states (decode.md §5 within the CTA), through the drained ring
+#pragma unroll
+  for (int n = 0; n < NHT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 4);
+      l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 8);
+      l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 16);
+    }
+  __syncthreads();  // every warp is done with the ring
+  constexpr int OROW = D + 1;  // padded: the fragment stores below spread over banks
+  float* ow = reinterpret_cast<float*>(smem_raw);  // [W][16][OROW]
+  float* mw = ow + W * 16 * OROW;                  // [W][16]
+  float* lw = mw + W * 16;                         // [W][16]
+  if (lane < 4) {
+#pragma unroll
+    for (int n = 0; n < NHT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int g = n * 8 + 2 * lane + e;
+        mw[warp * 16 + g] = m_run[n][e];
+        lw[warp * 16 + g] = l_run[n][e];
+      }
+  }
+#pragma unroll
+  for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+    for (int n = 0; n < NHT; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int g = n * 8 + 2 * (lane & 3) + (c & 1), d = mt * 16 + (lane >> 2) + 8 * (c >> 1);
+        ow[(warp * 16 + g) * OROW + d] = o[mt][n][c];
+      }
+  __syncthreads();
+  // A warp without steps has m = -inf, l = 0, o = 0: weight 0, never exp2(-inf - -inf).
+  auto weight = [&](int wi, int g, float M) {
+    const float m = mw[wi * 16 + g];
+    return m == -INFINITY ? 0.f : exp2f(m - M);
+  };
+  auto row_max = [&](int g) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int wi = 0; wi < W; ++wi) M = fmaxf(M, mw[wi * 16 + g]);
+    return M;
+  };
+  for (int idx = threadIdx.x; idx < nh * D; idx += W * 32) {
+    const int g = idx / D, d = idx % D;
+    const float M = row_max(g);
+    float L = 0.f, acc = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < W; ++wi) {
+      const float e = weight(wi, g, M);
+      L += e * lw[wi * 16 + g];
+      acc += e * ow[(wi * 16 + g) * OROW + d];
+    }
+    store_value<T>(p, w, g, d, acc / L);
+  }
+  for (int g = threadIdx.x; g < nh; g += W * 32) {
+    const float M = row_max(g);
+    float L = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < W; ++wi) L += weight(wi, g, M) * lw[wi * 16 + g];
+    const float lse = (M + log2f(L)) * kLn2;  // natural log, scale included
+    if (p.S == 1) p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] = lse;
+    else p.part_lse[(int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0 + g] = lse;
+  }
 }
 
 struct MergeParams {
@@ -465,75 +625,108 @@ struct MergeParams {
 };
 
 constexpr int kMergeMaxChunks = 4;  // 4 dims per lane per chunk, 128 dims per chunk: D <= 512
+constexpr int kMergeThreads = 128;
+constexpr int kMergeWarps = kMergeThreads / 32;
+constexpr int kMergeUnroll = 8;     // live splits per warp whose loads are in flight together
 
-// One warp per (b, query head): the log-sum-exp merge of decode.md §5. Lane l owns dims
-// 4l..4l+3 of every 128-wide chunk. The split weights are computed once (lanes over splits) and
-// broadcast; the loop over splits has no data-dependent branch, so the unrolled loads of several
-// splits are in flight together: a split with lse = -inf gets weight 0 and its (possibly stale,
-// NaN) partial is discarded by a select, never multiplied. With no live split out = 0, lse = -inf.
-template <typename TI, typename TO>
-__global__ void __launch_bounds__(128) merge_attn_states_kernel(const MergeParams p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5);
-  if (row >= int64_t(p.B) * p.Hq) return;
-  const int b = static_cast<int>(row / p.Hq), h = static_cast<int>(row % p.Hq);
+// 4 consecutive values as fp32: one 16-byte load when the layout allows (VEC), else 4 scalars.
+template <typename TI, bool VEC>
+__device__ __forceinline__ float4 load4_merge(const TI* x) {
+  if constexpr (VEC) {
+    return *reinterpret_cast<const float4*>(x);
+  } else {
+    return make_float4(to_float<TI>(x[0]), to_float<TI>(x[1]), to_float<TI>(x[2]), to_float<TI>(x[3]));
+  }
+}
+
+// One CTA per (b, query head): the log-sum-exp merge of decode.md §5. Every warp finds the max lse
+// (lanes over splits); the weights of 128 splits at a time go to shared memory; warp w takes the
+// splits w, w + 4, ... of them, kMergeUnroll at once, so a row's partial loads are in flight
+// together (one memory round trip for up to 32 live splits, instead of one per few splits); lane l
+// owns dims 4l..4l+3 of each 128-wide chunk; the warps' sums meet in shared memory.
+// A split with lse = -inf has weight 0 and its partial, possibly stale or NaN, is never loaded.
+// With no live split out = 0, lse = -inf (exp(-inf - -inf) would be NaN).
+template <typename TI, typename TO, bool VEC, int NCH>  // NCH = ceil(D / 128) dim chunks per lane
+__global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const MergeParams p) {
+  static_assert(NCH >= 1 && NCH <= kMergeMaxChunks, "D <= 512");
+  grid_dependency_wait();  // launched behind the split kernel: its partials are complete after this
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int b = static_cast<int>(blockIdx.x / p.Hq), h = static_cast<int>(blockIdx.x % p.Hq);
   const float* lse_in = p.part_lse + b * p.pl_b + h * p.pl_h;
+  TO* out = static_cast<TO*>(p.out) + b * p.out_b + h * p.out_h;
 
   float M = -INFINITY;
   for (int s = lane; s < p.S; s += 32) M = fmaxf(M, lse_in[s * p.pl_s]);
-  M = warp_max(M);
-  TO* out = static_cast<TO*>(p.out) + b * p.out_b + h * p.out_h;
-  if (M == -INFINITY) {  // every split empty (seq_len 0): exp(-inf - -inf) would be NaN
-    for (int d = lane; d < p.D; d += 32) out[d] = from_float<TO>(0.f);
-    if (lane == 0) p.lse[b * p.lse_b + h * p.lse_h] = -INFINITY;
+  M = warp_max(M);  // the same value in every warp
+  if (M == -INFINITY) {
+    for (int d = threadIdx.x; d < p.D; d += kMergeThreads) out[d] = from_float<TO>(0.f);
+    if (threadIdx.x == 0) p.lse[b * p.lse_b + h * p.lse_h] = -INFINITY;
     return;
   }
-  float acc[kMergeMaxChunks][4];
-#pragma unroll
-  for (int c = 0; c < kMergeMaxChunks; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
-  float wsum = 0.f;
+  __shared__ float ws[kMergeThreads];
+  __shared__ float4 parts[kMergeWarps][kMergeMaxChunks * 32];
+  __shared__ float wsums[kMergeWarps];
   const TI* po = static_cast<const TI*>(p.part_out) + b * p.po_b + h * p.po_h;
-  __shared__ float wsplit[4][32];  // this warp's split weights, 32 at a time
-  float* ws = wsplit[threadIdx.x >> 5];
-  for (int s0 = 0; s0 < p.S; s0 += 32) {
-    const float l = s0 + lane < p.S ? lse_in[(s0 + lane) * p.pl_s] : -INFINITY;
-    const float w_lane = l == -INFINITY ? 0.f : expf(l - M);
-    wsum += w_lane;
-    // The weights go through shared memory, not a shuffle in the loop: LLVM does not unroll a loop
-    // holding a convergent shuffle when it needs a remainder, and without unrolling every split
-    // cost one full memory latency (ncu at B=1: 15 us for 29 splits).
-    __syncwarp();
-    ws[lane] = w_lane;
-    __syncwarp();
-    const int n = min(32, p.S - s0);
-#pragma unroll 4
-    for (int i = 0; i < n; ++i) {
-      const float w = ws[i];  // one address for the whole warp: a broadcast
-      const TI* part = po + int64_t(s0 + i) * p.po_s;
+  float4 acc[NCH];
 #pragma unroll
-      for (int c = 0; c < kMergeMaxChunks; ++c) {
-        const int d = 128 * c + 4 * lane;
-        if (d < p.D) {  // D is a multiple of 4 (checked on the host)
+  for (int c = 0; c < NCH; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  float wsum = 0.f;  // this thread's splits; summed over the CTA at the end
+  for (int s0 = 0; s0 < p.S; s0 += kMergeThreads) {
+    const int s = s0 + threadIdx.x;
+    const float l = s < p.S ? lse_in[s * p.pl_s] : -INFINITY;
+    const float wl = l == -INFINITY ? 0.f : expf(l - M);
+    wsum += wl;
+    __syncthreads();  // the previous round's readers of ws are done
+    ws[threadIdx.x] = wl;
+    __syncthreads();
+    const int n = min(kMergeThreads, p.S - s0);
+    for (int i0 = warp; i0 < n; i0 += kMergeWarps * kMergeUnroll) {
+      float wu[kMergeUnroll];
+      float4 v[kMergeUnroll][NCH];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float v = to_float<TI>(part[d + e]);
-            acc[c][e] = w > 0.f ? fmaf(w, v, acc[c][e]) : acc[c][e];
-          }
+      for (int u = 0; u < kMergeUnroll; ++u) {  // all loads first ...
+        const int i = i0 + u * kMergeWarps;
+        wu[u] = i < n ? ws[i] : 0.f;
+        const TI* part = po + int64_t(s0 + i) * p.po_s;
+#pragma unroll
+        for (int c = 0; c < NCH; ++c) {
+          const int d = 128 * c + 4 * lane;  // D is a multiple of 4 (checked on the host)
+          v[u][c] = wu[u] > 0.f && d < p.D ? load4_merge<TI, VEC>(part + d) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
       }
+#pragma unroll
+      for (int u = 0; u < kMergeUnroll; ++u)  // ... then the sums (w = 0 meets zeros: no NaN)
+#pragma unroll
+        for (int c = 0; c < NCH; ++c) {
+          acc[c].x = fmaf(wu[u], v[u][c].x, acc[c].x);
+          acc[c].y = fmaf(wu[u], v[u][c].y, acc[c].y);
+          acc[c].z = fmaf(wu[u], v[u][c].z, acc[c].z);
+          acc[c].w = fmaf(wu[u], v[u][c].w, acc[c].w);
+        }
     }
   }
   wsum = warp_sum(wsum);
-  const float inv = 1.f / wsum;
+  if (lane == 0) wsums[warp] = wsum;
 #pragma unroll
-  for (int c = 0; c < kMergeMaxChunks; ++c) {
-    const int d = 128 * c + 4 * lane;
-    if (d < p.D) {
+  for (int c = 0; c < NCH; ++c) parts[warp][c * 32 + lane] = acc[c];
+  __syncthreads();
+  float total = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[d + e] = from_float<TO>(acc[c][e] * inv);
+  for (int wi = 0; wi < kMergeWarps; ++wi) total += wsums[wi];
+  const float inv = 1.f / total;
+  for (int q4 = threadIdx.x; q4 < p.D / 4; q4 += kMergeThreads) {
+    float4 sum = parts[0][q4];
+#pragma unroll
+    for (int wi = 1; wi < kMergeWarps; ++wi) {
+      const float4 x = parts[wi][q4];
+      sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
     }
+    out[4 * q4] = from_float<TO>(sum.x * inv);
+    out[4 * q4 + 1] = from_float<TO>(sum.y * inv);
+    out[4 * q4 + 2] = from_float<TO>(sum.z * inv);
+    out[4 * q4 + 3] = from_float<TO>(sum.w * inv);
   }
-  if (lane == 0) p.lse[b * p.lse_b + h * p.lse_h] = M + logf(wsum);
+  if (threadIdx.x == 0) p.lse[b * p.lse_b + h * p.lse_h] = M + logf(total);
 }
 
 }  // namespace aura
