@@ -331,7 +331,7 @@ struct WarpSplitShape {
   static constexpr int kWarps = D <= 192 ? 4 : D <= 256 ? 3 : 1;
   static constexpr size_t kStepBytes = size_t(2) * 16 * kRow * sizeof(T);  // K and V of 16 tokens
   static constexpr size_t kQBytes = size_t(kMaxHeads) * kRow * sizeof(T);
-  static constexpr size_t kBarBytes = 4 * 4 * sizeof(uint64_t);  // an mbarrier per ring slot and warp
+  static constexpr size_t kBarBytes = 4 * 4 * sizeof(uint64_t);  // bulk copies: an mbarrier per slot and warp
   static constexpr int kStages =
       std::min<int>(4, int((kSmemBudget - kQBytes - kBarBytes) / (kWarps * kStepBytes)));
   static constexpr size_t kSmem = kWarps * kStages * kStepBytes + kQBytes + kBarBytes;
@@ -352,7 +352,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {  // lo in the lo
   }
 }
 
-template <typename T, int D, int NHT>
+template <typename T, int D, int NHT, bool BULK>
 __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
     flash_decode_split_mma_kernel(const DecodeParams p) {
   using Shape = WarpSplitShape<T, D>;
@@ -360,6 +360,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
   constexpr int KS = D / 16;                          // QK k-steps = PV m-tiles
   constexpr int CPR = D * int(sizeof(T)) / 16;        // 16-byte chunks per row
   constexpr int CPL = 16 * CPR / 32;                  // chunks per lane per 16-row tile
+  constexpr int VEC = 16 / int(sizeof(T));            // elements per 16-byte chunk
   constexpr int TILE = 16 * ROW;                      // elements of one 16-token K or V tile
   constexpr bool kQInRegs = KS * NHT <= 16;           // B fragments of q held for the whole split
   static_assert(D % 16 == 0 && (16 * CPR) % 32 == 0, "tile shapes");
@@ -378,53 +379,89 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
   const int my_n = n_steps > warp ? ceil_div(n_steps - warp, W) : 0;
   auto step_t0 = [&](int i) { return w.start + (warp + W * i) * 16; };
 
-  // ---- copies: lane r < 16 brings K row r of a step and lane 16 + r its V row, each with one
-  // bulk copy completing on the slot's mbarrier (no per-16-byte address math or commit groups).
-  // Rows past the end are zeroed instead: P = 0 must meet finite V, never stale shared memory.
-  uint64_t* bars = reinterpret_cast<uint64_t*>(qs + 8 * NHT * ROW) + warp * NS;  // [W][NS]
-  const bool paged = p.block_table != nullptr, is_v = lane >= 16;
-  const int my_row = lane & 15;
-  const T* src_base = static_cast<const T*>(is_v ? p.v : p.k);
-  const int64_t s0 = is_v ? p.v_s0 : p.k_s0, s1 = is_v ? p.v_s1 : p.k_s1, s2 = is_v ? p.v_s2 : p.k_s2;
-  const int64_t head_off = paged ? w.kvh * s2 : w.b * s0 + w.kvh * s1;
-  // This lane's source row in step i (only for rows before the end). Paged: resolved one step
-  // before its copy is issued, so the block-table read is off the issue path.
-  auto row_src = [&](int i) -> const T* {
-    const int t = step_t0(i) + my_row;
-    if (i >= my_n || t >= w.end) return nullptr;
-    if (paged) {
-      int page = p.block_table[w.b * p.bt_sb + t / p.page_size];
-      page = min(max(page, 0), p.num_blocks - 1);  // never read outside the cache
-      return src_base + page * s0 + (t % p.page_size) * s1 + head_off;
+  // ---- copies. Two engines, picked on the host from static values (the launcher's comment):
+  //  * BULK (contiguous caches): lane r < 16 brings K row r of a step and lane 16 + r its V row with
+  //    one cp.async.bulk each, completing on the slot's mbarrier: almost no issue instructions, the
+  //    better engine for long splits (bandwidth-bound), but the TMA engine's latency for many small
+  //    copies sets the step time when a warp has only a few steps (and per-row page lookups made
+  //    paged caches slower with it than with cp.async);
+  //  * cp.async, 16 bytes per instruction: slot j of a lane is row r_j and 16-byte column c_j of a
+  //    16-row tile, the same in every step (loop-invariant offsets); lower latency for short splits.
+  // Rows past the end are never read: zero-filled (P = 0 must meet finite V, not stale memory).
+  const bool paged = p.block_table != nullptr;
+  const bool linear = !paged || p.page_size % 16 == 0;  // a step's rows are consecutive in memory
+  const T* kg = static_cast<const T*>(p.k);
+  const T* vg = static_cast<const T*>(p.v);
+  const int64_t k_head = paged ? w.kvh * p.k_s2 : w.b * p.k_s0 + w.kvh * p.k_s1;
+  const int64_t v_head = paged ? w.kvh * p.v_s2 : w.b * p.v_s0 + w.kvh * p.v_s1;
+  const int k_rs = int(paged ? p.k_s1 : p.k_s2), v_rs = int(paged ? p.v_s1 : p.v_s2);  // row strides (host: fit int32)
+  // Paged: the page (and row in page) of a step's first row (pages of 16k tokens) or of this lane's
+  // row (any page size), resolved one step before its copies: off their issue path.
+  const bool per_row = !linear;
+  auto locate = [&](int i, int& page, int& row) {
+    page = 0, row = 0;
+    const int t = step_t0(i) + (per_row ? (lane & 15) : 0);
+    if (paged && i < my_n && t < w.end) {
+      page = min(max(p.block_table[w.b * p.bt_sb + t / p.page_size], 0), p.num_blocks - 1);  // never outside
+      row = t % p.page_size;
     }
-    return src_base + head_off + int64_t(t) * s2;
   };
-  if (lane == 0) {
-#pragma unroll
-    for (int j = 0; j < NS; ++j) mbar_init(bars + j, 1);
-    mbar_init_fence();
-  }
-  __syncwarp();
-  const T* next_src = row_src(0);
-  auto issue = [&](int i) {  // step i into ring slot i % NS
-    if (i >= my_n) return;
-    const int slot = i % NS;
-    T* dst = my_ring + slot * 2 * TILE + (is_v ? TILE : 0) + my_row * ROW;
-    const T* src = next_src;
-    next_src = row_src(i + 1);
-    fence_proxy_async_shared();  // this lane's ldmatrix reads of the slot come before the refill
-    __syncwarp();
+  int next_page, next_row;
+  locate(0, next_page, next_row);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(qs + Shape::kMaxHeads * ROW) + warp * NS;  // [W][NS], BULK
+  if constexpr (BULK) {
     if (lane == 0) {
-      const int rows = min(16, w.end - step_t0(i));
-      mbar_arrive_expect_tx(bars + slot, unsigned(2 * rows * D * sizeof(T)));
-    }
-    __syncwarp();  // the expected bytes are posted before any copy can complete
-    if (src != nullptr) {
-      bulk_copy_g2s(dst, src, unsigned(D * sizeof(T)), bars + slot);
-    } else {
 #pragma unroll
-      for (int c = 0; c < CPR; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < NS; ++j) mbar_init(bars + j, 1);
+      mbar_init_fence();
     }
+    __syncwarp();
+  }
+  auto issue = [&](int i) {  // step i into ring slot i % NS
+    if (i < my_n) {
+      const int t0 = step_t0(i), n_rows = w.end - t0;
+      const int page = next_page, row = next_row;
+      locate(i + 1, next_page, next_row);
+      T* kd = my_ring + (i % NS) * 2 * TILE;
+      T* vd = kd + TILE;
+      if constexpr (BULK) {
+        const bool is_v = lane >= 16, ok = (lane & 15) < n_rows;
+        const int r = lane & 15;
+        // contiguous caches only (the launcher never pairs BULK with a block table)
+        const int64_t off = is_v ? int64_t(t0 + r) * p.v_s2 + v_head : int64_t(t0 + r) * p.k_s2 + k_head;
+        T* dst = (is_v ? vd : kd) + r * ROW;
+        fence_proxy_async_shared();  // this lane's ldmatrix reads of the slot come before the refill
+        __syncwarp();
+        if (lane == 0) mbar_arrive_expect_tx(bars + i % NS, unsigned(2 * min(16, n_rows) * D * sizeof(T)));
+        __syncwarp();  // the expected bytes are posted before any copy can complete
+        if (ok) {
+          bulk_copy_g2s(dst, (is_v ? vg : kg) + off, unsigned(D * sizeof(T)), bars + i % NS);
+        } else {
+#pragma unroll
+          for (int c = 0; c < CPR; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
+        }
+      } else if (linear) {
+        const T* ks = kg + k_head + (paged ? page * p.k_s0 + row * p.k_s1 : int64_t(t0) * p.k_s2);
+        const T* vs = vg + v_head + (paged ? page * p.v_s0 + row * p.v_s1 : int64_t(t0) * p.v_s2);
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+          const int idx = lane + 32 * j, r = idx / CPR, c = (idx % CPR) * VEC;
+          const bool ok = r < n_rows;
+          cp_async16(kd + r * ROW + c, ok ? ks + r * k_rs + c : kg, ok);
+          cp_async16(vd + r * ROW + c, ok ? vs + r * v_rs + c : vg, ok);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+          const int idx = lane + 32 * j, r = idx / CPR, c = (idx % CPR) * VEC;
+          const bool ok = r < n_rows;
+          const int pg = __shfl_sync(0xffffffffu, page, r), rw = __shfl_sync(0xffffffffu, row, r);
+          cp_async16(kd + r * ROW + c, ok ? kg + k_head + pg * p.k_s0 + rw * p.k_s1 + c : kg, ok);
+          cp_async16(vd + r * ROW + c, ok ? vg + v_head + pg * p.v_s0 + rw * p.v_s1 + c : vg, ok);
+        }
+      }
+    }
+    if constexpr (!BULK) cp_async_commit();  // one group per step (empty past the end)
   };
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) issue(i);  // the ring fills while q is staged
@@ -463,9 +500,14 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
   const int v_row = (lane & 7) + 8 * (lane >> 4), v_col = 8 * ((lane >> 3) & 1);  // V^T: A tiles via .trans
 
   for (int i = 0; i < my_n; ++i) {
-    issue(i + NS - 1);                      // refills the slot step i - 1 used
-    mbar_wait(bars + i % NS, (i / NS) & 1);  // step i's bulk copies have landed ...
-    __syncwarp();                            // ... and its zeroed tail rows are visible
+    __syncwarp();  // every lane is done reading the slot the next copy overwrites
+    issue(i + NS - 1);
+    if constexpr (BULK) {
+      mbar_wait(bars + i % NS, (i / NS) & 1);  // step i's copies have landed
+    } else {
+      cp_async_wait<NS - 1>();  // step i's group has landed (for this lane)
+    }
+    __syncwarp();  // ... and for the whole warp, with its zeroed tail rows
     const T* kt = my_ring + (i % NS) * 2 * TILE;
     const T* vt = kt + TILE;
     const int t0 = step_t0(i);
@@ -543,6 +585,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
       for (int n = 0; n < NHT; ++n) mma_16816<T>(o[mt][n], a, pb[n][0], pb[n][1]);
     }
   }
+  if constexpr (!BULK) cp_async_wait<0>();  // only empty groups remain; drain before the ring is reused
   grid_dependents_launch();  // the merge (programmatic dependent launch) may start its prologue
 
   // ---- merge the warps' states (decode.md §5 within the CTA), through the drained ring
@@ -627,7 +670,7 @@ struct MergeParams {
 constexpr int kMergeMaxChunks = 4;  // 4 dims per lane per chunk, 128 dims per chunk: D <= 512
 constexpr int kMergeThreads = 128;
 constexpr int kMergeWarps = kMergeThreads / 32;
-constexpr int kMergeUnroll = 8;     // live splits per warp whose loads are in flight together
+constexpr int kMergeUnroll = 8;     // live splits per warp whose loads are in flight together (D <= 128)
 
 // 4 consecutive values as fp32: one 16-byte load when the layout allows (VEC), else 4 scalars.
 template <typename TI, bool VEC>
@@ -649,6 +692,9 @@ __device__ __forceinline__ float4 load4_merge(const TI* x) {
 template <typename TI, typename TO, bool VEC, int NCH>  // NCH = ceil(D / 128) dim chunks per lane
 __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const MergeParams p) {
   static_assert(NCH >= 1 && NCH <= kMergeMaxChunks, "D <= 512");
+  // the same 32 float4 loads in flight per lane at any D (half that for 16-bit partials: 4 scalar loads each)
+  constexpr int kLoads = VEC ? kMergeUnroll : kMergeUnroll / 2;
+  constexpr int U = kLoads / NCH > 0 ? kLoads / NCH : 1;
   grid_dependency_wait();  // launched behind the split kernel: its partials are complete after this
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int b = static_cast<int>(blockIdx.x / p.Hq), h = static_cast<int>(blockIdx.x % p.Hq);
@@ -680,11 +726,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
     ws[threadIdx.x] = wl;
     __syncthreads();
     const int n = min(kMergeThreads, p.S - s0);
-    for (int i0 = warp; i0 < n; i0 += kMergeWarps * kMergeUnroll) {
-      float wu[kMergeUnroll];
-      float4 v[kMergeUnroll][NCH];
+    for (int i0 = warp; i0 < n; i0 += kMergeWarps * U) {
+      float wu[U];
+      float4 v[U][NCH];
 #pragma unroll
-      for (int u = 0; u < kMergeUnroll; ++u) {  // all loads first ...
+      for (int u = 0; u < U; ++u) {  // all loads first ...
         const int i = i0 + u * kMergeWarps;
         wu[u] = i < n ? ws[i] : 0.f;
         const TI* part = po + int64_t(s0 + i) * p.po_s;
@@ -695,7 +741,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
         }
       }
 #pragma unroll
-      for (int u = 0; u < kMergeUnroll; ++u)  // ... then the sums (w = 0 meets zeros: no NaN)
+      for (int u = 0; u < U; ++u)  // ... then the sums (w = 0 meets zeros: no NaN)
 #pragma unroll
         for (int c = 0; c < NCH; ++c) {
           acc[c].x = fmaf(wu[u], v[u][c].x, acc[c].x);

@@ -98,6 +98,21 @@ def test_every_gqa_ratio_and_layout(G, layout):
     check(f"G{G}-{layout}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
 
 
+@pytest.mark.parametrize("D", DIMS, ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("layout", ("contig", "page16", "page7"))
+def test_both_copy_engines(D, layout):
+    """16-bit caches pick the copy engine from static values: bulk copies for a contiguous cache when
+    a full-capacity split gives every warp >= 16 steps (one split over 1100 tokens), cp.async
+    otherwise (paged, or the automatic plan here). Each must agree with the oracle on ragged
+    lengths, tails and empty sequences."""
+    page = None if layout == "contig" else int(layout[4:])
+    dtype = torch.float16 if D == 96 else torch.bfloat16
+    q, k, v, sl, table = make_cache([1100, 1, 17, 1024, 0, 333], 8, 2, D, dtype, page=page, T_cap=1100, seed=D)
+    for S in (1, 0):
+        out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+        check(f"D{D}-{layout}-S{S}", out, lse, *oracle(q, k, v, sl, table), dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_matches_reference_split_for_split(dtype):
     """Same host plan as the reference (real SM count, 2 CTAs/SM): the fp32 results agree to
@@ -247,10 +262,15 @@ def test_out_of_range_lengths_and_pages_never_fault():
 
 @pytest.mark.sanitize
 def test_small_cases_for_compute_sanitizer():
-    """A few small launches (every path: empty splits, S = 1, paged, merge) for memcheck/racecheck."""
+    """A few small launches (every path: empty splits, S = 1, paged, merge, both copy engines) for
+    memcheck/racecheck."""
     for layout in (None, 7):
         q, k, v, sl, table = make_cache([0, 1, 300, 77], 6, 2, 64, torch.bfloat16, page=layout, seed=1)
         for S in (0, 1, 3):
             out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
             check(f"san-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+        # one split over 1040 tokens: >= 16 steps per warp, the bulk-copy engine (contiguous)
+        q, k, v, sl, table = make_cache([1040, 5, 0], 4, 2, 64, torch.bfloat16, page=layout, T_cap=1040, seed=2)
+        out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=1)
+        check("san-bulk", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
     torch.cuda.synchronize()
