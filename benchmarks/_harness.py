@@ -25,8 +25,12 @@ def commit() -> str:
     if os.environ.get("AURA_COMMIT"):
         return os.environ["AURA_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=RESULTS.parent, timeout=10).stdout.strip() or "unknown"
+        git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True,  # noqa: E731
+                                        cwd=RESULTS.parent, timeout=10).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD") or "unknown"
+        # a copied working tree (e.g. a remote GPU run) can differ from HEAD: say so, never hide it
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", "csrc", "torch_aura", "triton_kernels")
+        return head + ("+uncommitted" if dirty else "")
     except OSError:
         return "unknown"
 
