@@ -226,6 +226,19 @@ inline int auto_splits(int64_t batch, int64_t kv_heads, int sms, int ctas_per_sm
   return 1;
 }
 
+// Set a kernel attribute once per (kernel, attribute, device): attribute calls are not stream work,
+// so they are legal before and during graph capture, and after the first call the launch path
+// makes no driver call for it.
+template <auto Kernel, cudaFuncAttribute Attr>
+void set_kernel_attribute_once(int value, const char* what) {
+  static bool done[64] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device < 64 && done[device]) return;
+  AURA_CHECK(cudaFuncSetAttribute(Kernel, Attr, value) == cudaSuccess, what, ": cudaFuncSetAttribute failed");
+  if (device < 64) done[device] = true;
+}
+
 inline void check_launch(const char* what) {
   const cudaError_t err = cudaGetLastError();
   AURA_CHECK(err == cudaSuccess, what, ": CUDA launch failed: ", cudaGetErrorString(err));

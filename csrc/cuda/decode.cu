@@ -16,25 +16,11 @@ bool supported_head_dim(int64_t D) {
   return D == 64 || D == 80 || D == 96 || D == 128 || D == 192 || D == 256 || D == 512;
 }
 
-// Raise a kernel's dynamic shared-memory limit (to the whole per-CTA budget, whatever this launch
-// needs) once per device: an attribute set outside any stream, so it is legal before and during
-// graph capture alike.
-template <auto Kernel>
-void allow_smem() {
-  static bool configured[64] = {};
-  int device = 0;
-  cudaGetDevice(&device);
-  if (device < 64 && configured[device]) return;
-  AURA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBudget)) ==
-                 cudaSuccess,
-             "flash_decode: cudaFuncSetAttribute failed");
-  if (device < 64) configured[device] = true;
-}
-
 template <auto Kernel>
 void launch_split_kernel(const DecodeParams& p, int threads, size_t smem, cudaStream_t stream) {
   AURA_CHECK(smem <= kSmemBudget, "flash_decode: shared memory plan exceeds the budget: ", smem);
-  allow_smem<Kernel>();
+  // the whole per-CTA budget, whatever this launch needs (the fp32 kernel's need varies per call)
+  set_kernel_attribute_once<Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize>(int(kSmemBudget), "flash_decode");
   const dim3 grid(p.S, p.Hkv * p.head_tiles, p.B);
   Kernel<<<grid, threads, smem, stream>>>(p);
   check_launch("flash_decode split kernel");
@@ -121,14 +107,9 @@ void launch_merge(const MergeParams& p, cudaStream_t stream, bool after_split) {
   auto launch = [&](auto vec_tag, auto nch_tag) {
     constexpr auto kernel = merge_attn_states_kernel<TI, TO, decltype(vec_tag)::value, decltype(nch_tag)::value>;
     // The split kernel runs with the largest shared-memory carveout; asking the same for the merge
-    // spares the SMs an L1/shared reconfiguration between the two (set once per device).
-    static bool configured[64] = {};
-    int device = 0;
-    cudaGetDevice(&device);
-    if (device >= 64 || !configured[device]) {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared));
-      if (device < 64) configured[device] = true;
-    }
+    // spares the SMs an L1/shared reconfiguration between the two.
+    set_kernel_attribute_once<kernel, cudaFuncAttributePreferredSharedMemoryCarveout>(
+        int(cudaSharedmemCarveoutMaxShared), "merge_attn_states");
     err = cudaLaunchKernelEx(&cfg, kernel, p);
   };
   auto with_chunks = [&](auto vec_tag) {
