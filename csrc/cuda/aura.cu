@@ -111,12 +111,14 @@ std::vector<int64_t> sizes_of(const Tensor& t, int64_t from, int64_t to) {
 
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kAuraWarps - 1) / kAuraWarps); }
 
-P1Kernel p1_kernel(int64_t D, int64_t kb, int64_t vb, int device) {
+// fp16 / bf16 queries take the warp-split tensor-core kernel, fp32 queries the exact one (aura.cuh).
+P1Kernel p1_kernel(int64_t D, int64_t kb, int64_t vb, FloatKind q_kind, int device) {
+  const bool warp = q_kind != FloatKind::kF32;
   switch (D) {
-    case 64: return p1_kernel_for_dim<64>(kb, vb, device);
-    case 128: return p1_kernel_for_dim<128>(kb, vb, device);
-    case 256: return p1_kernel_for_dim<256>(kb, vb, device);
-    default: return p1_kernel_for_dim<512>(kb, vb, device);
+    case 64: return p1_kernel_for_dim<64>(kb, vb, warp, device);
+    case 128: return p1_kernel_for_dim<128>(kb, vb, warp, device);
+    case 256: return p1_kernel_for_dim<256>(kb, vb, warp, device);
+    default: return p1_kernel_for_dim<512>(kb, vb, warp, device);
   }
 }
 
@@ -227,7 +229,7 @@ void launch_flash_p1(const Tensor& q, const Tensor& kc, const Tensor& kn, const 
   p.vc_vec = code_copy_bytes(vc);
   AURA_CHECK(int64_t(s.Hkv) * p.row_groups <= 65535, "q: too many query rows per KV head (", rows, ") for the grid");
   const dim3 grid(unsigned(NB), unsigned(s.Hkv * p.row_groups), unsigned(s.B));
-  kernel.fn<<<grid, kAuraThreads, kernel.smem, current_stream(q)>>>(p);
+  kernel.fn<<<grid, kernel.threads, kernel.smem, current_stream(q)>>>(p);
   check_launch("aura_flash_p1 kernel");
 }
 
@@ -436,7 +438,7 @@ std::tuple<Tensor, Tensor, Tensor> aura_flash_p1_cuda(Tensor q_rot, Tensor k_cod
   lead.push_back(s.D);
   Tensor o = torch::stable::new_empty(q_rot, lead, ScalarType::Float);
   torch::stable::accelerator::DeviceGuard guard(q_rot.get_device_index());
-  const P1Kernel kernel = p1_kernel(s.D, key_bits, value_bits, q_rot.get_device_index());
+  const P1Kernel kernel = p1_kernel(s.D, key_bits, value_bits, float_kind(q_rot, "q_rot"), q_rot.get_device_index());
   launch_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook, key_bits, value_bits,
                   block_table, s, block_size, NB, nullptr, 1.f, kernel, o, m, l);
   return {o, m, l};
@@ -481,7 +483,7 @@ std::tuple<Tensor, Tensor> aura_decode_cuda(Tensor q, Tensor k_codes, Tensor k_n
   const uint32_t* v_sign = sign_mask_ptr(v_sign_mask, s.D, "v_sign_mask", q);
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const int device = q.get_device_index();
-  const P1Kernel kernel = p1_kernel(s.D, key_bits, value_bits, device);
+  const P1Kernel kernel = p1_kernel(s.D, key_bits, value_bits, float_kind(q, "q"), device);
 
   // Block size from static values only. num_splits = S > 0: the reference's rule (ceil(capacity / S),
   // whole pages). Automatic: enough blocks to fill the GPU (decode.md §4's wave efficiency, counting

@@ -446,6 +446,37 @@ __device__ __forceinline__ void stage_codes(uint32_t* dst, const uint32_t* src, 
   stage_code_rows<PW, RS, 4, TS>(dst, src, s0, s1, s2, tm, ts0, t_end);
 }
 
+// What one pass-1 CTA owns: token block n of sequence b, KV head kvh, query rows [r0, r0 + R) of that
+// head's L x G rows (flattened i * G + g), and the tokens [t0, t_end) that some row of it sees.
+struct P1Block {
+  int n, b, kvh, r0, R, T, t0, t_end;
+  // [B, L, Hq, NB] index of (row r, block n)
+  __device__ __forceinline__ int64_t out_row(const AuraP1Params& p, int r) const {
+    const int i = (r0 + r) / p.G, h = kvh * p.G + (r0 + r) % p.G;
+    return ((int64_t(b) * p.L + i) * p.Hq + h) * p.NB + n;
+  }
+  // Query row r sits at position T - L + i and sees tokens t <= that (causal; L = 1: all of them).
+  __device__ __forceinline__ int last_visible(const AuraP1Params& p, int r) const { return T - p.L + (r0 + r) / p.G; }
+};
+
+// Shared plan of both pass-1 kernels. Returns false when the CTA has nothing to read, after writing
+// what an empty block owes (o = 0, m = -inf, l = 0: the merge skips it).
+template <int D>
+__device__ __forceinline__ bool plan_p1_block(const AuraP1Params& p, P1Block& w, int nthreads) {
+  w.n = blockIdx.x, w.b = blockIdx.z;
+  w.kvh = blockIdx.y / p.row_groups, w.r0 = (blockIdx.y % p.row_groups) * p.rows_per_cta;
+  w.R = min(p.rows_per_cta, p.L * p.G - w.r0);
+  if (w.R <= 0) return false;
+  // Clamped, so a bad seq_len can only give a wrong answer, never an out-of-bounds read.
+  w.T = min(max(p.seq_lens[w.b], 0), p.capacity);
+  w.t0 = w.n * p.block_size;
+  w.t_end = min(min(w.t0 + p.block_size, w.T), w.last_visible(p, w.R - 1) + 1);  // the last row sees the most
+  if (w.t_end > w.t0) return true;
+  for (int i = threadIdx.x; i < w.R * D; i += nthreads) p.o[w.out_row(p, i / D) * D + i % D] = 0.f;
+  for (int r = threadIdx.x; r < w.R; r += nthreads) p.m[w.out_row(p, r)] = -INFINITY, p.l[w.out_row(p, r)] = 0.f;
+  return false;
+}
+
 // ------------------------------------------------------------------------- pass 1: the kernel
 // CTAs per SM the register budget is cut for (168 registers at 3): at D = 128, the decode shape of the
 // targets, three CTAs keep 12 warps resident to hide the lookup and MMA latencies; other head dims
@@ -461,25 +492,10 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g4 = lane >> 2, c4 = lane & 3;  // mma fragment coordinates (row group, column pair)
 
-  const int n = blockIdx.x, b = blockIdx.z;
-  const int kvh = blockIdx.y / p.row_groups, r0 = (blockIdx.y % p.row_groups) * p.rows_per_cta;
-  const int R = min(p.rows_per_cta, p.L * p.G - r0);
-  if (R <= 0) return;
-  // Clamped, so a bad seq_len can only give a wrong answer, never an out-of-bounds read.
-  const int T = min(max(p.seq_lens[b], 0), p.capacity);
-  const int t0 = n * p.block_size;
-  // Query row r (flattened i * G + g) sits at position T - L + i and sees tokens t <= that; the
-  // CTA's last row sees the most.
-  const int t_end = min(min(t0 + p.block_size, T), T - p.L + (r0 + R - 1) / p.G + 1);
-  auto out_row = [&](int r) {  // [B, L, Hq, NB] index of (row r, block n)
-    const int i = (r0 + r) / p.G, h = kvh * p.G + (r0 + r) % p.G;
-    return ((int64_t(b) * p.L + i) * p.Hq + h) * p.NB + n;
-  };
-  if (t_end <= t0) {  // an empty block: m = -inf, l = 0, o = 0 (the merge skips it)
-    for (int i = tid; i < R * D; i += kAuraThreads) p.o[out_row(i / D) * D + i % D] = 0.f;
-    for (int r = tid; r < R; r += kAuraThreads) p.m[out_row(r)] = -INFINITY, p.l[out_row(r)] = 0.f;
-    return;
-  }
+  P1Block blk;
+  if (!plan_p1_block<D>(p, blk, kAuraThreads)) return;
+  const int b = blk.b, kvh = blk.kvh, r0 = blk.r0, R = blk.R, t0 = blk.t0, t_end = blk.t_end;
+  auto out_row = [&](int r) { return blk.out_row(p, r); };
 
   unsigned char* table_k = smem + C::kTableK;
   unsigned char* table_v = smem + C::kTableV;
@@ -616,7 +632,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
 
     // ---- online softmax per query row (log2 units), P^T (times the value norms) as hi/lo columns.
     for (int r = warp; r < R; r += kAuraWarps) {
-      const int last = T - p.L + (r0 + r) / p.G;  // the row's last visible token
+      const int last = blk.last_visible(p, r);
       constexpr int PER = (TS + 31) / 32;
       float x[PER];
       float mx = -INFINITY;
@@ -724,32 +740,420 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
   }
 }
 
-// Host side of pass 1: the instantiation for run-time (D, key bits, value bits). The 64 instantiations
-// are spread over aura_p1_d{64,128,256,512}.cu so they compile in parallel.
-struct P1Kernel {
-  void (*fn)(AuraP1Params);
-  size_t smem;
-  int ctas_per_sm;
+// ------------------------------------------- pass 1 for fp16 / bf16 queries: the warp-split kernel
+// The decode shape of a serving engine (half-precision queries) takes the warp-split design of the
+// dense flash_decode kernel (decode.cuh, docs/decode.md §3): every warp owns interleaved 16-token
+// steps of the CTA's block with a private cp.async ring, keeps its softmax state and output in
+// registers, and the warps merge once at the end, so the main loop has no CTA barrier. One fp16
+// MMA per product instead of the exact kernel's hi/lo pair and its three barriers per stage:
+//   QK:  S^T [16 tok x 8 rows]  = K [16 x D] . Q^T       K dequantized straight into A fragments
+//   PV:  O^T [D x 8 rows]      += V^T [D x 16 tok] . P^T  V dequantized, transposed by movmatrix
+// Codes are looked up as *pairs* (one 32-bit fp16x2 table entry per two codes), so a lane needs two
+// consecutive codes per operand register. The dot product does not care which k index carries which
+// dim, so lane (g, c) of an MMA takes its k values from its own quarter of the row, dims
+// [c D/4, (c+1) D/4), in order: k-step kk uses the quarter's code pairs 2kk and 2kk+1 (q's B
+// fragments follow the same map, so each lane reads one contiguous run of packed bits per row).
+// V uses the same quarters before the transpose, so O's rows come out permuted; the epilogue knows
+// the map. Precision: q_rot, the codebooks and p * norm_V in fp16 (11-bit significands), fp32
+// accumulation: relative errors ~1e-3, below the bf16 / fp16 output's own rounding; fp32 queries
+// take the exact kernel above.
+
+// fp16 codebook tables. b <= 4: one entry per code pair (index x | y << b) holding half2(C[x], C[y]);
+// b = 8: one fp16 per code (a pair is two loads and a byte permute). 32 copies of every entry, copy
+// l at word l of the entry's 128-byte row: lane l reads its own copy, so random codes never collide
+// on a shared-memory bank.
+template <int BITS>
+struct HalfTable {
+  static constexpr bool kPairs = BITS <= 4;
+  static constexpr int kEntries = kPairs ? 1 << (2 * BITS) : 1 << BITS;
+  static constexpr size_t kBytes = size_t(kEntries) * 32 * 4;
+};
+
+template <int BITS>
+__device__ __forceinline__ void fill_half_table(uint32_t* table, const float* cb, int nthreads) {
+  for (int i = threadIdx.x; i < HalfTable<BITS>::kEntries * 32; i += nthreads) {
+    const int e = i >> 5;
+    if constexpr (HalfTable<BITS>::kPairs) {
+      table[i] = pack2<__half>(__ldg(cb + (e & ((1 << BITS) - 1))), __ldg(cb + (e >> BITS)));
+    } else {
+      table[i] = __half_as_ushort(__float2half_rn(__ldg(cb + e)));
+    }
+  }
+}
+
+// half2(C[x], C[y]) of the code pair in the low 2b bits of `pair`, x in the low bits.
+template <int BITS>
+__device__ __forceinline__ uint32_t half_pair(const uint32_t* lane_table, uint32_t pair) {
+  if constexpr (HalfTable<BITS>::kPairs) {
+    return lane_table[pair * 32];
+  } else {
+    return __byte_perm(lane_table[(pair & 0xFFu) * 32], lane_table[(pair >> 8) * 32], 0x5410);
+  }
+}
+
+// A lane's quarter of a staged code row, read in groups of whole k-steps (4 codes each) so at most
+// 8 words per row are live at a time.
+template <int D, int BITS>
+struct Quarter {
+  static constexpr int kBits = D * BITS / 4;
+  static constexpr int kWords = (kBits + 31) / 32;
+  static constexpr bool kAligned = kBits % 32 == 0;  // all but D = 64, b = 3 (48-bit quarters)
+  static constexpr int kGroupWords = !kAligned ? kWords : std::min(kWords, BITS == 3 ? 6 : 8);
+  static constexpr int kGroups = kWords / kGroupWords;
+  static constexpr int kStepsPerGroup = (kAligned ? kGroupWords * 32 : kBits) / (4 * BITS);
+  static_assert(kGroups * kGroupWords == kWords && kGroups * kStepsPerGroup == D / 16, "quarter groups");
+};
+
+// Words [g GW, (g + 1) GW) of lane quarter c of a staged row (16-byte loads where the sizes allow).
+template <int D, int BITS>
+__device__ __forceinline__ void load_quarter(const uint32_t* row, int c, int g,
+                                             uint32_t (&w)[Quarter<D, BITS>::kGroupWords]) {
+  using Q = Quarter<D, BITS>;
+  constexpr int GW = Q::kGroupWords;
+  if constexpr (!Q::kAligned) {  // 48 bits from bit 48c: two words from word 3c/2, shifted by 0 or 16
+    const uint32_t* src = row + (3 * c) / 2;
+    const int sh = 16 * (c & 1);
+    const uint32_t w0 = src[0], w1 = src[1];
+    w[0] = __funnelshift_r(w0, w1, sh);
+    w[1] = w1 >> sh;
+  } else {
+    const uint32_t* src = row + c * Q::kWords + g * GW;
+    if constexpr (GW % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < GW; i += 4) {
+        const uint4 v = *reinterpret_cast<const uint4*>(src + i);
+        w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+      }
+    } else if constexpr (GW % 2 == 0) {
+#pragma unroll
+      for (int i = 0; i < GW; i += 2) {
+        const uint2 v = *reinterpret_cast<const uint2*>(src + i);
+        w[i] = v.x, w[i + 1] = v.y;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < GW; ++i) w[i] = src[i];
+    }
+  }
+}
+
+// Code pair j (bits [2b j, 2b j + 2b)) of a loaded group; j is a compile-time constant after
+// unrolling, so this is a shift and a mask (a funnel shift for the 3-bit pairs that straddle words).
+template <int BITS, int N>
+__device__ __forceinline__ uint32_t pair_bits(const uint32_t (&w)[N], int j) {
+  constexpr int PB = 2 * BITS;
+  const int bit = j * PB, i = bit >> 5, sh = bit & 31;
+  uint32_t v = w[i] >> sh;
+  if (sh + PB > 32 && i + 1 < N) v = __funnelshift_r(w[i], w[i + 1], sh);
+  return v & ((1u << PB) - 1u);
+}
+
+// cp.async of one code row of PW words by half a warp-pair: lane half h takes chunks h, h + 2, ... of
+// `vec` bytes (16, 8 or 4: what the tensor's base and strides allow, decided on the host).
+template <int PW>
+__device__ __forceinline__ void copy_code_row(uint32_t* dst, const uint32_t* src, bool ok, int half, int vec) {
+  if constexpr (PW % 4 == 0) {
+    if (vec == 16) {
+#pragma unroll
+      for (int c = half; c < PW / 4; c += 2) cp_async<16>(dst + 4 * c, src + 4 * c, ok);
+      return;
+    }
+  }
+  if constexpr (PW % 2 == 0) {
+    if (vec >= 8) {
+#pragma unroll
+      for (int c = half; c < PW / 2; c += 2) cp_async<8>(dst + 2 * c, src + 2 * c, ok);
+      return;
+    }
+  }
+#pragma unroll
+  for (int c = half; c < PW; c += 2) cp_async<4>(dst + c, src + c, ok);
+}
+
+// Launch shape per (D, bits): one CTA per SM (the two tables, up to 64 KB, are paid once per SM
+// instead of once per CTA), as many warps as registers allow (16 at D <= 128: 128 registers each),
+// and a ring as deep as the rest of the 220 KB allows (2..4 steps in flight per warp).
+template <int D, int KB, int VB>
+struct WarpP1Shape {
+  static constexpr int PWK = D * KB / 32, PWV = D * VB / 32;
+  // Row strides in words. Quarters of >= 8 words are read 16 bytes at a time, two rows per
+  // 8-lane phase: 4 words of padding put the second row on the other half of the banks.
+  static constexpr int RSK = PWK + (Quarter<D, KB>::kWords >= 8 ? 4 : 0);
+  static constexpr int RSV = PWV + (Quarter<D, VB>::kWords >= 8 ? 4 : 0);
+  static constexpr size_t kStepBytes = size_t(16) * (RSK + RSV) * 4 + 2 * 16 * 4;  // codes + norms, 16 tokens
+  static constexpr size_t kTableBytes = HalfTable<KB>::kBytes + HalfTable<VB>::kBytes;
+  static constexpr int kQRow = D + 8;  // fp16 per staged q row (+16 bytes)
+  static constexpr size_t kQBytes = size_t(8) * kQRow * 2;
+  static constexpr size_t kBudget = 220 * 1024;
+  static constexpr size_t kFree = kBudget - kTableBytes - kQBytes;
+  static constexpr int kWarps = std::min<int>(D <= 128 ? 16 : 8, int(kFree / (2 * kStepBytes)));
+  static constexpr int kStages = std::min<int>(4, int(kFree / (kWarps * kStepBytes)));
+  static constexpr size_t kRingBytes = size_t(kWarps) * kStages * kStepBytes;
+  static constexpr int kORow = D + 1;  // the end-of-block merge: [W][8][D + 1] o, [W][8] m and l
+  static constexpr size_t kMergeBytes = size_t(kWarps) * 8 * (kORow + 2) * 4;
+  static constexpr size_t kSmem = std::max(kTableBytes + kRingBytes + kQBytes, kMergeBytes);
+  static constexpr bool kQInRegs = D <= 256;  // B fragments of q for the whole block (D / 8 registers)
+  static_assert(kWarps >= 1 && kStages >= 2, "a ring needs two steps to overlap loads with math");
 };
 
 template <int D, int KB, int VB>
+__global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
+    aura_flash_p1_warp_kernel(const AuraP1Params p) {
+  using S = WarpP1Shape<D, KB, VB>;
+  using QK = Quarter<D, KB>;
+  using QV = Quarter<D, VB>;
+  constexpr int W = S::kWarps, NS = S::kStages, RSK = S::RSK, RSV = S::RSV, NQ = D / 8;
+  P1Block blk;
+  if (!plan_p1_block<D>(p, blk, W * 32)) return;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g4 = lane >> 2, c4 = lane & 3;
+  uint32_t* table_k = reinterpret_cast<uint32_t*>(smem);
+  uint32_t* table_v = table_k + HalfTable<KB>::kBytes / 4;
+  unsigned char* ring = smem + S::kTableBytes;  // [W][NS] steps: K codes, V codes, K norms, V norms
+  uint16_t* qs = reinterpret_cast<uint16_t*>(ring + S::kRingBytes);  // [8][kQRow] fp16 q_rot * log2(e)
+
+  // ---- this warp's steps: s = warp, warp + W, ... of the block's ceil(len / 16)
+  const int n_steps = ceil_div(blk.t_end - blk.t0, 16);
+  const int my_n = n_steps > warp ? ceil_div(n_steps - warp, W) : 0;
+  auto step_t0 = [&](int i) { return blk.t0 + (warp + W * i) * 16; };
+
+  // ---- copies: lane l stages row l % 16 of a step (its codes in two halves by l / 16, and the K norm
+  // for l < 16, the V norm otherwise). For paged caches its row's page is read one step ahead, off
+  // the issue path. Rows past the block are zero-filled without reading memory.
+  const int crow = lane & 15, chalf = lane >> 4;
+  const int* pages = p.block_table != nullptr ? p.block_table + blk.b * p.bt_sb : nullptr;
+  auto locate = [&](int i, int& page, int& row) {  // contiguous: page = sequence, row = token
+    const int t = step_t0(i) + crow;
+    page = blk.b, row = t;
+    if (pages != nullptr && i < my_n && t < blk.t_end) {
+      page = min(max(pages[t / p.page_size], 0), p.num_blocks - 1);  // never outside the cache
+      row = t % p.page_size;
+    }
+  };
+  auto slot_of = [&](int i) { return ring + (size_t(warp) * NS + i % NS) * S::kStepBytes; };
+  int next_page, next_row;
+  locate(0, next_page, next_row);
+  auto issue = [&](int i) {  // step i into ring slot i % NS
+    if (i < my_n) {
+      const int64_t page = next_page, row = next_row, h = blk.kvh;
+      const bool ok = step_t0(i) + crow < blk.t_end;
+      locate(i + 1, next_page, next_row);
+      // contiguous strides are (b, h, t), paged (block, row, h)
+      auto at = [&](int64_t s0, int64_t s1, int64_t s2) {
+        return !ok ? 0 : pages == nullptr ? page * s0 + h * s1 + row * s2 : page * s0 + row * s1 + h * s2;
+      };
+      uint32_t* kd = reinterpret_cast<uint32_t*>(slot_of(i));
+      uint32_t* vd = kd + 16 * RSK;
+      float* nd = reinterpret_cast<float*>(vd + 16 * RSV);  // [K norms 16][V norms 16]
+      copy_code_row<S::PWK>(kd + crow * RSK, p.kc + at(p.kc_s0, p.kc_s1, p.kc_s2), ok, chalf, p.kc_vec);
+      copy_code_row<S::PWV>(vd + crow * RSV, p.vc + at(p.vc_s0, p.vc_s1, p.vc_s2), ok, chalf, p.vc_vec);
+      cp_async<4>(nd + lane, chalf == 0 ? p.kn + at(p.kn_s0, p.kn_s1, p.kn_s2) : p.vn + at(p.vn_s0, p.vn_s1, p.vn_s2), ok);
+    }
+    cp_async_commit();  // one group per step (empty past the end)
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) issue(i);  // the ring fills while the tables and q are prepared
+
+  fill_half_table<KB>(table_k, p.k_cb, W * 32);
+  fill_half_table<VB>(table_v, p.v_cb, W * 32);
+  for (int r = warp; r < 8; r += W) {  // rows >= R stay zero (their columns are masked below)
+    float v[D / 32];
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) v[j] = 0.f;
+    if (r < blk.R) {
+      const int i = (blk.r0 + r) / p.G, h = blk.kvh * p.G + (blk.r0 + r) % p.G;
+      const int64_t base = blk.b * p.q_sb + i * p.q_sl + h * p.q_sh;
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) v[j] = load_float(p.q, base + lane + 32 * j, p.q_kind);
+      if (p.k_sign != nullptr) rotate_warp<D>(v, p.k_sign, p.q_factor, false);  // q_rot = scale Pi_K q
+    }
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) qs[r * S::kQRow + lane + 32 * j] = __half_as_ushort(__float2half_rn(v[j] * kLog2eF));
+  }
+  __syncthreads();  // the only CTA barrier before the end: tables and q visible to every warp
+
+  // q's B fragments: k-step kk takes pairs 2kk, 2kk+1 of lane quarter c4 of row g4
+  const uint32_t* q_quarter = reinterpret_cast<const uint32_t*>(qs + g4 * S::kQRow + c4 * (D / 4));
+  uint32_t qf[S::kQInRegs ? NQ : 1];
+  if constexpr (S::kQInRegs) {
+#pragma unroll
+    for (int j = 0; j < NQ; j += 2) {
+      const uint2 v = *reinterpret_cast<const uint2*>(q_quarter + j);
+      qf[j] = v.x, qf[j + 1] = v.y;
+    }
+  }
+  // Visible-token limit of this lane's two columns (rows 2 c4 + e): causal rows see t <= T - L + i;
+  // columns past R see nothing.
+  int lim[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int r = 2 * c4 + e;
+    lim[e] = r < blk.R ? min(blk.t_end, blk.last_visible(p, r) + 1) : blk.t0;
+  }
+  const uint32_t* lt_k = table_k + lane;
+  const uint32_t* lt_v = table_v + lane;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, o[D / 16][4];
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+
+  for (int i = 0; i < my_n; ++i) {
+    __syncwarp();  // every lane is done reading the slot the next copy overwrites
+    issue(i + NS - 1);
+    cp_async_wait<NS - 1>();  // step i's group has landed (for this lane) ...
+    __syncwarp();             // ... and for the whole warp
+    const uint32_t* kc = reinterpret_cast<const uint32_t*>(slot_of(i));
+    const uint32_t* vc = kc + 16 * RSK;
+    const float* kn = reinterpret_cast<const float*>(vc + 16 * RSV);
+    const float* vn = kn + 16;
+
+    // QK, two accumulator chains; rows of S^T: tokens g4 (s[.][0..1]) and g4 + 8 (s[.][2..3])
+    float s[2][4] = {};
+#pragma unroll
+    for (int g = 0; g < QK::kGroups; ++g) {
+      uint32_t lo[QK::kGroupWords], hi[QK::kGroupWords];
+      load_quarter<D, KB>(kc + g4 * RSK, c4, g, lo);
+      load_quarter<D, KB>(kc + (g4 + 8) * RSK, c4, g, hi);
+#pragma unroll
+      for (int k = 0; k < QK::kStepsPerGroup; ++k) {
+        const int kk = g * QK::kStepsPerGroup + k;
+        const uint32_t a[4] = {half_pair<KB>(lt_k, pair_bits<KB>(lo, 2 * k)), half_pair<KB>(lt_k, pair_bits<KB>(hi, 2 * k)),
+                               half_pair<KB>(lt_k, pair_bits<KB>(lo, 2 * k + 1)),
+                               half_pair<KB>(lt_k, pair_bits<KB>(hi, 2 * k + 1))};
+        uint32_t b0, b1;
+        if constexpr (S::kQInRegs) {
+          b0 = qf[2 * kk], b1 = qf[2 * kk + 1];
+        } else {
+          const uint2 v = *reinterpret_cast<const uint2*>(q_quarter + 2 * kk);
+          b0 = v.x, b1 = v.y;
+        }
+        mma_16816<__half>(s[kk & 1], a, b0, b1);
+      }
+    }
+    // softmax over each column (log2 units), logits scaled by the keys' norms
+    const int t_lo = step_t0(i) + g4, t_hi = t_lo + 8;
+    const float nk_lo = kn[g4], nk_hi = kn[g4 + 8];
+    float x[4];
+    x[0] = t_lo < lim[0] ? (s[0][0] + s[1][0]) * nk_lo : -INFINITY;
+    x[1] = t_lo < lim[1] ? (s[0][1] + s[1][1]) * nk_lo : -INFINITY;
+    x[2] = t_hi < lim[0] ? (s[0][2] + s[1][2]) * nk_hi : -INFINITY;
+    x[3] = t_hi < lim[1] ? (s[0][3] + s[1][3]) * nk_hi : -INFINITY;
+    float pr[4], alpha[2];
+    const bool grew = online_softmax_tile(x, m_run, l_run, pr, alpha);
+    // P^T (times the values' norms; l sums plain p) as the B operand, transposed in registers
+    const float nv_lo = vn[g4], nv_hi = vn[g4 + 8];
+    const uint32_t pb0 = movmatrix_trans(pack2<__half>(pr[0] * nv_lo, pr[1] * nv_lo));  // tokens 0-7
+    const uint32_t pb1 = movmatrix_trans(pack2<__half>(pr[2] * nv_hi, pr[3] * nv_hi));  // tokens 8-15
+    if (__any_sync(0xffffffffu, grew)) {  // rescale only when some running max moved
+#pragma unroll
+      for (int mt = 0; mt < D / 16; ++mt) {
+        o[mt][0] *= alpha[0], o[mt][1] *= alpha[1];
+        o[mt][2] *= alpha[0], o[mt][3] *= alpha[1];
+      }
+    }
+    // PV: m-tile mt's A operand is the transpose of four 8x8 blocks [tokens x dims] looked up in the
+    // natural layout: rows 0-7 of the tile <- quarter pair 2mt, rows 8-15 <- pair 2mt + 1
+#pragma unroll
+    for (int g = 0; g < QV::kGroups; ++g) {
+      uint32_t lo[QV::kGroupWords], hi[QV::kGroupWords];
+      load_quarter<D, VB>(vc + g4 * RSV, c4, g, lo);
+      load_quarter<D, VB>(vc + (g4 + 8) * RSV, c4, g, hi);
+#pragma unroll
+      for (int k = 0; k < QV::kStepsPerGroup; ++k) {
+        const int mt = g * QV::kStepsPerGroup + k;
+        const uint32_t a[4] = {movmatrix_trans(half_pair<VB>(lt_v, pair_bits<VB>(lo, 2 * k))),
+                               movmatrix_trans(half_pair<VB>(lt_v, pair_bits<VB>(lo, 2 * k + 1))),
+                               movmatrix_trans(half_pair<VB>(lt_v, pair_bits<VB>(hi, 2 * k))),
+                               movmatrix_trans(half_pair<VB>(lt_v, pair_bits<VB>(hi, 2 * k + 1)))};
+        mma_16816<__half>(o[mt], a, pb0, pb1);
+      }
+    }
+  }
+  cp_async_wait<0>();  // only empty groups remain; drain before the shared memory is reused
+
+  // ---- merge the warps' states into the block's partial (unnormalised o, m in natural log, l)
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 4);
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 8);
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 16);
+  }
+  __syncthreads();  // every warp is done with the ring and the tables
+  constexpr int OR = S::kORow;
+  float* ow = reinterpret_cast<float*>(smem);  // [W][8][OR]
+  float* mw = ow + W * 8 * OR;                 // [W][8]
+  float* lw = mw + W * 8;                      // [W][8]
+  if (g4 == 0) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) mw[warp * 8 + 2 * c4 + e] = m_run[e], lw[warp * 8 + 2 * c4 + e] = l_run[e];
+  }
+  // accumulator c of m-tile mt: row g4 + 8 (c / 2) of the tile, column 2 c4 + c % 2; tile row rho
+  // came from quarter (rho % 8) / 2, pair 2mt + rho / 8, element rho % 2
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int d = (g4 >> 1) * (D / 4) + 4 * mt + 2 * (c >> 1) + (g4 & 1);
+      ow[(warp * 8 + 2 * c4 + (c & 1)) * OR + d] = o[mt][c];
+    }
+  __syncthreads();
+  // A warp without visible tokens has m = -inf, l = 0, o = 0: weight 0, never exp2(-inf - -inf).
+  auto row_max = [&](int r) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int wi = 0; wi < W; ++wi) M = fmaxf(M, mw[wi * 8 + r]);
+    return M;
+  };
+  auto weight = [&](int wi, int r, float M) {
+    const float m = mw[wi * 8 + r];
+    return m == -INFINITY ? 0.f : exp2f(m - M);
+  };
+  for (int idx = threadIdx.x; idx < blk.R * D; idx += W * 32) {
+    const int r = idx / D, d = idx % D;
+    const float M = row_max(r);
+    float acc = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < W; ++wi) acc += weight(wi, r, M) * ow[(wi * 8 + r) * OR + d];
+    p.o[blk.out_row(p, r) * D + d] = acc;
+  }
+  for (int r = threadIdx.x; r < blk.R; r += W * 32) {
+    const float M = row_max(r);
+    float L = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < W; ++wi) L += weight(wi, r, M) * lw[wi * 8 + r];
+    p.m[blk.out_row(p, r)] = M * kLn2F;  // -inf stays -inf for a row that saw nothing
+    p.l[blk.out_row(p, r)] = L;
+  }
+}
+
+// Host side of pass 1: the instantiation for run-time (D, key bits, value bits, query precision). The
+// 128 instantiations are spread over aura_p1_d{64,128,256,512}.cu so they compile in parallel.
+struct P1Kernel {
+  void (*fn)(AuraP1Params);
+  size_t smem;
+  int threads;
+  int ctas_per_sm;
+};
+
+// WARP: the warp-split kernel for fp16 / bf16 queries; otherwise the exact (fp32-query) kernel.
+template <int D, int KB, int VB, bool WARP>
 P1Kernel p1_kernel_of(int device) {
   // Dynamic shared memory above 48 KB and the occupancy, once per (instantiation, device): attribute
   // calls are not stream work, so they are legal during graph capture as well.
   static int ctas[64] = {};
-  auto fn = aura_flash_p1_kernel<D, KB, VB>;
-  constexpr size_t smem = P1Config<D, KB, VB>::kBytes;
+  constexpr auto fn = WARP ? aura_flash_p1_warp_kernel<D, KB, VB> : aura_flash_p1_kernel<D, KB, VB>;
+  constexpr size_t smem = WARP ? WarpP1Shape<D, KB, VB>::kSmem : P1Config<D, KB, VB>::kBytes;
+  constexpr int threads = WARP ? WarpP1Shape<D, KB, VB>::kWarps * 32 : kAuraThreads;
   if (device >= 64 || ctas[device] == 0) {
     AURA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess,
                "aura_flash_p1: cudaFuncSetAttribute failed for ", smem, " bytes of shared memory");
     int n = 0;
-    AURA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kAuraThreads, smem) == cudaSuccess,
+    AURA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, threads, smem) == cudaSuccess,
                "aura_flash_p1: occupancy query failed");
     n = std::max(n, 1);
     if (device < 64) ctas[device] = n;
-    return {fn, smem, n};
+    return {fn, smem, threads, n};
   }
-  return {fn, smem, ctas[device]};
+  return {fn, smem, threads, ctas[device]};
 }
 
 // Call f(std::integral_constant<int, V>) for a run-time value among four compile-time ones (checked
@@ -767,15 +1171,16 @@ template <typename F>
 void with_dim(int64_t D, F&& f) { with_one_of<64, 128, 256, 512>(D, f); }
 
 template <int D>
-P1Kernel p1_kernel_for_dim(int64_t kb, int64_t vb, int device);  // defined in aura_p1_d<D>.cu
+P1Kernel p1_kernel_for_dim(int64_t kb, int64_t vb, bool warp, int device);  // defined in aura_p1_d<D>.cu
 
 #define AURA_DEFINE_P1_FOR_DIM(DIM)                                                                    \
   template <>                                                                                          \
-  P1Kernel p1_kernel_for_dim<DIM>(int64_t kb, int64_t vb, int device) {                                \
+  P1Kernel p1_kernel_for_dim<DIM>(int64_t kb, int64_t vb, bool warp, int device) {                     \
     P1Kernel k{};                                                                                      \
     with_bits(kb, [&](auto kbits) {                                                                    \
       with_bits(vb, [&](auto vbits) {                                                                  \
-        k = p1_kernel_of<DIM, decltype(kbits)::value, decltype(vbits)::value>(device);                 \
+        constexpr int KB = decltype(kbits)::value, VB = decltype(vbits)::value;                        \
+        k = warp ? p1_kernel_of<DIM, KB, VB, true>(device) : p1_kernel_of<DIM, KB, VB, false>(device); \
       });                                                                                              \
     });                                                                                                \
     return k;                                                                                          \

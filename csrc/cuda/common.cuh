@@ -361,4 +361,44 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 }
+
+// Two fp32 values as one 16-bit pair register (lo in the low half: the lower column / k index).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+// One online-softmax step of the warp-split decode kernels (dense and AURA) on an S^T tile of 16
+// tokens x 8 query columns in the mma accumulator layout: x[0], x[1] are token lane/4 and columns
+// 2(lane%4) + {0, 1}, x[2], x[3] token lane/4 + 8, same columns; log2 units, -inf where masked.
+// Updates each column's running max (warp-uniform per column after the shuffles) and this lane's
+// share of its sum, writes p (0 where masked) and alpha, the factor for the old state. Returns
+// whether a running max grew on this lane: the caller rescales O only if any lane's did.
+__device__ __forceinline__ bool online_softmax_tile(const float (&x)[4], float (&m_run)[2], float (&l_run)[2],
+                                                    float (&pr)[4], float (&alpha)[2]) {
+  bool grew = false;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float mx = fmaxf(x[e], x[e + 2]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    const float m_new = fmaxf(m_run[e], mx);
+    grew |= m_new > m_run[e];
+    // m_new = -inf only if every logit so far is -inf: keep the (zero) state, never NaN;
+    // exp2(-inf) = 0 covers the first step (m_old = -inf) and masked logits
+    alpha[e] = m_new == -INFINITY ? 1.f : fast_exp2(m_run[e] - m_new);
+    pr[e] = m_new == -INFINITY ? 0.f : fast_exp2(x[e] - m_new);
+    pr[e + 2] = m_new == -INFINITY ? 0.f : fast_exp2(x[e + 2] - m_new);
+    l_run[e] = l_run[e] * alpha[e] + pr[e] + pr[e + 2];
+    m_run[e] = m_new;
+  }
+  return grew;
+}
 }  // namespace aura

@@ -341,17 +341,6 @@ struct WarpSplitShape {
   static_assert(size_t(kWarps) * 16 * (D + 3) * sizeof(float) <= kWarps * kStages * kStepBytes, "merge area");
 };
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {  // lo in the low half (lower column)
-  if constexpr (std::is_same_v<T, __half>) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-
 template <typename T, int D, int NHT, bool BULK>
 __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
     flash_decode_split_mma_kernel(const DecodeParams p) {
@@ -545,22 +534,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
         x[c] = ok ? (s[n][0][c] + s[n][1][c]) * p.scale_log2 : -INFINITY;
       }
       float pr[4];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float mx = fmaxf(x[e], x[e + 2]);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float m_new = fmaxf(m_run[n][e], mx);
-        grew |= m_new > m_run[n][e];
-        // m_new = -inf only if every logit so far is -inf: keep the (zero) state, never NaN;
-        // exp2(-inf) = 0 covers the first step (m_old = -inf) and masked logits
-        alpha[n][e] = m_new == -INFINITY ? 1.f : fast_exp2(m_run[n][e] - m_new);
-        pr[e] = m_new == -INFINITY ? 0.f : fast_exp2(x[e] - m_new);
-        pr[e + 2] = m_new == -INFINITY ? 0.f : fast_exp2(x[e + 2] - m_new);
-        l_run[n][e] = l_run[n][e] * alpha[n][e] + pr[e] + pr[e + 2];
-        m_run[n][e] = m_new;
-      }
+      grew |= online_softmax_tile(x, m_run[n], l_run[n], pr, alpha[n]);
       // P^T as the B operand (k = tokens, n = heads): transpose both 8x8 halves in registers
       pb[n][0] = movmatrix_trans(pack2<T>(pr[0], pr[1]));  // tokens 0-7
       pb[n][1] = movmatrix_trans(pack2<T>(pr[2], pr[3]));  // tokens 8-15
