@@ -205,10 +205,12 @@ void launch_flash_p1(const Tensor& q, const Tensor& kc, const Tensor& kn, const 
   p.kn = static_cast<const float*>(kn.data_ptr());
   p.vc = static_cast<const uint32_t*>(vc.data_ptr());
   p.vn = static_cast<const float*>(vn.data_ptr());
-  p.kc_s0 = kc.stride(0), p.kc_s1 = kc.stride(1), p.kc_s2 = kc.stride(2);
-  p.kn_s0 = kn.stride(0), p.kn_s1 = kn.stride(1), p.kn_s2 = kn.stride(2);
-  p.vc_s0 = vc.stride(0), p.vc_s1 = vc.stride(1), p.vc_s2 = vc.stride(2);
-  p.vn_s0 = vn.stride(0), p.vn_s1 = vn.stride(1), p.vn_s2 = vn.stride(2);
+  // (page, row, head) strides: contiguous [B, Hkv, T_cap, *] -> dims (0, 2, 1), paged -> (0, 1, 2)
+  const int row_d = s.paged ? 1 : 2, head_d = s.paged ? 2 : 1;
+  p.kc_s0 = kc.stride(0), p.kc_s1 = kc.stride(row_d), p.kc_s2 = kc.stride(head_d);
+  p.kn_s0 = kn.stride(0), p.kn_s1 = kn.stride(row_d), p.kn_s2 = kn.stride(head_d);
+  p.vc_s0 = vc.stride(0), p.vc_s1 = vc.stride(row_d), p.vc_s2 = vc.stride(head_d);
+  p.vn_s0 = vn.stride(0), p.vn_s1 = vn.stride(row_d), p.vn_s2 = vn.stride(head_d);
   p.seq_lens = static_cast<const int*>(seq_lens.data_ptr());
   p.block_table = s.paged ? static_cast<const int*>(block_table->data_ptr()) : nullptr;
   p.bt_sb = s.paged ? block_table->stride(0) : 0;

@@ -359,7 +359,8 @@ struct AuraP1Params {
   const float* kn;
   const uint32_t* vc;
   const float* vn;
-  // strides of dims 0..2: contiguous (b, h, t), paged (block, row, h)
+  // Strides of (page, row, head), layout-neutral: contiguous pages are sequences and rows tokens
+  // (dims 0, 2, 1 of [B, Hkv, T_cap, *]); paged ones blocks and rows in the block (dims 0, 1, 2).
   int64_t kc_s0, kc_s1, kc_s2, kn_s0, kn_s1, kn_s2, vc_s0, vc_s1, vc_s2, vn_s0, vn_s1, vn_s2;
   const int* seq_lens;
   const int* block_table;  // nullptr: contiguous
@@ -411,12 +412,12 @@ struct P1Config {
   static_assert(D % 64 == 0 && (D / 16) % KP == 0 && MT_PER_WARP >= 1, "tile shapes");
 };
 
-// Where token t of (sequence b, KV head h) lives, for a tensor with strides (s0, s1, s2).
+// Where token t of (sequence b, KV head h) lives, for a tensor with (page, row, head) strides.
 struct TokenMap {
   const int* pages;  // block_table row of b, or nullptr
   int b, h, page_size, num_blocks;
   __device__ __forceinline__ int64_t offset(int64_t s0, int64_t s1, int64_t s2, int t) const {
-    if (pages == nullptr) return b * s0 + h * s1 + int64_t(t) * s2;
+    if (pages == nullptr) return b * s0 + int64_t(t) * s1 + h * s2;
     const int page = min(max(pages[t / page_size], 0), num_blocks - 1);  // never outside the cache
     return page * s0 + int64_t(t % page_size) * s1 + h * s2;
   }
@@ -748,57 +749,94 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
 // MMA per product instead of the exact kernel's hi/lo pair and its three barriers per stage:
 //   QK:  S^T [16 tok x 8 rows]  = K [16 x D] . Q^T       K dequantized straight into A fragments
 //   PV:  O^T [D x 8 rows]      += V^T [D x 16 tok] . P^T  V dequantized, transposed by movmatrix
-// Codes are looked up as *pairs* (one 32-bit fp16x2 table entry per two codes), so a lane needs two
-// consecutive codes per operand register. The dot product does not care which k index carries which
-// dim, so lane (g, c) of an MMA takes its k values from its own quarter of the row, dims
-// [c D/4, (c+1) D/4), in order: k-step kk uses the quarter's code pairs 2kk and 2kk+1 (q's B
-// fragments follow the same map, so each lane reads one contiguous run of packed bits per row).
+// Codes are looked up in fp16 tables that return two consecutive codes per operand register, so a
+// lane needs consecutive codes. The dot product does not care which k index carries which dim, so
+// lane (g, c) of an MMA takes its k values from its own quarter of the row, dims [c D/4, (c+1) D/4),
+// in order: k-step kk uses the quarter's codes 4kk .. 4kk + 3 (one table "quad"; q's B fragments
+// follow the same map), so each lane reads one contiguous run of packed bits per row.
 // V uses the same quarters before the transpose, so O's rows come out permuted; the epilogue knows
 // the map. Precision: q_rot, the codebooks and p * norm_V in fp16 (11-bit significands), fp32
 // accumulation: relative errors ~1e-3, below the bf16 / fp16 output's own rounding; fp32 queries
 // take the exact kernel above.
 
-// fp16 codebook tables. b <= 4: one entry per code pair (index x | y << b) holding half2(C[x], C[y]);
-// b = 8: one fp16 per code (a pair is two loads and a byte permute). 32 copies of every entry, copy
-// l at word l of the entry's 128-byte row: lane l reads its own copy, so random codes never collide
-// on a shared-memory bank.
+// fp16 codebook tables. Every entry fills one 128-byte row with copies for the lanes of a shared-
+// memory wavefront (32 copies of 4 bytes, or 16 of 8), and lane l reads its own copy: random codes
+// never collide on a bank, and an entry's byte offset is its index << 7, which a lookup makes from the
+// packed bits with one shift and one mask (the lane's copy offset ORed in by the same instruction).
+//   b = 2:    one entry per *quad* of codes (8-bit index): {half2(C0, C1), half2(C2, C3)}, 8 bytes
+//   b = 3, 4: one entry per pair (6- or 8-bit index): half2(C0, C1)
+//   b = 8:    one entry per code, the fp16 in the low half (a pair is two loads and a byte permute)
+// A lookup always returns a quad, the four codes of one row in one k-step: two operand registers.
 template <int BITS>
 struct HalfTable {
-  static constexpr bool kPairs = BITS <= 4;
-  static constexpr int kEntries = kPairs ? 1 << (2 * BITS) : 1 << BITS;
-  static constexpr size_t kBytes = size_t(kEntries) * 32 * 4;
+  static constexpr int kIndexBits = BITS == 2 ? 8 : BITS <= 4 ? 2 * BITS : BITS;
+  static constexpr int kEntryBytes = BITS == 2 ? 8 : 4;
+  static constexpr size_t kBytes = size_t(128) << kIndexBits;
+  __device__ static uint32_t lane_offset(int lane) { return uint32_t(lane % (128 / kEntryBytes)) * kEntryBytes; }
 };
 
+// Fill from the codebook already in shared memory (cb: 2^b fp32 values).
 template <int BITS>
-__device__ __forceinline__ void fill_half_table(uint32_t* table, const float* cb, int nthreads) {
-  for (int i = threadIdx.x; i < HalfTable<BITS>::kEntries * 32; i += nthreads) {
-    const int e = i >> 5;
-    if constexpr (HalfTable<BITS>::kPairs) {
-      table[i] = pack2<__half>(__ldg(cb + (e & ((1 << BITS) - 1))), __ldg(cb + (e >> BITS)));
+__device__ __forceinline__ void fill_half_table(unsigned char* table, const float* cb, int nthreads) {
+  using HT = HalfTable<BITS>;
+  constexpr int COPIES = 128 / HT::kEntryBytes;
+  constexpr uint32_t M = (1u << BITS) - 1u;
+  for (int i = threadIdx.x; i < (COPIES << HT::kIndexBits); i += nthreads) {
+    const uint32_t e = uint32_t(i) / COPIES;
+    unsigned char* dst = table + size_t(i) * HT::kEntryBytes;  // row e, copy i % COPIES
+    if constexpr (BITS == 2) {
+      *reinterpret_cast<uint2*>(dst) =
+          make_uint2(pack2<__half>(cb[e & M], cb[(e >> 2) & M]), pack2<__half>(cb[(e >> 4) & M], cb[e >> 6]));
+    } else if constexpr (BITS <= 4) {
+      *reinterpret_cast<uint32_t*>(dst) = pack2<__half>(cb[e & M], cb[e >> BITS]);
     } else {
-      table[i] = __half_as_ushort(__float2half_rn(__ldg(cb + e)));
+      *reinterpret_cast<uint32_t*>(dst) = __half_as_ushort(__float2half_rn(cb[e]));
     }
   }
 }
 
-// half2(C[x], C[y]) of the code pair in the low 2b bits of `pair`, x in the low bits.
-template <int BITS>
-__device__ __forceinline__ uint32_t half_pair(const uint32_t* lane_table, uint32_t pair) {
-  if constexpr (HalfTable<BITS>::kPairs) {
-    return lane_table[pair * 32];
+// The F-bit field at bit `bit` of w as a table byte offset (index << 7). `bit` is a compile-time
+// constant after unrolling: one shift (a funnel shift for 3-bit pairs that straddle words) and a mask.
+template <int F, int N>
+__device__ __forceinline__ uint32_t field_offset(const uint32_t (&w)[N], int bit) {
+  const int i = bit >> 5, sh = bit & 31;
+  uint32_t x;
+  if (sh + F > 32 && i + 1 < N) x = __funnelshift_r(w[i], w[i + 1], sh - 7);  // sh > 32 - F >= 7 here
+  else if (sh >= 7) x = w[i] >> (sh - 7);
+  else x = w[i] << (7 - sh);
+  return x & (((1u << F) - 1u) << 7);
+}
+
+__device__ __forceinline__ uint32_t lds32(const unsigned char* table, uint32_t off) {
+  return *reinterpret_cast<const uint32_t*>(table + off);
+}
+
+// {half2(c0, c1), half2(c2, c3)} of the four codes at bit `bit` of w (code c0 lowest).
+template <int BITS, int N>
+__device__ __forceinline__ uint2 quad_halves(const unsigned char* table, uint32_t lane_off, const uint32_t (&w)[N],
+                                             int bit) {
+  if constexpr (BITS == 2) {
+    return *reinterpret_cast<const uint2*>(table + (field_offset<8>(w, bit) | lane_off));
+  } else if constexpr (BITS <= 4) {
+    return make_uint2(lds32(table, field_offset<2 * BITS>(w, bit) | lane_off),
+                      lds32(table, field_offset<2 * BITS>(w, bit + 2 * BITS) | lane_off));
   } else {
-    return __byte_perm(lane_table[(pair & 0xFFu) * 32], lane_table[(pair >> 8) * 32], 0x5410);
+    const uint32_t c0 = lds32(table, field_offset<8>(w, bit) | lane_off);
+    const uint32_t c1 = lds32(table, field_offset<8>(w, bit + 8) | lane_off);
+    const uint32_t c2 = lds32(table, field_offset<8>(w, bit + 16) | lane_off);
+    const uint32_t c3 = lds32(table, field_offset<8>(w, bit + 24) | lane_off);
+    return make_uint2(__byte_perm(c0, c1, 0x5410), __byte_perm(c2, c3, 0x5410));
   }
 }
 
 // A lane's quarter of a staged code row, read in groups of whole k-steps (4 codes each) so at most
-// 8 words per row are live at a time.
+// 4 words per row (6 for 3-bit codes) are live at a time.
 template <int D, int BITS>
 struct Quarter {
   static constexpr int kBits = D * BITS / 4;
   static constexpr int kWords = (kBits + 31) / 32;
   static constexpr bool kAligned = kBits % 32 == 0;  // all but D = 64, b = 3 (48-bit quarters)
-  static constexpr int kGroupWords = !kAligned ? kWords : std::min(kWords, BITS == 3 ? 6 : 8);
+  static constexpr int kGroupWords = !kAligned ? kWords : std::min(kWords, BITS == 3 ? 6 : 4);
   static constexpr int kGroups = kWords / kGroupWords;
   static constexpr int kStepsPerGroup = (kAligned ? kGroupWords * 32 : kBits) / (4 * BITS);
   static_assert(kGroups * kGroupWords == kWords && kGroups * kStepsPerGroup == D / 16, "quarter groups");
@@ -837,17 +875,6 @@ __device__ __forceinline__ void load_quarter(const uint32_t* row, int c, int g,
   }
 }
 
-// Code pair j (bits [2b j, 2b j + 2b)) of a loaded group; j is a compile-time constant after
-// unrolling, so this is a shift and a mask (a funnel shift for the 3-bit pairs that straddle words).
-template <int BITS, int N>
-__device__ __forceinline__ uint32_t pair_bits(const uint32_t (&w)[N], int j) {
-  constexpr int PB = 2 * BITS;
-  const int bit = j * PB, i = bit >> 5, sh = bit & 31;
-  uint32_t v = w[i] >> sh;
-  if (sh + PB > 32 && i + 1 < N) v = __funnelshift_r(w[i], w[i + 1], sh);
-  return v & ((1u << PB) - 1u);
-}
-
 // cp.async of one code row of PW words by half a warp-pair: lane half h takes chunks h, h + 2, ... of
 // `vec` bytes (16, 8 or 4: what the tensor's base and strides allow, decided on the host).
 template <int PW>
@@ -871,8 +898,8 @@ __device__ __forceinline__ void copy_code_row(uint32_t* dst, const uint32_t* src
 }
 
 // Launch shape per (D, bits): one CTA per SM (the two tables, up to 64 KB, are paid once per SM
-// instead of once per CTA), as many warps as registers allow (16 at D <= 128: 128 registers each),
-// and a ring as deep as the rest of the 220 KB allows (2..4 steps in flight per warp).
+// instead of once per CTA), as many warps as registers allow, and a ring as deep as the rest of the
+// 220 KB allows (2..4 steps in flight per warp).
 template <int D, int KB, int VB>
 struct WarpP1Shape {
   static constexpr int PWK = D * KB / 32, PWV = D * VB / 32;
@@ -883,15 +910,19 @@ struct WarpP1Shape {
   static constexpr size_t kStepBytes = size_t(16) * (RSK + RSV) * 4 + 2 * 16 * 4;  // codes + norms, 16 tokens
   static constexpr size_t kTableBytes = HalfTable<KB>::kBytes + HalfTable<VB>::kBytes;
   static constexpr int kQRow = D + 8;  // fp16 per staged q row (+16 bytes)
-  static constexpr size_t kQBytes = size_t(8) * kQRow * 2;
+  static constexpr size_t kQBytes = size_t(8) * kQRow * 2 + ((1 << KB) + (1 << VB)) * 4;  // + the fp32 codebooks
   static constexpr size_t kBudget = 220 * 1024;
   static constexpr size_t kFree = kBudget - kTableBytes - kQBytes;
-  static constexpr int kWarps = std::min<int>(D <= 128 ? 16 : 8, int(kFree / (2 * kStepBytes)));
+  // 16 warps leave 128 registers per thread: enough at D <= 128 except with 8-bit codes (4 lookups
+  // per quad), which take 12 warps (168 registers) to stay free of spills (tests/build checks)
+  static constexpr int kMaxWarps = D > 128 ? 8 : (KB == 8 || VB == 8) ? 12 : 16;
+  static constexpr int kWarps = std::min<int>(kMaxWarps, int(kFree / (2 * kStepBytes)));
   static constexpr int kStages = std::min<int>(4, int(kFree / (kWarps * kStepBytes)));
   static constexpr size_t kRingBytes = size_t(kWarps) * kStages * kStepBytes;
   static constexpr int kORow = D + 1;  // the end-of-block merge: [W][8][D + 1] o, [W][8] m and l
   static constexpr size_t kMergeBytes = size_t(kWarps) * 8 * (kORow + 2) * 4;
   static constexpr size_t kSmem = std::max(kTableBytes + kRingBytes + kQBytes, kMergeBytes);
+  static_assert(kTableBytes % 128 == 0 && kStepBytes % 16 == 0, "alignment of the ring slots");
   static constexpr bool kQInRegs = D <= 256;  // B fragments of q for the whole block (D / 8 registers)
   static_assert(kWarps >= 1 && kStages >= 2, "a ring needs two steps to overlap loads with math");
 };
@@ -907,10 +938,12 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   if (!plan_p1_block<D>(p, blk, W * 32)) return;
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g4 = lane >> 2, c4 = lane & 3;
-  uint32_t* table_k = reinterpret_cast<uint32_t*>(smem);
-  uint32_t* table_v = table_k + HalfTable<KB>::kBytes / 4;
+  unsigned char* table_k = smem;
+  unsigned char* table_v = smem + HalfTable<KB>::kBytes;
   unsigned char* ring = smem + S::kTableBytes;  // [W][NS] steps: K codes, V codes, K norms, V norms
   uint16_t* qs = reinterpret_cast<uint16_t*>(ring + S::kRingBytes);  // [8][kQRow] fp16 q_rot * log2(e)
+  float* cb_k = reinterpret_cast<float*>(qs + 8 * S::kQRow);         // the fp32 codebooks
+  float* cb_v = cb_k + (1 << KB);
 
   // ---- this warp's steps: s = warp, warp + W, ... of the block's ceil(len / 16)
   const int n_steps = ceil_div(blk.t_end - blk.t0, 16);
@@ -933,29 +966,28 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   auto slot_of = [&](int i) { return ring + (size_t(warp) * NS + i % NS) * S::kStepBytes; };
   int next_page, next_row;
   locate(0, next_page, next_row);
+  // Lanes < 16 stage the K norm of their row, the others the V norm: one pointer and stride set each.
+  const float* norms = chalf == 0 ? p.kn : p.vn;
   auto issue = [&](int i) {  // step i into ring slot i % NS
     if (i < my_n) {
       const int64_t page = next_page, row = next_row, h = blk.kvh;
       const bool ok = step_t0(i) + crow < blk.t_end;
       locate(i + 1, next_page, next_row);
-      // contiguous strides are (b, h, t), paged (block, row, h)
-      auto at = [&](int64_t s0, int64_t s1, int64_t s2) {
-        return !ok ? 0 : pages == nullptr ? page * s0 + h * s1 + row * s2 : page * s0 + row * s1 + h * s2;
-      };
+      auto at = [&](int64_t s0, int64_t s1, int64_t s2) { return ok ? page * s0 + row * s1 + h * s2 : 0; };
       uint32_t* kd = reinterpret_cast<uint32_t*>(slot_of(i));
       uint32_t* vd = kd + 16 * RSK;
       float* nd = reinterpret_cast<float*>(vd + 16 * RSV);  // [K norms 16][V norms 16]
       copy_code_row<S::PWK>(kd + crow * RSK, p.kc + at(p.kc_s0, p.kc_s1, p.kc_s2), ok, chalf, p.kc_vec);
       copy_code_row<S::PWV>(vd + crow * RSV, p.vc + at(p.vc_s0, p.vc_s1, p.vc_s2), ok, chalf, p.vc_vec);
-      cp_async<4>(nd + lane, chalf == 0 ? p.kn + at(p.kn_s0, p.kn_s1, p.kn_s2) : p.vn + at(p.vn_s0, p.vn_s1, p.vn_s2), ok);
+      cp_async<4>(nd + lane, norms + (chalf == 0 ? at(p.kn_s0, p.kn_s1, p.kn_s2) : at(p.vn_s0, p.vn_s1, p.vn_s2)), ok);
     }
     cp_async_commit();  // one group per step (empty past the end)
   };
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) issue(i);  // the ring fills while the tables and q are prepared
 
-  fill_half_table<KB>(table_k, p.k_cb, W * 32);
-  fill_half_table<VB>(table_v, p.v_cb, W * 32);
+  for (int i = threadIdx.x; i < (1 << KB) + (1 << VB); i += W * 32)
+    cb_k[i] = i < (1 << KB) ? __ldg(p.k_cb + i) : __ldg(p.v_cb + i - (1 << KB));
   for (int r = warp; r < 8; r += W) {  // rows >= R stay zero (their columns are masked below)
     float v[D / 32];
 #pragma unroll
@@ -970,7 +1002,10 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 #pragma unroll
     for (int j = 0; j < D / 32; ++j) qs[r * S::kQRow + lane + 32 * j] = __half_as_ushort(__float2half_rn(v[j] * kLog2eF));
   }
-  __syncthreads();  // the only CTA barrier before the end: tables and q visible to every warp
+  __syncthreads();  // codebooks (and q) visible
+  fill_half_table<KB>(table_k, cb_k, W * 32);
+  fill_half_table<VB>(table_v, cb_v, W * 32);
+  __syncthreads();  // the last CTA barrier before the end: tables and q visible to every warp
 
   // q's B fragments: k-step kk takes pairs 2kk, 2kk+1 of lane quarter c4 of row g4
   const uint32_t* q_quarter = reinterpret_cast<const uint32_t*>(qs + g4 * S::kQRow + c4 * (D / 4));
@@ -990,8 +1025,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     const int r = 2 * c4 + e;
     lim[e] = r < blk.R ? min(blk.t_end, blk.last_visible(p, r) + 1) : blk.t0;
   }
-  const uint32_t* lt_k = table_k + lane;
-  const uint32_t* lt_v = table_v + lane;
+  const uint32_t lk = HalfTable<KB>::lane_offset(lane), lv = HalfTable<VB>::lane_offset(lane);
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, o[D / 16][4];
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
@@ -1016,9 +1050,8 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 #pragma unroll
       for (int k = 0; k < QK::kStepsPerGroup; ++k) {
         const int kk = g * QK::kStepsPerGroup + k;
-        const uint32_t a[4] = {half_pair<KB>(lt_k, pair_bits<KB>(lo, 2 * k)), half_pair<KB>(lt_k, pair_bits<KB>(hi, 2 * k)),
-                               half_pair<KB>(lt_k, pair_bits<KB>(lo, 2 * k + 1)),
-                               half_pair<KB>(lt_k, pair_bits<KB>(hi, 2 * k + 1))};
+        const uint2 ql = quad_halves<KB>(table_k, lk, lo, 4 * KB * k), qh = quad_halves<KB>(table_k, lk, hi, 4 * KB * k);
+        const uint32_t a[4] = {ql.x, qh.x, ql.y, qh.y};  // tokens g4 / g4 + 8, k 2c4 (pair 2kk) / 2c4 + 8 (2kk + 1)
         uint32_t b0, b1;
         if constexpr (S::kQInRegs) {
           b0 = qf[2 * kk], b1 = qf[2 * kk + 1];
@@ -1060,10 +1093,8 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 #pragma unroll
       for (int k = 0; k < QV::kStepsPerGroup; ++k) {
         const int mt = g * QV::kStepsPerGroup + k;
-        const uint32_t a[4] = {movmatrix_trans(half_pair<VB>(lt_v, pair_bits<VB>(lo, 2 * k))),
-                               movmatrix_trans(half_pair<VB>(lt_v, pair_bits<VB>(lo, 2 * k + 1))),
-                               movmatrix_trans(half_pair<VB>(lt_v, pair_bits<VB>(hi, 2 * k))),
-                               movmatrix_trans(half_pair<VB>(lt_v, pair_bits<VB>(hi, 2 * k + 1)))};
+        const uint2 ql = quad_halves<VB>(table_v, lv, lo, 4 * VB * k), qh = quad_halves<VB>(table_v, lv, hi, 4 * VB * k);
+        const uint32_t a[4] = {movmatrix_trans(ql.x), movmatrix_trans(ql.y), movmatrix_trans(qh.x), movmatrix_trans(qh.y)};
         mma_16816<__half>(o[mt], a, pb0, pb1);
       }
     }
