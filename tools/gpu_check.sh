@@ -10,6 +10,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/aura_gpu}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# one intra-op thread per pytest worker: the CPU references of 16 xdist workers otherwise oversubscribe
+# the host (16 x 16 threads) and the test step runs several times slower
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 steps=${*:-tests sanitize bench_decode bench_aura bench_gdn}
 FAMILY=${FAMILY:-all}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
