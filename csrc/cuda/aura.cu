@@ -223,7 +223,7 @@ void launch_flash_p1(const Tensor& q, const Tensor& kc, const Tensor& kn, const 
   p.l = static_cast<float*>(l.data_ptr());
   p.B = int(s.B), p.L = int(s.L), p.Hq = int(s.Hq), p.Hkv = int(s.Hkv), p.G = int(s.Hq / s.Hkv);
   p.NB = int(NB), p.block_size = int(block_size), p.capacity = int(s.capacity);
-  p.page_size = int(s.page_size), p.num_blocks = int(s.num_blocks);
+  p.page_size = int(s.page_size), p.page_shift = page_shift_of(s.page_size), p.num_blocks = int(s.num_blocks);
   const int64_t rows = s.L * p.G;
   p.row_groups = int((rows + kMaxRowsPerCta - 1) / kMaxRowsPerCta);
   p.rows_per_cta = int((rows + p.row_groups - 1) / p.row_groups);
@@ -236,8 +236,10 @@ void launch_flash_p1(const Tensor& q, const Tensor& kc, const Tensor& kn, const 
 }
 
 // Pass 2 over o [..., NB, D], m, l [..., NB] into contiguous out [..., D] (out_kind) and lse [...].
+// after_p1: a programmatic dependent launch behind pass 1 on the same stream (aura_decode), so its CTAs
+// wait resident for the partials instead of paying a launch latency after pass 1 drains.
 void launch_flash_p2(const Tensor& o, const Tensor& m, const Tensor& l, const uint32_t* v_sign, Tensor& out,
-                     Tensor& lse, FloatKind out_kind) {
+                     Tensor& lse, FloatKind out_kind, bool after_p1 = false) {
   const int64_t nd = o.dim(), D = o.size(nd - 1), NB = o.size(nd - 2), rows = numel_lead(o, nd - 2);
   if (rows == 0) return;
   AuraP2Params p{};
@@ -256,10 +258,12 @@ void launch_flash_p2(const Tensor& o, const Tensor& m, const Tensor& l, const ui
   p.lse = static_cast<float*>(lse.data_ptr());
   p.kind = out_kind;
   const cudaStream_t stream = current_stream(o);
+  cudaError_t err = cudaSuccess;
   with_dim(D, [&](auto d) {
-    aura_flash_p2_kernel<decltype(d)::value><<<row_blocks(rows), kAuraThreads, 0, stream>>>(p);
+    err = launch_after(aura_flash_p2_kernel<decltype(d)::value>, dim3(row_blocks(rows)), dim3(kAuraThreads), 0, stream,
+                       after_p1, p);
   });
-  check_launch("aura_flash_p2 kernel");
+  AURA_CHECK(err == cudaSuccess, "aura_flash_p2 kernel: launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace
@@ -496,7 +500,11 @@ std::tuple<Tensor, Tensor> aura_decode_cuda(Tensor q, Tensor k_codes, Tensor k_n
     bs = std::max<int64_t>(1, (s.capacity + num_splits - 1) / num_splits);
     if (s.paged) bs = (bs + s.page_size - 1) / s.page_size * s.page_size;
   } else {
-    const int S = auto_splits(s.B, s.Hkv * row_groups, sm_count(device), kernel.ctas_per_sm);
+    // The warp-split kernel's CTA fills an SM: one full wave of them (more blocks cost the merge
+    // little); the exact kernel's small CTAs follow the wave-efficiency rule.
+    const int64_t work = s.B * s.Hkv * row_groups, slots = int64_t(sm_count(device)) * kernel.ctas_per_sm;
+    const int S = kernel.threads > kAuraThreads ? int(std::clamp<int64_t>(slots / std::max<int64_t>(work, 1), 1, 128))
+                                                : auto_splits(s.B, s.Hkv * row_groups, sm_count(device), kernel.ctas_per_sm);
     bs = std::max<int64_t>(kAutoBlockFloor, (s.capacity + S - 1) / S);
     bs = (bs + 63) / 64 * 64;
   }
@@ -514,7 +522,7 @@ std::tuple<Tensor, Tensor> aura_decode_cuda(Tensor q, Tensor k_codes, Tensor k_n
   std::vector<int64_t> out_shape = sizes_of(q, 0, q.dim()), lse_shape = sizes_of(q, 0, q.dim() - 1);
   Tensor out = torch::stable::new_empty(q, out_shape);
   Tensor lse = torch::stable::new_empty(q, lse_shape, ScalarType::Float);
-  launch_flash_p2(o, m, l, v_sign, out, lse, float_kind(q, "q"));
+  launch_flash_p2(o, m, l, v_sign, out, lse, float_kind(q, "q"), /*after_p1=*/true);
   return {out, lse};
 }
 

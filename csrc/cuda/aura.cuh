@@ -372,7 +372,7 @@ struct AuraP1Params {
   float* o;  // [B, L, Hq, NB, D] contiguous
   float* m;  // [B, L, Hq, NB]
   float* l;
-  int B, L, Hq, Hkv, G, NB, block_size, capacity, page_size, num_blocks;
+  int B, L, Hq, Hkv, G, NB, block_size, capacity, page_size, page_shift, num_blocks;
   int rows_per_cta, row_groups;  // the L x G query rows of a KV head, in CTA groups of <= 8
   int kc_vec, vc_vec;            // bytes per cp.async of the code rows (16, 8 or 4)
 };
@@ -415,11 +415,13 @@ struct P1Config {
 // Where token t of (sequence b, KV head h) lives, for a tensor with (page, row, head) strides.
 struct TokenMap {
   const int* pages;  // block_table row of b, or nullptr
-  int b, h, page_size, num_blocks;
+  int b, h, page_size, page_shift, num_blocks;
   __device__ __forceinline__ int64_t offset(int64_t s0, int64_t s1, int64_t s2, int t) const {
     if (pages == nullptr) return b * s0 + int64_t(t) * s1 + h * s2;
-    const int page = min(max(pages[t / page_size], 0), num_blocks - 1);  // never outside the cache
-    return page * s0 + int64_t(t % page_size) * s1 + h * s2;
+    int i, row;
+    page_of(t, page_size, page_shift, i, row);
+    const int page = min(max(pages[i], 0), num_blocks - 1);  // never outside the cache
+    return page * s0 + int64_t(row) * s1 + h * s2;
   }
 };
 
@@ -512,7 +514,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
   float* as = ls + kMaxRowsPerCta;
 
   const TokenMap tm{p.block_table != nullptr ? p.block_table + b * p.bt_sb : nullptr, b, kvh, p.page_size,
-                    p.num_blocks};
+                    p.page_shift, p.num_blocks};
   auto issue_stage = [&](int st, int buf) {
     const int ts0 = t0 + st * TS;
     stage_codes<C::PWK, C::RSK, TS>(codes_k + buf * TS * C::RSK, p.kc, p.kc_s0, p.kc_s1, p.kc_s2, tm, ts0, t_end,
@@ -959,8 +961,9 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     const int t = step_t0(i) + crow;
     page = blk.b, row = t;
     if (pages != nullptr && i < my_n && t < blk.t_end) {
-      page = min(max(pages[t / p.page_size], 0), p.num_blocks - 1);  // never outside the cache
-      row = t % p.page_size;
+      int i;
+      page_of(t, p.page_size, p.page_shift, i, row);
+      page = min(max(pages[i], 0), p.num_blocks - 1);  // never outside the cache
     }
   };
   auto slot_of = [&](int i) { return ring + (size_t(warp) * NS + i % NS) * S::kStepBytes; };
@@ -1100,6 +1103,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     }
   }
   cp_async_wait<0>();  // only empty groups remain; drain before the shared memory is reused
+  grid_dependents_launch();  // pass 2 (a programmatic dependent launch) may start its prologue
 
   // ---- merge the warps' states into the block's partial (unnormalised o, m in natural log, l)
 #pragma unroll
@@ -1241,6 +1245,7 @@ template <int D>
 __global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP2Params p) {
   constexpr int V = D / 32;
   __shared__ float wsplit[kAuraWarps][32];
+  grid_dependency_wait();  // launched behind pass 1 (aura_decode): its partials are complete after this
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kAuraWarps + (threadIdx.x >> 5);
   if (row >= p.rows) return;

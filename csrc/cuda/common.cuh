@@ -239,6 +239,42 @@ void set_kernel_attribute_once(int value, const char* what) {
   if (device < 64) done[device] = true;
 }
 
+// Launch `kernel` on `stream`; with `dependent`, as a programmatic dependent of the previous kernel
+// on the stream (it starts while that one drains and must call grid_dependency_wait() before
+// reading its results; the previous kernel calls grid_dependents_launch() when it may). Captured
+// into CUDA graphs as a programmatic edge.
+template <typename Params>
+cudaError_t launch_after(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         bool dependent, const Params& p) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+// Page and row-in-page of token t: a shift and a mask for power-of-two page sizes (page_shift >= 0,
+// from the host), a division otherwise.
+__device__ __forceinline__ void page_of(int t, int page_size, int page_shift, int& page, int& row) {
+  if (page_shift >= 0) {
+    page = t >> page_shift, row = t & (page_size - 1);
+  } else {
+    page = t / page_size, row = t % page_size;
+  }
+}
+
+inline int page_shift_of(int64_t page_size) {  // log2(page_size) for powers of two, else -1
+  for (int s = 0; s < 31; ++s)
+    if ((int64_t(1) << s) == page_size) return s;
+  return -1;
+}
+
 inline void check_launch(const char* what) {
   const cudaError_t err = cudaGetLastError();
   AURA_CHECK(err == cudaSuccess, what, ": CUDA launch failed: ", cudaGetErrorString(err));

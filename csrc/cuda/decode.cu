@@ -93,16 +93,6 @@ void launch_merge(const MergeParams& p, cudaStream_t stream, bool after_split) {
   // 16-byte loads of fp32 partials when base and strides allow (always, for the split kernel's own)
   const bool vec = std::is_same_v<TI, float> && reinterpret_cast<uintptr_t>(p.part_out) % 16 == 0 &&
                    p.po_s % 4 == 0 && p.po_b % 4 == 0 && p.po_h % 4 == 0;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows));
-  cfg.blockDim = dim3(kMergeThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = after_split ? 1 : 0;
   cudaError_t err;
   auto launch = [&](auto vec_tag, auto nch_tag) {
     constexpr auto kernel = merge_attn_states_kernel<TI, TO, decltype(vec_tag)::value, decltype(nch_tag)::value>;
@@ -110,7 +100,7 @@ void launch_merge(const MergeParams& p, cudaStream_t stream, bool after_split) {
     // spares the SMs an L1/shared reconfiguration between the two.
     set_kernel_attribute_once<kernel, cudaFuncAttributePreferredSharedMemoryCarveout>(
         int(cudaSharedmemCarveoutMaxShared), "merge_attn_states");
-    err = cudaLaunchKernelEx(&cfg, kernel, p);
+    err = launch_after(kernel, dim3(static_cast<unsigned>(rows)), dim3(kMergeThreads), 0, stream, after_split, p);
   };
   auto with_chunks = [&](auto vec_tag) {
     if (p.D <= 128) launch(vec_tag, std::integral_constant<int, 1>{});
