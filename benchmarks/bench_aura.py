@@ -234,8 +234,9 @@ def render(facts, copy_tbs, rows, plot) -> str:
         "",
         "Every sequence at full length T; Hq/Hkv query/KV heads. Times are medians in microseconds: eager = "
         "`triton.testing.do_bench` (L2 flushed before each call), graph = `do_bench_cudagraph` replays. Ours is "
-        "`torch.ops.aura.aura_decode` (pass 1 with the q rotation fused + pass 2 with the inverse rotation fused) "
-        "on the AURA-encoded cache; SDPA is `F.scaled_dot_product_attention(enable_gqa=True)` and dense is our "
+        "`torch.ops.aura.aura_decode` with bf16 queries (pass 1: the warp-split fp16 tensor-core kernel, q rotation "
+        "fused; pass 2: the merge with the inverse rotation fused, a programmatic dependent launch) on the "
+        "AURA-encoded cache; SDPA is `F.scaled_dot_product_attention(enable_gqa=True)` and dense is our "
         "`flash_decode`, both on the bf16 cache the codes were encoded from. GB/s = compressed K+V bytes (codes + "
         f"fp32 norms) / eager time; copy ceiling measured in this run: {copy_tbs:.2f} TB/s. Every row was checked "
         "before timing: max relative error vs the pure-PyTorch reference on the same codes (T*B <= 256k) and the "

@@ -669,6 +669,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
         }
       }
       sum = warp_sum(sum);
+      __syncwarp();  // every lane has read ms[r] before lane 0 overwrites it (racecheck)
       if (lane == 0) {
         // m_new = -inf: nothing seen yet, keep alpha 1 (exp2(-inf - -inf) would be NaN).
         const float alpha = m_new == -INFINITY ? 1.f : exp2f(m_old - m_new);
