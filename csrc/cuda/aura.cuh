@@ -878,6 +878,25 @@ __device__ __forceinline__ void load_quarter(const uint32_t* row, int c, int g,
   }
 }
 
+// For each k-step j < D / 16 of a staged 16-row code tile (row stride RS words): f(j, quad of row g4,
+// quad of row g4 + 8), this lane's quarter c4 of each row. Shared by QK (K rows) and PV (V rows).
+template <int D, int BITS, int RS, typename F>
+__device__ __forceinline__ void for_each_quad(const uint32_t* tile, const unsigned char* table, uint32_t lane_off,
+                                              int g4, int c4, F&& f) {
+  using Q = Quarter<D, BITS>;
+#pragma unroll
+  for (int g = 0; g < Q::kGroups; ++g) {
+    uint32_t lo[Q::kGroupWords], hi[Q::kGroupWords];
+    load_quarter<D, BITS>(tile + g4 * RS, c4, g, lo);
+    load_quarter<D, BITS>(tile + (g4 + 8) * RS, c4, g, hi);
+#pragma unroll
+    for (int k = 0; k < Q::kStepsPerGroup; ++k) {
+      f(g * Q::kStepsPerGroup + k, quad_halves<BITS>(table, lane_off, lo, 4 * BITS * k),
+        quad_halves<BITS>(table, lane_off, hi, 4 * BITS * k));
+    }
+  }
+}
+
 // cp.async of one code row of PW words by half a warp-pair: lane half h takes chunks h, h + 2, ... of
 // `vec` bytes (16, 8 or 4: what the tensor's base and strides allow, decided on the host).
 template <int PW>
@@ -934,8 +953,6 @@ template <int D, int KB, int VB>
 __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     aura_flash_p1_warp_kernel(const AuraP1Params p) {
   using S = WarpP1Shape<D, KB, VB>;
-  using QK = Quarter<D, KB>;
-  using QV = Quarter<D, VB>;
   constexpr int W = S::kWarps, NS = S::kStages, RSK = S::RSK, RSV = S::RSV, NQ = D / 8;
   P1Block blk;
   if (!plan_p1_block<D>(p, blk, W * 32)) return;
@@ -1046,26 +1063,17 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 
     // QK, two accumulator chains; rows of S^T: tokens g4 (s[.][0..1]) and g4 + 8 (s[.][2..3])
     float s[2][4] = {};
-#pragma unroll
-    for (int g = 0; g < QK::kGroups; ++g) {
-      uint32_t lo[QK::kGroupWords], hi[QK::kGroupWords];
-      load_quarter<D, KB>(kc + g4 * RSK, c4, g, lo);
-      load_quarter<D, KB>(kc + (g4 + 8) * RSK, c4, g, hi);
-#pragma unroll
-      for (int k = 0; k < QK::kStepsPerGroup; ++k) {
-        const int kk = g * QK::kStepsPerGroup + k;
-        const uint2 ql = quad_halves<KB>(table_k, lk, lo, 4 * KB * k), qh = quad_halves<KB>(table_k, lk, hi, 4 * KB * k);
-        const uint32_t a[4] = {ql.x, qh.x, ql.y, qh.y};  // tokens g4 / g4 + 8, k 2c4 (pair 2kk) / 2c4 + 8 (2kk + 1)
-        uint32_t b0, b1;
-        if constexpr (S::kQInRegs) {
-          b0 = qf[2 * kk], b1 = qf[2 * kk + 1];
-        } else {
-          const uint2 v = *reinterpret_cast<const uint2*>(q_quarter + 2 * kk);
-          b0 = v.x, b1 = v.y;
-        }
-        mma_16816<__half>(s[kk & 1], a, b0, b1);
+    for_each_quad<D, KB, RSK>(kc, table_k, lk, g4, c4, [&](int kk, uint2 ql, uint2 qh) {
+      const uint32_t a[4] = {ql.x, qh.x, ql.y, qh.y};  // tokens g4 / g4 + 8, k 2c4 (pair 2kk) / 2c4 + 8 (2kk + 1)
+      uint32_t b0, b1;
+      if constexpr (S::kQInRegs) {
+        b0 = qf[2 * kk], b1 = qf[2 * kk + 1];
+      } else {
+        const uint2 v = *reinterpret_cast<const uint2*>(q_quarter + 2 * kk);
+        b0 = v.x, b1 = v.y;
       }
-    }
+      mma_16816<__half>(s[kk & 1], a, b0, b1);
+    });
     // softmax over each column (log2 units), logits scaled by the keys' norms
     const int t_lo = step_t0(i) + g4, t_hi = t_lo + 8;
     const float nk_lo = kn[g4], nk_hi = kn[g4 + 8];
@@ -1089,19 +1097,10 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     }
     // PV: m-tile mt's A operand is the transpose of four 8x8 blocks [tokens x dims] looked up in the
     // natural layout: rows 0-7 of the tile <- quarter pair 2mt, rows 8-15 <- pair 2mt + 1
-#pragma unroll
-    for (int g = 0; g < QV::kGroups; ++g) {
-      uint32_t lo[QV::kGroupWords], hi[QV::kGroupWords];
-      load_quarter<D, VB>(vc + g4 * RSV, c4, g, lo);
-      load_quarter<D, VB>(vc + (g4 + 8) * RSV, c4, g, hi);
-#pragma unroll
-      for (int k = 0; k < QV::kStepsPerGroup; ++k) {
-        const int mt = g * QV::kStepsPerGroup + k;
-        const uint2 ql = quad_halves<VB>(table_v, lv, lo, 4 * VB * k), qh = quad_halves<VB>(table_v, lv, hi, 4 * VB * k);
-        const uint32_t a[4] = {movmatrix_trans(ql.x), movmatrix_trans(ql.y), movmatrix_trans(qh.x), movmatrix_trans(qh.y)};
-        mma_16816<__half>(o[mt], a, pb0, pb1);
-      }
-    }
+    for_each_quad<D, VB, RSV>(vc, table_v, lv, g4, c4, [&](int mt, uint2 ql, uint2 qh) {
+      const uint32_t a[4] = {movmatrix_trans(ql.x), movmatrix_trans(ql.y), movmatrix_trans(qh.x), movmatrix_trans(qh.y)};
+      mma_16816<__half>(o[mt], a, pb0, pb1);
+    });
   }
   cp_async_wait<0>();  // only empty groups remain; drain before the shared memory is reused
   grid_dependents_launch();  // pass 2 (a programmatic dependent launch) may start its prologue
