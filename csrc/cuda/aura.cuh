@@ -762,10 +762,13 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
 // accumulation: relative errors ~1e-3, below the bf16 / fp16 output's own rounding; fp32 queries
 // take the exact kernel above.
 
-// fp16 codebook tables. Every entry fills one 128-byte row with copies for the lanes of a shared-
-// memory wavefront (32 copies of 4 bytes, or 16 of 8), and lane l reads its own copy: random codes
-// never collide on a bank, and an entry's byte offset is its index << 7, which a lookup makes from the
-// packed bits with one shift and one mask (the lane's copy offset ORed in by the same instruction).
+// fp16 codebook tables. Every entry fills 128 bytes with copies for the lanes of a shared-memory
+// wavefront (32 copies of 4 bytes, or 16 of 8), and lane l reads its own copy: random codes never
+// collide on a bank. When both widths have 8-bit indices (b in {2, 4, 8}) the K and V tables
+// interleave in 256-byte rows (K copies first, V copies second): a lookup's byte offset is then
+// (index << 8) | lane copy, which one byte permute builds from the packed word (PRMT + LDS per
+// lookup). Otherwise (3-bit codes) rows are 128 bytes apart per table and the offset takes a shift,
+// a mask and an OR.
 //   b = 2:    one entry per *quad* of codes (8-bit index): {half2(C0, C1), half2(C2, C3)}, 8 bytes
 //   b = 3, 4: one entry per pair (6- or 8-bit index): half2(C0, C1)
 //   b = 8:    one entry per code, the fp16 in the low half (a pair is two loads and a byte permute)
@@ -778,15 +781,24 @@ struct HalfTable {
   __device__ static uint32_t lane_offset(int lane) { return uint32_t(lane % (128 / kEntryBytes)) * kEntryBytes; }
 };
 
-// Fill from the codebook already in shared memory (cb: 2^b fp32 values).
-template <int BITS>
+// Where pass 1's two tables live: interleaved 256-byte rows when both are byte-indexed, else apart.
+template <int KB, int VB>
+struct TablePair {
+  static constexpr bool kInterleaved = HalfTable<KB>::kIndexBits == 8 && HalfTable<VB>::kIndexBits == 8;
+  static constexpr int kRow = kInterleaved ? 256 : 128;  // bytes from one entry to the next
+  static constexpr size_t kV = kInterleaved ? 128 : HalfTable<KB>::kBytes;  // the V table's base
+  static constexpr size_t kBytes = kInterleaved ? size_t(256) * 256 : HalfTable<KB>::kBytes + HalfTable<VB>::kBytes;
+};
+
+// Fill from the codebook already in shared memory (cb: 2^b fp32 values); entries ROW bytes apart.
+template <int BITS, int ROW>
 __device__ __forceinline__ void fill_half_table(unsigned char* table, const float* cb, int nthreads) {
   using HT = HalfTable<BITS>;
   constexpr int COPIES = 128 / HT::kEntryBytes;
   constexpr uint32_t M = (1u << BITS) - 1u;
   for (int i = threadIdx.x; i < (COPIES << HT::kIndexBits); i += nthreads) {
     const uint32_t e = uint32_t(i) / COPIES;
-    unsigned char* dst = table + size_t(i) * HT::kEntryBytes;  // row e, copy i % COPIES
+    unsigned char* dst = table + size_t(e) * ROW + (i % COPIES) * HT::kEntryBytes;
     if constexpr (BITS == 2) {
       *reinterpret_cast<uint2*>(dst) =
           make_uint2(pack2<__half>(cb[e & M], cb[(e >> 2) & M]), pack2<__half>(cb[(e >> 4) & M], cb[e >> 6]));
@@ -810,24 +822,37 @@ __device__ __forceinline__ uint32_t field_offset(const uint32_t (&w)[N], int bit
   return x & (((1u << F) - 1u) << 7);
 }
 
+// Byte offset of the entry whose F-bit index sits at bit `bit` of w, plus the lane's copy offset.
+// 256-byte rows (8-bit indices on byte boundaries): one PRMT puts byte `bit / 8` of the word above
+// the lane offset's low byte (its other bytes are zero). 128-byte rows: shift, mask, OR.
+template <int F, int ROW, int N>
+__device__ __forceinline__ uint32_t entry_offset(const uint32_t (&w)[N], int bit, uint32_t lane_off) {
+  if constexpr (ROW == 256) {
+    static_assert(F == 8, "256-byte rows take byte-aligned 8-bit indices");
+    return __byte_perm(w[bit >> 5], lane_off, 0x5504u | (uint32_t((bit & 31) >> 3) << 4));
+  } else {
+    return field_offset<F>(w, bit) | lane_off;
+  }
+}
+
 __device__ __forceinline__ uint32_t lds32(const unsigned char* table, uint32_t off) {
   return *reinterpret_cast<const uint32_t*>(table + off);
 }
 
 // {half2(c0, c1), half2(c2, c3)} of the four codes at bit `bit` of w (code c0 lowest).
-template <int BITS, int N>
+template <int BITS, int ROW, int N>
 __device__ __forceinline__ uint2 quad_halves(const unsigned char* table, uint32_t lane_off, const uint32_t (&w)[N],
                                              int bit) {
   if constexpr (BITS == 2) {
-    return *reinterpret_cast<const uint2*>(table + (field_offset<8>(w, bit) | lane_off));
+    return *reinterpret_cast<const uint2*>(table + entry_offset<8, ROW>(w, bit, lane_off));
   } else if constexpr (BITS <= 4) {
-    return make_uint2(lds32(table, field_offset<2 * BITS>(w, bit) | lane_off),
-                      lds32(table, field_offset<2 * BITS>(w, bit + 2 * BITS) | lane_off));
+    return make_uint2(lds32(table, entry_offset<2 * BITS, ROW>(w, bit, lane_off)),
+                      lds32(table, entry_offset<2 * BITS, ROW>(w, bit + 2 * BITS, lane_off)));
   } else {
-    const uint32_t c0 = lds32(table, field_offset<8>(w, bit) | lane_off);
-    const uint32_t c1 = lds32(table, field_offset<8>(w, bit + 8) | lane_off);
-    const uint32_t c2 = lds32(table, field_offset<8>(w, bit + 16) | lane_off);
-    const uint32_t c3 = lds32(table, field_offset<8>(w, bit + 24) | lane_off);
+    const uint32_t c0 = lds32(table, entry_offset<8, ROW>(w, bit, lane_off));
+    const uint32_t c1 = lds32(table, entry_offset<8, ROW>(w, bit + 8, lane_off));
+    const uint32_t c2 = lds32(table, entry_offset<8, ROW>(w, bit + 16, lane_off));
+    const uint32_t c3 = lds32(table, entry_offset<8, ROW>(w, bit + 24, lane_off));
     return make_uint2(__byte_perm(c0, c1, 0x5410), __byte_perm(c2, c3, 0x5410));
   }
 }
@@ -880,7 +905,7 @@ __device__ __forceinline__ void load_quarter(const uint32_t* row, int c, int g,
 
 // For each k-step j < D / 16 of a staged 16-row code tile (row stride RS words): f(j, quad of row g4,
 // quad of row g4 + 8), this lane's quarter c4 of each row. Shared by QK (K rows) and PV (V rows).
-template <int D, int BITS, int RS, typename F>
+template <int D, int BITS, int RS, int ROW, typename F>
 __device__ __forceinline__ void for_each_quad(const uint32_t* tile, const unsigned char* table, uint32_t lane_off,
                                               int g4, int c4, F&& f) {
   using Q = Quarter<D, BITS>;
@@ -891,8 +916,8 @@ __device__ __forceinline__ void for_each_quad(const uint32_t* tile, const unsign
     load_quarter<D, BITS>(tile + (g4 + 8) * RS, c4, g, hi);
 #pragma unroll
     for (int k = 0; k < Q::kStepsPerGroup; ++k) {
-      f(g * Q::kStepsPerGroup + k, quad_halves<BITS>(table, lane_off, lo, 4 * BITS * k),
-        quad_halves<BITS>(table, lane_off, hi, 4 * BITS * k));
+      f(g * Q::kStepsPerGroup + k, quad_halves<BITS, ROW>(table, lane_off, lo, 4 * BITS * k),
+        quad_halves<BITS, ROW>(table, lane_off, hi, 4 * BITS * k));
     }
   }
 }
@@ -930,7 +955,7 @@ struct WarpP1Shape {
   static constexpr int RSK = PWK + (Quarter<D, KB>::kWords >= 8 ? 4 : 0);
   static constexpr int RSV = PWV + (Quarter<D, VB>::kWords >= 8 ? 4 : 0);
   static constexpr size_t kStepBytes = size_t(16) * (RSK + RSV) * 4 + 2 * 16 * 4;  // codes + norms, 16 tokens
-  static constexpr size_t kTableBytes = HalfTable<KB>::kBytes + HalfTable<VB>::kBytes;
+  static constexpr size_t kTableBytes = TablePair<KB, VB>::kBytes;
   static constexpr int kQRow = D + 8;  // fp16 per staged q row (+16 bytes)
   static constexpr size_t kQBytes = size_t(8) * kQRow * 2 + ((1 << KB) + (1 << VB)) * 4;  // + the fp32 codebooks
   static constexpr size_t kBudget = 220 * 1024;
@@ -959,7 +984,8 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g4 = lane >> 2, c4 = lane & 3;
   unsigned char* table_k = smem;
-  unsigned char* table_v = smem + HalfTable<KB>::kBytes;
+  using TP = TablePair<KB, VB>;
+  unsigned char* table_v = smem + TP::kV;
   unsigned char* ring = smem + S::kTableBytes;  // [W][NS] steps: K codes, V codes, K norms, V norms
   uint16_t* qs = reinterpret_cast<uint16_t*>(ring + S::kRingBytes);  // [8][kQRow] fp16 q_rot * log2(e)
   float* cb_k = reinterpret_cast<float*>(qs + 8 * S::kQRow);         // the fp32 codebooks
@@ -1024,8 +1050,8 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     for (int j = 0; j < D / 32; ++j) qs[r * S::kQRow + lane + 32 * j] = __half_as_ushort(__float2half_rn(v[j] * kLog2eF));
   }
   __syncthreads();  // codebooks (and q) visible
-  fill_half_table<KB>(table_k, cb_k, W * 32);
-  fill_half_table<VB>(table_v, cb_v, W * 32);
+  fill_half_table<KB, TP::kRow>(table_k, cb_k, W * 32);
+  fill_half_table<VB, TP::kRow>(table_v, cb_v, W * 32);
   __syncthreads();  // the last CTA barrier before the end: tables and q visible to every warp
 
   // q's B fragments: k-step kk takes pairs 2kk, 2kk+1 of lane quarter c4 of row g4
@@ -1063,7 +1089,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 
     // QK, two accumulator chains; rows of S^T: tokens g4 (s[.][0..1]) and g4 + 8 (s[.][2..3])
     float s[2][4] = {};
-    for_each_quad<D, KB, RSK>(kc, table_k, lk, g4, c4, [&](int kk, uint2 ql, uint2 qh) {
+    for_each_quad<D, KB, RSK, TP::kRow>(kc, table_k, lk, g4, c4, [&](int kk, uint2 ql, uint2 qh) {
       const uint32_t a[4] = {ql.x, qh.x, ql.y, qh.y};  // tokens g4 / g4 + 8, k 2c4 (pair 2kk) / 2c4 + 8 (2kk + 1)
       uint32_t b0, b1;
       if constexpr (S::kQInRegs) {
@@ -1097,7 +1123,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     }
     // PV: m-tile mt's A operand is the transpose of four 8x8 blocks [tokens x dims] looked up in the
     // natural layout: rows 0-7 of the tile <- quarter pair 2mt, rows 8-15 <- pair 2mt + 1
-    for_each_quad<D, VB, RSV>(vc, table_v, lv, g4, c4, [&](int mt, uint2 ql, uint2 qh) {
+    for_each_quad<D, VB, RSV, TP::kRow>(vc, table_v, lv, g4, c4, [&](int mt, uint2 ql, uint2 qh) {
       const uint32_t a[4] = {movmatrix_trans(ql.x), movmatrix_trans(ql.y), movmatrix_trans(qh.x), movmatrix_trans(qh.y)};
       mma_16816<__half>(o[mt], a, pb0, pb1);
     });
