@@ -791,21 +791,21 @@ struct TablePair {
 };
 
 // Fill from the codebook already in shared memory (cb: 2^b fp32 values); entries ROW bytes apart.
+// A thread builds one entry value and stores 16 bytes of copies at once (4 or 2 of them).
 template <int BITS, int ROW>
 __device__ __forceinline__ void fill_half_table(unsigned char* table, const float* cb, int nthreads) {
   using HT = HalfTable<BITS>;
-  constexpr int COPIES = 128 / HT::kEntryBytes;
+  constexpr int STORES = 128 / 16;  // 16-byte stores per entry's 128 bytes of copies
   constexpr uint32_t M = (1u << BITS) - 1u;
-  for (int i = threadIdx.x; i < (COPIES << HT::kIndexBits); i += nthreads) {
-    const uint32_t e = uint32_t(i) / COPIES;
-    unsigned char* dst = table + size_t(e) * ROW + (i % COPIES) * HT::kEntryBytes;
-    if constexpr (BITS == 2) {
-      *reinterpret_cast<uint2*>(dst) =
-          make_uint2(pack2<__half>(cb[e & M], cb[(e >> 2) & M]), pack2<__half>(cb[(e >> 4) & M], cb[e >> 6]));
-    } else if constexpr (BITS <= 4) {
-      *reinterpret_cast<uint32_t*>(dst) = pack2<__half>(cb[e & M], cb[e >> BITS]);
+  for (int i = threadIdx.x; i < (STORES << HT::kIndexBits); i += nthreads) {
+    const uint32_t e = uint32_t(i) / STORES;
+    uint4* dst = reinterpret_cast<uint4*>(table + size_t(e) * ROW) + i % STORES;
+    if constexpr (BITS == 2) {  // 8-byte entries: two copies per store
+      const uint32_t lo = pack2<__half>(cb[e & M], cb[(e >> 2) & M]), hi = pack2<__half>(cb[(e >> 4) & M], cb[e >> 6]);
+      *dst = make_uint4(lo, hi, lo, hi);
     } else {
-      *reinterpret_cast<uint32_t*>(dst) = __half_as_ushort(__float2half_rn(cb[e]));
+      const uint32_t v = BITS <= 4 ? pack2<__half>(cb[e & M], cb[e >> BITS]) : __half_as_ushort(__float2half_rn(cb[e]));
+      *dst = make_uint4(v, v, v, v);
     }
   }
 }
@@ -961,8 +961,9 @@ struct WarpP1Shape {
   static constexpr size_t kBudget = 220 * 1024;
   static constexpr size_t kFree = kBudget - kTableBytes - kQBytes;
   // 16 warps leave 128 registers per thread: enough at D <= 128 except with 8-bit codes (4 lookups
-  // per quad), which take 12 warps (168 registers) to stay free of spills (tests/build checks)
-  static constexpr int kMaxWarps = D > 128 ? 8 : (KB == 8 || VB == 8) ? 12 : 16;
+  // per quad), which take 12 warps (168 registers), or 8 when both are 8-bit, to stay free of spills
+  // (tests/build checks)
+  static constexpr int kMaxWarps = D > 128 ? 8 : (KB == 8 && VB == 8) ? 8 : (KB == 8 || VB == 8) ? 12 : 16;
   static constexpr int kWarps = std::min<int>(kMaxWarps, int(kFree / (2 * kStepBytes)));
   static constexpr int kStages = std::min<int>(4, int(kFree / (kWarps * kStepBytes)));
   static constexpr size_t kRingBytes = size_t(kWarps) * kStages * kStepBytes;
@@ -1013,20 +1014,27 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   auto slot_of = [&](int i) { return ring + (size_t(warp) * NS + i % NS) * S::kStepBytes; };
   int next_page, next_row;
   locate(0, next_page, next_row);
+  // A row's offset is page * s0 + row * s1 + h * s2; the head part (and, contiguous, the sequence
+  // part: page = b) is fixed for the block, so a step adds only row * s1 (+ page * s0 when paged).
   // Lanes < 16 stage the K norm of their row, the others the V norm: one pointer and stride set each.
-  const float* norms = chalf == 0 ? p.kn : p.vn;
+  const bool paged = pages != nullptr;
+  auto fixed = [&](int64_t s0, int64_t s2) { return (paged ? 0 : int64_t(blk.b) * s0) + int64_t(blk.kvh) * s2; };
+  const int64_t n_s0 = chalf == 0 ? p.kn_s0 : p.vn_s0, n_s1 = chalf == 0 ? p.kn_s1 : p.vn_s1;
+  const uint32_t* kc_base = p.kc + fixed(p.kc_s0, p.kc_s2);
+  const uint32_t* vc_base = p.vc + fixed(p.vc_s0, p.vc_s2);
+  const float* n_base = chalf == 0 ? p.kn + fixed(p.kn_s0, p.kn_s2) : p.vn + fixed(p.vn_s0, p.vn_s2);
   auto issue = [&](int i) {  // step i into ring slot i % NS
     if (i < my_n) {
-      const int64_t page = next_page, row = next_row, h = blk.kvh;
+      const int64_t page = next_page, row = next_row;
       const bool ok = step_t0(i) + crow < blk.t_end;
       locate(i + 1, next_page, next_row);
-      auto at = [&](int64_t s0, int64_t s1, int64_t s2) { return ok ? page * s0 + row * s1 + h * s2 : 0; };
+      auto at = [&](int64_t s0, int64_t s1) { return ok ? (paged ? page * s0 : 0) + row * s1 : 0; };
       uint32_t* kd = reinterpret_cast<uint32_t*>(slot_of(i));
       uint32_t* vd = kd + 16 * RSK;
       float* nd = reinterpret_cast<float*>(vd + 16 * RSV);  // [K norms 16][V norms 16]
-      copy_code_row<S::PWK>(kd + crow * RSK, p.kc + at(p.kc_s0, p.kc_s1, p.kc_s2), ok, chalf, p.kc_vec);
-      copy_code_row<S::PWV>(vd + crow * RSV, p.vc + at(p.vc_s0, p.vc_s1, p.vc_s2), ok, chalf, p.vc_vec);
-      cp_async<4>(nd + lane, norms + (chalf == 0 ? at(p.kn_s0, p.kn_s1, p.kn_s2) : at(p.vn_s0, p.vn_s1, p.vn_s2)), ok);
+      copy_code_row<S::PWK>(kd + crow * RSK, kc_base + at(p.kc_s0, p.kc_s1), ok, chalf, p.kc_vec);
+      copy_code_row<S::PWV>(vd + crow * RSV, vc_base + at(p.vc_s0, p.vc_s1), ok, chalf, p.vc_vec);
+      cp_async<4>(nd + lane, n_base + at(n_s0, n_s1), ok);
     }
     cp_async_commit();  // one group per step (empty past the end)
   };
