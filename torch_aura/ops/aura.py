@@ -249,8 +249,11 @@ def aura_flash_p1(q_rot: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Ten
     position ``seq_lens[b] - L + i`` and sees tokens t <= that position.
 
     Args:
-        q_rot: ``[B, Hq, D]`` or causal ``[B, L, Hq, D]``, fp32 (fp16/bf16 accepted), already
-            rotated with the K sign mask and scaled (see :func:`aura_decode`).
+        q_rot: ``[B, Hq, D]`` or causal ``[B, L, Hq, D]``, already rotated with the K sign mask and
+            scaled (see :func:`aura_decode`). Its dtype picks the CUDA kernel: fp32 runs the exact
+            one (fp32-grade products, 1e-4 of the reference); fp16/bf16 the fast warp-split tensor-core
+            one (q_rot, codebooks and p * norm_V rounded to fp16: ~1e-3 relative, value norms must
+            stay below fp16's 65504).
         k_codes, v_codes: int32 ``[B, Hkv, T_cap, PW]`` or paged ``[num_blocks, page_size, Hkv, PW]``
             (PW from ``key_bits`` / ``value_bits``).
         k_norms, v_norms: fp32 ``[B, Hkv, T_cap]`` or paged ``[num_blocks, page_size, Hkv]``.
@@ -331,7 +334,8 @@ def aura_decode(q: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Tensor,
 
     Args:
         q: ``[B, Hq, D]`` or causal ``[B, L, Hq, D]`` (query i at position ``seq_lens[b] - L + i``:
-            write the L new tokens first), fp16, bf16 or fp32.
+            write the L new tokens first), fp16, bf16 or fp32 (which picks the CUDA pass-1
+            kernel as in :func:`aura_flash_p1`).
         k_codes, v_codes: int32 ``[B, Hkv, T_cap, PW]`` or paged ``[num_blocks, page_size, Hkv, PW]``.
         k_norms, v_norms: fp32 ``[B, Hkv, T_cap]`` or paged ``[num_blocks, page_size, Hkv]``.
         seq_lens: int32 ``[B]`` live tokens per sequence (0 gives out 0, lse -inf).
