@@ -1,4 +1,5 @@
-"""An AURA-encoded K/V cache for tests, shared by tests/reference and tests/cuda.
+"""An AURA-encoded K/V cache and the synthetic attention inputs of aura-format.md §11.7, for tests,
+shared by tests/reference and tests/cuda.
 
 The codes are encoded on the CPU by the reference; every token at or past its sequence's length is
 poisoned (random codes, NaN norms) so a kernel that reads it fails; with ``page_size`` the codes
@@ -16,6 +17,21 @@ import torch_aura as ta
 
 def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def synthetic_attention(seed: int, T: int, D: int = 128, n_q: int = 16):
+    """fp64 ``(q [n_q, D], K [T, D], V [T, D])`` of aura-format.md §11.7: K_t = sigma * g_t + 0.5 with
+    outlier channels (4 of them x 8), V ~ N(0, I), q = sigma * h rescaled so its logits q . K_t have
+    std 2 over t."""
+    g = generator(seed)
+    z = torch.randn(D, generator=g, dtype=torch.float64)
+    sigma = torch.exp(0.5 * z)
+    sigma[torch.randperm(D, generator=g)[:4]] *= 8
+    K = sigma * torch.randn(T, D, generator=g, dtype=torch.float64) + 0.5
+    V = torch.randn(T, D, generator=g, dtype=torch.float64)
+    q = sigma * torch.randn(n_q, D, generator=g, dtype=torch.float64)
+    q = q * (2.0 / (q @ K.T).std(dim=-1, keepdim=True))
+    return q, K, V
 
 
 class EncodedCache:

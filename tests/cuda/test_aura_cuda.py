@@ -17,7 +17,7 @@ import torch_aura as ta
 from torch_aura import backends
 from torch_aura.reference import aura as R
 
-from _aura_cache import EncodedCache
+from _aura_cache import EncodedCache, synthetic_attention
 from _util import assert_max_rel, dtype_id, max_rel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -364,14 +364,7 @@ def test_quality_against_exact_attention_on_gpu(dtype):
     D, T = 128, 2048
     cos = {"aura4v4": [], "aura4v2": []}
     for trial in range(10):
-        g = _gen(trial)
-        z = torch.randn(D, generator=g, dtype=torch.float64)
-        sigma = torch.exp(0.5 * z)
-        sigma[torch.randperm(D, generator=g)[:4]] *= 8
-        K = sigma * torch.randn(T, D, generator=g, dtype=torch.float64) + 0.5
-        V = torch.randn(T, D, generator=g, dtype=torch.float64)
-        q = sigma * torch.randn(16, D, generator=g, dtype=torch.float64)
-        q = q * (2.0 / (q @ K.T).std(dim=-1, keepdim=True))
+        q, K, V = synthetic_attention(trial, T, D)
         exact = torch.softmax(q @ K.T, -1) @ V
         for scheme in cos:
             cache = ta.AuraCache(scheme, batch=1, kv_heads=1, head_dim=D, capacity=T, device=DEV)

@@ -18,7 +18,7 @@ import torch_aura as ta
 from torch_aura.reference import aura as R
 from torch_aura.reference import aura_codebooks as AC
 
-from _aura_cache import EncodedCache
+from _aura_cache import EncodedCache, synthetic_attention
 from _util import assert_max_rel, dtype_id, max_rel
 
 HEAD_DIMS = (64, 128, 256, 512)
@@ -754,16 +754,8 @@ def test_decode_low_precision_query(dtype):
 
 # ======================================================= 7. quality against exact attention (§11.7)
 def _synthetic(seed, T, D=128, n_q=16):
-    """K_t = sigma * g_t + 0.5 with outlier channels, V ~ N(0, I), q = sigma * h scaled to logit std 2."""
-    g = _gen(seed)
-    z = torch.randn(D, generator=g, dtype=torch.float64)
-    sigma = torch.exp(0.5 * z)
-    sigma[torch.randperm(D, generator=g)[:4]] *= 8
-    K = sigma * torch.randn(T, D, generator=g, dtype=torch.float64) + 0.5
-    V = torch.randn(T, D, generator=g, dtype=torch.float64)
-    q = sigma * torch.randn(n_q, D, generator=g, dtype=torch.float64)
-    q = q * (2.0 / (q @ K.T).std(dim=-1, keepdim=True))  # logits q . K_t have std 2 over t
-    return q.float(), K.float(), V.float()
+    """The §11.7 inputs (tests/_aura_cache.py) as fp32."""
+    return tuple(t.float() for t in synthetic_attention(seed, T, D, n_q))
 
 
 def _aura_attention(scheme, q, K, V):
