@@ -9,6 +9,7 @@ a provider that fails its check is reported as wrong and not timed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -42,6 +43,23 @@ def device_facts() -> dict:
     return {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
             "cuda": torch.version.cuda, "triton": triton.__version__, "python": platform.python_version(),
             "commit": commit()}
+
+
+def start(script: str, op: str, doc: str, argv=None, extra_args=None):
+    """The prologue every bench script shares: parse ``--out`` (and what ``extra_args(parser)`` adds),
+    check that a CUDA device and ``op``'s CUDA kernel exist, then measure the device facts and the
+    copy ceiling. Returns ``(args, facts, copy_tbs)``, or None after saying why the bench cannot run."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
+    if extra_args is not None:
+        extra_args(parser)
+    args = parser.parse_args(argv)
+    from torch_aura import backends
+
+    if not torch.cuda.is_available() or not backends.has_kernel(op, "cuda"):
+        print(f"{script}: needs a CUDA device and the CUDA kernel of {op}:", backends.status()[op]["cuda"])
+        return None
+    return args, device_facts(), copy_bandwidth_tbs()
 
 
 def time_us(fn, graph: bool = False) -> float:

@@ -16,7 +16,6 @@ Writes ``aura_<gpu>.md`` and ``aura_<gpu>.png`` (committed under benchmarks/resu
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -67,14 +66,10 @@ def build(B, Hq, Hkv, D, T, page, scheme, seed=0):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available() or not backends.has_kernel("aura_decode", "cuda"):
-        print("bench_aura: needs a CUDA device and the built CUDA extension:", backends.status()["aura_decode"]["cuda"])
+    started = H.start("bench_aura", "aura_decode", __doc__, argv)
+    if started is None:
         return 1
-    facts = H.device_facts()
-    copy_tbs = H.copy_bandwidth_tbs()
+    args, facts, copy_tbs = started
     have_dense = backends.has_kernel("flash_decode", "cuda")
     print(f"{facts['gpu']} | torch {facts['torch']} | CUDA {facts['cuda']} | commit {facts['commit']} | "
           f"copy {copy_tbs:.2f} TB/s", flush=True)

@@ -13,7 +13,6 @@ Writes ``decode_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL r
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -25,7 +24,6 @@ import _harness as H  # noqa: E402
 import shapes  # noqa: E402
 
 import torch_aura  # noqa: E402,F401  (defines the ops, loads the CUDA kernels)
-from torch_aura import backends  # noqa: E402
 from torch_aura.reference import decode as ref  # noqa: E402
 from torch_aura.testing import rel_rms  # noqa: E402
 
@@ -51,16 +49,10 @@ def make_inputs(B, Hq, Hkv, D, T, page, seed=0):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available() or not backends.has_kernel("flash_decode", "cuda"):
-        print("bench_decode: needs a CUDA device and the built CUDA extension:",
-              backends.status()["flash_decode"]["cuda"])
+    started = H.start("bench_decode", "flash_decode", __doc__, argv)
+    if started is None:
         return 1
-
-    facts = H.device_facts()
-    copy_tbs = H.copy_bandwidth_tbs()
+    args, facts, copy_tbs = started
     print(f"{facts['gpu']} | torch {facts['torch']} | CUDA {facts['cuda']} | triton {facts['triton']} | "
           f"commit {facts['commit']} | copy {copy_tbs:.2f} TB/s")
     rows, contiguous_us = [], {}

@@ -15,7 +15,6 @@ Writes ``gdn_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL rows
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -28,7 +27,6 @@ import _harness as H  # noqa: E402
 import shapes  # noqa: E402
 
 import torch_aura  # noqa: E402
-from torch_aura import backends  # noqa: E402
 from torch_aura.reference import gdn as ref  # noqa: E402
 from torch_aura.testing import rel_rms  # noqa: E402
 
@@ -254,15 +252,11 @@ def render(facts, copy_tbs, fla_version, chunk_rows, rec_rows) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
-    parser.add_argument("--profile", action="store_true", help="per-kernel time breakdown at 1x32k")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available() or not backends.has_kernel("gdn_chunk", "cuda"):
-        print("bench_gdn: needs a CUDA device and triton:", backends.status()["gdn_chunk"]["cuda"])
+    started = H.start("bench_gdn", "gdn_chunk", __doc__, argv, extra_args=lambda parser: parser.add_argument(
+        "--profile", action="store_true", help="per-kernel time breakdown at 1x32k"))
+    if started is None:
         return 1
-    facts = H.device_facts()
-    copy_tbs = H.copy_bandwidth_tbs()
+    args, facts, copy_tbs = started
     fla_chunk, fla_rec, fla_version = fla_or_none()
     print(f"{facts['gpu']} | torch {facts['torch']} | triton {facts['triton']} | FLA {fla_version} | "
           f"commit {facts['commit']} | copy {copy_tbs:.2f} TB/s")
