@@ -329,8 +329,10 @@ def aura_decode(q: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Tensor,
 
     q_rot = scale * Pi_K q (rotation with the K sign mask, softmax scale folded in), pass 1 over
     blocks, pass 2 with the fused inverse rotation by the V sign mask. Block size, from static
-    values only: ``num_splits = 0`` -> 256 tokens; ``num_splits = S > 0`` -> ceil(capacity / S)
-    tokens (at most S blocks); paged caches round it up to whole pages.
+    values only: ``num_splits = 0`` -> automatic (the reference: 256 tokens; CUDA: enough blocks of
+    >= 256 tokens to occupy every SM once, from batch, KV heads and the SM count);
+    ``num_splits = S > 0`` -> ceil(capacity / S) tokens (at most S blocks); paged caches round it up
+    to whole pages. The block size changes only the fp32 summation order, not the result's meaning.
 
     Args:
         q: ``[B, Hq, D]`` or causal ``[B, L, Hq, D]`` (query i at position ``seq_lens[b] - L + i``:
