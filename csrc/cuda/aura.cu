@@ -122,12 +122,15 @@ P1Kernel p1_kernel(int64_t D, int64_t kb, int64_t vb, FloatKind q_kind, int devi
   }
 }
 
-// Largest cp.async size (16, 8 or 4 bytes) that the code rows' size, base and strides allow.
-int code_copy_bytes(const Tensor& c) {
-  const auto addr = reinterpret_cast<uintptr_t>(c.data_ptr());
+// Largest vector (16, 8 or 4 bytes) in which every row of t can be moved: the base, the row size and
+// every leading stride are multiples of it. Code rows take cp.async / stores of that size; encode
+// reads its input in 16-byte vectors when this says 16.
+int row_vector_bytes(const Tensor& t) {
+  const int64_t nd = t.dim(), elem = int64_t(t.element_size());
+  const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
   for (int v : {16, 8}) {
-    bool ok = addr % v == 0 && (c.size(3) * 4) % v == 0;
-    for (int d = 0; d < 3; ++d) ok = ok && (c.size(d) <= 1 || (c.stride(d) * 4) % v == 0);
+    bool ok = addr % v == 0 && (t.size(nd - 1) * elem) % v == 0;
+    for (int64_t d = 0; d + 1 < nd; ++d) ok = ok && (t.size(d) <= 1 || (t.stride(d) * elem) % v == 0);
     if (ok) return v;
   }
   return 4;
@@ -227,8 +230,8 @@ void launch_flash_p1(const Tensor& q, const Tensor& kc, const Tensor& kn, const 
   const int64_t rows = s.L * p.G;
   p.row_groups = int((rows + kMaxRowsPerCta - 1) / kMaxRowsPerCta);
   p.rows_per_cta = int((rows + p.row_groups - 1) / p.row_groups);
-  p.kc_vec = code_copy_bytes(kc);
-  p.vc_vec = code_copy_bytes(vc);
+  p.kc_vec = row_vector_bytes(kc);
+  p.vc_vec = row_vector_bytes(vc);
   AURA_CHECK(int64_t(s.Hkv) * p.row_groups <= 65535, "q: too many query rows per KV head (", rows, ") for the grid");
   const dim3 grid(unsigned(NB), unsigned(s.Hkv * p.row_groups), unsigned(s.B));
   kernel.fn<<<grid, kernel.threads, kernel.smem, current_stream(q)>>>(p);
@@ -305,10 +308,13 @@ void launch_encode(AuraEncodeParams& p, const Tensor& x, const Tensor& codebook,
   p.mask = sign_mask.has_value() ? static_cast<const uint32_t*>(sign_mask->data_ptr()) : nullptr;
   p.factor = float(1.0 / std::sqrt(double(D)));
   if (p.rows == 0) return;
+  p.x_vec16 = row_vector_bytes(x) == 16 ? 1 : 0;
   const cudaStream_t stream = current_stream(x);
   with_dim(D, [&](auto d) {
+    constexpr int kRows = ChunkRows<decltype(d)::value>::kRowsPerCta;
+    const auto blocks = static_cast<unsigned>((p.rows + kRows - 1) / kRows);
     with_bits(bits, [&](auto b) {
-      aura_encode_kernel<decltype(d)::value, decltype(b)::value><<<row_blocks(p.rows), kAuraThreads, 0, stream>>>(p);
+      aura_encode_kernel<decltype(d)::value, decltype(b)::value><<<blocks, kAuraThreads, 0, stream>>>(p);
     });
   });
   check_launch("aura_encode kernel");
@@ -340,6 +346,7 @@ std::tuple<Tensor, Tensor> aura_encode_cuda(Tensor x, Tensor codebook, Tensor bo
   if (p.rows > 0) p.x_rows = lead_rows(x, nd - 1, "x");
   p.codes = static_cast<uint32_t*>(codes.data_ptr());
   p.norms = static_cast<float*>(norms.data_ptr());
+  p.codes_vec = row_vector_bytes(codes);
   launch_encode(p, x, codebook, boundaries, bits, sign_mask, D);
   return {codes, norms};
 }
@@ -381,6 +388,7 @@ void aura_write_cache_cuda(Tensor x, Tensor codes_cache, Tensor norms_cache, Ten
   p.n_slots = codes_cache.size(0) * p.slot_div;
   p.c_s0 = codes_cache.stride(0), p.c_s1 = codes_cache.stride(1), p.c_s2 = codes_cache.stride(2);
   p.n_s0 = norms_cache.stride(0), p.n_s1 = norms_cache.stride(1), p.n_s2 = norms_cache.stride(2);
+  p.codes_vec = row_vector_bytes(codes_cache);
   if (p.slot_div == 0) return;  // an empty cache: nothing can be written
   launch_encode(p, x, codebook, boundaries, bits, sign_mask, D);
 }
