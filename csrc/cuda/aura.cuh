@@ -1374,14 +1374,16 @@ struct AuraP2Params {
   FloatKind kind;
 };
 
-// One warp per (b, (i,) h) row, lane l holding dims l + 32 i (the butterfly's mapping). Blocks with
-// l > 0 only (a NaN l compares false): an empty block's partial may be stale or poisoned, so it is
-// dropped by a select, never multiplied by 0. Weights go through shared memory 32 blocks at a time,
-// so the block loop has no shuffle and unrolls (see merge_attn_states_kernel).
+// One warp per (b, (i,) h) row, lane l holding dims l + 32 i (the butterfly's mapping). The merge is
+// latency-bound (at B = 1 it is a few dozen warps), so it counts memory round trips: lane n reads
+// block n's m and l (32 blocks a round), the weights reach the other lanes by shuffles, and the
+// partial rows come U blocks at a time with every load issued before the first sum (32 loads in
+// flight per lane): NB = 16 blocks at D = 128 take two round trips, not sixteen.
+// Blocks with l > 0 only (a NaN l compares false): an empty block's partial may be stale or
+// poisoned, so it is dropped by a select, never multiplied by 0.
 template <int D>
 __global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP2Params p) {
-  constexpr int V = D / 32;
-  __shared__ float wsplit[kAuraWarps][32];
+  constexpr int V = D / 32, U = 32 / V;  // U blocks per group
   grid_dependency_wait();  // launched behind pass 1 (aura_decode): its partials are complete after this
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kAuraWarps + (threadIdx.x >> 5);
@@ -1398,10 +1400,9 @@ __global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP
 #pragma unroll
   for (int i = 0; i < V; ++i) acc[i] = 0.f;
   float lsum = 0.f;
-  float* ws = wsplit[threadIdx.x >> 5];
   if (any_live) {
     for (int n0 = 0; n0 < p.NB; n0 += 32) {
-      float w = 0.f;
+      float w = 0.f;  // block n0 + lane's weight (0: dropped)
       if (n0 + lane < p.NB) {
         const float lv = l[(n0 + lane) * p.l_sn];
         if (lv > 0.f) {
@@ -1409,18 +1410,21 @@ __global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP
           lsum = fmaf(w, lv, lsum);
         }
       }
-      __syncwarp();
-      ws[lane] = w;
-      __syncwarp();
       const int cnt = min(32, p.NB - n0);
-#pragma unroll 4
-      for (int k = 0; k < cnt; ++k) {
-        const float wk = ws[k];
-        const float* on = o + (n0 + k) * p.o_sn;
+      for (int k0 = 0; k0 < cnt; k0 += U) {
+        float v[U][V];
 #pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const float v = on[lane + 32 * i];
-          acc[i] = wk > 0.f ? fmaf(wk, v, acc[i]) : acc[i];
+        for (int u = 0; u < U; ++u) {  // all loads first (a block past cnt re-reads the last one) ...
+          const float* on = o + int64_t(n0 + min(k0 + u, cnt - 1)) * p.o_sn;
+#pragma unroll
+          for (int i = 0; i < V; ++i) v[u][i] = on[lane + 32 * i];
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {  // ... then the sums
+          const float wk = __shfl_sync(0xffffffffu, w, (k0 + u) & 31);
+          const bool use = k0 + u < cnt && wk > 0.f;
+#pragma unroll
+          for (int i = 0; i < V; ++i) acc[i] = use ? fmaf(wk, v[u][i], acc[i]) : acc[i];
         }
       }
     }
