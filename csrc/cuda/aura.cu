@@ -214,6 +214,10 @@ void launch_flash_p1(const Tensor& q, const Tensor& kc, const Tensor& kn, const 
   p.kn_s0 = kn.stride(0), p.kn_s1 = kn.stride(row_d), p.kn_s2 = kn.stride(head_d);
   p.vc_s0 = vc.stride(0), p.vc_s1 = vc.stride(row_d), p.vc_s2 = vc.stride(head_d);
   p.vn_s0 = vn.stride(0), p.vn_s1 = vn.stride(row_d), p.vn_s2 = vn.stride(head_d);
+  // pass 1 steps through rows (and pages) by 32 x 32 -> 64-bit multiply-adds on byte strides
+  for (const int64_t st : {p.kc_s1, p.kn_s1, p.vc_s1, p.vn_s1, s.paged ? p.kc_s0 : 0, s.paged ? p.kn_s0 : 0,
+                           s.paged ? p.vc_s0 : 0, s.paged ? p.vn_s0 : 0})
+    AURA_CHECK(st * 4 <= INT32_MAX, "k/v caches: a row or page stride of ", st, " elements is past the 2^29 supported");
   p.seq_lens = static_cast<const int*>(seq_lens.data_ptr());
   p.block_table = s.paged ? static_cast<const int*>(block_table->data_ptr()) : nullptr;
   p.bt_sb = s.paged ? block_table->stride(0) : 0;

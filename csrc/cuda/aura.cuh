@@ -1101,43 +1101,58 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   auto step_t0 = [&](int i) { return blk.t0 + (warp + W * i) * 16; };
 
   // ---- copies: lane l stages row l % 16 of a step (its codes in two halves by l / 16, and the K norm
-  // for l < 16, the V norm otherwise). For paged caches its row's page is read one step ahead, off
-  // the issue path. Rows past the block are zero-filled without reading memory.
+  // for l < 16, the V norm otherwise). The issue path is a few instructions per step, not a hundred:
+  // the block-fixed parts of the offsets (head; contiguous: sequence) are folded into base pointers,
+  // the rest is one 32 x 32 -> 64-bit multiply-add per pointer on byte strides that fit in 32 bits
+  // (checked on the host), and rows past the block are clamped to its last token (the copy reads
+  // nothing for them: zero fill) so no select guards an address. For paged caches the row's page is
+  // read one step ahead, off the issue path.
   const int crow = lane & 15, chalf = lane >> 4;
-  const int* pages = p.block_table != nullptr ? p.block_table + blk.b * p.bt_sb : nullptr;
-  auto locate = [&](int i, int& page, int& row) {  // contiguous: page = sequence, row = token
-    const int t = step_t0(i) + crow;
-    page = blk.b, row = t;
-    if (pages != nullptr && i < my_n && t < blk.t_end) {
+  const bool paged = p.block_table != nullptr;
+  const int* pages = paged ? p.block_table + blk.b * p.bt_sb : nullptr;
+  const int t_last = blk.t_end - 1;
+  auto locate = [&](int t, int& page, int& row) {  // contiguous: page 0 (the sequence is in the base)
+    const int tc = min(t, t_last);
+    page = 0, row = tc;
+    if (paged) {
       int i;
-      page_of(t, p.page_size, p.page_shift, i, row);
+      page_of(tc, p.page_size, p.page_shift, i, row);
       page = min(max(pages[i], 0), p.num_blocks - 1);  // never outside the cache
     }
   };
-  auto slot_of = [&](int i) { return ring + (size_t(warp) * NS + i % NS) * S::kStepBytes; };
-  int next_page, next_row;
-  locate(0, next_page, next_row);
-  // A row's offset is page * s0 + row * s1 + h * s2; the head part (and, contiguous, the sequence
-  // part: page = b) is fixed for the block, so a step adds only row * s1 (+ page * s0 when paged).
-  // Lanes < 16 stage the K norm of their row, the others the V norm: one pointer and stride set each.
-  const bool paged = pages != nullptr;
   auto fixed = [&](int64_t s0, int64_t s2) { return (paged ? 0 : int64_t(blk.b) * s0) + int64_t(blk.kvh) * s2; };
-  const int64_t n_s0 = chalf == 0 ? p.kn_s0 : p.vn_s0, n_s1 = chalf == 0 ? p.kn_s1 : p.vn_s1;
-  const uint32_t* kc_base = p.kc + fixed(p.kc_s0, p.kc_s2);
-  const uint32_t* vc_base = p.vc + fixed(p.vc_s0, p.vc_s2);
-  const float* n_base = chalf == 0 ? p.kn + fixed(p.kn_s0, p.kn_s2) : p.vn + fixed(p.vn_s0, p.vn_s2);
+  auto bytes = [](const void* base, int64_t elems) { return static_cast<const char*>(base) + elems * 4; };
+  const char* kc_base = bytes(p.kc, fixed(p.kc_s0, p.kc_s2));
+  const char* vc_base = bytes(p.vc, fixed(p.vc_s0, p.vc_s2));
+  const char* n_base = chalf == 0 ? bytes(p.kn, fixed(p.kn_s0, p.kn_s2)) : bytes(p.vn, fixed(p.vn_s0, p.vn_s2));
+  const int kc_page = paged ? int(p.kc_s0) * 4 : 0, kc_row = int(p.kc_s1) * 4;
+  const int vc_page = paged ? int(p.vc_s0) * 4 : 0, vc_row = int(p.vc_s1) * 4;
+  const int n_page = paged ? int(chalf == 0 ? p.kn_s0 : p.vn_s0) * 4 : 0, n_row = int(chalf == 0 ? p.kn_s1 : p.vn_s1) * 4;
+  // this lane's destinations in slot 0 of the warp's ring; slot s adds s * kStepBytes
+  unsigned char* ring_w = ring + size_t(warp) * NS * S::kStepBytes;
+  uint32_t* kd0 = reinterpret_cast<uint32_t*>(ring_w) + crow * RSK;
+  uint32_t* vd0 = reinterpret_cast<uint32_t*>(ring_w) + 16 * RSK + crow * RSV;
+  float* nd0 = reinterpret_cast<float*>(ring_w + 16 * (RSK + RSV) * 4) + lane;  // [K norms 16][V norms 16]
+  int t_issue = step_t0(0) + crow, issue_slot = 0;  // this lane's token and ring slot at the next issued step
+  int next_page, next_row;
+  locate(t_issue, next_page, next_row);
   auto issue = [&](int i) {  // step i into ring slot i % NS
     if (i < my_n) {
-      const int64_t page = next_page, row = next_row;
-      const bool ok = step_t0(i) + crow < blk.t_end;
-      locate(i + 1, next_page, next_row);
-      auto at = [&](int64_t s0, int64_t s1) { return ok ? (paged ? page * s0 : 0) + row * s1 : 0; };
-      uint32_t* kd = reinterpret_cast<uint32_t*>(slot_of(i));
-      uint32_t* vd = kd + 16 * RSK;
-      float* nd = reinterpret_cast<float*>(vd + 16 * RSV);  // [K norms 16][V norms 16]
-      copy_code_row<S::PWK>(kd + crow * RSK, kc_base + at(p.kc_s0, p.kc_s1), ok, chalf, p.kc_vec);
-      copy_code_row<S::PWV>(vd + crow * RSV, vc_base + at(p.vc_s0, p.vc_s1), ok, chalf, p.vc_vec);
-      cp_async<4>(nd + lane, n_base + at(n_s0, n_s1), ok);
+      const bool ok = t_issue < blk.t_end;
+      const int page = next_page, row = next_row;
+      t_issue += W * 16;
+      locate(t_issue, next_page, next_row);
+      auto src = [&](const char* base, int page_bytes, int row_bytes) {
+        return reinterpret_cast<const uint32_t*>(base + int64_t(page) * page_bytes + int64_t(row) * row_bytes);
+      };
+      const size_t slot = size_t(issue_slot) * S::kStepBytes;
+      issue_slot = issue_slot + 1 == NS ? 0 : issue_slot + 1;
+      copy_code_row<S::PWK>(reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(kd0) + slot),
+                            src(kc_base, kc_page, kc_row), ok, chalf, p.kc_vec);
+      copy_code_row<S::PWV>(reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(vd0) + slot),
+                            src(vc_base, vc_page, vc_row), ok, chalf, p.vc_vec);
+      cp_async<4>(reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(nd0) + slot),
+                  reinterpret_cast<const float*>(src(n_base, n_page, n_row)), ok);
     }
     cp_async_commit();  // one group per step (empty past the end)
   };
@@ -1188,12 +1203,13 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
 
-  for (int i = 0; i < my_n; ++i) {
+  for (int i = 0, read_slot = 0; i < my_n; ++i) {
     __syncwarp();  // every lane is done reading the slot the next copy overwrites
     issue(i + NS - 1);
     cp_async_wait<NS - 1>();  // step i's group has landed (for this lane) ...
     __syncwarp();             // ... and for the whole warp
-    const uint32_t* kc = reinterpret_cast<const uint32_t*>(slot_of(i));
+    const uint32_t* kc = reinterpret_cast<const uint32_t*>(ring_w + size_t(read_slot) * S::kStepBytes);
+    read_slot = read_slot + 1 == NS ? 0 : read_slot + 1;
     const uint32_t* vc = kc + 16 * RSK;
     const float* kn = reinterpret_cast<const float*>(vc + 16 * RSV);
     const float* vn = kn + 16;
