@@ -515,8 +515,8 @@ std::tuple<Tensor, Tensor> aura_decode_cuda(Tensor q, Tensor k_codes, Tensor k_n
     // The warp-split kernel's CTA fills an SM: one full wave of them (more blocks cost the merge
     // little); the exact kernel's small CTAs follow the wave-efficiency rule.
     const int64_t work = s.B * s.Hkv * row_groups, slots = int64_t(sm_count(device)) * kernel.ctas_per_sm;
-    const int S = kernel.threads > kAuraThreads ? int(std::clamp<int64_t>(slots / std::max<int64_t>(work, 1), 1, 128))
-                                                : auto_splits(s.B, s.Hkv * row_groups, sm_count(device), kernel.ctas_per_sm);
+    const int S = kernel.warp_split ? int(std::clamp<int64_t>(slots / std::max<int64_t>(work, 1), 1, 128))
+                                    : auto_splits(s.B, s.Hkv * row_groups, sm_count(device), kernel.ctas_per_sm);
     bs = std::max<int64_t>(kAutoBlockFloor, (s.capacity + S - 1) / S);
     bs = (bs + 63) / 64 * 64;
   }

@@ -1320,6 +1320,7 @@ struct P1Kernel {
   size_t smem;
   int threads;
   int ctas_per_sm;
+  bool warp_split;  // the fp16 tensor-core kernel: one CTA per SM, split to fill one wave
 };
 
 // WARP: the warp-split kernel for fp16 / bf16 queries; otherwise the exact (fp32-query) kernel.
@@ -1339,9 +1340,9 @@ P1Kernel p1_kernel_of(int device) {
                "aura_flash_p1: occupancy query failed");
     n = std::max(n, 1);
     if (device < 64) ctas[device] = n;
-    return {fn, smem, threads, n};
+    return {fn, smem, threads, n, WARP};
   }
-  return {fn, smem, threads, ctas[device]};
+  return {fn, smem, threads, ctas[device], WARP};
 }
 
 // Call f(std::integral_constant<int, V>) for a run-time value among four compile-time ones (checked
