@@ -565,14 +565,18 @@ struct P1Block {
   __device__ __forceinline__ int last_visible(const AuraP1Params& p, int r) const { return T - p.L + (r0 + r) / p.G; }
 };
 
-// Shared plan of both pass-1 kernels. Returns false when the CTA has nothing to read, after writing
-// what an empty block owes (o = 0, m = -inf, l = 0: the merge skips it).
-template <int D>
-__device__ __forceinline__ bool plan_p1_block(const AuraP1Params& p, P1Block& w, int nthreads) {
+// Shared plan of both pass-1 kernels, in two parts: the CTA's query rows (no memory reads: the
+// warp-split kernel issues its q loads before the sequence length arrives) and its tokens.
+__device__ __forceinline__ bool plan_p1_rows(const AuraP1Params& p, P1Block& w) {
   w.n = blockIdx.x, w.b = blockIdx.z;
   w.kvh = blockIdx.y / p.row_groups, w.r0 = (blockIdx.y % p.row_groups) * p.rows_per_cta;
   w.R = min(p.rows_per_cta, p.L * p.G - w.r0);
-  if (w.R <= 0) return false;
+  return w.R > 0;
+}
+// Returns false when the CTA has nothing to read, after writing what an empty block owes (o = 0,
+// m = -inf, l = 0: the merge skips it).
+template <int D>
+__device__ __forceinline__ bool plan_p1_tokens(const AuraP1Params& p, P1Block& w, int nthreads) {
   // Clamped, so a bad seq_len can only give a wrong answer, never an out-of-bounds read.
   w.T = min(max(p.seq_lens[w.b], 0), p.capacity);
   w.t0 = w.n * p.block_size;
@@ -599,7 +603,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
   const int g4 = lane >> 2, c4 = lane & 3;  // mma fragment coordinates (row group, column pair)
 
   P1Block blk;
-  if (!plan_p1_block<D>(p, blk, kAuraThreads)) return;
+  if (!plan_p1_rows(p, blk) || !plan_p1_tokens<D>(p, blk, kAuraThreads)) return;
   const int b = blk.b, kvh = blk.kvh, r0 = blk.r0, R = blk.R, t0 = blk.t0, t_end = blk.t_end;
   auto out_row = [&](int r) { return blk.out_row(p, r); };
 
@@ -895,12 +899,18 @@ struct TablePair {
 
 // Fill from the codebook already in shared memory (cb: 2^b fp32 values); entries ROW bytes apart.
 // A thread builds one entry value and stores 16 bytes of copies at once (4 or 2 of them).
-template <int BITS, int ROW>
-__device__ __forceinline__ void fill_half_table(unsigned char* table, const float* cb, int nthreads) {
+// The loop is unrolled over a compile-time thread count NT, so a thread's store column (i % 8) is fixed
+// and its entries step by NT / 8: the codebook reads and stores take immediate offsets.
+template <int BITS, int ROW, int NT>
+__device__ __forceinline__ void fill_half_table(unsigned char* table, const float* cb) {
   using HT = HalfTable<BITS>;
   constexpr int STORES = 128 / 16;  // 16-byte stores per entry's 128 bytes of copies
+  constexpr int TOTAL = STORES << HT::kIndexBits;
   constexpr uint32_t M = (1u << BITS) - 1u;
-  for (int i = threadIdx.x; i < (STORES << HT::kIndexBits); i += nthreads) {
+#pragma unroll
+  for (int k = 0; k < (TOTAL + NT - 1) / NT; ++k) {
+    const int i = threadIdx.x + k * NT;
+    if (TOTAL % NT != 0 && i >= TOTAL) break;
     const uint32_t e = uint32_t(i) / STORES;
     uint4* dst = reinterpret_cast<uint4*>(table + size_t(e) * ROW) + i % STORES;
     if constexpr (BITS == 2) {  // 8-byte entries: two copies per store
@@ -1070,8 +1080,8 @@ struct WarpP1Shape {
   static constexpr int kWarps = std::min<int>(kMaxWarps, int(kFree / (2 * kStepBytes)));
   static constexpr int kStages = std::min<int>(4, int(kFree / (kWarps * kStepBytes)));
   static constexpr size_t kRingBytes = size_t(kWarps) * kStages * kStepBytes;
-  static constexpr int kORow = D + 1;  // the end-of-block merge: [W][8][D + 1] o, [W][8] m and l
-  static constexpr size_t kMergeBytes = size_t(kWarps) * 8 * (kORow + 2) * 4;
+  static constexpr int kORow = D + 1;  // the end-of-block merge: [W][8][D + 1] o, [W][8] m, l, weight
+  static constexpr size_t kMergeBytes = size_t(kWarps) * 8 * (kORow + 3) * 4;
   static constexpr size_t kSmem = std::max(kTableBytes + kRingBytes + kQBytes, kMergeBytes);
   static_assert(kTableBytes % 128 == 0 && kStepBytes % 16 == 0, "alignment of the ring slots");
   static constexpr bool kQInRegs = D <= 256;  // B fragments of q for the whole block (D / 8 registers)
@@ -1083,10 +1093,33 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     aura_flash_p1_warp_kernel(const AuraP1Params p) {
   using S = WarpP1Shape<D, KB, VB>;
   constexpr int W = S::kWarps, NS = S::kStages, RSK = S::RSK, RSV = S::RSV, NQ = D / 8;
-  P1Block blk;
-  if (!plan_p1_block<D>(p, blk, W * 32)) return;
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g4 = lane >> 2, c4 = lane & 3;
+  P1Block blk;
+  if (!plan_p1_rows(p, blk)) return;
+  // At B = 1 this kernel is latency-bound, so the loads that need no sequence length go out first and
+  // their round trips overlap seq_lens': the query rows warp + W k (rows >= R stay zero: their
+  // columns are masked below), the codebooks (NCB entries per thread).
+  constexpr int NC = (1 << KB) + (1 << VB), NCB = (NC + W * 32 - 1) / (W * 32), QR = (8 + W - 1) / W;
+  float q_row[QR][D / 32], cb_own[NCB];
+#pragma unroll
+  for (int k = 0; k < QR; ++k) {
+    const int r = warp + k * W;
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) q_row[k][j] = 0.f;
+    if (r < blk.R) {
+      const int i = (blk.r0 + r) / p.G, h = blk.kvh * p.G + (blk.r0 + r) % p.G;
+      const int64_t base = blk.b * p.q_sb + i * p.q_sl + h * p.q_sh;
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) q_row[k][j] = load_float(p.q, base + lane + 32 * j, p.q_kind);
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < NCB; ++c) {
+    const int i = threadIdx.x + c * W * 32;
+    cb_own[c] = i < (1 << KB) ? __ldg(p.k_cb + i) : i < NC ? __ldg(p.v_cb + i - (1 << KB)) : 0.f;
+  }
+  if (!plan_p1_tokens<D>(p, blk, W * 32)) return;
   unsigned char* table_k = smem;
   using TP = TablePair<KB, VB>;
   unsigned char* table_v = smem + TP::kV;
@@ -1159,25 +1192,22 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) issue(i);  // the ring fills while the tables and q are prepared
 
-  for (int i = threadIdx.x; i < (1 << KB) + (1 << VB); i += W * 32)
-    cb_k[i] = i < (1 << KB) ? __ldg(p.k_cb + i) : __ldg(p.v_cb + i - (1 << KB));
-  for (int r = warp; r < 8; r += W) {  // rows >= R stay zero (their columns are masked below)
-    float v[D / 32];
 #pragma unroll
-    for (int j = 0; j < D / 32; ++j) v[j] = 0.f;
-    if (r < blk.R) {
-      const int i = (blk.r0 + r) / p.G, h = blk.kvh * p.G + (blk.r0 + r) % p.G;
-      const int64_t base = blk.b * p.q_sb + i * p.q_sl + h * p.q_sh;
+  for (int c = 0; c < NCB; ++c)
+    if (threadIdx.x + c * W * 32 < NC) cb_k[threadIdx.x + c * W * 32] = cb_own[c];
 #pragma unroll
-      for (int j = 0; j < D / 32; ++j) v[j] = load_float(p.q, base + lane + 32 * j, p.q_kind);
-      if (p.k_sign != nullptr) rotate_warp<D>(v, p.k_sign, p.q_factor, false);  // q_rot = scale Pi_K q
+  for (int k = 0; k < QR; ++k) {
+    const int r = warp + k * W;
+    if (r < 8) {
+      if (r < blk.R && p.k_sign != nullptr) rotate_warp<D>(q_row[k], p.k_sign, p.q_factor, false);  // q_rot = scale Pi_K q
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j)
+        qs[r * S::kQRow + lane + 32 * j] = __half_as_ushort(__float2half_rn(q_row[k][j] * kLog2eF));
     }
-#pragma unroll
-    for (int j = 0; j < D / 32; ++j) qs[r * S::kQRow + lane + 32 * j] = __half_as_ushort(__float2half_rn(v[j] * kLog2eF));
   }
   __syncthreads();  // codebooks (and q) visible
-  fill_half_table<KB, TP::kRow>(table_k, cb_k, W * 32);
-  fill_half_table<VB, TP::kRow>(table_v, cb_v, W * 32);
+  fill_half_table<KB, TP::kRow, W * 32>(table_k, cb_k);
+  fill_half_table<VB, TP::kRow, W * 32>(table_v, cb_v);
   __syncthreads();  // the last CTA barrier before the end: tables and q visible to every warp
 
   // q's B fragments: k-step kk takes pairs 2kk, 2kk+1 of lane quarter c4 of row g4
@@ -1270,6 +1300,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   float* ow = reinterpret_cast<float*>(smem);  // [W][8][OR]
   float* mw = ow + W * 8 * OR;                 // [W][8]
   float* lw = mw + W * 8;                      // [W][8]
+  float* ww = lw + W * 8;                      // [W][8] each warp's weight in its rows' merge
   if (g4 == 0) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) mw[warp * 8 + 2 * c4 + e] = m_run[e], lw[warp * 8 + 2 * c4 + e] = l_run[e];
@@ -1291,24 +1322,23 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     for (int wi = 0; wi < W; ++wi) M = fmaxf(M, mw[wi * 8 + r]);
     return M;
   };
-  auto weight = [&](int wi, int r, float M) {
-    const float m = mw[wi * 8 + r];
-    return m == -INFINITY ? 0.f : exp2f(m - M);
-  };
+  if (threadIdx.x < W * 8) {  // the weights once, not once per output element
+    const float m = mw[threadIdx.x], M = row_max(threadIdx.x % 8);
+    ww[threadIdx.x] = m == -INFINITY ? 0.f : exp2f(m - M);
+  }
+  __syncthreads();
   for (int idx = threadIdx.x; idx < blk.R * D; idx += W * 32) {
     const int r = idx / D, d = idx % D;
-    const float M = row_max(r);
     float acc = 0.f;
 #pragma unroll
-    for (int wi = 0; wi < W; ++wi) acc += weight(wi, r, M) * ow[(wi * 8 + r) * OR + d];
+    for (int wi = 0; wi < W; ++wi) acc += ww[wi * 8 + r] * ow[(wi * 8 + r) * OR + d];
     p.o[blk.out_row(p, r) * D + d] = acc;
   }
   for (int r = threadIdx.x; r < blk.R; r += W * 32) {
-    const float M = row_max(r);
     float L = 0.f;
 #pragma unroll
-    for (int wi = 0; wi < W; ++wi) L += weight(wi, r, M) * lw[wi * 8 + r];
-    p.m[blk.out_row(p, r)] = M * kLn2F;  // -inf stays -inf for a row that saw nothing
+    for (int wi = 0; wi < W; ++wi) L += ww[wi * 8 + r] * lw[wi * 8 + r];
+    p.m[blk.out_row(p, r)] = row_max(r) * kLn2F;  // -inf stays -inf for a row that saw nothing
     p.l[blk.out_row(p, r)] = L;
   }
 }
