@@ -1424,20 +1424,22 @@ struct AuraP2Params {
 // One warp per (b, (i,) h) row, lane l holding dims l + 32 i (the butterfly's mapping). The merge is
 // latency-bound (at B = 1 it is a few dozen warps), so it counts memory round trips: lane n reads
 // block n's m and l (32 blocks a round), the weights reach the other lanes by shuffles, and the
-// partial rows come U blocks at a time with every load issued before the first sum (32 loads in
-// flight per lane): NB = 16 blocks at D = 128 take two round trips, not sixteen.
+// partial rows come U blocks at a time with every load issued before the first sum (64 loads in
+// flight per lane): NB = 16 blocks at D = 128 take one round trip, not sixteen. The row's addresses
+// are worked out before waiting on pass 1.
 // Blocks with l > 0 only (a NaN l compares false): an empty block's partial may be stale or
 // poisoned, so it is dropped by a select, never multiplied by 0.
 template <int D>
 __global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP2Params p) {
-  constexpr int V = D / 32, U = 32 / V;  // U blocks per group
-  grid_dependency_wait();  // launched behind pass 1 (aura_decode): its partials are complete after this
+  constexpr int V = D / 32, U = 64 / V;  // U blocks per group
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kAuraWarps + (threadIdx.x >> 5);
-  if (row >= p.rows) return;
-  const float* o = p.o + p.o_rows.offset(row);
-  const float* m = p.m + p.m_rows.offset(row);
-  const float* l = p.l + p.l_rows.offset(row);
+  const bool live_row = row < p.rows;
+  const float* o = p.o + (live_row ? p.o_rows.offset(row) : 0);
+  const float* m = p.m + (live_row ? p.m_rows.offset(row) : 0);
+  const float* l = p.l + (live_row ? p.l_rows.offset(row) : 0);
+  grid_dependency_wait();  // launched behind pass 1 (aura_decode): its partials are complete after this
+  if (!live_row) return;
   float M = -INFINITY;
   for (int n = lane; n < p.NB; n += 32)
     if (l[n * p.l_sn] > 0.f) M = fmaxf(M, m[n * p.m_sn]);
