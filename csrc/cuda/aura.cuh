@@ -2,9 +2,11 @@
 // (+ the in-place cache write), dequantize, and the compressed-domain split-K decode, pass 1 over
 // the packed codes and pass 2 merging the block partials with the inverse rotation fused.
 //
-// Lane mapping of every per-vector kernel: one warp per vector, lane l holds dims l + 32 i, so the
-// butterfly strides 1..16 are lane exchanges and 32..D/2 pair registers inside a lane (§8), in the
-// reference's stage order 1, 2, ..., D/2: the rotation is bitwise the reference's.
+// Lane mapping of the per-vector kernels (rotate, dequantize, pass 2): one warp per vector, lane l
+// holds dims l + 32 i, so the butterfly strides 1..16 are lane exchanges and 32..D/2 pair registers
+// inside a lane (§8), in the reference's stage order 1, 2, ..., D/2: the rotation is bitwise the
+// reference's. Encode uses the transposed mapping (a row over D/32 lanes, 32 contiguous dims each;
+// see ChunkRows), same stage order.
 //
 // Pass 1 (aura_flash_p1_kernel) is the headline. One CTA per (token block, KV head, sequence) owns
 // every query row (L x G) of that KV head, so each packed word crosses HBM once and is unpacked once
