@@ -903,7 +903,10 @@ struct TablePair {
 // A thread builds one entry value and stores 16 bytes of copies at once (4 or 2 of them).
 // The loop is unrolled over a compile-time thread count NT, so a thread's store column (i % 8) is fixed
 // and its entries step by NT / 8: the codebook reads and stores take immediate offsets.
-template <int BITS, int ROW, int NT>
+// TOKEN_PAIRS (2-bit values read by for_each_pv_tile): an entry's byte index holds two dims of two
+// tokens (bits 0-3: token a, dims d and d + 1; bits 4-7: token b) and its two registers are the dims'
+// (a, b) pairs. 4-bit pair entries already are (low nibble, high nibble) = (a, b).
+template <int BITS, int ROW, int NT, bool TOKEN_PAIRS = false>
 __device__ __forceinline__ void fill_half_table(unsigned char* table, const float* cb) {
   using HT = HalfTable<BITS>;
   constexpr int STORES = 128 / 16;  // 16-byte stores per entry's 128 bytes of copies
@@ -915,7 +918,10 @@ __device__ __forceinline__ void fill_half_table(unsigned char* table, const floa
     if (TOTAL % NT != 0 && i >= TOTAL) break;
     const uint32_t e = uint32_t(i) / STORES;
     uint4* dst = reinterpret_cast<uint4*>(table + size_t(e) * ROW) + i % STORES;
-    if constexpr (BITS == 2) {  // 8-byte entries: two copies per store
+    if constexpr (BITS == 2 && TOKEN_PAIRS) {  // {half2(dim d: a, b), half2(dim d + 1: a, b)}
+      const uint32_t lo = pack2<__half>(cb[e & M], cb[(e >> 4) & M]), hi = pack2<__half>(cb[(e >> 2) & M], cb[e >> 6]);
+      *dst = make_uint4(lo, hi, lo, hi);
+    } else if constexpr (BITS == 2) {  // 8-byte entries: two copies per store
       const uint32_t lo = pack2<__half>(cb[e & M], cb[(e >> 2) & M]), hi = pack2<__half>(cb[(e >> 4) & M], cb[e >> 6]);
       *dst = make_uint4(lo, hi, lo, hi);
     } else {
@@ -1037,6 +1043,50 @@ __device__ __forceinline__ void for_each_quad(const uint32_t* tile, const unsign
   }
 }
 
+// PV without transposes (2- and 4-bit values, D * bits >= 256): lane (g4, c4) reads the D / 8 dims
+// [g4 D/8, (g4 + 1) D/8) of tokens 2c4, 2c4 + 1, 2c4 + 8 and 2c4 + 9, exactly the k (token) pairs of
+// its A fragments, and m-tile mt takes its dims 2mt (tile row g4) and 2mt + 1 (tile row g4 + 8).
+// The words of two token rows interleave by nibbles into token-pair indices (a shift and a mask-merge
+// per word and half), and a table entry is then the A register itself: half2(code of token a, code
+// of token b) of a dim (4-bit: one dim per index byte; 2-bit: two dims, an 8-byte entry). This
+// replaces the four movmatrix transposes per MMA of the natural-layout lookup (for_each_quad).
+// f(mt, a[4]) per m-tile.
+template <int D, int BITS, int RS, int ROW, typename F>
+__device__ __forceinline__ void for_each_pv_tile(const uint32_t* tile, const unsigned char* table, uint32_t lane_off,
+                                                 int g4, int c4, F&& f) {
+  static_assert((BITS == 2 || BITS == 4) && D * BITS >= 256, "token-pair lookups: 2- or 4-bit rows of whole words");
+  constexpr int LW = D * BITS / 256;  // words of a token row per lane
+  uint32_t lo[2][LW], hi[2][LW];      // [pair: tokens (2c4, 2c4 + 1), (2c4 + 8, 2c4 + 9)][word]
+#pragma unroll
+  for (int pr = 0; pr < 2; ++pr) {
+    const uint32_t* ra = tile + (2 * c4 + 8 * pr) * RS + g4 * LW;
+#pragma unroll
+    for (int w = 0; w < LW; ++w) {
+      const uint32_t a = ra[w], b = ra[RS + w];
+      lo[pr][w] = (a & 0x0F0F0F0Fu) | ((b << 4) & 0xF0F0F0F0u);  // byte k: nibble 2k of a, of b
+      hi[pr][w] = ((a >> 4) & 0x0F0F0F0Fu) | (b & 0xF0F0F0F0u);  // byte k: nibble 2k + 1 of a, of b
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) {
+    uint32_t a[4];
+#pragma unroll
+    for (int pr = 0; pr < 2; ++pr) {
+      if constexpr (BITS == 2) {  // dims 2mt, 2mt + 1 = nibble mt: word mt / 8, byte (mt % 8) / 2 of lo or hi
+        const int bit = 32 * (mt / 8) + 8 * ((mt % 8) / 2);
+        const uint2 e = *reinterpret_cast<const uint2*>(
+            table + entry_offset<8, ROW>((mt & 1) ? hi[pr] : lo[pr], bit, lane_off));
+        a[2 * pr] = e.x, a[2 * pr + 1] = e.y;
+      } else {  // dim 2mt: byte mt % 4 of lo word mt / 4; dim 2mt + 1: the same byte of hi
+        const int bit = 32 * (mt / 4) + 8 * (mt % 4);
+        a[2 * pr] = lds32(table, entry_offset<8, ROW>(lo[pr], bit, lane_off));
+        a[2 * pr + 1] = lds32(table, entry_offset<8, ROW>(hi[pr], bit, lane_off));
+      }
+    }
+    f(mt, a);
+  }
+}
+
 // cp.async of one code row of PW words by half a warp-pair: lane half h takes chunks h, h + 2, ... of
 // `vec` bytes (16, 8 or 4: what the tensor's base and strides allow, decided on the host).
 template <int PW>
@@ -1087,6 +1137,7 @@ struct WarpP1Shape {
   static constexpr size_t kSmem = std::max(kTableBytes + kRingBytes + kQBytes, kMergeBytes);
   static_assert(kTableBytes % 128 == 0 && kStepBytes % 16 == 0, "alignment of the ring slots");
   static constexpr bool kQInRegs = D <= 256;  // B fragments of q for the whole block (D / 8 registers)
+  static constexpr bool kPairV = (VB == 2 || VB == 4) && D * VB >= 256;  // PV by for_each_pv_tile
   static_assert(kWarps >= 1 && kStages >= 2, "a ring needs two steps to overlap loads with math");
 };
 
@@ -1209,7 +1260,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   }
   __syncthreads();  // codebooks (and q) visible
   fill_half_table<KB, TP::kRow, W * 32>(table_k, cb_k);
-  fill_half_table<VB, TP::kRow, W * 32>(table_v, cb_v);
+  fill_half_table<VB, TP::kRow, W * 32, S::kPairV>(table_v, cb_v);
   __syncthreads();  // the last CTA barrier before the end: tables and q visible to every warp
 
   // q's B fragments: k-step kk takes pairs 2kk, 2kk+1 of lane quarter c4 of row g4
@@ -1280,12 +1331,17 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
         o[mt][2] *= alpha[0], o[mt][3] *= alpha[1];
       }
     }
-    // PV: m-tile mt's A operand is the transpose of four 8x8 blocks [tokens x dims] looked up in the
-    // natural layout: rows 0-7 of the tile <- quarter pair 2mt, rows 8-15 <- pair 2mt + 1
-    for_each_quad<D, VB, RSV, TP::kRow>(vc, table_v, lv, g4, c4, [&](int mt, uint2 ql, uint2 qh) {
-      const uint32_t a[4] = {movmatrix_trans(ql.x), movmatrix_trans(ql.y), movmatrix_trans(qh.x), movmatrix_trans(qh.y)};
-      mma_16816<__half>(o[mt], a, pb0, pb1);
-    });
+    if constexpr (S::kPairV) {  // PV: A fragments straight from token-pair lookups
+      for_each_pv_tile<D, VB, RSV, TP::kRow>(vc, table_v, lv, g4, c4,
+                                             [&](int mt, const uint32_t(&a)[4]) { mma_16816<__half>(o[mt], a, pb0, pb1); });
+    } else {
+      // PV: m-tile mt's A operand is the transpose of four 8x8 blocks [tokens x dims] looked up in the
+      // natural layout: rows 0-7 of the tile <- quarter pair 2mt, rows 8-15 <- pair 2mt + 1
+      for_each_quad<D, VB, RSV, TP::kRow>(vc, table_v, lv, g4, c4, [&](int mt, uint2 ql, uint2 qh) {
+        const uint32_t a[4] = {movmatrix_trans(ql.x), movmatrix_trans(ql.y), movmatrix_trans(qh.x), movmatrix_trans(qh.y)};
+        mma_16816<__half>(o[mt], a, pb0, pb1);
+      });
+    }
   }
   cp_async_wait<0>();  // only empty groups remain; drain before the shared memory is reused
   grid_dependents_launch();  // pass 2 (a programmatic dependent launch) may start its prologue
@@ -1308,12 +1364,13 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     for (int e = 0; e < 2; ++e) mw[warp * 8 + 2 * c4 + e] = m_run[e], lw[warp * 8 + 2 * c4 + e] = l_run[e];
   }
   // accumulator c of m-tile mt: row g4 + 8 (c / 2) of the tile, column 2 c4 + c % 2; tile row rho
-  // came from quarter (rho % 8) / 2, pair 2mt + rho / 8, element rho % 2
+  // is dim (rho % 8) D/8 + 2mt + rho / 8 with token-pair lookups, else it came from quarter
+  // (rho % 8) / 2, pair 2mt + rho / 8, element rho % 2
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const int d = (g4 >> 1) * (D / 4) + 4 * mt + 2 * (c >> 1) + (g4 & 1);
+      const int d = S::kPairV ? g4 * (D / 8) + 2 * mt + (c >> 1) : (g4 >> 1) * (D / 4) + 4 * mt + 2 * (c >> 1) + (g4 & 1);
       ow[(warp * 8 + 2 * c4 + (c & 1)) * OR + d] = o[mt][c];
     }
   __syncthreads();
