@@ -860,14 +860,15 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
 // registers, and the warps merge once at the end, so the main loop has no CTA barrier. One fp16
 // MMA per product instead of the exact kernel's hi/lo pair and its three barriers per stage:
 //   QK:  S^T [16 tok x 8 rows]  = K [16 x D] . Q^T       K dequantized straight into A fragments
-//   PV:  O^T [D x 8 rows]      += V^T [D x 16 tok] . P^T  V dequantized, transposed by movmatrix
+//   PV:  O^T [D x 8 rows]      += V^T [D x 16 tok] . P^T  V from token-pair lookups (2-, 4-bit;
+//                                                        for_each_pv_tile), else transposed by movmatrix
 // Codes are looked up in fp16 tables that return two consecutive codes per operand register, so a
 // lane needs consecutive codes. The dot product does not care which k index carries which dim, so
 // lane (g, c) of an MMA takes its k values from its own quarter of the row, dims [c D/4, (c+1) D/4),
 // in order: k-step kk uses the quarter's codes 4kk .. 4kk + 3 (one table "quad"; q's B fragments
 // follow the same map), so each lane reads one contiguous run of packed bits per row.
-// V uses the same quarters before the transpose, so O's rows come out permuted; the epilogue knows
-// the map. Precision: q_rot, the codebooks and p * norm_V in fp16 (11-bit significands), fp32
+// V uses the same quarters before the transpose (or, with token-pair lookups, a lane's D/8 dims), so
+// O's rows come out permuted; the epilogue knows the map. Precision: q_rot, the codebooks and p * norm_V in fp16 (11-bit significands), fp32
 // accumulation: relative errors ~1e-3, below the bf16 / fp16 output's own rounding; fp32 queries
 // take the exact kernel above.
 
