@@ -70,25 +70,25 @@ struct RowIndexer {
 };
 
 // ----------------------------------------------------------------------------- the rotation
-// In-place unnormalised FWHT of the warp's D-vector (lane l holds dims l + 32 i), strides 1, 2, ...,
-// D/2 like the reference: at a lane stride the lane whose index has that bit set holds the upper
-// element b of the pair and keeps a - b = partner - own; the other keeps own + partner.
-template <int D>
-__device__ __forceinline__ void fwht_warp(float (&v)[D / 32]) {
-  const int lane = threadIdx.x & 31;
+// The two kinds of butterfly stage of the unnormalised FWHT (a, b) -> (a + b, a - b). Across lanes
+// (stride h lanes) the lane whose index has bit h set holds the upper element b and keeps
+// a - b = partner - own; the other keeps own + partner. Inside a lane: registers i and i + h, for
+// every stride h < N.
+template <int N>
+__device__ __forceinline__ void butterfly_lanes(float (&v)[N], int h) {
+  const bool upper = (threadIdx.x & h) != 0;
 #pragma unroll
-  for (int h = 1; h < 32; h <<= 1) {
-    const bool upper = (lane & h) != 0;
-#pragma unroll
-    for (int i = 0; i < D / 32; ++i) {
-      const float other = __shfl_xor_sync(0xffffffffu, v[i], h);
-      v[i] = upper ? other - v[i] : v[i] + other;
-    }
+  for (int i = 0; i < N; ++i) {
+    const float other = __shfl_xor_sync(0xffffffffu, v[i], h);
+    v[i] = upper ? other - v[i] : v[i] + other;
   }
+}
+template <int N>
+__device__ __forceinline__ void butterfly_registers(float (&v)[N]) {
 #pragma unroll
-  for (int h = 1; h < D / 32; h <<= 1) {
+  for (int h = 1; h < N; h <<= 1) {
 #pragma unroll
-    for (int i = 0; i < D / 32; ++i) {
+    for (int i = 0; i < N; ++i) {
       if ((i & h) == 0) {
         const float a = v[i], b = v[i + h];
         v[i] = a + b;
@@ -96,6 +96,15 @@ __device__ __forceinline__ void fwht_warp(float (&v)[D / 32]) {
       }
     }
   }
+}
+
+// In-place unnormalised FWHT of the warp's D-vector (lane l holds dims l + 32 i), strides 1, 2, ...,
+// D/2 like the reference: strides 1..16 across lanes, then 32..D/2 inside each lane.
+template <int D>
+__device__ __forceinline__ void fwht_warp(float (&v)[D / 32]) {
+#pragma unroll
+  for (int h = 1; h < 32; h <<= 1) butterfly_lanes(v, h);
+  butterfly_registers(v);
 }
 
 // s_j = -1 where bit j mod 32 of mask word j div 32 is set: for lane l's dim l + 32 i, word i, bit l.
@@ -182,29 +191,13 @@ struct ChunkRows {
   static constexpr int kRowsPerCta = kRowsPerWarp * kAuraWarps;
 };
 
-// The unnormalised FWHT of a row held in lane chunks (stage order 1, 2, ..., D/2 as the reference).
-// Across lanes the lane with the stride's bit set holds the upper element b and keeps a - b; the
-// FMA with -1 is exactly that subtraction.
+// The unnormalised FWHT of a row held in lane chunks (stage order 1, 2, ..., D/2 as the reference):
+// strides 1..16 inside each lane, then 32..D/2 across the row's D/32 lanes.
 template <int D>
 __device__ __forceinline__ void fwht_chunk(float (&v)[32]) {
+  butterfly_registers(v);
 #pragma unroll
-  for (int h = 1; h < 32; h <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      if ((i & h) == 0) {
-        const float a = v[i], b = v[i + h];
-        v[i] = a + b;
-        v[i + h] = a - b;
-      }
-    }
-  }
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int h = 1; h < D / 32; h <<= 1) {
-    const float own = (lane & h) != 0 ? -1.f : 1.f;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) v[i] = fmaf(own, v[i], __shfl_xor_sync(0xffffffffu, v[i], h));
-  }
+  for (int h = 1; h < D / 32; h <<= 1) butterfly_lanes(v, h);
 }
 
 // Sum over the L lanes of a row (xor steps stay inside the row's aligned lane group).
@@ -231,16 +224,8 @@ __device__ __forceinline__ void load_chunk(const void* base, int64_t at, FloatKi
     for (int i = 0; i < 4; ++i) {
       const uint4 u = __ldg(src + i);
       const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (kind == FloatKind::kBF16) {  // a bf16 is the high half of its fp32
-          v[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
-          v[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-        } else {
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-          v[8 * i + 2 * j] = f.x, v[8 * i + 2 * j + 1] = f.y;
-        }
-      }
+      if (kind == FloatKind::kBF16) words_to_float<__nv_bfloat16, 8>(w, v + 8 * i);
+      else words_to_float<__half, 8>(w, v + 8 * i);
     }
   } else {
 #pragma unroll
@@ -558,6 +543,11 @@ __device__ __forceinline__ void stage_codes(uint32_t* dst, const uint32_t* src, 
 // head's L x G rows (flattened i * G + g), and the tokens [t0, t_end) that some row of it sees.
 struct P1Block {
   int n, b, kvh, r0, R, T, t0, t_end;
+  // Element offset of query row r (position i, head h) in q
+  __device__ __forceinline__ int64_t q_offset(const AuraP1Params& p, int r) const {
+    const int i = (r0 + r) / p.G, h = kvh * p.G + (r0 + r) % p.G;
+    return b * p.q_sb + i * p.q_sl + h * p.q_sh;
+  }
   // [B, L, Hq, NB] index of (row r, block n)
   __device__ __forceinline__ int64_t out_row(const AuraP1Params& p, int r) const {
     const int i = (r0 + r) / p.G, h = kvh * p.G + (r0 + r) % p.G;
@@ -606,7 +596,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
 
   P1Block blk;
   if (!plan_p1_rows(p, blk) || !plan_p1_tokens<D>(p, blk, kAuraThreads)) return;
-  const int b = blk.b, kvh = blk.kvh, r0 = blk.r0, R = blk.R, t0 = blk.t0, t_end = blk.t_end;
+  const int b = blk.b, kvh = blk.kvh, R = blk.R, t0 = blk.t0, t_end = blk.t_end;
   auto out_row = [&](int r) { return blk.out_row(p, r); };
 
   unsigned char* table_k = smem + C::kTableK;
@@ -658,8 +648,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
   for (int r = warp; r < kMaxRowsPerCta; r += kAuraWarps) {
     float v[D / 32];
     if (r < R) {
-      const int i = (r0 + r) / p.G, h = kvh * p.G + (r0 + r) % p.G;
-      const int64_t base = b * p.q_sb + i * p.q_sl + h * p.q_sh;
+      const int64_t base = blk.q_offset(p, r);
 #pragma unroll
       for (int j = 0; j < D / 32; ++j) v[j] = load_float(p.q, base + lane + 32 * j, p.q_kind);
       if (p.k_sign != nullptr) rotate_warp<D>(v, p.k_sign, p.q_factor, false);  // q_rot = scale Pi_K q
@@ -1162,8 +1151,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 #pragma unroll
     for (int j = 0; j < D / 32; ++j) q_row[k][j] = 0.f;
     if (r < blk.R) {
-      const int i = (blk.r0 + r) / p.G, h = blk.kvh * p.G + (blk.r0 + r) % p.G;
-      const int64_t base = blk.b * p.q_sb + i * p.q_sl + h * p.q_sh;
+      const int64_t base = blk.q_offset(p, r);
 #pragma unroll
       for (int j = 0; j < D / 32; ++j) q_row[k][j] = load_float(p.q, base + lane + 32 * j, p.q_kind);
     }
@@ -1188,9 +1176,9 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   auto step_t0 = [&](int i) { return blk.t0 + (warp + W * i) * 16; };
 
   // ---- copies: lane l stages row l % 16 of a step (its codes in two halves by l / 16, and the K norm
-  // for l < 16, the V norm otherwise). The issue path is a few instructions per step, not a hundred:
-  // the block-fixed parts of the offsets (head; contiguous: sequence) are folded into base pointers,
-  // the rest is one 32 x 32 -> 64-bit multiply-add per pointer on byte strides that fit in 32 bits
+  // for l < 16, the V norm otherwise). To keep the issue path short, the block-fixed parts of the
+  // offsets (head; contiguous: sequence) are folded into base pointers, the rest is one
+  // 32 x 32 -> 64-bit multiply-add per pointer on byte strides that fit in 32 bits
   // (checked on the host), and rows past the block are clamped to its last token (the copy reads
   // nothing for them: zero fill) so no select guards an address. For paged caches the row's page is
   // read one step ahead, off the issue path.
