@@ -72,16 +72,14 @@ struct RowIndexer {
 // ----------------------------------------------------------------------------- the rotation
 // The two kinds of butterfly stage of the unnormalised FWHT (a, b) -> (a + b, a - b). Across lanes
 // (stride h lanes) the lane whose index has bit h set holds the upper element b and keeps
-// a - b = partner - own; the other keeps own + partner. Inside a lane: registers i and i + h, for
-// every stride h < N.
+// a - b = partner - own; the other keeps own + partner: one FMA by -1 or +1, which rounds exactly as
+// that subtraction or addition (a select between the two cost encode ~10%). Inside a lane:
+// registers i and i + h, for every stride h < N.
 template <int N>
 __device__ __forceinline__ void butterfly_lanes(float (&v)[N], int h) {
-  const bool upper = (threadIdx.x & h) != 0;
+  const float own = (threadIdx.x & h) != 0 ? -1.f : 1.f;
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const float other = __shfl_xor_sync(0xffffffffu, v[i], h);
-    v[i] = upper ? other - v[i] : v[i] + other;
-  }
+  for (int i = 0; i < N; ++i) v[i] = fmaf(own, v[i], __shfl_xor_sync(0xffffffffu, v[i], h));
 }
 template <int N>
 __device__ __forceinline__ void butterfly_registers(float (&v)[N]) {
