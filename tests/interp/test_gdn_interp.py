@@ -39,6 +39,7 @@ CHUNK_CASES = [
     (2, 65, 1, 2, 12, 20, F32, {"h0": True, "state_v_first": True}),
     (1, 90, 2, 2, 24, 16, F16, {"l2norm": True, "h0": True}),
     (1, 70, 1, 2, 16, 16, F32, {"offsets": [0, 0, 5, 5, 70], "h0": True}),
+    (1, 70, 1, 2, 16, 16, F16, {"offsets": [0, 0, 5, 5, 70], "state_v_first": True}),
     (1, 40, 1, 1, 16, 16, F32, {"offsets": [0, 1, 3, 40], "pass_ci": False}),
     (1, 130, 1, 1, 16, 16, F32, {"mask_p": 0.5, "gate_norm": 0.1}),
 ]
@@ -68,15 +69,3 @@ def test_bad_input_raises_the_named_error(gdn_kernels):
     q = torch.zeros(1, 4, 1, 257)
     with pytest.raises(ValueError, match="k"):
         gdn_kernels.gdn_kkt_solve(q, torch.zeros(1, 4, 1), torch.zeros(1, 4, 1))
-
-
-@pytest.mark.parametrize("case", [(2, 65, 1, 2, 12, 20, F32, {"h0": True}),
-                                  (1, 70, 1, 2, 16, 16, F16, {"offsets": [0, 0, 5, 5, 70], "state_v_first": True})],
-                         ids=["fixed-h0", "varlen-vfirst"])
-def test_fused_output_state_pass_matches_reference(gdn_kernels, monkeypatch, case):
-    """The state pass that also emits o (off by default: see chunk.FUSED_O) is right as written."""
-    from torch_aura.triton_kernels.gdn import chunk
-
-    monkeypatch.setattr(chunk, "FUSED_O", True)
-    B, T, H, HV, K, V, dtype, extra = case
-    check_chunk(gdn_kernels, "cpu", B, T, H, HV, K, V, dtype, **extra)

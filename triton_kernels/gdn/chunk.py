@@ -10,24 +10,24 @@ Stage kernels (one op each; what the stage tests diff against the reference, sta
 
 ``gdn_chunk`` does not chain them all:
 
-1. ``_gdn_chunk_prep_kernel`` (chunk-parallel): cumsum, kkt + solve, and w/u for one (chunk, value
-   head) in one program, instead of four kernels. ``Ai`` goes through a small L2-resident scratch
-   between the solve and w/u (a CTA barrier orders them), so the 16x16 solve and the 64-row w/u
-   products share the stage kernels' code.
-2. ``_gdn_state_pass_kernel``, then ``_gdn_fwd_o_kernel`` (as the fwd_h and fwd_o ops); or, with
-   ``FUSED_O``, the state pass alone with ``WITH_O``: its program holds the fp32 state of its V tile,
-   so ``o = scale (e^G q S + mask(q k^T) v_new)`` costs three more products per chunk, and neither
-   the per-chunk states ``h`` (512 B per token and value head in bf16 at K = V = 128, the largest
-   intermediate) nor ``v_new`` are ever written.
+1. ``_gdn_chunk_prep_kernel`` (chunk-parallel): cumsum, kkt + solve, w/u, and two operands of the
+   output, ``A_qk`` (the chunk's gated, masked ``q k^T``) and ``q~ = e^G q - A_qk Ai rnd(beta e^G k)``,
+   for one (chunk, value head) in one program, instead of four kernels. ``Ai`` goes through a small
+   L2-resident scratch between the solve and w/u (a CTA barrier orders them), so the 16x16 solve and
+   the 64-row w/u products share the stage kernels' code.
+2. ``_gdn_state_pass_kernel`` with ``WITH_O``: its program holds the fp32 state of its V tile, and
+   ``o = scale (q~ rnd(S) + A_qk u)`` costs two more products per chunk that do not wait for this
+   chunk's ``v_new``. Neither the per-chunk states ``h`` (512 B per token and value head in bf16 at
+   K = V = 128, the largest intermediate) nor ``v_new`` are written, and fwd_o never runs.
 
-Rounding follows gdn.md §3.7 exactly: ``Ai``, the ``beta e^G k`` / ``beta v`` operands, ``w``,
-``u``, the state operand ``rnd(S)``, ``v_new``, the gated ``v_new`` and the masked ``q k^T`` are
-rounded to the input dtype where the reference rounds them; G and the states are fp32.
+The stage kernels round exactly where gdn.md §3.7 does: ``Ai``, the ``beta e^G k`` / ``beta v``
+operands, ``w``, ``u``, the state operand ``rnd(S)``, ``v_new``, the gated ``v_new`` and the
+masked ``q k^T``; G and the states are fp32. ``gdn_chunk`` keeps those of the state recurrence and
+rounds ``q~`` and ``A_qk Ai`` instead of ``v_new`` in the output (same error against the fp64
+recurrence on gdn.md §5's inputs; see ``_w_u_body``).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -145,21 +145,51 @@ def _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
 
 
 @triton.jit
-def _w_u_body(k, v, beta, Ai, g_cum, w, u, b, start, eos, i_h, i_hv, K, V,
+def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
-              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
-              BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr):
-    """``w = Ai @ rnd(beta e^G k)``, ``u = Ai @ rnd(beta v)`` for one chunk, 64-row tiles."""
+              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh,
+              BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
+    # (q~ has w's shape and strides, A_qk Ai's: the launcher allocates them alike)
+    """``w = Ai @ rnd(beta e^G k)``, ``u = Ai @ rnd(beta v)`` for one chunk, 64-row tiles.
+
+    ``WITH_Q`` (gdn_chunk only) also prepares the chunk's share of the output, so that the
+    sequential pass needs no ``q k^T`` and no product with ``v_new``:
+
+        A_qk = rnd(select(i >= j, (q k^T) e^(G_i - G_j), 0))      (stored, [64, 64] per chunk)
+        q~   = rnd(e^G q - rnd(A_qk @ Ai) @ rnd(beta e^G k))    (stored like w)
+
+    With ``v_new = u - w S`` and ``w = Ai rnd(beta e^G k)``, ``A_qk v_new = A_qk u - (A_qk Ai kb) S``,
+    so the pass computes ``o = scale (q~ @ rnd(S) + A_qk @ u)``. q~ and A_qk are rounded to the
+    input dtype where the reference rounds ``v_new``; on gdn.md §5's inputs the error against the
+    fp64 recurrence is the reference's own (bf16 3.2e-3 .. 3.6e-3 rel RMS in both).
+    """
     rows = start + tl.arange(0, BT)
     ok = rows < eos
-    A = load_tile(Ai, b, rows, ok, i_hv, tl.arange(0, BT), BT, s_ab, s_at, s_ah)
+    c64 = tl.arange(0, BT)
+    A = load_tile(Ai, b, rows, ok, i_hv, c64, BT, s_ab, s_at, s_ah)
     bt = load_rows(beta, b, rows, ok, i_hv, s_bb, s_bt, s_bh)
-    kscale = bt * tl.exp2(load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E)
+    G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
+    eg = tl.exp2(G2)
+    kscale = bt * eg
+    if WITH_Q:
+        b_A = tl.zeros([BT, BT], tl.float32)
+        for k0 in range(0, K, BK):
+            cols = k0 + tl.arange(0, BK)
+            qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh)
+            kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
+            b_A += tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC)
+        b_A = gate_causal(b_A, G2, G2, ok, ok, rows, rows, False).to(A.dtype)
+        store_tile(a_qk, b_A, b, rows, ok, i_hv, c64, BT, s_ab, s_at, s_ah)
+        P = tl.dot(b_A, A, input_precision=DOT_PREC).to(A.dtype)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
         kb = (kt.to(tl.float32) * kscale[:, None]).to(kt.dtype)
         store_tile(w, tl.dot(A, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K, s_wb, s_wt, s_wh)
+        if WITH_Q:
+            qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh).to(tl.float32) * eg[:, None]
+            store_tile(q_tilde, qt - tl.dot(P, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K,
+                       s_wb, s_wt, s_wh)
     for v0 in range(0, V, BV):
         cols = v0 + tl.arange(0, BV)
         vt = load_tile(v, b, rows, ok, i_hv, cols, V, s_vb, s_vt, s_vh)
@@ -201,21 +231,21 @@ def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, cu_seqlens, chunk_ind
     pid = tl.program_id(0)
     i_c, i_hv = pid // HV, pid % HV
     b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
-    _w_u_body(k, v, beta, Ai, g_cum, w, u, b, start, eos, i_hv // GROUP, i_hv, K, V,
+    _w_u_body(k, v, beta, Ai, g_cum, w, u, k, w, Ai, b, start, eos, i_hv // GROUP, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
-              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, BK, BV, DOT_PREC)
+              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_kb, s_kt, s_kh, BK, BV, DOT_PREC, False)
 
 
 @triton.jit
-def _gdn_chunk_prep_kernel(k, v, g, beta, g_cum, Ai, w, u, cu_seqlens, chunk_indices,
+def _gdn_chunk_prep_kernel(q, k, v, g, beta, g_cum, Ai, w, u, q_tilde, a_qk, cu_seqlens, chunk_indices,
                            T, NT, HV, GROUP, K, V,
-                           s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
+                           s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
                            s_bb, s_bt, s_bh, s_cb, s_ct, s_ch, s_ab, s_at, s_ah,
                            s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
                            IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            DOT_PREC: tl.constexpr):
     """Everything chunk-parallel of ``gdn_chunk`` for one (chunk, value head): cumsum, kkt + solve,
-    w and u.
+    w and u, and the output operands ``q~`` and ``A_qk`` of the sequential pass (``_w_u_body``).
 
     Adjacent programs are the value heads of one chunk, so GVA heads sharing a key head read its
     k tiles from L2. ``g_cum`` and ``Ai`` are written, then re-read in other tile shapes by the
@@ -230,17 +260,17 @@ def _gdn_chunk_prep_kernel(k, v, g, beta, g_cum, Ai, w, u, cu_seqlens, chunk_ind
     _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
                     s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, BK, DOT_PREC)
     tl.debug_barrier()
-    _w_u_body(k, v, beta, Ai, g_cum, w, u, b, start, eos, i_h, i_hv, K, V,
+    _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
-              s_cb, s_ct, s_ch, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, BK, BV, DOT_PREC)
+              s_cb, s_ct, s_ch, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, True)
 
 
 @triton.jit
-def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, cu_seqlens, chunk_offsets,
+def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, cu_seqlens, chunk_offsets,
                            scale, T, NT, NT_total, HV, GROUP, K, V,
                            s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,
                            s_gb, s_gt, s_gh, s_0n, s_0h, s_0k, s_0v, s_hc, s_hh, s_hk, s_hv, s_fn, s_fh, s_fk, s_fv,
-                           s_qb, s_qt, s_qh,
+                           s_ab, s_at, s_ah,
                            IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_H: tl.constexpr,
                            WITH_O: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            DOT_PREC: tl.constexpr):
@@ -249,12 +279,16 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, cu_seqlens, chu
     The fp32 state ``S [BK, BV]`` stays in registers for the whole sequence. Per chunk::
 
         S_op = rnd(S)                      (STORE_H: h[c] = S_op, the state entering the chunk)
-        b_v  = u - w @ S_op                (v_new, the per-token delta; stored ungated)
-        o    = scale (e^G q @ S_op + rnd(select(i >= j, (q k^T) e^(G_i - G_j), 0)) @ rnd(b_v))   (WITH_O)
+        b_v  = u - w @ S_op                (v_new, the per-token delta)
+        o    = scale (q~ @ S_op + A_qk @ u)                                    (WITH_O, gdn_chunk)
         S    = e^(G_L) S + k^T @ rnd(select(valid, e^(G_L - G) b_v, 0))
 
-    with L the chunk's last valid row. States use explicit (k, v) strides, so both layouts share
-    this code. ``out`` receives ``o`` (WITH_O, gdn_chunk) or ``v_new`` (the fwd_h op, with h).
+    with L the chunk's last valid row. ``q~`` and ``A_qk`` come from the prep kernel (``_w_u_body``):
+    they fold the chunk's ``q k^T`` and its product with ``v_new`` into operands that need no
+    product with this iteration's ``b_v``, so o costs two products beside the state update, and
+    neither the per-chunk states ``h`` nor ``v_new`` are written. ``q~`` has w's strides.
+    States use explicit (k, v) strides, so both layouts share this code. ``out`` receives ``o``
+    (WITH_O) or ``v_new`` (the fwd_h op, with h).
     """
     i_v, i_hv, n = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
@@ -280,15 +314,14 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, cu_seqlens, chu
             tl.store(h + (first + c) * s_hc + i_hv * s_hh + kk[:, None] * s_hk + vv[None, :] * s_hv,
                      S_op, mask=kv_ok & (first + c < NT_total))
         wt = load_tile(w, b, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh)
-        b_v = load_tile(u, b, rows, ok, i_hv, vv, V, s_ub, s_ut, s_uh).to(tl.float32)
-        b_v -= tl.dot(wt, S_op, input_precision=DOT_PREC)
+        ut = load_tile(u, b, rows, ok, i_hv, vv, V, s_ub, s_ut, s_uh)
+        b_v = ut.to(tl.float32) - tl.dot(wt, S_op, input_precision=DOT_PREC)
         G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
         kt = load_tile(k, b, rows, ok, i_h, kk, K, s_kb, s_kt, s_kh)
         if WITH_O:
-            qt = load_tile(q, b, rows, ok, i_h, kk, K, s_qb, s_qt, s_qh)
-            b_A = gate_causal(tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC), G2, G2, ok, ok, rows, rows, False)
-            b_o = tl.dot(qt, S_op, input_precision=DOT_PREC) * tl.exp2(G2)[:, None]
-            b_o += tl.dot(b_A.to(kt.dtype), b_v.to(kt.dtype), input_precision=DOT_PREC)
+            qt = load_tile(q_tilde, b, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh)
+            A = load_tile(a_qk, b, rows, ok, i_hv, tl.arange(0, BT), BT, s_ab, s_at, s_ah)
+            b_o = tl.dot(qt, S_op, input_precision=DOT_PREC) + tl.dot(A, ut, input_precision=DOT_PREC)
             store_tile(out, b_o * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
         else:
             store_tile(out, b_v, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
@@ -466,8 +499,9 @@ def _state_pass_bv(V: int, programs_per_tile: int, device: torch.device) -> int:
 
 
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                h=None, v_new=None, q=None, o=None, scale=1.0):
-    """Launch ``_gdn_state_pass_kernel``: fwd_h (``h`` and ``v_new`` given) or fused outputs (``o``)."""
+                h=None, v_new=None, q_tilde=None, a_qk=None, o=None, scale=1.0):
+    """Launch ``_gdn_state_pass_kernel``: fwd_h (``h`` and ``v_new`` given) or gdn_chunk's outputs
+    (``o``, from the prep kernel's ``q_tilde`` (allocated like w) and ``a_qk``)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -488,12 +522,12 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
         _gdn_state_pass_kernel[(triton.cdiv(V, BV) * N * HV,)](
             k, w, u, g_cum, _dummy(k) if initial_state is None else initial_state,
             _dummy(k) if h is None else h, out_rows, final,
-            _dummy(k) if q is None else q,
+            _dummy(k) if q_tilde is None else q_tilde, _dummy(k) if a_qk is None else a_qk,
             _dummy(k) if cu_seqlens is None else cu_seqlens, first,
             scale, T, NT, NT_total, HV, HV // H, K, V,
             *_s3(k), *_s3(w), *_s3(u), *_s3(out_rows), *_s3(g_cum),
             *_state_strides(initial_state, state_v_first), *hs, *_state_strides(final, state_v_first),
-            *(_s3(q) if with_o else (0, 0, 0)),
+            *(_s3(a_qk) if with_o else (0, 0, 0)),
             IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_H=h is not None,
             WITH_O=with_o, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
 
@@ -553,14 +587,6 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-# The state pass can also emit o itself (WITH_O: h and v_new never written, the memory-traffic
-# floor of gdn.md §6). It is exact under the Triton interpreter, but compiled by Triton 3.6 for an
-# H200 it gives wrong o and illegal addresses (compute-sanitizer memcheck: 66 errors), whether
-# q k^T comes from the prep kernel or is formed in the pass; its final states also changed with
-# num_stages. Opt-in (TORCH_AURA_GDN_FUSED_O=1) until that is bisected; gdn_chunk runs the
-# verified fwd_h + fwd_o kernels instead.
-FUSED_O = os.environ.get("TORCH_AURA_GDN_FUSED_O", "0") == "1"
-
 # 2 warps: the 16x16 solve is latency-bound (layout conversions through shared memory between small
 # dots), so fewer threads per CTA and more CTAs per SM can win
 _PREP = Tuner("gdn_chunk_prep", [Config(num_warps=4, num_stages=2), Config(num_warps=8, num_stages=2),
@@ -570,6 +596,9 @@ _PREP = Tuner("gdn_chunk_prep", [Config(num_warps=4, num_stages=2), Config(num_w
 
 def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
               use_qk_l2norm=False, state_v_first=False):
+    """Two kernels (plus the optional L2 norm): the chunk-parallel prep (cumsum, kkt + solve, w, u,
+    and the output operands q~ and A_qk), then the sequential pass that emits o and the final
+    state. The per-chunk states h and v_new of the stage ops are never materialised."""
     _checks.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
                       state_v_first)
     B, T, H, K = q.shape
@@ -581,28 +610,23 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     dev = q.device
     g_cum = torch.empty((B, T, HV), dtype=torch.float32, device=dev)
     Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=dev)  # scratch between solve and w/u
+    a_qk = torch.empty_like(Ai)
     w = torch.empty((B, T, HV, K), dtype=k.dtype, device=dev)
+    q_tilde = torch.empty_like(w)
     u = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     if NT_total:
         key = (K, V, k.dtype, cu_seqlens is not None)
 
         def launch(cfg: Config):
             _gdn_chunk_prep_kernel[(NT_total * HV,)](
-                k, v, g, beta, g_cum, Ai, w, u, _dummy(k) if cu_seqlens is None else cu_seqlens,
+                q, k, v, g, beta, g_cum, Ai, w, u, q_tilde, a_qk, _dummy(k) if cu_seqlens is None else cu_seqlens,
                 _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
-                *_s3(k), *_s3(v), *_s3(g), *_s3(beta), *_s3(g_cum), *_s3(Ai), *_s3(w), *_s3(u),
+                *_s3(q), *_s3(k), *_s3(v), *_s3(g), *_s3(beta), *_s3(g_cum), *_s3(Ai), *_s3(w), *_s3(u),
                 IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
                 DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
 
         _PREP(key, launch)
-    if FUSED_O:
-        o = torch.empty((B, T, HV, V), dtype=q.dtype, device=dev)
-        final = _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                            q=q, o=o, scale=scale)
-        return o, final
-    sd = (V, K) if state_v_first else (K, V)
-    h = torch.empty((B, NT if cu_seqlens is None else NT_total, HV, *sd), dtype=k.dtype, device=dev)
-    v_new = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
+    o = torch.empty((B, T, HV, V), dtype=q.dtype, device=dev)
     final = _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                        h=h, v_new=v_new)
-    return _fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, ci, NT, NT_total, state_v_first), final
+                        q_tilde=q_tilde, a_qk=a_qk, o=o, scale=scale)
+    return o, final
