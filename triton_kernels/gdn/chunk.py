@@ -273,7 +273,7 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, cu_
                            s_ab, s_at, s_ah,
                            IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_H: tl.constexpr,
                            WITH_O: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                           DOT_PREC: tl.constexpr):
+                           DOT_PREC: tl.constexpr, STACKED: tl.constexpr):
     """The sequential pass over one sequence's chunks for one (V tile, value head).
 
     The fp32 state ``S [BK, BV]`` stays in registers for the whole sequence. Per chunk::
@@ -313,22 +313,47 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, cu_
         if STORE_H:
             tl.store(h + (first + c) * s_hc + i_hv * s_hh + kk[:, None] * s_hk + vv[None, :] * s_hv,
                      S_op, mask=kv_ok & (first + c < NT_total))
-        wt = load_tile(w, b, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh)
         ut = load_tile(u, b, rows, ok, i_hv, vv, V, s_ub, s_ut, s_uh)
-        b_v = ut.to(tl.float32) - tl.dot(wt, S_op, input_precision=DOT_PREC)
-        G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
-        kt = load_tile(k, b, rows, ok, i_h, kk, K, s_kb, s_kt, s_kh)
-        if WITH_O:
-            qt = load_tile(q_tilde, b, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh)
-            A = load_tile(a_qk, b, rows, ok, i_hv, tl.arange(0, BT), BT, s_ab, s_at, s_ah)
-            b_o = tl.dot(qt, S_op, input_precision=DOT_PREC) + tl.dot(A, ut, input_precision=DOT_PREC)
-            store_tile(out, b_o * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
-        else:
-            store_tile(out, b_v, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
         last = tl.minimum(start + BT, eos) - 1
         G2_L = tl.load(g_cum + b * s_gb + last * s_gt + i_hv * s_gh) * LOG2E
-        gated = tl.where(ok[:, None], tl.exp2(G2_L - G2)[:, None] * b_v, 0.0)
-        S = S * tl.exp2(G2_L) + tl.dot(tl.trans(kt), gated.to(kt.dtype), input_precision=DOT_PREC)
+        if WITH_O and STACKED:
+            # 128 stacked rows: 0..63 the chunk's w rows, 64..127 its q~ rows, so one product with
+            # rnd(S) serves both, and E = [I; -A_qk] brings u and A_qk u in the same rows:
+            #   Z = E @ u - [w; q~] @ rnd(S) = [v_new; -o / scale]
+            # The state update reads the top half through zero k rows below it. (Two products
+            # sharing rnd(S) as an operand made Triton 3.6 read past its shared memory on sm_90.)
+            r2 = tl.arange(0, 2 * BT)
+            top = r2 < BT
+            tok = start + r2 % BT
+            tok_ok = tok < eos
+            x = tl.load(tl.where(top, w, q_tilde)[:, None] + b * s_wb + tok[:, None] * s_wt + i_hv * s_wh
+                        + kk[None, :], mask=tok_ok[:, None] & (kk < K)[None, :], other=0.0)
+            A = tl.load(a_qk + b * s_ab + tok[:, None] * s_at + i_hv * s_ah + tl.arange(0, BT)[None, :],
+                        mask=(tok_ok & ~top)[:, None], other=0.0)
+            E = tl.where(top[:, None], tl.where((r2 % BT)[:, None] == tl.arange(0, BT)[None, :], 1.0, 0.0),
+                         -A.to(tl.float32)).to(ut.dtype)
+            Z = tl.dot(E, ut, input_precision=DOT_PREC) - tl.dot(x, S_op, input_precision=DOT_PREC)
+            tl.store(out + b * s_ob + tok[:, None] * s_ot + i_hv * s_oh + vv[None, :],
+                     (Z * -scale).to(out.dtype.element_ty), mask=(tok_ok & ~top)[:, None] & (vv < V)[None, :])
+            G2 = tl.load(g_cum + b * s_gb + tok * s_gt + i_hv * s_gh, mask=tok_ok, other=0.0) * LOG2E
+            gated = tl.where((top & tok_ok)[:, None], tl.exp2(G2_L - G2)[:, None] * Z, 0.0)
+            kx = tl.load(k + b * s_kb + tok[:, None] * s_kt + i_h * s_kh + kk[None, :],
+                         mask=(top & tok_ok)[:, None] & (kk < K)[None, :], other=0.0)
+            S = S * tl.exp2(G2_L) + tl.dot(tl.trans(kx), gated.to(kx.dtype), input_precision=DOT_PREC)
+        else:
+            wt = load_tile(w, b, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh)
+            b_v = ut.to(tl.float32) - tl.dot(wt, S_op, input_precision=DOT_PREC)
+            G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
+            kt = load_tile(k, b, rows, ok, i_h, kk, K, s_kb, s_kt, s_kh)
+            if WITH_O:
+                qt = load_tile(q_tilde, b, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh)
+                A = load_tile(a_qk, b, rows, ok, i_hv, tl.arange(0, BT), BT, s_ab, s_at, s_ah)
+                b_o = tl.dot(qt, S_op, input_precision=DOT_PREC) + tl.dot(A, ut, input_precision=DOT_PREC)
+                store_tile(out, b_o * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
+            else:
+                store_tile(out, b_v, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
+            gated = tl.where(ok[:, None], tl.exp2(G2_L - G2)[:, None] * b_v, 0.0)
+            S = S * tl.exp2(G2_L) + tl.dot(tl.trans(kt), gated.to(kt.dtype), input_precision=DOT_PREC)
     tl.store(final + n * s_fn + i_hv * s_fh + kk[:, None] * s_fk + vv[None, :] * s_fv, S, mask=kv_ok)
 
 
@@ -480,6 +505,9 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     return w, u
 
 
+import os  # noqa: E402  (temporary A/B switch)
+
+_STACKED = os.environ.get("GDN_STACKED", "1") == "1"
 _STATE_PASS = Tuner("gdn_state_pass", [
     Config(num_warps=4, num_stages=2), Config(num_warps=8, num_stages=2),
     Config(num_warps=4, num_stages=3), Config(num_warps=8, num_stages=1),
@@ -529,7 +557,7 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
             *_state_strides(initial_state, state_v_first), *hs, *_state_strides(final, state_v_first),
             *(_s3(a_qk) if with_o else (0, 0, 0)),
             IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_H=h is not None,
-            WITH_O=with_o, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
+            WITH_O=with_o, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), STACKED=_STACKED, **cfg.launch_kwargs())
 
     _STATE_PASS(key, launch)
     return final
@@ -594,6 +622,35 @@ _PREP = Tuner("gdn_chunk_prep", [Config(num_warps=4, num_stages=2), Config(num_w
                                  Config(num_warps=2, num_stages=1)])
 
 
+def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, torch.Tensor]:
+    """Launch ``_gdn_chunk_prep_kernel``: ``g_cum``, ``Ai`` (scratch), ``w``, ``u``, ``q_tilde``
+    (allocated like w) and ``a_qk`` (like Ai), by name."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    dev = k.device
+    out = {"g_cum": torch.empty((B, T, HV), dtype=torch.float32, device=dev),
+           "Ai": torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=dev),
+           "w": torch.empty((B, T, HV, K), dtype=k.dtype, device=dev),
+           "u": torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)}
+    out["q_tilde"], out["a_qk"] = torch.empty_like(out["w"]), torch.empty_like(out["Ai"])
+    if NT_total == 0:
+        return out
+    key = (K, V, k.dtype, cu_seqlens is not None)
+
+    def launch(cfg: Config):
+        _gdn_chunk_prep_kernel[(NT_total * HV,)](
+            q, k, v, g, beta, out["g_cum"], out["Ai"], out["w"], out["u"], out["q_tilde"], out["a_qk"],
+            _dummy(k) if cu_seqlens is None else cu_seqlens, _dummy(k) if ci is None else ci,
+            T, NT, HV, HV // H, K, V,
+            *_s3(q), *_s3(k), *_s3(v), *_s3(g), *_s3(beta), *_s3(out["g_cum"]), *_s3(out["Ai"]),
+            *_s3(out["w"]), *_s3(out["u"]),
+            IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
+            DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
+
+    _PREP(key, launch)
+    return out
+
+
 def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
               use_qk_l2norm=False, state_v_first=False):
     """Two kernels (plus the optional L2 norm): the chunk-parallel prep (cumsum, kkt + solve, w, u,
@@ -607,26 +664,8 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     if use_qk_l2norm:
         q, k = _l2norm(q), _l2norm(k)
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
-    dev = q.device
-    g_cum = torch.empty((B, T, HV), dtype=torch.float32, device=dev)
-    Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=dev)  # scratch between solve and w/u
-    a_qk = torch.empty_like(Ai)
-    w = torch.empty((B, T, HV, K), dtype=k.dtype, device=dev)
-    q_tilde = torch.empty_like(w)
-    u = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
-    if NT_total:
-        key = (K, V, k.dtype, cu_seqlens is not None)
-
-        def launch(cfg: Config):
-            _gdn_chunk_prep_kernel[(NT_total * HV,)](
-                q, k, v, g, beta, g_cum, Ai, w, u, q_tilde, a_qk, _dummy(k) if cu_seqlens is None else cu_seqlens,
-                _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
-                *_s3(q), *_s3(k), *_s3(v), *_s3(g), *_s3(beta), *_s3(g_cum), *_s3(Ai), *_s3(w), *_s3(u),
-                IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-                DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
-
-        _PREP(key, launch)
-    o = torch.empty((B, T, HV, V), dtype=q.dtype, device=dev)
-    final = _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                        q_tilde=q_tilde, a_qk=a_qk, o=o, scale=scale)
+    p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total)
+    o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
+    final = _state_pass(k, p["w"], p["u"], p["g_cum"], initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
+                        q_tilde=p["q_tilde"], a_qk=p["a_qk"], o=o, scale=scale)
     return o, final
