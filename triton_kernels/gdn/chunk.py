@@ -243,7 +243,7 @@ def _gdn_chunk_prep_kernel(q, k, v, g, beta, g_cum, Ai, w, u, q_tilde, a_qk, cu_
                            s_bb, s_bt, s_bh, s_cb, s_ct, s_ch, s_ab, s_at, s_ah,
                            s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
                            IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                           DOT_PREC: tl.constexpr):
+                           DOT_PREC: tl.constexpr, SOLVE: tl.constexpr = True, WU: tl.constexpr = True):
     """Everything chunk-parallel of ``gdn_chunk`` for one (chunk, value head): cumsum, kkt + solve,
     w and u, and the output operands ``q~`` and ``A_qk`` of the sequential pass (``_w_u_body``).
 
@@ -255,14 +255,17 @@ def _gdn_chunk_prep_kernel(q, k, v, g, beta, g_cum, Ai, w, u, q_tilde, a_qk, cu_
     i_c, i_hv = pid // HV, pid % HV
     i_h = i_hv // GROUP
     b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
-    _cumsum_head(g, g_cum, b, start, eos, i_hv, s_gb, s_gt, s_gh, s_cb, s_ct, s_ch)
-    tl.debug_barrier()
-    _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
-                    s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, BK, DOT_PREC)
-    tl.debug_barrier()
-    _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h, i_hv, K, V,
-              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
-              s_cb, s_ct, s_ch, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, True)
+    if SOLVE:
+        _cumsum_head(g, g_cum, b, start, eos, i_hv, s_gb, s_gt, s_gh, s_cb, s_ct, s_ch)
+        tl.debug_barrier()
+        _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
+                        s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, BK, DOT_PREC)
+    if SOLVE and WU:
+        tl.debug_barrier()
+    if WU:
+        _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h, i_hv, K, V,
+                  s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
+                  s_cb, s_ct, s_ch, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, True)
 
 
 @triton.jit
@@ -508,6 +511,7 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
 import os  # noqa: E402  (temporary A/B switch)
 
 _STACKED = os.environ.get("GDN_STACKED", "1") == "1"
+_SPLIT_PREP = os.environ.get("GDN_SPLIT_PREP", "0") == "1"
 _STATE_PASS = Tuner("gdn_state_pass", [
     Config(num_warps=4, num_stages=2), Config(num_warps=8, num_stages=2),
     Config(num_warps=4, num_stages=3), Config(num_warps=8, num_stages=1),
@@ -637,7 +641,7 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, tor
         return out
     key = (K, V, k.dtype, cu_seqlens is not None)
 
-    def launch(cfg: Config):
+    def launch(cfg: Config, solve=True, wu=True):
         _gdn_chunk_prep_kernel[(NT_total * HV,)](
             q, k, v, g, beta, out["g_cum"], out["Ai"], out["w"], out["u"], out["q_tilde"], out["a_qk"],
             _dummy(k) if cu_seqlens is None else cu_seqlens, _dummy(k) if ci is None else ci,
@@ -645,9 +649,13 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, tor
             *_s3(q), *_s3(k), *_s3(v), *_s3(g), *_s3(beta), *_s3(out["g_cum"]), *_s3(out["Ai"]),
             *_s3(out["w"]), *_s3(out["u"]),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-            DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
+            DOT_PREC=_dot_prec(k.dtype), SOLVE=solve, WU=wu, **cfg.launch_kwargs())
 
-    _PREP(key, launch)
+    if _SPLIT_PREP:
+        _PREP((*key, "solve"), lambda cfg: launch(cfg, wu=False))
+        _PREP((*key, "wu"), lambda cfg: launch(cfg, solve=False))
+    else:
+        _PREP(key, launch)
     return out
 
 
