@@ -7,8 +7,8 @@ keeps the decision in our hands:
 * the key is chosen by the launcher from static facts (head dims, dtype, layout, varlen, a
   parallelism bucket), never from T, so one warm-up call tunes every later shape of a model;
 * under the interpreter, with ``TORCH_AURA_TUNE=0``, or while a CUDA graph is being captured, the
-  first config runs untuned (a capture never benchmarks; the untuned pick is not cached, so the
-  next eager call still tunes);
+  first config that fits the device runs untuned (a capture never benchmarks; the untuned pick is
+  not cached, so the next eager call still tunes);
 * a config that fails to compile or launch (e.g. too much shared memory) is skipped.
 
 Launches must be repeatable: outputs are fresh buffers and inputs are read-only (the in-place
@@ -52,20 +52,34 @@ class Tuner:
     def __call__(self, key: tuple, launch) -> None:
         """Run ``launch(config)`` with the cached or freshly tuned config for ``key``."""
         cfg = self.cache.get(key)
-        if cfg is None:
-            cfg = self._choose(key, launch)
-        launch(cfg)
-
-    def _choose(self, key, launch) -> Config:
-        if len(self.configs) == 1 or interpreting() or os.environ.get("TORCH_AURA_TUNE", "1") == "0":
-            return self.configs[0]
-        if torch.cuda.is_current_stream_capturing():
+        if cfg is not None:
+            launch(cfg)
+        elif len(self.configs) == 1 or interpreting() or os.environ.get("TORCH_AURA_TUNE", "1") == "0":
+            self._first_that_fits(launch)
+        elif torch.cuda.is_current_stream_capturing():
             if not self._warned_capture:
                 self._warned_capture = True
                 warnings.warn(f"torch_aura: {self.name} met key {key} first inside CUDA-graph capture; "
                               "running its default config untuned (call it once eagerly to tune)",
-                              stacklevel=3)
-            return self.configs[0]
+                              stacklevel=2)
+            self._first_that_fits(launch)
+        else:
+            launch(self._tune(key, launch))
+
+    def _first_that_fits(self, launch) -> None:
+        """Untuned: the first config in order whose kernel fits the device (shared memory, registers).
+        Triton raises OutOfResources when loading the kernel, before anything is launched (or
+        captured), so trying the next one is safe."""
+        from triton.runtime.errors import OutOfResources
+
+        for cfg in self.configs[:-1]:
+            try:
+                return launch(cfg)
+            except OutOfResources:
+                continue
+        return launch(self.configs[-1])
+
+    def _tune(self, key, launch) -> Config:
         from triton.testing import do_bench
 
         best, best_ms = self.configs[0], float("inf")

@@ -260,24 +260,32 @@ def test_compile_fullgraph_module_with_chunk_and_recurrent(mode):
 
 def _tuner_configs():
     if not torch.cuda.is_available():  # skipped anyway; never import triton at collection on CPU
-        return [("_PREP", 0)]
+        return [("_SOLVE", 0)]
     from torch_aura.triton_kernels.gdn import chunk
 
-    return [(name, i) for name in ("_PREP", "_STATE_PASS") for i in range(len(getattr(chunk, name).configs))]
+    return [(name, i) for name in ("_SOLVE", "_W_U", "_STATE_PASS") for i in range(len(getattr(chunk, name).configs))]
 
 
 # one test per config, so xdist spreads their compiles over workers
 @pytest.mark.parametrize("tuner,index", _tuner_configs(), ids=[f"{n.strip('_').lower()}-{i}" for n, i in _tuner_configs()])
 def test_every_tuner_config_is_correct(monkeypatch, tuner, index):
-    """Tests run untuned (config 0); warm-up tuning may pick any config, so each must be right."""
+    """Tests run untuned (the first config that fits); warm-up tuning may pick any config that fits,
+    so each must be right wherever it fits, and must fit somewhere (else it is dead weight)."""
+    from triton.runtime.errors import OutOfResources
+
     from torch_aura.triton_kernels.gdn import chunk
 
     t = getattr(chunk, tuner)
     cfg = t.configs[index]
     monkeypatch.setattr(t, "configs", [cfg])
     monkeypatch.setattr(t, "cache", {})
+    ran = 0
     for K, V, dt, extra in [(128, 128, BF16, {"h0": True}), (60, 100, F16, {"offsets": [0, 7, 7, 300]})]:
         try:
             check_chunk(torch_aura, DEV, 2 if "offsets" not in extra else 1, 300, 2, 4, K, V, dt, **extra)
+            ran += 1
+        except OutOfResources:
+            continue
         except AssertionError as e:
             raise AssertionError(f"{tuner} config {cfg}: {e}") from e
+    assert ran, f"{tuner} config {cfg} fits none of the test shapes"
