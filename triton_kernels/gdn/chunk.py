@@ -584,12 +584,15 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-# 2 warps: the 16x16 solve is latency-bound (layout conversions through shared memory between small
-# dots), so fewer threads per CTA and more CTAs per SM can win
-_PREP_CONFIGS = [Config(num_warps=2, num_stages=2), Config(num_warps=4, num_stages=2), Config(num_warps=8, num_stages=2),
-                 Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=1)]
-_SOLVE = Tuner("gdn_chunk_solve", _PREP_CONFIGS)
-_W_U = Tuner("gdn_chunk_w_u", _PREP_CONFIGS)
+# The solve is latency-bound on its chain of small 16x16 products and their layout changes through
+# shared memory, and needs ~250 registers per thread: few threads per CTA (FLA runs it on one warp)
+# and more CTAs per SM win. w/u is bound by its loads and stores (1.5 KB per token and value head).
+_SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=2, num_stages=2), Config(num_warps=1, num_stages=2),
+                                   Config(num_warps=1, num_stages=1), Config(num_warps=2, num_stages=1),
+                                   Config(num_warps=4, num_stages=2)])
+_W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=2), Config(num_warps=8, num_stages=2),
+                               Config(num_warps=4, num_stages=3), Config(num_warps=2, num_stages=2),
+                               Config(num_warps=4, num_stages=1)])
 
 
 def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, torch.Tensor]:
