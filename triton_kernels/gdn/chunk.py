@@ -147,7 +147,6 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh,
               BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
-    # (q~ has w's shape and strides, A_qk Ai's: the launcher allocates them alike)
     """``w = Ai @ rnd(beta e^G k)``, ``u = Ai @ rnd(beta v)`` for one chunk, 64-row tiles.
 
     ``WITH_Q`` (gdn_chunk only) also prepares the chunk's share of the output, so that the
@@ -159,7 +158,10 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h,
     With ``v_new = u - w S`` and ``w = Ai rnd(beta e^G k)``, ``A_qk v_new = A_qk u - (A_qk Ai kb) S``,
     so the pass computes ``o = scale (q~ @ rnd(S) + A_qk @ u)``. q~ and A_qk are rounded to the
     input dtype where the reference rounds ``v_new``; on gdn.md §5's inputs the error against the
-    fp64 recurrence is the reference's own (bf16 3.2e-3 .. 3.6e-3 rel RMS in both).
+    fp64 recurrence is the reference's own (bf16 3.2e-3 .. 3.6e-3 rel RMS in both). q~ is stored
+    with w's strides and A_qk with Ai's (the launcher allocates them alike). P = rnd(A_qk Ai) is formed
+    once so that q~ needs no product with w, only with the kb tile w's own product uses; q and k
+    are read twice (once for A_qk over all of K, once per K tile), the second time from L2.
     """
     rows = start + tl.arange(0, BT)
     ok = rows < eos
@@ -261,10 +263,11 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, cu_
         o    = scale (q~ @ S_op + A_qk @ u)                                    (WITH_O, gdn_chunk)
         S    = e^(G_L) S + k^T @ rnd(select(valid, e^(G_L - G) b_v, 0))
 
-    with L the chunk's last valid row. ``q~`` and ``A_qk`` come from the prep kernel (``_w_u_body``):
+    with L the chunk's last valid row. ``q~`` and ``A_qk`` come from the w/u kernel (``_w_u_body``):
     they fold the chunk's ``q k^T`` and its product with ``v_new`` into operands that need no
-    product with this iteration's ``b_v``, so o costs two products beside the state update, and
-    neither the per-chunk states ``h`` nor ``v_new`` are written. ``q~`` has w's strides.
+    product with this iteration's ``b_v`` (the WITH_O branch below computes o and v_new in one
+    stacked product), and neither the per-chunk states ``h`` nor ``v_new`` are written. ``q~`` has
+    w's strides.
     States use explicit (k, v) strides, so both layouts share this code. ``out`` receives ``o``
     (WITH_O) or ``v_new`` (the fwd_h op, with h).
     """
@@ -453,7 +456,7 @@ def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
     Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=k.device)
     if NT_total:
         _gdn_kkt_solve_kernel[(NT_total * HV,)](
-            k, g_cum, g_cum, beta, Ai, _dummy(k) if cu_seqlens is None else cu_seqlens,
+            k, _dummy(g_cum), g_cum, beta, Ai, _dummy(k) if cu_seqlens is None else cu_seqlens,
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K,
             *_s3(k), *_s3(g_cum), *_s3(g_cum), *_s3(beta), *_s3(Ai),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype), CUMSUM=False,
@@ -470,7 +473,8 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     u = torch.empty((B, T, HV, V), dtype=v.dtype, device=k.device)
     if NT_total:
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            k, v, beta, Ai, g_cum, w, u, k, w, Ai, _dummy(k) if cu_seqlens is None else cu_seqlens,
+            k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(w), _dummy(Ai),
+            _dummy(k) if cu_seqlens is None else cu_seqlens,
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u), *_s3(k),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
@@ -498,7 +502,7 @@ def _state_pass_bv(V: int, programs_per_tile: int, device: torch.device) -> int:
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
                 h=None, v_new=None, q_tilde=None, a_qk=None, o=None, scale=1.0):
     """Launch ``_gdn_state_pass_kernel``: fwd_h (``h`` and ``v_new`` given) or gdn_chunk's outputs
-    (``o``, from the prep kernel's ``q_tilde`` (allocated like w) and ``a_qk``)."""
+    (``o``, from ``_chunk_prep``'s ``q_tilde`` (allocated like w) and ``a_qk``)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -546,9 +550,14 @@ def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices
     return h, v_new, final
 
 
-def _fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, ci, NT, NT_total, state_v_first):
+def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=None, state_v_first=False):
+    _checks.gdn_fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_indices, state_v_first)
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
+    ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
+    if cu_seqlens is not None and h.shape[1] != NT_total:
+        raise ValueError(f"h: expected {NT_total} chunk states (h.shape[1], the chunks of cu_seqlens), "
+                         f"got {h.shape[1]}")
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
     if NT_total == 0:
         return o
@@ -557,21 +566,10 @@ def _fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, ci, NT, NT_total, state_v_f
           *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4))))
     _gdn_fwd_o_kernel[(triton.cdiv(V, BV) * NT_total * HV,)](
         q, k, v_new, h, g_cum, o, _dummy(q) if cu_seqlens is None else cu_seqlens,
-        _dummy(q) if ci is None else ci, scale, T, NT, HV, HV // H, K, V,
+        _dummy(q) if ci is None else ci, float(K ** -0.5 if scale is None else scale), T, NT, HV, HV // H, K, V,
         *_s3(q), *_s3(k), *_s3(v_new), *_s3(g_cum), *hs, *_s3(o),
         IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=BV, DOT_PREC=_dot_prec(q.dtype), num_warps=4)
     return o
-
-
-def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=None, state_v_first=False):
-    _checks.gdn_fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_indices, state_v_first)
-    B, T, H, K = q.shape
-    ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
-    if cu_seqlens is not None and h.shape[1] != NT_total:
-        raise ValueError(f"h: expected {NT_total} chunk states (h.shape[1], the chunks of cu_seqlens), "
-                         f"got {h.shape[1]}")
-    return _fwd_o(q, k, v_new, h, g_cum, float(K ** -0.5 if scale is None else scale), cu_seqlens, ci, NT,
-                  NT_total, state_v_first)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
