@@ -234,6 +234,8 @@ void launch_flash_p1(const Tensor& q, const Tensor& kc, const Tensor& kn, const 
   const int64_t rows = s.L * p.G;
   p.row_groups = int((rows + kMaxRowsPerCta - 1) / kMaxRowsPerCta);
   p.rows_per_cta = int((rows + p.row_groups - 1) / p.row_groups);
+  p.kc_rb = int(p.kc_s1 * 4), p.vc_rb = int(p.vc_s1 * 4), p.kn_rb = int(p.kn_s1 * 4), p.vn_rb = int(p.vn_s1 * 4);
+  if (s.paged) p.kc_pb = int(p.kc_s0 * 4), p.vc_pb = int(p.vc_s0 * 4), p.kn_pb = int(p.kn_s0 * 4), p.vn_pb = int(p.vn_s0 * 4);
   p.kc_vec = row_vector_bytes(kc);
   p.vc_vec = row_vector_bytes(vc);
   AURA_CHECK(int64_t(s.Hkv) * p.row_groups <= 65535, "q: too many query rows per KV head (", rows, ") for the grid");

@@ -33,6 +33,12 @@ constexpr int kMaxLeadDims = 6;   // leading dims of [..., D] tensors the row in
 constexpr float kLog2eF = 1.4426950408889634f;
 constexpr float kLn2F = 0.6931471805599453f;
 
+// Phase probes of the decode kernels (tools/aura_timeline.cu defines AURA_PHASE to record a time
+// stamp per CTA and phase); compiled out everywhere else.
+#ifndef AURA_PHASE
+#define AURA_PHASE(i)
+#endif
+
 enum class FloatKind : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 __device__ __forceinline__ float load_float(const void* base, int64_t i, FloatKind k) {
@@ -463,6 +469,8 @@ struct AuraP1Params {
   int B, L, Hq, Hkv, G, NB, block_size, capacity, page_size, page_shift, num_blocks;
   int rows_per_cta, row_groups;  // the L x G query rows of a KV head, in CTA groups of <= 8
   int kc_vec, vc_vec;            // bytes per cp.async of the code rows (16, 8 or 4)
+  // the row and (paged) page strides above in bytes, for the warp-split kernel's copies (< 2^31)
+  int kc_rb, vc_rb, kn_rb, vn_rb, kc_pb, vc_pb, kn_pb, vn_pb;
 };
 
 // Row stride of a staged code row in words: >= PW (+1 for 3-bit, whose funnel shift reads one word
@@ -559,17 +567,17 @@ struct P1Block {
 // warp-split kernel issues its q loads before the sequence length arrives) and its tokens.
 __device__ __forceinline__ bool plan_p1_rows(const AuraP1Params& p, P1Block& w) {
   w.n = blockIdx.x, w.b = blockIdx.z;
+  w.t0 = w.n * p.block_size;
   w.kvh = blockIdx.y / p.row_groups, w.r0 = (blockIdx.y % p.row_groups) * p.rows_per_cta;
   w.R = min(p.rows_per_cta, p.L * p.G - w.r0);
   return w.R > 0;
 }
-// Returns false when the CTA has nothing to read, after writing what an empty block owes (o = 0,
-// m = -inf, l = 0: the merge skips it).
+// seq_len = seq_lens[b]. Returns false when the CTA has nothing to read, after writing what an empty
+// block owes (o = 0, m = -inf, l = 0: the merge skips it).
 template <int D>
-__device__ __forceinline__ bool plan_p1_tokens(const AuraP1Params& p, P1Block& w, int nthreads) {
+__device__ __forceinline__ bool plan_p1_tokens(const AuraP1Params& p, P1Block& w, int nthreads, int seq_len) {
   // Clamped, so a bad seq_len can only give a wrong answer, never an out-of-bounds read.
-  w.T = min(max(p.seq_lens[w.b], 0), p.capacity);
-  w.t0 = w.n * p.block_size;
+  w.T = min(max(seq_len, 0), p.capacity);
   w.t_end = min(min(w.t0 + p.block_size, w.T), w.last_visible(p, w.R - 1) + 1);  // the last row sees the most
   if (w.t_end > w.t0) return true;
   for (int i = threadIdx.x; i < w.R * D; i += nthreads) p.o[w.out_row(p, i / D) * D + i % D] = 0.f;
@@ -593,7 +601,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
   const int g4 = lane >> 2, c4 = lane & 3;  // mma fragment coordinates (row group, column pair)
 
   P1Block blk;
-  if (!plan_p1_rows(p, blk) || !plan_p1_tokens<D>(p, blk, kAuraThreads)) return;
+  if (!plan_p1_rows(p, blk) || !plan_p1_tokens<D>(p, blk, kAuraThreads, p.seq_lens[blk.b])) return;
   const int b = blk.b, kvh = blk.kvh, R = blk.R, t0 = blk.t0, t_end = blk.t_end;
   auto out_row = [&](int r) { return blk.out_row(p, r); };
 
@@ -887,7 +895,7 @@ struct TablePair {
   static constexpr size_t kBytes = kInterleaved ? size_t(256) * 256 : HalfTable<KB>::kBytes + HalfTable<VB>::kBytes;
 };
 
-// Fill from the codebook already in shared memory (cb: 2^b fp32 values); entries ROW bytes apart.
+// Fill from the codebook (cb: 2^b fp32 values in global memory, read through L1); entries ROW bytes apart.
 // A thread builds one entry value and stores 16 bytes of copies at once (4 or 2 of them).
 // The loop is unrolled over a compile-time thread count NT, so a thread's store column (i % 8) is fixed
 // and its entries step by NT / 8: the codebook reads and stores take immediate offsets.
@@ -900,6 +908,7 @@ __device__ __forceinline__ void fill_half_table(unsigned char* table, const floa
   constexpr int STORES = 128 / 16;  // 16-byte stores per entry's 128 bytes of copies
   constexpr int TOTAL = STORES << HT::kIndexBits;
   constexpr uint32_t M = (1u << BITS) - 1u;
+  auto c = [&](uint32_t i) { return __ldg(cb + i); };
 #pragma unroll
   for (int k = 0; k < (TOTAL + NT - 1) / NT; ++k) {
     const int i = threadIdx.x + k * NT;
@@ -907,13 +916,13 @@ __device__ __forceinline__ void fill_half_table(unsigned char* table, const floa
     const uint32_t e = uint32_t(i) / STORES;
     uint4* dst = reinterpret_cast<uint4*>(table + size_t(e) * ROW) + i % STORES;
     if constexpr (BITS == 2 && TOKEN_PAIRS) {  // {half2(dim d: a, b), half2(dim d + 1: a, b)}
-      const uint32_t lo = pack2<__half>(cb[e & M], cb[(e >> 4) & M]), hi = pack2<__half>(cb[(e >> 2) & M], cb[e >> 6]);
+      const uint32_t lo = pack2<__half>(c(e & M), c((e >> 4) & M)), hi = pack2<__half>(c((e >> 2) & M), c(e >> 6));
       *dst = make_uint4(lo, hi, lo, hi);
     } else if constexpr (BITS == 2) {  // 8-byte entries: two copies per store
-      const uint32_t lo = pack2<__half>(cb[e & M], cb[(e >> 2) & M]), hi = pack2<__half>(cb[(e >> 4) & M], cb[e >> 6]);
+      const uint32_t lo = pack2<__half>(c(e & M), c((e >> 2) & M)), hi = pack2<__half>(c((e >> 4) & M), c(e >> 6));
       *dst = make_uint4(lo, hi, lo, hi);
     } else {
-      const uint32_t v = BITS <= 4 ? pack2<__half>(cb[e & M], cb[e >> BITS]) : __half_as_ushort(__float2half_rn(cb[e]));
+      const uint32_t v = BITS <= 4 ? pack2<__half>(c(e & M), c(e >> BITS)) : __half_as_ushort(__float2half_rn(c(e)));
       *dst = make_uint4(v, v, v, v);
     }
   }
@@ -1077,24 +1086,24 @@ __device__ __forceinline__ void for_each_pv_tile(const uint32_t* tile, const uns
 
 // cp.async of one code row of PW words by half a warp-pair: lane half h takes chunks h, h + 2, ... of
 // `vec` bytes (16, 8 or 4: what the tensor's base and strides allow, decided on the host).
+// cp.async of one code row of PW words by half a warp-pair: lane half h takes chunks h, h + 2, ... of
+// `vec` bytes (16, 8 or 4: what the tensor's base and strides allow, decided on the host). dst and src
+// already point at the lane's first chunk (chunk h), so the rest sit at immediate offsets.
 template <int PW>
-__device__ __forceinline__ void copy_code_row(uint32_t* dst, const uint32_t* src, bool ok, int half, int vec) {
-  if constexpr (PW % 4 == 0) {
-    if (vec == 16) {
+__device__ __forceinline__ void copy_code_row(uint32_t dst, const char* src, bool ok, int half, int vec) {
+  auto chunks = [&](auto bytes) {
+    constexpr int V = decltype(bytes)::value, N = PW * 4 / V;  // chunks per row
 #pragma unroll
-      for (int c = half; c < PW / 4; c += 2) cp_async<16>(dst + 4 * c, src + 4 * c, ok);
-      return;
-    }
+    for (int j = 0; 2 * j < N; ++j)
+      if (N % 2 == 0 || 2 * j + half < N) cp_async<V>(dst + 2 * V * j, src + 2 * V * j, ok);
+  };
+  if constexpr (PW % 4 == 0) {
+    if (vec == 16) return chunks(std::integral_constant<int, 16>{});
   }
   if constexpr (PW % 2 == 0) {
-    if (vec >= 8) {
-#pragma unroll
-      for (int c = half; c < PW / 2; c += 2) cp_async<8>(dst + 2 * c, src + 2 * c, ok);
-      return;
-    }
+    if (vec >= 8) return chunks(std::integral_constant<int, 8>{});
   }
-#pragma unroll
-  for (int c = half; c < PW; c += 2) cp_async<4>(dst + c, src + c, ok);
+  chunks(std::integral_constant<int, 4>{});
 }
 
 // Launch shape per (D, bits): one CTA per SM (the two tables, up to 64 KB, are paid once per SM
@@ -1110,7 +1119,7 @@ struct WarpP1Shape {
   static constexpr size_t kStepBytes = size_t(16) * (RSK + RSV) * 4 + 2 * 16 * 4;  // codes + norms, 16 tokens
   static constexpr size_t kTableBytes = TablePair<KB, VB>::kBytes;
   static constexpr int kQRow = D + 8;  // fp16 per staged q row (+16 bytes)
-  static constexpr size_t kQBytes = size_t(8) * kQRow * 2 + ((1 << KB) + (1 << VB)) * 4;  // + the fp32 codebooks
+  static constexpr size_t kQBytes = size_t(8) * kQRow * 2;
   static constexpr size_t kBudget = 220 * 1024;
   static constexpr size_t kFree = kBudget - kTableBytes - kQBytes;
   // 16 warps leave 128 registers per thread: enough at D <= 128 except with 8-bit codes (4 lookups
@@ -1120,14 +1129,59 @@ struct WarpP1Shape {
   static constexpr int kWarps = std::min<int>(kMaxWarps, int(kFree / (2 * kStepBytes)));
   static constexpr int kStages = std::min<int>(4, int(kFree / (kWarps * kStepBytes)));
   static constexpr size_t kRingBytes = size_t(kWarps) * kStages * kStepBytes;
-  static constexpr int kORow = D + 1;  // the end-of-block merge: [W][8][D + 1] o, [W][8] m, l, weight
-  static constexpr size_t kMergeBytes = size_t(kWarps) * 8 * (kORow + 3) * 4;
+  static constexpr size_t kMergeBytes = size_t(kWarps) * 8 * (D + 3) * 4;  // end-of-block merge: o, m, l, weight
   static constexpr size_t kSmem = std::max(kTableBytes + kRingBytes + kQBytes, kMergeBytes);
   static_assert(kTableBytes % 128 == 0 && kStepBytes % 16 == 0, "alignment of the ring slots");
   static constexpr bool kQInRegs = D <= 256;  // B fragments of q for the whole block (D / 8 registers)
   static constexpr bool kPairV = (VB == 2 || VB == 4) && D * VB >= 256;  // PV by for_each_pv_tile
   static_assert(kWarps >= 1 && kStages >= 2, "a ring needs two steps to overlap loads with math");
 };
+
+// The warps' partial outputs meet in shared memory at the end of a block. Accumulator c of m-tile mt
+// in lane (g4, c4) is query column 2 c4 + c % 2 and dim merge_dim(g4, mt, c): tile row rho is dim
+// (rho % 8) D/8 + 2 mt + rho / 8 with token-pair lookups, else it came from quarter (rho % 8) / 2,
+// pair 2 mt + rho / 8, element rho % 2.
+template <int D, bool PAIR_V>
+__host__ __device__ constexpr int merge_dim(int g4, int mt, int c) {
+  return PAIR_V ? g4 * (D / 8) + 2 * mt + (c >> 1) : (g4 >> 1) * (D / 4) + 4 * mt + 2 * (c >> 1) + (g4 & 1);
+}
+// Where (column r, dim d) sits in its warp's [8][D] block: d with its low five bits XORed by the bits
+// that tell the 32 lanes of one store apart (g4's bits of d, and c4 = r / 2), so each store's 32
+// lanes hit 32 banks; the XOR reads only bits >= 5 of d or is triangular in them, so 32 consecutive
+// dims of one column (the reduction's reads) still hit 32 banks. (An unswizzled row stride of D + 1
+// put a store's lanes on 8 banks: 4-way conflicts, ~1.2 us of the batch-1 epilogue on an H100.)
+template <int D, bool PAIR_V>
+__host__ __device__ constexpr int merge_swizzle(int r, int d) {
+  constexpr int g_shift = PAIR_V ? (D == 64 ? 3 : D == 128 ? 4 : D == 256 ? 5 : 6)   // log2(D / 8)
+                                 : (D == 64 ? 4 : D == 128 ? 5 : D == 256 ? 6 : 7);  // log2(D / 4)
+  const int c4 = (r >> 1) & 3;
+  return PAIR_V ? d ^ ((((d >> g_shift) & 7) << 2) | c4) : d ^ ((((d >> g_shift) & 3) << 1) | (c4 << 3));
+}
+// Checked at compile time for every instantiation: stores and reads free of bank conflicts, and the
+// swizzle a permutation of each column's dims.
+template <int D, bool PAIR_V>
+constexpr bool merge_layout_conflict_free() {
+  for (int mt = 0; mt < D / 16; ++mt)
+    for (int c = 0; c < 4; ++c) {
+      unsigned banks = 0;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int r = 2 * (lane & 3) + (c & 1);
+        banks |= 1u << ((r * D + merge_swizzle<D, PAIR_V>(r, merge_dim<D, PAIR_V>(lane >> 2, mt, c))) % 32);
+      }
+      if (banks != 0xFFFFFFFFu) return false;
+    }
+  for (int r = 0; r < 8; ++r)
+    for (int d0 = 0; d0 < D; d0 += 32) {
+      unsigned banks = 0;
+      for (int d = d0; d < d0 + 32; ++d) {
+        const int x = merge_swizzle<D, PAIR_V>(r, d);
+        if (x < d0 || x >= d0 + 32) return false;  // stays inside its 32-dim run: a permutation
+        banks |= 1u << ((r * D + x) % 32);
+      }
+      if (banks != 0xFFFFFFFFu) return false;
+    }
+  return true;
+}
 
 template <int D, int KB, int VB>
 __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
@@ -1136,13 +1190,17 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   constexpr int W = S::kWarps, NS = S::kStages, RSK = S::RSK, RSV = S::RSV, NQ = D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g4 = lane >> 2, c4 = lane & 3;
+  AURA_PHASE(0);
   P1Block blk;
   if (!plan_p1_rows(p, blk)) return;
-  // At B = 1 this kernel is latency-bound, so the loads that need no sequence length go out first and
-  // their round trips overlap seq_lens': the query rows warp + W k (rows >= R stay zero: their
-  // columns are masked below), the codebooks (NCB entries per thread).
-  constexpr int NC = (1 << KB) + (1 << VB), NCB = (NC + W * 32 - 1) / (W * 32), QR = (8 + W - 1) / W;
-  float q_row[QR][D / 32], cb_own[NCB];
+  // At B = 1 this kernel is latency-bound (tools/aura_timeline.cu), so nothing waits on the sequence
+  // length until the ring's first steps are in flight and the tables are built: the loads of the
+  // query rows warp + W k (rows >= R stay zero: their columns are masked below), the key sign mask
+  // and seq_lens go out together, the first steps are copied speculatively, as if the sequence
+  // filled the cache (below), and the tables are built from the codebooks in global memory (L1 after
+  // the first reads) with no barrier before them.
+  constexpr int QR = (8 + W - 1) / W;
+  float q_row[QR][D / 32];
 #pragma unroll
   for (int k = 0; k < QR; ++k) {
     const int r = warp + k * W;
@@ -1154,23 +1212,29 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
       for (int j = 0; j < D / 32; ++j) q_row[k][j] = load_float(p.q, base + lane + 32 * j, p.q_kind);
     }
   }
+  uint32_t k_sign[D / 32];
 #pragma unroll
-  for (int c = 0; c < NCB; ++c) {
-    const int i = threadIdx.x + c * W * 32;
-    cb_own[c] = i < (1 << KB) ? __ldg(p.k_cb + i) : i < NC ? __ldg(p.v_cb + i - (1 << KB)) : 0.f;
-  }
-  if (!plan_p1_tokens<D>(p, blk, W * 32)) return;
+  for (int j = 0; j < D / 32; ++j) k_sign[j] = p.k_sign != nullptr ? __ldg(p.k_sign + j) : 0u;
+  const int seq_len = p.seq_lens[blk.b];  // used only after the prologue
+  AURA_PHASE(1);
   unsigned char* table_k = smem;
   using TP = TablePair<KB, VB>;
   unsigned char* table_v = smem + TP::kV;
   unsigned char* ring = smem + S::kTableBytes;  // [W][NS] steps: K codes, V codes, K norms, V norms
   uint16_t* qs = reinterpret_cast<uint16_t*>(ring + S::kRingBytes);  // [8][kQRow] fp16 q_rot * log2(e)
-  float* cb_k = reinterpret_cast<float*>(qs + 8 * S::kQRow);         // the fp32 codebooks
-  float* cb_v = cb_k + (1 << KB);
 
-  // ---- this warp's steps: s = warp, warp + W, ... of the block's ceil(len / 16)
-  const int n_steps = ceil_div(blk.t_end - blk.t0, 16);
-  const int my_n = n_steps > warp ? ceil_div(n_steps - warp, W) : 0;
+  // ---- this warp's steps: s = warp, warp + W, ... of the block's ceil(len / 16). Until seq_lens
+  // arrives, the block is taken to end where the cache does (t_spec): the first NS - 1 steps are
+  // issued for that extent. Rows of them past the true end hold stale cache contents (never past the
+  // cache: every address stays in it); the softmax masks their logits by a select, their value norms
+  // are selected to 0 (a stale norm may be NaN), and their codes index the tables (finite entries).
+  // The cost: at most NS - 1 steps per warp of reads past a short sequence.
+  const int t_spec = min(blk.t0 + p.block_size, p.capacity);
+  auto steps_of = [&](int t_end) {
+    const int n_steps = ceil_div(t_end - blk.t0, 16);
+    return n_steps > warp ? ceil_div(n_steps - warp, W) : 0;
+  };
+  int my_n = steps_of(t_spec), t_copy_end = t_spec;  // both become the true extent's once it is known
   auto step_t0 = [&](int i) { return blk.t0 + (warp + W * i) * 16; };
 
   // ---- copies: lane l stages row l % 16 of a step (its codes in two halves by l / 16, and the K norm
@@ -1183,49 +1247,54 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   const int crow = lane & 15, chalf = lane >> 4;
   const bool paged = p.block_table != nullptr;
   const int* pages = paged ? p.block_table + blk.b * p.bt_sb : nullptr;
-  const int t_last = blk.t_end - 1;
-  auto locate = [&](int t, int& page, int& row) {  // contiguous: page 0 (the sequence is in the base)
-    const int tc = min(t, t_last);
-    page = 0, row = tc;
-    if (paged) {
-      int i;
-      page_of(tc, p.page_size, p.page_shift, i, row);
-      page = min(max(pages[i], 0), p.num_blocks - 1);  // never outside the cache
-    }
-  };
+  const int t_last = t_spec - 1;
+  // Per-CTA byte bases (contiguous: sequence and head folded in; paged: the head), pinned in registers:
+  // left to itself the compiler re-derived them from the parameters at every issued step (~60
+  // instructions of 64-bit arithmetic per step, a sixth of the loop). Row and page strides in bytes
+  // come from the host (int32, checked there), straight from the constant bank.
+  // Lane half h copies the chunks h, h + 2, ... of its row (copy_code_row): its first chunk's offset
+  // (h times the chunk size) is folded into the bases and destinations too.
   auto fixed = [&](int64_t s0, int64_t s2) { return (paged ? 0 : int64_t(blk.b) * s0) + int64_t(blk.kvh) * s2; };
   auto bytes = [](const void* base, int64_t elems) { return static_cast<const char*>(base) + elems * 4; };
-  const char* kc_base = bytes(p.kc, fixed(p.kc_s0, p.kc_s2));
-  const char* vc_base = bytes(p.vc, fixed(p.vc_s0, p.vc_s2));
-  const char* n_base = chalf == 0 ? bytes(p.kn, fixed(p.kn_s0, p.kn_s2)) : bytes(p.vn, fixed(p.vn_s0, p.vn_s2));
-  const int kc_page = paged ? int(p.kc_s0) * 4 : 0, kc_row = int(p.kc_s1) * 4;
-  const int vc_page = paged ? int(p.vc_s0) * 4 : 0, vc_row = int(p.vc_s1) * 4;
-  const int n_page = paged ? int(chalf == 0 ? p.kn_s0 : p.vn_s0) * 4 : 0, n_row = int(chalf == 0 ? p.kn_s1 : p.vn_s1) * 4;
-  // this lane's destinations in slot 0 of the warp's ring; slot s adds s * kStepBytes
-  unsigned char* ring_w = ring + size_t(warp) * NS * S::kStepBytes;
-  uint32_t* kd0 = reinterpret_cast<uint32_t*>(ring_w) + crow * RSK;
-  uint32_t* vd0 = reinterpret_cast<uint32_t*>(ring_w) + 16 * RSK + crow * RSV;
-  float* nd0 = reinterpret_cast<float*>(ring_w + 16 * (RSK + RSV) * 4) + lane;  // [K norms 16][V norms 16]
+  const int kc_vec = p.kc_vec, vc_vec = p.vc_vec;
+  const char* kc_base = pin(bytes(p.kc, fixed(p.kc_s0, p.kc_s2)) + chalf * kc_vec);
+  const char* vc_base = pin(bytes(p.vc, fixed(p.vc_s0, p.vc_s2)) + chalf * vc_vec);
+  const char* n_base = pin(chalf == 0 ? bytes(p.kn, fixed(p.kn_s0, p.kn_s2)) : bytes(p.vn, fixed(p.vn_s0, p.vn_s2)));
+  const int n_rb = pin(chalf == 0 ? p.kn_rb : p.vn_rb);
+  // the warp's ring (slot s at + s * kStepBytes) as a pointer, and this lane's destinations in slot 0
+  const unsigned char* ring_w = ring + warp * NS * S::kStepBytes;
+  const uint32_t kd0 = pin(smem_addr(ring_w) + uint32_t(crow * RSK * 4 + chalf * kc_vec));
+  const uint32_t vd0 = pin(smem_addr(ring_w) + uint32_t((16 * RSK + crow * RSV) * 4 + chalf * vc_vec));
+  const uint32_t nd0 = pin(smem_addr(ring_w) + uint32_t((16 * (RSK + RSV) + lane) * 4));
   int t_issue = step_t0(0) + crow, issue_slot = 0;  // this lane's token and ring slot at the next issued step
-  int next_page, next_row;
-  locate(t_issue, next_page, next_row);
+  // paged: the page of the next issued row, read one step ahead (off the issue path)
+  int next_page = 0, next_row = 0;
+  auto locate = [&](int t) {
+    int i;
+    page_of(min(t, t_last), p.page_size, p.page_shift, i, next_row);
+    next_page = min(max(pages[i], 0), p.num_blocks - 1);  // never outside the cache
+  };
+  if (paged) locate(t_issue);
   auto issue = [&](int i) {  // step i into ring slot i % NS
     if (i < my_n) {
-      const bool ok = t_issue < blk.t_end;
-      const int page = next_page, row = next_row;
+      const bool ok = t_issue < t_copy_end;
+      const char *ks, *vs, *ns;
+      if (!paged) {  // rows past the block: clamped (the copy reads nothing for them: zero fill)
+        const int t = min(t_issue, t_last);
+        ks = kc_base + mul_wide(t, p.kc_rb), vs = vc_base + mul_wide(t, p.vc_rb), ns = n_base + mul_wide(t, n_rb);
+      } else {
+        const int page = next_page, row = next_row;
+        ks = kc_base + mul_wide(page, p.kc_pb) + mul_wide(row, p.kc_rb);
+        vs = vc_base + mul_wide(page, p.vc_pb) + mul_wide(row, p.vc_rb);
+        ns = n_base + mul_wide(page, chalf == 0 ? p.kn_pb : p.vn_pb) + mul_wide(row, n_rb);
+        locate(t_issue + W * 16);
+      }
       t_issue += W * 16;
-      locate(t_issue, next_page, next_row);
-      auto src = [&](const char* base, int page_bytes, int row_bytes) {
-        return reinterpret_cast<const uint32_t*>(base + int64_t(page) * page_bytes + int64_t(row) * row_bytes);
-      };
-      const size_t slot = size_t(issue_slot) * S::kStepBytes;
+      const uint32_t slot = uint32_t(issue_slot * S::kStepBytes);
       issue_slot = issue_slot + 1 == NS ? 0 : issue_slot + 1;
-      copy_code_row<S::PWK>(reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(kd0) + slot),
-                            src(kc_base, kc_page, kc_row), ok, chalf, p.kc_vec);
-      copy_code_row<S::PWV>(reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(vd0) + slot),
-                            src(vc_base, vc_page, vc_row), ok, chalf, p.vc_vec);
-      cp_async<4>(reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(nd0) + slot),
-                  reinterpret_cast<const float*>(src(n_base, n_page, n_row)), ok);
+      copy_code_row<S::PWK>(kd0 + slot, ks, ok, chalf, kc_vec);
+      copy_code_row<S::PWV>(vd0 + slot, vs, ok, chalf, vc_vec);
+      cp_async<4>(nd0 + slot, ns, ok);
     }
     cp_async_commit();  // one group per step (empty past the end)
   };
@@ -1233,22 +1302,25 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   for (int i = 0; i < NS - 1; ++i) issue(i);  // the ring fills while the tables and q are prepared
 
 #pragma unroll
-  for (int c = 0; c < NCB; ++c)
-    if (threadIdx.x + c * W * 32 < NC) cb_k[threadIdx.x + c * W * 32] = cb_own[c];
-#pragma unroll
   for (int k = 0; k < QR; ++k) {
     const int r = warp + k * W;
     if (r < 8) {
-      if (r < blk.R && p.k_sign != nullptr) rotate_warp<D>(q_row[k], p.k_sign, p.q_factor, false);  // q_rot = scale Pi_K q
+      if (r < blk.R && p.k_sign != nullptr) rotate_warp<D>(q_row[k], k_sign, p.q_factor, false);  // q_rot = scale Pi_K q
 #pragma unroll
       for (int j = 0; j < D / 32; ++j)
         qs[r * S::kQRow + lane + 32 * j] = __half_as_ushort(__float2half_rn(q_row[k][j] * kLog2eF));
     }
   }
-  __syncthreads();  // codebooks (and q) visible
-  fill_half_table<KB, TP::kRow, W * 32>(table_k, cb_k);
-  fill_half_table<VB, TP::kRow, W * 32, S::kPairV>(table_v, cb_v);
+  AURA_PHASE(2);
+  fill_half_table<KB, TP::kRow, W * 32>(table_k, p.k_cb);
+  fill_half_table<VB, TP::kRow, W * 32, S::kPairV>(table_v, p.v_cb);
   __syncthreads();  // the last CTA barrier before the end: tables and q visible to every warp
+  AURA_PHASE(3);
+  if (!plan_p1_tokens<D>(p, blk, W * 32, seq_len)) {  // CTA-uniform
+    cp_async_wait<0>();  // the speculative copies land before the shared memory is handed on
+    return;
+  }
+  my_n = steps_of(blk.t_end), t_copy_end = blk.t_end;
 
   // q's B fragments: k-step kk takes pairs 2kk, 2kk+1 of lane quarter c4 of row g4
   const uint32_t* q_quarter = reinterpret_cast<const uint32_t*>(qs + g4 * S::kQRow + c4 * (D / 4));
@@ -1308,7 +1380,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     float pr[4], alpha[2];
     const bool grew = online_softmax_tile(x, m_run, l_run, pr, alpha);
     // P^T (times the values' norms; l sums plain p) as the B operand, transposed in registers
-    const float nv_lo = vn[g4], nv_hi = vn[g4 + 8];
+    const float nv_lo = t_lo < blk.t_end ? vn[g4] : 0.f, nv_hi = t_hi < blk.t_end ? vn[g4 + 8] : 0.f;
     const uint32_t pb0 = movmatrix_trans(pack2<__half>(pr[0] * nv_lo, pr[1] * nv_lo));  // tokens 0-7
     const uint32_t pb1 = movmatrix_trans(pack2<__half>(pr[2] * nv_hi, pr[3] * nv_hi));  // tokens 8-15
     if (__any_sync(0xffffffffu, grew)) {  // rescale only when some running max moved
@@ -1330,6 +1402,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
       });
     }
   }
+  AURA_PHASE(4);
   cp_async_wait<0>();  // only empty groups remain; drain before the shared memory is reused
   grid_dependents_launch();  // pass 2 (a programmatic dependent launch) may start its prologue
 
@@ -1341,26 +1414,24 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 16);
   }
   __syncthreads();  // every warp is done with the ring and the tables
-  constexpr int OR = S::kORow;
-  float* ow = reinterpret_cast<float*>(smem);  // [W][8][OR]
-  float* mw = ow + W * 8 * OR;                 // [W][8]
+  static_assert(merge_layout_conflict_free<D, S::kPairV>(), "end-of-block merge layout");
+  float* ow = reinterpret_cast<float*>(smem);  // [W][8][D], dims swizzled (merge_swizzle)
+  float* mw = ow + W * 8 * D;                  // [W][8]
   float* lw = mw + W * 8;                      // [W][8]
   float* ww = lw + W * 8;                      // [W][8] each warp's weight in its rows' merge
   if (g4 == 0) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) mw[warp * 8 + 2 * c4 + e] = m_run[e], lw[warp * 8 + 2 * c4 + e] = l_run[e];
   }
-  // accumulator c of m-tile mt: row g4 + 8 (c / 2) of the tile, column 2 c4 + c % 2; tile row rho
-  // is dim (rho % 8) D/8 + 2mt + rho / 8 with token-pair lookups, else it came from quarter
-  // (rho % 8) / 2, pair 2mt + rho / 8, element rho % 2
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const int d = S::kPairV ? g4 * (D / 8) + 2 * mt + (c >> 1) : (g4 >> 1) * (D / 4) + 4 * mt + 2 * (c >> 1) + (g4 & 1);
-      ow[(warp * 8 + 2 * c4 + (c & 1)) * OR + d] = o[mt][c];
+      const int r = 2 * c4 + (c & 1);
+      ow[(warp * 8 + r) * D + merge_swizzle<D, S::kPairV>(r, merge_dim<D, S::kPairV>(g4, mt, c))] = o[mt][c];
     }
   __syncthreads();
+  AURA_PHASE(5);
   // A warp without visible tokens has m = -inf, l = 0, o = 0: weight 0, never exp2(-inf - -inf).
   auto row_max = [&](int r) {
     float M = -INFINITY;
@@ -1377,7 +1448,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     const int r = idx / D, d = idx % D;
     float acc = 0.f;
 #pragma unroll
-    for (int wi = 0; wi < W; ++wi) acc += ww[wi * 8 + r] * ow[(wi * 8 + r) * OR + d];
+    for (int wi = 0; wi < W; ++wi) acc += ww[wi * 8 + r] * ow[(wi * 8 + r) * D + merge_swizzle<D, S::kPairV>(r, d)];
     p.o[blk.out_row(p, r) * D + d] = acc;
   }
   for (int r = threadIdx.x; r < blk.R; r += W * 32) {
@@ -1387,6 +1458,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     p.m[blk.out_row(p, r)] = row_max(r) * kLn2F;  // -inf stays -inf for a row that saw nothing
     p.l[blk.out_row(p, r)] = L;
   }
+  AURA_PHASE(6);
 }
 
 // Host side of pass 1: the instantiation for run-time (D, key bits, value bits, query precision). The
@@ -1470,9 +1542,11 @@ struct AuraP2Params {
 // One warp per (b, (i,) h) row, lane l holding dims l + 32 i (the butterfly's mapping). The merge is
 // latency-bound (at B = 1 it is a few dozen warps), so it counts memory round trips: lane n reads
 // block n's m and l (32 blocks a round), the weights reach the other lanes by shuffles, and the
-// partial rows come U blocks at a time with every load issued before the first sum (64 loads in
-// flight per lane): NB = 16 blocks at D = 128 take one round trip, not sixteen. The row's addresses
-// are worked out before waiting on pass 1.
+// partial rows come U blocks at a time with every load of a group issued before the first sum (64
+// loads in flight per lane). The first group's partial rows are loaded together with the first
+// round's m and l (they do not depend on the weights), so with NB <= min(U, 32) blocks - every
+// automatic split at D <= 128 - the whole merge is one round trip. The row's addresses are worked
+// out before waiting on pass 1.
 // Blocks with l > 0 only (a NaN l compares false): an empty block's partial may be stale or
 // poisoned, so it is dropped by a select, never multiplied by 0.
 template <int D>
@@ -1484,11 +1558,36 @@ __global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP
   const float* o = p.o + (live_row ? p.o_rows.offset(row) : 0);
   const float* m = p.m + (live_row ? p.m_rows.offset(row) : 0);
   const float* l = p.l + (live_row ? p.l_rows.offset(row) : 0);
+  uint32_t v_sign[D / 32];  // the sign mask is no output of pass 1: read before waiting on it
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) v_sign[j] = p.v_sign != nullptr ? __ldg(p.v_sign + j) : 0u;
+  AURA_PHASE(8);
   grid_dependency_wait();  // launched behind pass 1 (aura_decode): its partials are complete after this
+  AURA_PHASE(9);
   if (!live_row) return;
-  float M = -INFINITY;
-  for (int n = lane; n < p.NB; n += 32)
-    if (l[n * p.l_sn] > 0.f) M = fmaxf(M, m[n * p.m_sn]);
+  // group k0 of round n0: blocks n0 + k0 + u, u < U (a block past the round re-reads its last one)
+  float v[U][V];
+  auto load_group = [&](int n0, int k0, int cnt) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const float* on = o + int64_t(n0 + min(k0 + u, cnt - 1)) * p.o_sn;
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[u][i] = on[lane + 32 * i];
+    }
+  };
+  auto load_ml = [&](int n, float& mv, float& lv) {  // block n's m and l (l = 0: past the end)
+    mv = -INFINITY, lv = 0.f;
+    if (n < p.NB) mv = m[n * p.m_sn], lv = l[n * p.l_sn];
+  };
+  float m0, l0;
+  load_ml(lane, m0, l0);
+  if (p.NB > 0) load_group(0, 0, min(32, p.NB));
+  float M = l0 > 0.f ? m0 : -INFINITY;
+  for (int n = 32 + lane; n < p.NB; n += 32) {  // later rounds (NB > 32)
+    float mv, lv;
+    load_ml(n, mv, lv);
+    if (lv > 0.f) M = fmaxf(M, mv);
+  }
   M = warp_max(M);
   const bool any_live = M > -INFINITY;
   float acc[V];
@@ -1497,25 +1596,15 @@ __global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP
   float lsum = 0.f;
   if (any_live) {
     for (int n0 = 0; n0 < p.NB; n0 += 32) {
-      float w = 0.f;  // block n0 + lane's weight (0: dropped)
-      if (n0 + lane < p.NB) {
-        const float lv = l[(n0 + lane) * p.l_sn];
-        if (lv > 0.f) {
-          w = expf(m[(n0 + lane) * p.m_sn] - M);
-          lsum = fmaf(w, lv, lsum);
-        }
-      }
+      float mv = m0, lv = l0;
+      if (n0 > 0) load_ml(n0 + lane, mv, lv);
+      const float w = lv > 0.f ? expf(mv - M) : 0.f;  // block n0 + lane's weight (0: dropped)
+      lsum = fmaf(w, lv > 0.f ? lv : 0.f, lsum);
       const int cnt = min(32, p.NB - n0);
       for (int k0 = 0; k0 < cnt; k0 += U) {
-        float v[U][V];
+        if (n0 > 0 || k0 > 0) load_group(n0, k0, cnt);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {  // all loads first (a block past cnt re-reads the last one) ...
-          const float* on = o + int64_t(n0 + min(k0 + u, cnt - 1)) * p.o_sn;
-#pragma unroll
-          for (int i = 0; i < V; ++i) v[u][i] = on[lane + 32 * i];
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {  // ... then the sums
+        for (int u = 0; u < U; ++u) {
           const float wk = __shfl_sync(0xffffffffu, w, (k0 + u) & 31);
           const bool use = k0 + u < cnt && wk > 0.f;
 #pragma unroll
@@ -1527,10 +1616,11 @@ __global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP
   lsum = warp_sum(lsum);
 #pragma unroll
   for (int i = 0; i < V; ++i) acc[i] = any_live ? acc[i] / lsum : 0.f;
-  if (p.v_sign != nullptr) rotate_warp<D>(acc, p.v_sign, p.factor, true);
+  if (p.v_sign != nullptr) rotate_warp<D>(acc, v_sign, p.factor, true);
 #pragma unroll
   for (int i = 0; i < V; ++i) store_float(p.out, row * D + lane + 32 * i, p.kind, acc[i]);
   if (lane == 0) p.lse[row] = any_live ? M + logf(lsum) : -INFINITY;
+  AURA_PHASE(10);
 }
 
 }  // namespace aura

@@ -88,23 +88,48 @@ __device__ __forceinline__ void load4_float(const T* p, float* out) {
 
 // cp.async.cg: 16 bytes global -> shared, bypassing L1 (streamed once). With `valid` false the
 // 16 bytes are zero-filled and nothing is read, so tails never touch memory past the sequence.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
-}
 // The 4- and 8-byte forms (cp.async.ca; .cg takes 16 bytes only) for rows whose size or alignment
-// is not a 16-byte multiple, e.g. 3-bit AURA codes at D = 64 (24-byte rows).
+// is not a 16-byte multiple, e.g. 3-bit AURA codes at D = 64 (24-byte rows). The destination is a
+// shared-memory address (smem_addr) or a generic pointer into shared memory.
 template <int BYTES>
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool valid) {
+__device__ __forceinline__ void cp_async(unsigned dst, const void* gmem, bool valid) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async moves 4, 8 or 16 bytes");
+  const int src_bytes = valid ? BYTES : 0;
   if constexpr (BYTES == 16) {
-    cp_async16(smem, gmem, valid);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
   } else {
-    static_assert(BYTES == 4 || BYTES == 8, "cp.async moves 4, 8 or 16 bytes");
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    const int src_bytes = valid ? BYTES : 0;
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem), "n"(BYTES),
                  "r"(src_bytes));
+  }
+}
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool valid) {
+  cp_async<BYTES>(static_cast<unsigned>(__cvta_generic_to_shared(smem)), gmem, valid);
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) { cp_async<16>(smem, gmem, valid); }
+
+// a * b as a 64-bit product of two 32-bit ints: one wide multiply-add (IMAD.WIDE), never the 64 x 64
+// multiply a promoted operand can turn into.
+__device__ __forceinline__ int64_t mul_wide(int a, int b) {
+  int64_t r;
+  asm("mul.wide.s32 %0, %1, %2;" : "=l"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// An opaque copy of x: the compiler can no longer re-derive the value from its inputs (under
+// register pressure it rematerialises cheap-looking expressions, even 64-bit address arithmetic,
+// at every use), so a value computed once stays in a register.
+template <typename T>
+__device__ __forceinline__ T pin(T x) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "pin: a 32- or 64-bit value");
+  if constexpr (sizeof(T) == 8) {
+    uint64_t v = reinterpret_cast<uint64_t&>(x);
+    asm volatile("" : "+l"(v));
+    return reinterpret_cast<T&>(v);
+  } else {
+    uint32_t v = reinterpret_cast<uint32_t&>(x);
+    asm volatile("" : "+r"(v));
+    return reinterpret_cast<T&>(v);
   }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
