@@ -322,6 +322,16 @@ __global__ void __launch_bounds__(kSimtThreads) flash_decode_split_simt_kernel(c
 // registers FA2-style. Groups of 9-16 heads take two n tiles (D <= 128: registers) or two CTAs.
 // q stays in the input dtype (exact); the scale multiplies the fp32 logits; l sums fp32 p.
 
+// The end-of-split merge: warp w's output for head g, dim d at [w][g][kMergeRow] + merge_col(g, d).
+// A fragment store (fixed m-tile, head tile, register) has its 32 lanes on heads 2 (lane % 4) + e
+// and dims lane / 4 + const; XORing bits 3-4 of d with (g / 2) % 4 gives those 32 lanes 32 banks,
+// and 32 consecutive dims of one head (the reduction's reads) stay a permutation of one 32-dim run.
+// Rows are D floats when D is a multiple of 32, else 112 for D = 80 (merge_layout_conflict_free
+// checks every instantiation). The old D + 1 row put a store's 32 lanes on 14 banks (up to 4-way
+// conflicts in every store of the epilogue).
+template <int D>
+constexpr int kMergeRow = D % 32 == 0 ? D : (D + 31) / 32 * 32 + 16;
+
 // Launch shape per head dim: warps per CTA and ring depth (steps in flight per warp), chosen so
 // that ring + q fit kSmemBudget (two CTAs per SM, the CTAS_PER_SM of the split plan).
 template <typename T, int D>
@@ -337,9 +347,38 @@ struct WarpSplitShape {
   static constexpr size_t kSmem = kWarps * kStages * kStepBytes + kQBytes + kBarBytes;
   static_assert(kWarps * kStages * sizeof(uint64_t) <= kBarBytes, "barrier area");
   static_assert(kStages >= 2, "a ring needs two steps to overlap loads with math");
-  // the end-of-split merge of the warps' states reuses the ring: [W][16][D + 1] o, [W][16] m and l
-  static_assert(size_t(kWarps) * 16 * (D + 3) * sizeof(float) <= kWarps * kStages * kStepBytes, "merge area");
+  // the end-of-split merge of the warps' states reuses the ring: [W][16][merge row] o, [W][16] m and l
+  static_assert(size_t(kWarps) * 16 * (kMergeRow<D> + 2) * sizeof(float) <= kWarps * kStages * kStepBytes,
+                "merge area");
 };
+
+__host__ __device__ constexpr int merge_col(int g, int d) { return d ^ (((g >> 1) & 3) << 3); }
+template <int D, int NHT>
+constexpr bool merge_layout_conflict_free() {
+  constexpr int R = kMergeRow<D>;
+  for (int mt = 0; mt < D / 16; ++mt)
+    for (int n = 0; n < NHT; ++n)
+      for (int c = 0; c < 4; ++c) {
+        unsigned banks = 0;
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = n * 8 + 2 * (lane & 3) + (c & 1), d = mt * 16 + (lane >> 2) + 8 * (c >> 1);
+          banks |= 1u << ((g * R + merge_col(g, d)) % 32);
+        }
+        if (banks != 0xFFFFFFFFu) return false;
+      }
+  for (int i0 = 0; i0 < 8 * NHT * D; i0 += 32) {  // reads: thread idx -> (g, d) = (idx / D, idx % D)
+    unsigned banks = 0;
+    int n = 0;
+    for (int idx = i0; idx < i0 + 32 && idx < 8 * NHT * D; ++idx, ++n) {
+      const int g = idx / D, d = idx % D, x = merge_col(g, d);
+      if (x >= R) return false;
+      banks |= 1u << ((g * R + x) % 32);
+    }
+    for (; banks != 0; banks &= banks - 1) --n;  // n lanes, n distinct banks
+    if (n != 0) return false;
+  }
+  return true;
+}
 
 template <typename T, int D, int NHT, bool BULK>
 __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
@@ -572,8 +611,9 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
       l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 16);
     }
   __syncthreads();  // every warp is done with the ring
-  constexpr int OROW = D + 1;  // padded: the fragment stores below spread over banks
-  float* ow = reinterpret_cast<float*>(smem_raw);  // [W][16][OROW]
+  constexpr int OROW = kMergeRow<D>;
+  static_assert(merge_layout_conflict_free<D, NHT>(), "end-of-split merge layout");
+  float* ow = reinterpret_cast<float*>(smem_raw);  // [W][16][OROW], dims swizzled (merge_col)
   float* mw = ow + W * 16 * OROW;                  // [W][16]
   float* lw = mw + W * 16;                         // [W][16]
   if (lane < 4) {
@@ -593,7 +633,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int g = n * 8 + 2 * (lane & 3) + (c & 1), d = mt * 16 + (lane >> 2) + 8 * (c >> 1);
-        ow[(warp * 16 + g) * OROW + d] = o[mt][n][c];
+        ow[(warp * 16 + g) * OROW + merge_col(g, d)] = o[mt][n][c];
       }
   __syncthreads();
   // A warp without steps has m = -inf, l = 0, o = 0: weight 0, never exp2(-inf - -inf).
@@ -615,7 +655,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
     for (int wi = 0; wi < W; ++wi) {
       const float e = weight(wi, g, M);
       L += e * lw[wi * 16 + g];
-      acc += e * ow[(wi * 16 + g) * OROW + d];
+      acc += e * ow[(wi * 16 + g) * OROW + merge_col(g, d)];
     }
     store_value<T>(p, w, g, d, acc / L);
   }
@@ -660,21 +700,44 @@ __device__ __forceinline__ float4 load4_merge(const TI* x) {
 // (lanes over splits); the weights of 128 splits at a time go to shared memory; warp w takes the
 // splits w, w + 4, ... of them, kMergeUnroll at once, so a row's partial loads are in flight
 // together (one memory round trip for up to 32 live splits, instead of one per few splits); lane l
-// owns dims 4l..4l+3 of each 128-wide chunk; the warps' sums meet in shared memory.
-// A split with lse = -inf has weight 0 and its partial, possibly stale or NaN, is never loaded.
-// With no live split out = 0, lse = -inf (exp(-inf - -inf) would be NaN).
+// owns dims 4l..4l+3 of each 128-wide chunk; the warps' sums meet in shared memory. The first U
+// splits of each warp are loaded together with the lse values, before any weight is known (at batch
+// 1, S <= 4 U: the whole merge is one round trip).
+// A split with lse = -inf has weight 0 and its partial, possibly stale or NaN, is dropped by a select
+// (past each warp's first U splits it is not even loaded). With no live split out = 0, lse = -inf
+// (exp(-inf - -inf) would be NaN).
 template <typename TI, typename TO, bool VEC, int NCH>  // NCH = ceil(D / 128) dim chunks per lane
 __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const MergeParams p) {
   static_assert(NCH >= 1 && NCH <= kMergeMaxChunks, "D <= 512");
   // the same 32 float4 loads in flight per lane at any D (half that for 16-bit partials: 4 scalar loads each)
   constexpr int kLoads = VEC ? kMergeUnroll : kMergeUnroll / 2;
   constexpr int U = kLoads / NCH > 0 ? kLoads / NCH : 1;
-  grid_dependency_wait();  // launched behind the split kernel: its partials are complete after this
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int b = static_cast<int>(blockIdx.x / p.Hq), h = static_cast<int>(blockIdx.x % p.Hq);
   const float* lse_in = p.part_lse + b * p.pl_b + h * p.pl_h;
   TO* out = static_cast<TO*>(p.out) + b * p.out_b + h * p.out_h;
+  const TI* po = static_cast<const TI*>(p.part_out) + b * p.po_b + h * p.po_h;
+  grid_dependency_wait();  // launched behind the split kernel: its partials are complete after this
 
+  // splits i0 + u * kMergeWarps (u < U) of round s0: their partial rows where live[u], else zeros
+  auto load_group = [&](int s0, int i0, const bool (&live)[U], float4 (&v)[U][NCH]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const TI* part = po + int64_t(s0 + i0 + u * kMergeWarps) * p.po_s;
+#pragma unroll
+      for (int c = 0; c < NCH; ++c) {
+        const int d = 128 * c + 4 * lane;  // D is a multiple of 4 (checked on the host)
+        v[u][c] = live[u] && d < p.D ? load4_merge<TI, VEC>(part + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+  };
+  float4 first[U][NCH];  // the warp's first group, loaded with the lse values (weights unknown yet)
+  {
+    bool live[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) live[u] = warp + u * kMergeWarps < min(kMergeThreads, p.S);
+    load_group(0, warp, live, first);
+  }
   float M = -INFINITY;
   for (int s = lane; s < p.S; s += 32) M = fmaxf(M, lse_in[s * p.pl_s]);
   M = warp_max(M);  // the same value in every warp
@@ -686,7 +749,6 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
   __shared__ float ws[kMergeThreads];
   __shared__ float4 parts[kMergeWarps][kMergeMaxChunks * 32];
   __shared__ float wsums[kMergeWarps];
-  const TI* po = static_cast<const TI*>(p.part_out) + b * p.po_b + h * p.po_h;
   float4 acc[NCH];
 #pragma unroll
   for (int c = 0; c < NCH; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -702,26 +764,32 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
     const int n = min(kMergeThreads, p.S - s0);
     for (int i0 = warp; i0 < n; i0 += kMergeWarps * U) {
       float wu[U];
-      float4 v[U][NCH];
+      bool live[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {  // all loads first ...
+      for (int u = 0; u < U; ++u) {
         const int i = i0 + u * kMergeWarps;
         wu[u] = i < n ? ws[i] : 0.f;
-        const TI* part = po + int64_t(s0 + i) * p.po_s;
+        live[u] = wu[u] > 0.f;
+      }
+      float4 v[U][NCH];
+      if (s0 == 0 && i0 == warp) {
 #pragma unroll
-        for (int c = 0; c < NCH; ++c) {
-          const int d = 128 * c + 4 * lane;  // D is a multiple of 4 (checked on the host)
-          v[u][c] = wu[u] > 0.f && d < p.D ? load4_merge<TI, VEC>(part + d) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int c = 0; c < NCH; ++c) v[u][c] = first[u][c];
+      } else {
+        load_group(s0, i0, live, v);  // later groups: dead splits are never loaded
       }
 #pragma unroll
-      for (int u = 0; u < U; ++u)  // ... then the sums (w = 0 meets zeros: no NaN)
+      for (int u = 0; u < U; ++u)  // dead splits (w = 0) dropped by a select: their rows may be NaN
 #pragma unroll
         for (int c = 0; c < NCH; ++c) {
-          acc[c].x = fmaf(wu[u], v[u][c].x, acc[c].x);
-          acc[c].y = fmaf(wu[u], v[u][c].y, acc[c].y);
-          acc[c].z = fmaf(wu[u], v[u][c].z, acc[c].z);
-          acc[c].w = fmaf(wu[u], v[u][c].w, acc[c].w);
+          if (wu[u] > 0.f) {
+            acc[c].x = fmaf(wu[u], v[u][c].x, acc[c].x);
+            acc[c].y = fmaf(wu[u], v[u][c].y, acc[c].y);
+            acc[c].z = fmaf(wu[u], v[u][c].z, acc[c].z);
+            acc[c].w = fmaf(wu[u], v[u][c].w, acc[c].w);
+          }
         }
     }
   }

@@ -477,6 +477,24 @@ def test_direct_op_calls_reject_bad_input_in_cpp():
         torch.ops.aura.aura_encode(q, kcb, kcb[:15], 4, torch.zeros(3, dtype=torch.int32, device=DEV))
 
 
+def test_row_stride_past_int32_bytes_is_rejected_in_cpp():
+    """Pass 1 steps through rows by 32-bit byte strides (aura.cu): a k_codes view whose row stride is
+    2^29 int32 words (2 GiB) must be refused, not wrap around. Needs one 2 GiB allocation."""
+    cache = Cache(B=1, Hkv=1, cap=2, D=64, kb=4, vb=2, seq_lens=[2])
+    kc, kn, vc, vn, seq, kcb, vcb = cache.args(DEV)
+    pw = kc.shape[-1]
+    big = torch.zeros(2**29 + pw, dtype=torch.int32, device=DEV)
+    wide = big.as_strided((1, 1, 2, pw), (2**29 + pw, 2**29 + pw, 2**29, 1))
+    wide.copy_(kc)
+    q = torch.randn(1, 2, 64, device=DEV, dtype=torch.bfloat16)
+    args = (kcb, vcb, cache.k_mask.to(DEV), cache.v_mask.to(DEV), 4, 2, None, None, 0)
+    torch.ops.aura.aura_decode(q, kc, kn, vc, vn, seq, *args)  # the same cache, compact: accepted
+    with pytest.raises(RuntimeError, match="past the 2\\^29 supported"):
+        torch.ops.aura.aura_decode(q, wide, kn, vc, vn, seq, *args)
+    del big, wide
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize("dtype", QUERY_DTYPES, ids=dtype_id)
 def test_out_of_range_lengths_and_pages_never_fault(dtype):
     cache = Cache(B=2, Hkv=2, cap=40, D=64, kb=4, vb=4, seq_lens=[40, 40], page_size=16, seed=2)
