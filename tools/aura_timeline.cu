@@ -1,73 +1,20 @@
 // Where the time of a batch-1 aura_decode goes: a standalone driver of the real pass-1 (warp-split)
-// and pass-2 kernels with phase probes (AURA_PHASE in aura.cuh) that record %globaltimer per CTA,
+// and pass-2 kernels with their phase probes (AURA_PHASE, recorded by tools/timeline_probe.cuh),
 // plus CUDA-graph timings of the pieces. No torch at run time (its headers only), so it builds in
 // seconds on the GPU machine:
 //
 //   nvcc -std=c++20 -O3 -DUSE_CUDA --expt-relaxed-constexpr -gencode arch=compute_90,code=sm_90 \
 //        -I$(python3 -c 'import torch.utils.cpp_extension as c; print(c.include_paths()[0])') -Icsrc \
-//        tools/aura_timeline.cu -o /tmp/aura_timeline && /tmp/aura_timeline
+//        -Itools tools/aura_timeline.cu -o /tmp/aura_timeline && /tmp/aura_timeline
 //
 // Phases (us from the first pass-1 CTA's start, median over CTAs): p1 1 loads issued, 2 codebooks +
 // q staged, 3 tables filled, 4 main loop done (last warp), 5 warp partials in shared memory, 6 exit
 // (last warp); p2 8 entry, 9 dependency resolved, 10 exit.
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-namespace tl {
-constexpr int kMaxCtas = 4096, kPhases = 12;
-__device__ unsigned long long first[kMaxCtas][kPhases], last[kMaxCtas][kPhases];
-__device__ __forceinline__ unsigned long long now() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ void stamp(int phase, int cta_base) {
-  if ((threadIdx.x & 31) != 0) return;
-  const int cta = cta_base + blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (cta >= kMaxCtas) return;
-  const unsigned long long t = now();
-  atomicMin(&first[cta][phase], t);
-  atomicMax(&last[cta][phase], t);
-}
-}  // namespace tl
-// pass-1 CTAs from 0, pass-2 CTAs from 3072; -DAURA_TIMELINE_OFF: graph times of the kernels as shipped
-#ifndef AURA_TIMELINE_OFF
-#define AURA_PHASE(i) tl::stamp((i), (i) >= 8 ? 3072 : 0)
-#endif
-
+#include "timeline_probe.cuh"
+// (defines AURA_PHASE before the kernels are included)
 #include "cuda/aura.cuh"
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));        \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
-
 using namespace aura;
-
-__global__ void fill_words(uint32_t* w, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 0x9E3779B9u ^ seed;
-    x ^= x >> 16, x *= 0x85EBCA6Bu, x ^= x >> 13, x *= 0xC2B2AE35u, x ^= x >> 16;
-    w[i] = x;
-  }
-}
-__global__ void fill_norms(float* x, size_t n, float lo) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    x[i] = lo + float((i * 2654435761u) % 1000) * 1e-3f;
-}
-__global__ void fill_q(__nv_bfloat16* q, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    q[i] = __float2bfloat16(float(int((i * 2654435761u) % 2001) - 1000) * 1e-3f);
-}
-__global__ void empty_kernel() {}
 
 template <int KB, int VB>
 void run_case(int B, int T, int sms) {
@@ -90,13 +37,13 @@ void run_case(int B, int T, int sms) {
   CK(cudaMalloc(&q, size_t(B) * Hq * D * 2));
   CK(cudaMalloc(&out, size_t(B) * Hq * D * 2));
   CK(cudaMalloc(&seq, B * 4));
-  fill_words<<<1024, 256>>>(kc, rows * PWK, 1);
-  fill_words<<<1024, 256>>>(vc, rows * PWV, 2);
-  fill_words<<<1, 32>>>(ksign, D / 32, 3);
-  fill_words<<<1, 32>>>(vsign, D / 32, 4);
-  fill_norms<<<1024, 256>>>(kn, rows, 8.f);
-  fill_norms<<<1024, 256>>>(vn, rows, 8.f);
-  fill_q<<<64, 256>>>(q, size_t(B) * Hq * D);
+  tl::fill_words<<<1024, 256>>>(kc, rows * PWK, 1);
+  tl::fill_words<<<1024, 256>>>(vc, rows * PWV, 2);
+  tl::fill_words<<<1, 32>>>(ksign, D / 32, 3);
+  tl::fill_words<<<1, 32>>>(vsign, D / 32, 4);
+  tl::fill_floats<<<1024, 256>>>(kn, rows, 8.f);
+  tl::fill_floats<<<1024, 256>>>(vn, rows, 8.f);
+  tl::fill_bf16<<<64, 256>>>(q, size_t(B) * Hq * D);
   std::vector<float> cbk(1 << KB), cbv(1 << VB);
   for (int i = 0; i < (1 << KB); ++i) cbk[i] = (i - (1 << KB) / 2 + 0.5f) * 0.02f;
   for (int i = 0; i < (1 << VB); ++i) cbv[i] = (i - (1 << VB) / 2 + 0.5f) * 0.05f;
@@ -152,64 +99,15 @@ void run_case(int B, int T, int sms) {
   CK(cudaStreamSynchronize(st));
 
   // ---- timeline of one decode (after warm-up; caches warm, as in graph replays)
-  std::vector<unsigned long long> init_first(size_t(tl::kMaxCtas) * tl::kPhases, ~0ull),
-      init_last(size_t(tl::kMaxCtas) * tl::kPhases, 0ull);
-  CK(cudaMemcpyToSymbol(tl::first, init_first.data(), init_first.size() * 8));
-  CK(cudaMemcpyToSymbol(tl::last, init_last.data(), init_last.size() * 8));
+  tl::reset();
   decode(true);
   CK(cudaStreamSynchronize(st));
-  std::vector<unsigned long long> f(init_first.size()), la(init_last.size());
-  CK(cudaMemcpyFromSymbol(f.data(), tl::first, f.size() * 8));
-  CK(cudaMemcpyFromSymbol(la.data(), tl::last, la.size() * 8));
-  const int n1 = NB * Hkv * B, n2 = int(grid2.x);
-  unsigned long long t0 = ~0ull;
-  for (int c = 0; c < n1; ++c) t0 = std::min(t0, f[size_t(c) * tl::kPhases]);
   std::printf("KB%d VB%d B%d T%-6d block %5d NB %2d x %2d warps, ring %d |", KB, VB, B, T, bs, NB, S::kWarps,
               S::kStages);
-  // median over CTAs of the phase's time (ns from the first pass-1 CTA's start): the first warp's for
-  // phases after a barrier, the last warp's for 4 (loop done) and 6 (exit)
-  for (int ph : {1, 2, 3, 4, 5, 6, 8, 9, 10}) {
-    const int base = ph >= 8 ? 3072 : 0, n = ph >= 8 ? n2 : n1;
-    const bool use_last = ph == 4 || ph == 6;
-    std::vector<long long> a;
-    for (int c = 0; c < n; ++c) {
-      const size_t k = size_t(base + c) * tl::kPhases + ph;
-      if (la[k] != 0) a.push_back((long long)((use_last ? la[k] : f[k]) - t0));
-    }
-    if (a.empty()) continue;
-    std::sort(a.begin(), a.end());
-    std::printf(" %d:%.2f", ph, a[a.size() / 2] * 1e-3);
-  }
+  tl::print_phases(NB * Hkv * B, int(grid2.x), {1, 2, 3, 4, 5, 6, 8, 9, 10}, {4, 6});
   // ---- graph replays: p1 + p2, p1 alone, and an empty kernel's floor
-  auto graph_us = [&](auto&& body) {
-    constexpr int kInner = 20;
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < kInner; ++i) body();
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ts;
-    for (int r = 0; r < 15; ++r) {
-      CK(cudaEventRecord(e0, st));
-      CK(cudaGraphLaunch(ge, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      ts.push_back(ms * 1e3f / kInner);
-    }
-    std::sort(ts.begin(), ts.end());
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    return ts[ts.size() / 2];
-  };
-  const float t_dec = graph_us([&] { decode(true); }), t_p1 = graph_us([&] { decode(false); }),
-              t_empty = graph_us([&] { empty_kernel<<<1, 32, 0, st>>>(); });
+  const float t_dec = tl::graph_us(st, [&] { decode(true); }), t_p1 = tl::graph_us(st, [&] { decode(false); }),
+              t_empty = tl::graph_us(st, [&] { tl::empty_kernel<<<1, 32, 0, st>>>(); });
   std::printf(" | graph us: p1+p2 %.2f p1 %.2f (empty kernel %.2f)\n", t_dec, t_p1, t_empty);
   CK(cudaGetLastError());
   for (void* ptr : {(void*)kc, (void*)vc, (void*)kn, (void*)vn, (void*)kcb, (void*)vcb, (void*)ksign, (void*)vsign,

@@ -33,12 +33,6 @@ constexpr int kMaxLeadDims = 6;   // leading dims of [..., D] tensors the row in
 constexpr float kLog2eF = 1.4426950408889634f;
 constexpr float kLn2F = 0.6931471805599453f;
 
-// Phase probes of the decode kernels (tools/aura_timeline.cu defines AURA_PHASE to record a time
-// stamp per CTA and phase); compiled out everywhere else.
-#ifndef AURA_PHASE
-#define AURA_PHASE(i)
-#endif
-
 enum class FloatKind : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 __device__ __forceinline__ float load_float(const void* base, int64_t i, FloatKind k) {

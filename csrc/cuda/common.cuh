@@ -20,6 +20,12 @@
 #include <string>
 #include <type_traits>
 
+// Phase probes of the decode kernels: tools/timeline_probe.cuh defines AURA_PHASE to record a time
+// stamp per CTA and phase (tools/aura_timeline.cu, tools/decode_timeline.cu); compiled out elsewhere.
+#ifndef AURA_PHASE
+#define AURA_PHASE(i)
+#endif
+
 namespace aura {
 
 using torch::headeronly::ScalarType;

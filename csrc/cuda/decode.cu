@@ -82,9 +82,6 @@ void launch_split_any_dim(int64_t D, const DecodeParams& p, cudaStream_t stream)
 // after_split: a programmatic dependent launch behind the split kernel (same stream), so the
 // merge's CTAs are resident and waiting (griddepcontrol.wait) when the split grid drains instead of
 // paying a full launch latency after it; captured into CUDA graphs as a programmatic edge.
-// after_split: a programmatic dependent launch behind the split kernel (same stream), so the
-// merge's CTAs are resident and waiting (griddepcontrol.wait) when the split grid drains instead of
-// paying a full launch latency after it; captured into CUDA graphs as a programmatic edge.
 template <typename TI, typename TO>
 void launch_merge(const MergeParams& p, cudaStream_t stream, bool after_split) {
   const int64_t rows = int64_t(p.B) * p.Hq;
@@ -194,6 +191,9 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   p.capacity = paged ? int(block_table->size(1) * k.size(1)) : int(k.size(2));
   p.D_runtime = int(D);
   p.scale_log2 = float((scale.has_value() ? *scale : 1.0 / std::sqrt(double(D))) * kLog2e);
+  const int64_t qe = int64_t(q.element_size());
+  p.q_vec16 = reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 && (q.stride(0) * qe) % 16 == 0 &&
+              (q.stride(1) * qe) % 16 == 0 && q.stride(2) == 1 && (D * qe) % 16 == 0;
 
   Tensor part_out = q, part_lse = q;  // placeholders; real buffers only when S > 1
   if (S > 1) {

@@ -46,6 +46,7 @@ struct DecodeParams {
   int num_blocks;      // paged only
   int D_runtime;       // head dim (also a template parameter of the kernels)
   float scale_log2;    // softmax scale * log2(e)
+  int q_vec16;         // q's base and row strides allow 16-byte copies (the tensor-core kernel's q path)
 };
 
 // Stage length: one K tile of about 16 KB (bf16 D=128: 64 tokens; D=512: 16; fp32 D=512: 8).
@@ -85,14 +86,18 @@ struct SplitWork {
 // Common prologue of both split kernels. Returns false for an empty split after writing what an
 // empty split owes: with S > 1, lse = -inf and no partial (the merge skips it; a stale partial may
 // hold NaN); with S == 1 nothing merges, so out = 0 and lse = -inf are final.
-template <typename T>
-__device__ __forceinline__ bool plan_split(const DecodeParams& p, SplitWork& w) {
+// In two parts: the CTA's heads (no memory reads, so q can be requested before seq_lens arrives),
+// then its tokens.
+__device__ __forceinline__ void plan_split_heads(const DecodeParams& p, SplitWork& w) {
   w.s = blockIdx.x;
   w.kvh = blockIdx.y / p.head_tiles;
   const int g0 = (blockIdx.y % p.head_tiles) * p.heads_per_cta;
   w.nh = min(p.heads_per_cta, p.G - g0);
   w.hq0 = w.kvh * p.G + g0;
   w.b = blockIdx.z;
+}
+template <typename T>
+__device__ __forceinline__ bool plan_split_tokens(const DecodeParams& p, SplitWork& w) {
   // Clamped, so a bad seq_len can only give a wrong answer, never an out-of-bounds read.
   const int T_b = min(max(p.seq_lens[w.b], 0), p.capacity);
   int chunk, live_splits;
@@ -109,6 +114,11 @@ __device__ __forceinline__ bool plan_split(const DecodeParams& p, SplitWork& w) 
     else p.part_lse[(int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0 + g] = -INFINITY;
   }
   return false;
+}
+template <typename T>
+__device__ __forceinline__ bool plan_split(const DecodeParams& p, SplitWork& w) {
+  plan_split_heads(p, w);
+  return plan_split_tokens<T>(p, w);
 }
 
 // cp.async one stage of TS K and V rows into padded shared rows (ROW elements apart). Rows past
@@ -347,8 +357,10 @@ struct WarpSplitShape {
   static constexpr size_t kSmem = kWarps * kStages * kStepBytes + kQBytes + kBarBytes;
   static_assert(kWarps * kStages * sizeof(uint64_t) <= kBarBytes, "barrier area");
   static_assert(kStages >= 2, "a ring needs two steps to overlap loads with math");
-  // the end-of-split merge of the warps' states reuses the ring: [W][16][merge row] o, [W][16] m and l
-  static_assert(size_t(kWarps) * 16 * (kMergeRow<D> + 2) * sizeof(float) <= kWarps * kStages * kStepBytes,
+  // the end-of-split merge of the warps' states reuses the ring: [W][16][merge row] o, [W][16] m, l
+  // and weights (one warp stores its state directly)
+  static_assert(kWarps == 1 || size_t(kWarps) * 16 * (kMergeRow<D> + 3) * sizeof(float) <=
+                                     kWarps * kStages * kStepBytes,
                 "merge area");
 };
 
@@ -394,12 +406,29 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
   static_assert(D % 16 == 0 && (16 * CPR) % 32 == 0, "tile shapes");
   static_assert(8 * NHT <= Shape::kMaxHeads, "head tile");
 
+  AURA_PHASE(0);
   SplitWork w;
-  if (!plan_split<T>(p, w)) return;
+  plan_split_heads(p, w);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ring = reinterpret_cast<T*>(smem_raw);           // [W][NS][K, V][16][ROW]
   T* qs = ring + W * NS * 2 * TILE;                   // [8 * NHT][ROW] raw q, rows >= nh zero
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nh = w.nh;
+  // q is the CTA's first request, ahead of seq_lens and of the ring's copies: staged after them it
+  // queued behind the whole grid's prefetch (tools/decode_timeline.cu: 2.5 us at B=1 T=4k, 6.5 us at
+  // T=32k, 19 us at D=512 before the main loop could start). One cp.async group, committed first.
+  const T* qg = static_cast<const T*>(p.q);
+  if (p.q_vec16) {
+    for (int i = threadIdx.x; i < 8 * NHT * CPR; i += W * 32) {
+      const int g = i / CPR, c = (i % CPR) * VEC;
+      cp_async16(qs + g * ROW + c, g < nh ? qg + w.b * p.q_sb + (w.hq0 + g) * p.q_sh + c : qg, g < nh);
+    }
+    cp_async_commit();
+  }
+  if (!plan_split_tokens<T>(p, w)) {
+    cp_async_wait<0>();  // q's copies land before the shared memory is handed on
+    return;
+  }
+  AURA_PHASE(1);
   T* my_ring = ring + warp * NS * 2 * TILE;
 
   // ---- this warp's steps: s = warp, warp + W, ... of the split's ceil(len / 16)
@@ -494,12 +523,17 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) issue(i);  // the ring fills while q is staged
 
-  const T* qg = static_cast<const T*>(p.q);
-  for (int i = threadIdx.x; i < 8 * NHT * D; i += W * 32) {
-    const int g = i / D, d = i % D;
-    qs[g * ROW + d] = g < nh ? qg[w.b * p.q_sb + (w.hq0 + g) * p.q_sh + d] : from_float<T>(0.f);
+  if (p.q_vec16) {  // q's group is older than the ring's NS - 1 (cp.async) or the only one (bulk)
+    if constexpr (BULK) cp_async_wait<0>();
+    else cp_async_wait<NS - 1>();
+  } else {  // a q view the 16-byte copies cannot move: element by element
+    for (int i = threadIdx.x; i < 8 * NHT * D; i += W * 32) {
+      const int g = i / D, d = i % D;
+      qs[g * ROW + d] = g < nh ? qg[w.b * p.q_sb + (w.hq0 + g) * p.q_sh + d] : from_float<T>(0.f);
+    }
   }
   __syncthreads();  // the only CTA barrier before the end: q visible to every warp
+  AURA_PHASE(2);
 
   // B fragments of q: head n*8 + lane/4... via ldmatrix (rows = heads, 16 k-values of D per step)
   const int qb_row = lane & 7, qb_col = 8 * ((lane >> 3) & 1);
@@ -598,6 +632,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
       for (int n = 0; n < NHT; ++n) mma_16816<T>(o[mt][n], a, pb[n][0], pb[n][1]);
     }
   }
+  AURA_PHASE(4);
   if constexpr (!BULK) cp_async_wait<0>();  // only empty groups remain; drain before the ring is reused
   grid_dependents_launch();  // the merge (programmatic dependent launch) may start its prologue
 
@@ -610,64 +645,89 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
       l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 8);
       l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 16);
     }
-  __syncthreads();  // every warp is done with the ring
-  constexpr int OROW = kMergeRow<D>;
-  static_assert(merge_layout_conflict_free<D, NHT>(), "end-of-split merge layout");
-  float* ow = reinterpret_cast<float*>(smem_raw);  // [W][16][OROW], dims swizzled (merge_col)
-  float* mw = ow + W * 16 * OROW;                  // [W][16]
-  float* lw = mw + W * 16;                         // [W][16]
-  if (lane < 4) {
-#pragma unroll
-    for (int n = 0; n < NHT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int g = n * 8 + 2 * lane + e;
-        mw[warp * 16 + g] = m_run[n][e];
-        lw[warp * 16 + g] = l_run[n][e];
-      }
-  }
-#pragma unroll
-  for (int mt = 0; mt < KS; ++mt)
-#pragma unroll
-    for (int n = 0; n < NHT; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int g = n * 8 + 2 * (lane & 3) + (c & 1), d = mt * 16 + (lane >> 2) + 8 * (c >> 1);
-        ow[(warp * 16 + g) * OROW + merge_col(g, d)] = o[mt][n][c];
-      }
-  __syncthreads();
-  // A warp without steps has m = -inf, l = 0, o = 0: weight 0, never exp2(-inf - -inf).
-  auto weight = [&](int wi, int g, float M) {
-    const float m = mw[wi * 16 + g];
-    return m == -INFINITY ? 0.f : exp2f(m - M);
-  };
-  auto row_max = [&](int g) {
-    float M = -INFINITY;
-#pragma unroll
-    for (int wi = 0; wi < W; ++wi) M = fmaxf(M, mw[wi * 16 + g]);
-    return M;
-  };
-  for (int idx = threadIdx.x; idx < nh * D; idx += W * 32) {
-    const int g = idx / D, d = idx % D;
-    const float M = row_max(g);
-    float L = 0.f, acc = 0.f;
-#pragma unroll
-    for (int wi = 0; wi < W; ++wi) {
-      const float e = weight(wi, g, M);
-      L += e * lw[wi * 16 + g];
-      acc += e * ow[(wi * 16 + g) * OROW + merge_col(g, d)];
-    }
-    store_value<T>(p, w, g, d, acc / L);
-  }
-  for (int g = threadIdx.x; g < nh; g += W * 32) {
-    const float M = row_max(g);
-    float L = 0.f;
-#pragma unroll
-    for (int wi = 0; wi < W; ++wi) L += weight(wi, g, M) * lw[wi * 16 + g];
-    const float lse = (M + log2f(L)) * kLn2;  // natural log, scale included
+  auto store_lse = [&](int g, float M_log2, float L) {
+    const float lse = (M_log2 + log2f(L)) * kLn2;  // natural log, scale included
     if (p.S == 1) p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] = lse;
     else p.part_lse[(int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0 + g] = lse;
+  };
+  if constexpr (W == 1) {
+    // One warp (D = 512): nothing to merge, and the round trip through shared memory cost more than
+    // the main loop's last quarter (16 us of 100 at B=1 T=32k): the fragments go out directly. The
+    // split is live, so every head saw a token and l >= 1.
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+      for (int n = 0; n < NHT; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int g = n * 8 + 2 * (lane & 3) + (c & 1), d = mt * 16 + (lane >> 2) + 8 * (c >> 1);
+          if (g < nh) store_value<T>(p, w, g, d, o[mt][n][c] / l_run[n][c & 1]);
+        }
+    if (lane < 4) {
+#pragma unroll
+      for (int n = 0; n < NHT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (n * 8 + 2 * lane + e < nh) store_lse(n * 8 + 2 * lane + e, m_run[n][e], l_run[n][e]);
+    }
+  } else {
+    __syncthreads();  // every warp is done with the ring
+    constexpr int OROW = kMergeRow<D>;
+    static_assert(merge_layout_conflict_free<D, NHT>(), "end-of-split merge layout");
+    float* ow = reinterpret_cast<float*>(smem_raw);  // [W][16][OROW], dims swizzled (merge_col)
+    float* mw = ow + W * 16 * OROW;                  // [W][16]
+    float* lw = mw + W * 16;                         // [W][16]
+    float* ww = lw + W * 16;                         // [W][16] each warp's weight in its head's merge
+    if (lane < 4) {
+#pragma unroll
+      for (int n = 0; n < NHT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int g = n * 8 + 2 * lane + e;
+          mw[warp * 16 + g] = m_run[n][e];
+          lw[warp * 16 + g] = l_run[n][e];
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+      for (int n = 0; n < NHT; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int g = n * 8 + 2 * (lane & 3) + (c & 1), d = mt * 16 + (lane >> 2) + 8 * (c >> 1);
+          ow[(warp * 16 + g) * OROW + merge_col(g, d)] = o[mt][n][c];
+        }
+    __syncthreads();
+    AURA_PHASE(5);
+    auto row_max = [&](int g) {
+      float M = -INFINITY;
+#pragma unroll
+      for (int wi = 0; wi < W; ++wi) M = fmaxf(M, mw[wi * 16 + g]);
+      return M;
+    };
+    // The weights once per (warp, head), not once per output element. A warp without steps has
+    // m = -inf, l = 0, o = 0: weight 0, never exp2(-inf - -inf).
+    if (threadIdx.x < W * 16) {
+      const float m = mw[threadIdx.x];
+      ww[threadIdx.x] = m == -INFINITY ? 0.f : exp2f(m - row_max(threadIdx.x % 16));
+    }
+    __syncthreads();
+    auto row_sum = [&](int g) {
+      float L = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < W; ++wi) L += ww[wi * 16 + g] * lw[wi * 16 + g];
+      return L;
+    };
+    for (int idx = threadIdx.x; idx < nh * D; idx += W * 32) {
+      const int g = idx / D, d = idx % D;
+      float acc = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < W; ++wi) acc += ww[wi * 16 + g] * ow[(wi * 16 + g) * OROW + merge_col(g, d)];
+      store_value<T>(p, w, g, d, acc / row_sum(g));
+    }
+    for (int g = threadIdx.x; g < nh; g += W * 32) store_lse(g, row_max(g), row_sum(g));
   }
+  AURA_PHASE(6);
 }
 
 struct MergeParams {
@@ -717,7 +777,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
   const float* lse_in = p.part_lse + b * p.pl_b + h * p.pl_h;
   TO* out = static_cast<TO*>(p.out) + b * p.out_b + h * p.out_h;
   const TI* po = static_cast<const TI*>(p.part_out) + b * p.po_b + h * p.po_h;
+  AURA_PHASE(8);
   grid_dependency_wait();  // launched behind the split kernel: its partials are complete after this
+  AURA_PHASE(9);
 
   // splits i0 + u * kMergeWarps (u < U) of round s0: their partial rows where live[u], else zeros
   auto load_group = [&](int s0, int i0, const bool (&live)[U], float4 (&v)[U][NCH]) {
@@ -815,6 +877,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
     out[4 * q4 + 3] = from_float<TO>(sum.w * inv);
   }
   if (threadIdx.x == 0) p.lse[b * p.lse_b + h * p.lse_h] = M + logf(total);
+  AURA_PHASE(10);
 }
 
 }  // namespace aura

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-# the kernels, and the diagnostic driver that includes them (tools/aura_timeline.cu), kept compiling
-CUDA_SOURCES = sorted((REPO / "csrc" / "cuda").glob("*.cu")) + [REPO / "tools" / "aura_timeline.cu"]
+# the kernels, and the diagnostic drivers that include them (tools/*_timeline.cu), kept compiling
+CUDA_SOURCES = sorted((REPO / "csrc" / "cuda").glob("*.cu")) + sorted((REPO / "tools").glob("*_timeline.cu"))
 TORCH_INCLUDE = Path(torch.__file__).parent / "include"
 
 # setup.py is the one place the target version is written (importing it would run setup()).

@@ -1,0 +1,110 @@
+// Where the time of a flash_decode goes: a standalone driver of the real split kernel (tensor-core,
+// bf16) and merge kernel with their phase probes (AURA_PHASE, recorded by tools/timeline_probe.cuh),
+// plus CUDA-graph timings of the pieces, on the launcher's own plan (decode.cu: auto_splits, copy
+// engine). No torch at run time (its headers only):
+//
+//   nvcc -std=c++20 -O3 -DUSE_CUDA --expt-relaxed-constexpr -gencode arch=compute_90,code=sm_90 \
+//        -I$(python3 -c 'import torch.utils.cpp_extension as c; print(c.include_paths()[0])') -Icsrc \
+//        tools/decode_timeline.cu -o /tmp/decode_timeline && /tmp/decode_timeline
+//
+// Phases (us from the first split CTA's start, median over the live CTAs): split 1 seq_len known,
+// 2 q staged (barrier), 4 main loop done (last warp), 5 warp partials in shared memory, 6 exit (last
+// warp); merge 8 entry, 9 dependency resolved, 10 exit.
+#include "timeline_probe.cuh"
+// (defines AURA_PHASE before the kernels are included)
+#include "cuda/decode.cuh"
+
+using namespace aura;
+using T = __nv_bfloat16;
+
+// q in 16-byte copies (the buffers here are aligned); kernel versions before the flag lack the field
+template <typename P>
+void allow_q_copies(P& p) {
+  if constexpr (requires { p.q_vec16; }) p.q_vec16 = 1;
+}
+
+template <int D>
+void run_case(int B, int Hq, int Hkv, int T_len, int sms) {
+  using Shape = WarpSplitShape<T, D>;
+  const int G = Hq / Hkv;
+  const size_t kv = size_t(B) * Hkv * T_len * D;
+  T *q, *k, *v, *out;
+  float *lse, *part_out, *part_lse;
+  int* seq;
+  CK(cudaMalloc(&q, size_t(B) * Hq * D * 2));
+  CK(cudaMalloc(&k, kv * 2));
+  CK(cudaMalloc(&v, kv * 2));
+  CK(cudaMalloc(&out, size_t(B) * Hq * D * 2));
+  CK(cudaMalloc(&lse, size_t(B) * Hq * 4));
+  CK(cudaMalloc(&seq, B * 4));
+  tl::fill_bf16<<<64, 256>>>(q, size_t(B) * Hq * D);
+  tl::fill_bf16<<<1024, 256>>>(k, kv);
+  tl::fill_bf16<<<1024, 256>>>(v, kv);
+  std::vector<int> sl(B, T_len);
+  CK(cudaMemcpy(seq, sl.data(), B * 4, cudaMemcpyHostToDevice));
+
+  // the launcher's plan (decode.cu)
+  const int S = auto_splits(B, Hkv, sms, 2);
+  CK(cudaMalloc(&part_out, size_t(S) * B * Hq * D * 4));
+  CK(cudaMalloc(&part_lse, size_t(S) * B * Hq * 4));
+  DecodeParams p{};
+  p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse, p.part_out = part_out, p.part_lse = part_lse;
+  p.seq_lens = seq, p.block_table = nullptr;
+  p.q_sb = int64_t(Hq) * D, p.q_sh = D;
+  p.k_s0 = p.v_s0 = int64_t(Hkv) * T_len * D, p.k_s1 = p.v_s1 = int64_t(T_len) * D, p.k_s2 = p.v_s2 = D;
+  p.out_sb = int64_t(Hq) * D, p.out_sh = D, p.lse_sb = Hq, p.lse_sh = 1;
+  p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.G = G, p.S = S;
+  p.head_tiles = ceil_div(G, Shape::kMaxHeads);
+  p.heads_per_cta = ceil_div(G, p.head_tiles);
+  p.capacity = T_len, p.D_runtime = D;
+  allow_q_copies(p);
+  p.scale_log2 = float(1.0 / std::sqrt(double(D)) * 1.4426950408889634);
+  const int per_split = ceil_div(T_len, S);
+  const bool bulk = ceil_div(per_split, 16 * Shape::kWarps) >= 16;
+  auto split = bulk ? flash_decode_split_mma_kernel<T, D, 1, true> : flash_decode_split_mma_kernel<T, D, 1, false>;
+  CK(cudaFuncSetAttribute(split, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBudget)));
+  const dim3 grid(S, Hkv * p.head_tiles, B);
+  MergeParams m{};
+  m.part_out = part_out, m.part_lse = part_lse, m.out = out, m.lse = lse;
+  m.po_s = int64_t(B) * Hq * D, m.po_b = int64_t(Hq) * D, m.po_h = D;
+  m.pl_s = int64_t(B) * Hq, m.pl_b = Hq, m.pl_h = 1;
+  m.out_b = int64_t(Hq) * D, m.out_h = D, m.lse_b = Hq, m.lse_h = 1;
+  m.S = S, m.B = B, m.Hq = Hq, m.D = D;
+  constexpr int NCH = D <= 128 ? 1 : D <= 256 ? 2 : 4;
+  auto merge = merge_attn_states_kernel<float, T, true, NCH>;
+  CK(cudaFuncSetAttribute(merge, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)));
+
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  auto decode = [&](bool with_merge) {
+    split<<<grid, Shape::kWarps * 32, Shape::kSmem, st>>>(p);
+    if (with_merge && S > 1)
+      CK(launch_after(merge, dim3(unsigned(B * Hq)), dim3(kMergeThreads), 0, st, true, m));
+  };
+  for (int i = 0; i < 20; ++i) decode(true);
+  CK(cudaStreamSynchronize(st));
+
+  tl::reset();
+  decode(true);
+  CK(cudaStreamSynchronize(st));
+  std::printf("D%d B%d %d/%d T%-6d S %3d (%s, %d warps, ring %d) |", D, B, Hq, Hkv, T_len, S, bulk ? "bulk" : "cp.async",
+              Shape::kWarps, Shape::kStages);
+  tl::print_phases(S * Hkv * p.head_tiles * B, B * Hq, {1, 2, 4, 5, 6, 8, 9, 10}, {4, 6});
+  const float t_dec = tl::graph_us(st, [&] { decode(true); }), t_split = tl::graph_us(st, [&] { decode(false); });
+  std::printf(" | graph us: split+merge %.2f split %.2f (%.2f TB/s)\n", t_dec, t_split, 2.0 * kv * 2 / t_dec * 1e-6);
+  CK(cudaGetLastError());
+  for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)out, (void*)lse, (void*)seq, (void*)part_out, (void*)part_lse})
+    CK(cudaFree(ptr));
+  CK(cudaStreamDestroy(st));
+}
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (int T_len : {1024, 4096, 8192, 32768, 131072}) run_case<128>(1, 32, 8, T_len, sms);
+  run_case<128>(8, 32, 8, 32768, sms);
+  run_case<128>(32, 32, 8, 8192, sms);
+  run_case<256>(1, 16, 8, 32768, sms);
+  run_case<512>(1, 16, 2, 32768, sms);
+  return 0;
+}
