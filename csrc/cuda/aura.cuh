@@ -1410,12 +1410,10 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   __syncthreads();  // every warp is done with the ring and the tables
   static_assert(merge_layout_conflict_free<D, S::kPairV>(), "end-of-block merge layout");
   float* ow = reinterpret_cast<float*>(smem);  // [W][8][D], dims swizzled (merge_swizzle)
-  float* mw = ow + W * 8 * D;                  // [W][8]
-  float* lw = mw + W * 8;                      // [W][8]
-  float* ww = lw + W * 8;                      // [W][8] each warp's weight in its rows' merge
+  const WarpStates<W, 8> st{ow + W * 8 * D, ow + W * 8 * D + W * 8, ow + W * 8 * D + 2 * W * 8};  // [W][8] each
   if (g4 == 0) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) mw[warp * 8 + 2 * c4 + e] = m_run[e], lw[warp * 8 + 2 * c4 + e] = l_run[e];
+    for (int e = 0; e < 2; ++e) st.m[warp * 8 + 2 * c4 + e] = m_run[e], st.l[warp * 8 + 2 * c4 + e] = l_run[e];
   }
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt)
@@ -1426,31 +1424,18 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     }
   __syncthreads();
   AURA_PHASE(5);
-  // A warp without visible tokens has m = -inf, l = 0, o = 0: weight 0, never exp2(-inf - -inf).
-  auto row_max = [&](int r) {
-    float M = -INFINITY;
-#pragma unroll
-    for (int wi = 0; wi < W; ++wi) M = fmaxf(M, mw[wi * 8 + r]);
-    return M;
-  };
-  if (threadIdx.x < W * 8) {  // the weights once, not once per output element
-    const float m = mw[threadIdx.x], M = row_max(threadIdx.x % 8);
-    ww[threadIdx.x] = m == -INFINITY ? 0.f : exp2f(m - M);
-  }
+  st.weigh();
   __syncthreads();
   for (int idx = threadIdx.x; idx < blk.R * D; idx += W * 32) {
     const int r = idx / D, d = idx % D;
     float acc = 0.f;
 #pragma unroll
-    for (int wi = 0; wi < W; ++wi) acc += ww[wi * 8 + r] * ow[(wi * 8 + r) * D + merge_swizzle<D, S::kPairV>(r, d)];
+    for (int wi = 0; wi < W; ++wi) acc += st.weight(wi, r) * ow[(wi * 8 + r) * D + merge_swizzle<D, S::kPairV>(r, d)];
     p.o[blk.out_row(p, r) * D + d] = acc;
   }
   for (int r = threadIdx.x; r < blk.R; r += W * 32) {
-    float L = 0.f;
-#pragma unroll
-    for (int wi = 0; wi < W; ++wi) L += ww[wi * 8 + r] * lw[wi * 8 + r];
-    p.m[blk.out_row(p, r)] = row_max(r) * kLn2F;  // -inf stays -inf for a row that saw nothing
-    p.l[blk.out_row(p, r)] = L;
+    p.m[blk.out_row(p, r)] = st.row_max(r) * kLn2F;  // -inf stays -inf for a row that saw nothing
+    p.l[blk.out_row(p, r)] = st.row_sum(r);
   }
   AURA_PHASE(6);
 }

@@ -468,4 +468,37 @@ __device__ __forceinline__ bool online_softmax_tile(const float (&x)[4], float (
   }
   return grew;
 }
+// The end-of-block merge of W warps' online-softmax states for R rows (decode.md §5 within a CTA),
+// through shared memory [W][R] m (log2 units), l and each warp's weight in its row's merge. After the
+// warps wrote m and l (and a CTA barrier), weigh() computes the weights once per (warp, row) with
+// the threads < W * R; after another barrier, row_sum / weight serve the reduction of the warps'
+// partial outputs. A warp that saw no token has m = -inf, l = 0, o = 0: weight 0, never
+// exp2(-inf - -inf). Shared by the dense split kernel (R = 16 heads) and AURA's warp-split pass 1
+// (R = 8 query rows).
+template <int W, int R>
+struct WarpStates {
+  float* m;  // [W][R]
+  float* l;
+  float* w;
+  __device__ __forceinline__ float row_max(int r) const {
+    float M = -INFINITY;
+#pragma unroll
+    for (int wi = 0; wi < W; ++wi) M = fmaxf(M, m[wi * R + r]);
+    return M;
+  }
+  __device__ __forceinline__ void weigh() const {
+    if (threadIdx.x < W * R) {
+      const float mi = m[threadIdx.x];
+      w[threadIdx.x] = mi == -INFINITY ? 0.f : exp2f(mi - row_max(threadIdx.x % R));
+    }
+  }
+  __device__ __forceinline__ float weight(int wi, int r) const { return w[wi * R + r]; }
+  __device__ __forceinline__ float row_sum(int r) const {  // the merged l of row r
+    float L = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < W; ++wi) L += w[wi * R + r] * l[wi * R + r];
+    return L;
+  }
+};
+
 }  // namespace aura

@@ -650,82 +650,55 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
     if (p.S == 1) p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] = lse;
     else p.part_lse[(int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0 + g] = lse;
   };
-  if constexpr (W == 1) {
-    // One warp (D = 512): nothing to merge, and the round trip through shared memory cost more than
-    // the main loop's last quarter (16 us of 100 at B=1 T=32k): the fragments go out directly. The
-    // split is live, so every head saw a token and l >= 1.
+  // f(head g, dim d, value, l of head g) for every accumulator of this lane's O^T fragments
+  auto each_fragment = [&](auto&& f) {
 #pragma unroll
     for (int mt = 0; mt < KS; ++mt)
 #pragma unroll
       for (int n = 0; n < NHT; ++n)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int g = n * 8 + 2 * (lane & 3) + (c & 1), d = mt * 16 + (lane >> 2) + 8 * (c >> 1);
-          if (g < nh) store_value<T>(p, w, g, d, o[mt][n][c] / l_run[n][c & 1]);
-        }
+        for (int c = 0; c < 4; ++c)
+          f(n * 8 + 2 * (lane & 3) + (c & 1), mt * 16 + (lane >> 2) + 8 * (c >> 1), o[mt][n][c], l_run[n][c & 1]);
+  };
+  // f(head g, m, l) for the head columns this lane's quad holds (lanes 0-3 speak for the warp)
+  auto each_head_state = [&](auto&& f) {
     if (lane < 4) {
 #pragma unroll
       for (int n = 0; n < NHT; ++n)
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (n * 8 + 2 * lane + e < nh) store_lse(n * 8 + 2 * lane + e, m_run[n][e], l_run[n][e]);
+        for (int e = 0; e < 2; ++e) f(n * 8 + 2 * lane + e, m_run[n][e], l_run[n][e]);
     }
+  };
+  if constexpr (W == 1) {
+    // One warp (D = 512): nothing to merge, and the round trip through shared memory cost more than
+    // the main loop's last quarter (16 us of 100 at B=1 T=32k): the fragments go out directly. The
+    // split is live, so every head saw a token and l >= 1.
+    each_fragment([&](int g, int d, float v, float l) {
+      if (g < nh) store_value<T>(p, w, g, d, v / l);
+    });
+    each_head_state([&](int g, float m, float l) {
+      if (g < nh) store_lse(g, m, l);
+    });
   } else {
     __syncthreads();  // every warp is done with the ring
     constexpr int OROW = kMergeRow<D>;
     static_assert(merge_layout_conflict_free<D, NHT>(), "end-of-split merge layout");
     float* ow = reinterpret_cast<float*>(smem_raw);  // [W][16][OROW], dims swizzled (merge_col)
-    float* mw = ow + W * 16 * OROW;                  // [W][16]
-    float* lw = mw + W * 16;                         // [W][16]
-    float* ww = lw + W * 16;                         // [W][16] each warp's weight in its head's merge
-    if (lane < 4) {
-#pragma unroll
-      for (int n = 0; n < NHT; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int g = n * 8 + 2 * lane + e;
-          mw[warp * 16 + g] = m_run[n][e];
-          lw[warp * 16 + g] = l_run[n][e];
-        }
-    }
-#pragma unroll
-    for (int mt = 0; mt < KS; ++mt)
-#pragma unroll
-      for (int n = 0; n < NHT; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int g = n * 8 + 2 * (lane & 3) + (c & 1), d = mt * 16 + (lane >> 2) + 8 * (c >> 1);
-          ow[(warp * 16 + g) * OROW + merge_col(g, d)] = o[mt][n][c];
-        }
+    const WarpStates<W, 16> st{ow + W * 16 * OROW, ow + W * 16 * OROW + W * 16, ow + W * 16 * OROW + 2 * W * 16};
+    each_head_state([&](int g, float m, float l) { st.m[warp * 16 + g] = m, st.l[warp * 16 + g] = l; });
+    each_fragment([&](int g, int d, float v, float) { ow[(warp * 16 + g) * OROW + merge_col(g, d)] = v; });
     __syncthreads();
     AURA_PHASE(5);
-    auto row_max = [&](int g) {
-      float M = -INFINITY;
-#pragma unroll
-      for (int wi = 0; wi < W; ++wi) M = fmaxf(M, mw[wi * 16 + g]);
-      return M;
-    };
-    // The weights once per (warp, head), not once per output element. A warp without steps has
-    // m = -inf, l = 0, o = 0: weight 0, never exp2(-inf - -inf).
-    if (threadIdx.x < W * 16) {
-      const float m = mw[threadIdx.x];
-      ww[threadIdx.x] = m == -INFINITY ? 0.f : exp2f(m - row_max(threadIdx.x % 16));
-    }
+    st.weigh();
     __syncthreads();
-    auto row_sum = [&](int g) {
-      float L = 0.f;
-#pragma unroll
-      for (int wi = 0; wi < W; ++wi) L += ww[wi * 16 + g] * lw[wi * 16 + g];
-      return L;
-    };
     for (int idx = threadIdx.x; idx < nh * D; idx += W * 32) {
       const int g = idx / D, d = idx % D;
       float acc = 0.f;
 #pragma unroll
-      for (int wi = 0; wi < W; ++wi) acc += ww[wi * 16 + g] * ow[(wi * 16 + g) * OROW + merge_col(g, d)];
-      store_value<T>(p, w, g, d, acc / row_sum(g));
+      for (int wi = 0; wi < W; ++wi) acc += st.weight(wi, g) * ow[(wi * 16 + g) * OROW + merge_col(g, d)];
+      store_value<T>(p, w, g, d, acc / st.row_sum(g));
     }
-    for (int g = threadIdx.x; g < nh; g += W * 32) store_lse(g, row_max(g), row_sum(g));
+    for (int g = threadIdx.x; g < nh; g += W * 32) store_lse(g, st.row_max(g), st.row_sum(g));
   }
   AURA_PHASE(6);
 }
