@@ -5,7 +5,7 @@
 //
 //   nvcc -std=c++20 -O3 -DUSE_CUDA --expt-relaxed-constexpr -gencode arch=compute_90,code=sm_90 \
 //        -I$(python3 -c 'import torch.utils.cpp_extension as c; print(c.include_paths()[0])') -Icsrc \
-//        tools/decode_timeline.cu -o /tmp/decode_timeline && /tmp/decode_timeline
+//        tools/decode_timeline.cu -o /tmp/decode_timeline && /tmp/decode_timeline [B T D]
 //
 // Phases (us from the first split CTA's start, median over the live CTAs): split 1 seq_len known,
 // 2 q staged (barrier), 4 main loop done (last warp), 5 warp partials in shared memory, 6 exit (last
@@ -98,9 +98,16 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms) {
   CK(cudaStreamDestroy(st));
 }
 
-int main() {
+int main(int argc, char** argv) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  if (argc == 4) {  // one case, e.g. under ncu: decode_timeline B T D (the heads of that D's case below)
+    const int B = std::atoi(argv[1]), T_len = std::atoi(argv[2]), D = std::atoi(argv[3]);
+    if (D == 256) run_case<256>(B, 16, 8, T_len, sms);
+    else if (D == 512) run_case<512>(B, 16, 2, T_len, sms);
+    else run_case<128>(B, 32, 8, T_len, sms);
+    return 0;
+  }
   for (int T_len : {1024, 4096, 8192, 32768, 131072}) run_case<128>(1, 32, 8, T_len, sms);
   run_case<128>(8, 32, 8, 32768, sms);
   run_case<128>(32, 32, 8, 8192, sms);
