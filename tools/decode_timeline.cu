@@ -17,12 +17,6 @@
 using namespace aura;
 using T = __nv_bfloat16;
 
-// q in 16-byte copies (the buffers here are aligned); kernel versions before the flag lack the field
-template <typename P>
-void allow_q_copies(P& p) {
-  if constexpr (requires { p.q_vec16; }) p.q_vec16 = 1;
-}
-
 template <int D>
 void run_case(int B, int Hq, int Hkv, int T_len, int sms) {
   using Shape = WarpSplitShape<T, D>;
@@ -57,7 +51,7 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms) {
   p.head_tiles = ceil_div(G, Shape::kMaxHeads);
   p.heads_per_cta = ceil_div(G, p.head_tiles);
   p.capacity = T_len, p.D_runtime = D;
-  allow_q_copies(p);
+  p.q_vec16 = 1;  // the buffers here are 16-byte aligned
   p.scale_log2 = float(1.0 / std::sqrt(double(D)) * 1.4426950408889634);
   const int per_split = ceil_div(T_len, S);
   const bool bulk = ceil_div(per_split, 16 * Shape::kWarps) >= 16;

@@ -122,20 +122,6 @@ P1Kernel p1_kernel(int64_t D, int64_t kb, int64_t vb, FloatKind q_kind, int devi
   }
 }
 
-// Largest vector (16, 8 or 4 bytes) in which every row of t can be moved: the base, the row size and
-// every leading stride are multiples of it. Code rows take cp.async / stores of that size; encode
-// reads its input in 16-byte vectors when this says 16.
-int row_vector_bytes(const Tensor& t) {
-  const int64_t nd = t.dim(), elem = int64_t(t.element_size());
-  const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
-  for (int v : {16, 8}) {
-    bool ok = addr % v == 0 && (t.size(nd - 1) * elem) % v == 0;
-    for (int64_t d = 0; d + 1 < nd; ++d) ok = ok && (t.size(d) <= 1 || (t.stride(d) * elem) % v == 0);
-    if (ok) return v;
-  }
-  return 4;
-}
-
 struct CacheShape {
   int64_t B, L, Hq, D, Hkv, capacity, page_size, num_blocks;
   bool paged;

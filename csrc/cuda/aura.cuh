@@ -857,9 +857,9 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
 // in order: k-step kk uses the quarter's codes 4kk .. 4kk + 3 (one table "quad"; q's B fragments
 // follow the same map), so each lane reads one contiguous run of packed bits per row.
 // V uses the same quarters before the transpose (or, with token-pair lookups, a lane's D/8 dims), so
-// O's rows come out permuted; the epilogue knows the map. Precision: q_rot, the codebooks and p * norm_V in fp16 (11-bit significands), fp32
-// accumulation: relative errors ~1e-3, below the bf16 / fp16 output's own rounding; fp32 queries
-// take the exact kernel above.
+// O's rows come out permuted; the epilogue knows the map. Precision: q_rot, the codebooks and
+// p * norm_V in fp16 (11-bit significands), fp32 accumulation: relative errors ~1e-3, below the
+// bf16 / fp16 output's own rounding; fp32 queries take the exact kernel above.
 
 // fp16 codebook tables. Every entry fills 128 bytes with copies for the lanes of a shared-memory
 // wavefront (32 copies of 4 bytes, or 16 of 8), and lane l reads its own copy: random codes never
@@ -1079,8 +1079,6 @@ __device__ __forceinline__ void for_each_pv_tile(const uint32_t* tile, const uns
 }
 
 // cp.async of one code row of PW words by half a warp-pair: lane half h takes chunks h, h + 2, ... of
-// `vec` bytes (16, 8 or 4: what the tensor's base and strides allow, decided on the host).
-// cp.async of one code row of PW words by half a warp-pair: lane half h takes chunks h, h + 2, ... of
 // `vec` bytes (16, 8 or 4: what the tensor's base and strides allow, decided on the host). dst and src
 // already point at the lane's first chunk (chunk h), so the rest sit at immediate offsets.
 template <int PW>
@@ -1154,25 +1152,21 @@ __host__ __device__ constexpr int merge_swizzle(int r, int d) {
 // Checked at compile time for every instantiation: stores and reads free of bank conflicts, and the
 // swizzle a permutation of each column's dims.
 template <int D, bool PAIR_V>
-constexpr bool merge_layout_conflict_free() {
+constexpr bool block_merge_conflict_free() {
   for (int mt = 0; mt < D / 16; ++mt)
-    for (int c = 0; c < 4; ++c) {
-      unsigned banks = 0;
-      for (int lane = 0; lane < 32; ++lane) {
-        const int r = 2 * (lane & 3) + (c & 1);
-        banks |= 1u << ((r * D + merge_swizzle<D, PAIR_V>(r, merge_dim<D, PAIR_V>(lane >> 2, mt, c))) % 32);
-      }
-      if (banks != 0xFFFFFFFFu) return false;
-    }
+    for (int c = 0; c < 4; ++c)
+      if (!distinct_banks(32, [&](int lane) {
+            const int r = 2 * (lane & 3) + (c & 1);
+            return r * D + merge_swizzle<D, PAIR_V>(r, merge_dim<D, PAIR_V>(lane >> 2, mt, c));
+          }))
+        return false;
   for (int r = 0; r < 8; ++r)
     for (int d0 = 0; d0 < D; d0 += 32) {
-      unsigned banks = 0;
       for (int d = d0; d < d0 + 32; ++d) {
         const int x = merge_swizzle<D, PAIR_V>(r, d);
         if (x < d0 || x >= d0 + 32) return false;  // stays inside its 32-dim run: a permutation
-        banks |= 1u << ((r * D + x) % 32);
       }
-      if (banks != 0xFFFFFFFFu) return false;
+      if (!distinct_banks(32, [&](int i) { return r * D + merge_swizzle<D, PAIR_V>(r, d0 + i); })) return false;
     }
   return true;
 }
@@ -1233,21 +1227,16 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 
   // ---- copies: lane l stages row l % 16 of a step (its codes in two halves by l / 16, and the K norm
   // for l < 16, the V norm otherwise). To keep the issue path short, the block-fixed parts of the
-  // offsets (head; contiguous: sequence) are folded into base pointers, the rest is one
-  // 32 x 32 -> 64-bit multiply-add per pointer on byte strides that fit in 32 bits
-  // (checked on the host), and rows past the block are clamped to its last token (the copy reads
-  // nothing for them: zero fill) so no select guards an address. For paged caches the row's page is
-  // read one step ahead, off the issue path.
+  // offsets (head; contiguous: sequence) and the lane half's first chunk are folded into base
+  // pointers, pinned in registers (left to itself the compiler re-derived them from the parameters
+  // at every issued step: ~60 instructions of 64-bit arithmetic, a sixth of the loop); the rest is
+  // one 32 x 32 -> 64-bit multiply-add per pointer on byte strides from the host (int32, checked
+  // there). Rows past the block are clamped to its last token (the copy reads nothing for them: zero
+  // fill), so no select guards an address. Paged caches read a row's page one step ahead.
   const int crow = lane & 15, chalf = lane >> 4;
   const bool paged = p.block_table != nullptr;
   const int* pages = paged ? p.block_table + blk.b * p.bt_sb : nullptr;
   const int t_last = t_spec - 1;
-  // Per-CTA byte bases (contiguous: sequence and head folded in; paged: the head), pinned in registers:
-  // left to itself the compiler re-derived them from the parameters at every issued step (~60
-  // instructions of 64-bit arithmetic per step, a sixth of the loop). Row and page strides in bytes
-  // come from the host (int32, checked there), straight from the constant bank.
-  // Lane half h copies the chunks h, h + 2, ... of its row (copy_code_row): its first chunk's offset
-  // (h times the chunk size) is folded into the bases and destinations too.
   auto fixed = [&](int64_t s0, int64_t s2) { return (paged ? 0 : int64_t(blk.b) * s0) + int64_t(blk.kvh) * s2; };
   auto bytes = [](const void* base, int64_t elems) { return static_cast<const char*>(base) + elems * 4; };
   const int kc_vec = p.kc_vec, vc_vec = p.vc_vec;
@@ -1408,7 +1397,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 16);
   }
   __syncthreads();  // every warp is done with the ring and the tables
-  static_assert(merge_layout_conflict_free<D, S::kPairV>(), "end-of-block merge layout");
+  static_assert(block_merge_conflict_free<D, S::kPairV>(), "end-of-block merge layout");
   float* ow = reinterpret_cast<float*>(smem);  // [W][8][D], dims swizzled (merge_swizzle)
   const WarpStates<W, 8> st{ow + W * 8 * D, ow + W * 8 * D + W * 8, ow + W * 8 * D + 2 * W * 8};  // [W][8] each
   if (g4 == 0) {

@@ -211,6 +211,20 @@ inline void check_dtype(const Tensor& t, const char* name, ScalarType expected) 
 
 // 16-byte vector loads need a 16-byte aligned base and 16-byte multiples for every stride but the
 // last (decode.md §3): views that break this are rejected rather than read misaligned.
+// Largest vector (16, 8 or 4 bytes) in which every row of t can be moved: the base, the row size and
+// every leading stride are multiples of it. AURA code rows take cp.async / stores of that size, encode
+// reads its input in 16-byte vectors and the dense decode copies q in 16-byte pieces when this says 16.
+inline int row_vector_bytes(const Tensor& t) {
+  const int64_t nd = t.dim(), elem = int64_t(t.element_size());
+  const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
+  for (int v : {16, 8}) {
+    bool ok = addr % v == 0 && (t.size(nd - 1) * elem) % v == 0;
+    for (int64_t d = 0; d + 1 < nd; ++d) ok = ok && (t.size(d) <= 1 || (t.stride(d) * elem) % v == 0);
+    if (ok) return v;
+  }
+  return 4;
+}
+
 inline void check_vector_aligned(const Tensor& t, const char* name) {
   const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
   AURA_CHECK(addr % 16 == 0, name, ": expected a 16-byte aligned data pointer (16-byte vector loads), got ",
@@ -468,6 +482,19 @@ __device__ __forceinline__ bool online_softmax_tile(const float (&x)[4], float (
   }
   return grew;
 }
+// Whether the n (<= 32) 4-byte words word_of(0), ..., word_of(n - 1) of one shared-memory access sit on
+// n distinct banks (no conflict). Evaluated at compile time by the merge-buffer layout checks.
+template <typename F>
+constexpr bool distinct_banks(int n, F word_of) {
+  unsigned banks = 0;
+  for (int i = 0; i < n; ++i) {
+    const unsigned bit = 1u << (word_of(i) % 32);
+    if (banks & bit) return false;
+    banks |= bit;
+  }
+  return true;
+}
+
 // The end-of-block merge of W warps' online-softmax states for R rows (decode.md §5 within a CTA),
 // through shared memory [W][R] m (log2 units), l and each warp's weight in its row's merge. After the
 // warps wrote m and l (and a CTA barrier), weigh() computes the weights once per (warp, row) with

@@ -191,9 +191,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   p.capacity = paged ? int(block_table->size(1) * k.size(1)) : int(k.size(2));
   p.D_runtime = int(D);
   p.scale_log2 = float((scale.has_value() ? *scale : 1.0 / std::sqrt(double(D))) * kLog2e);
-  const int64_t qe = int64_t(q.element_size());
-  p.q_vec16 = reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 && (q.stride(0) * qe) % 16 == 0 &&
-              (q.stride(1) * qe) % 16 == 0 && q.stride(2) == 1 && (D * qe) % 16 == 0;
+  p.q_vec16 = row_vector_bytes(q) == 16;  // (q's last stride is 1: check_cuda_tensor)
 
   Tensor part_out = q, part_lse = q;  // placeholders; real buffers only when S > 1
   if (S > 1) {

@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kSimtThreads) flash_decode_split_simt_kernel(c
 // A fragment store (fixed m-tile, head tile, register) has its 32 lanes on heads 2 (lane % 4) + e
 // and dims lane / 4 + const; XORing bits 3-4 of d with (g / 2) % 4 gives those 32 lanes 32 banks,
 // and 32 consecutive dims of one head (the reduction's reads) stay a permutation of one 32-dim run.
-// Rows are D floats when D is a multiple of 32, else 112 for D = 80 (merge_layout_conflict_free
+// Rows are D floats when D is a multiple of 32, else 112 for D = 80 (split_merge_conflict_free
 // checks every instantiation). The old D + 1 row put a store's 32 lanes on 14 banks (up to 4-way
 // conflicts in every store of the epilogue).
 template <int D>
@@ -366,29 +366,25 @@ struct WarpSplitShape {
 
 __host__ __device__ constexpr int merge_col(int g, int d) { return d ^ (((g >> 1) & 3) << 3); }
 template <int D, int NHT>
-constexpr bool merge_layout_conflict_free() {
+constexpr bool split_merge_conflict_free() {
   constexpr int R = kMergeRow<D>;
   for (int mt = 0; mt < D / 16; ++mt)
     for (int n = 0; n < NHT; ++n)
-      for (int c = 0; c < 4; ++c) {
-        unsigned banks = 0;
-        for (int lane = 0; lane < 32; ++lane) {
-          const int g = n * 8 + 2 * (lane & 3) + (c & 1), d = mt * 16 + (lane >> 2) + 8 * (c >> 1);
-          banks |= 1u << ((g * R + merge_col(g, d)) % 32);
-        }
-        if (banks != 0xFFFFFFFFu) return false;
-      }
-  for (int i0 = 0; i0 < 8 * NHT * D; i0 += 32) {  // reads: thread idx -> (g, d) = (idx / D, idx % D)
-    unsigned banks = 0;
-    int n = 0;
-    for (int idx = i0; idx < i0 + 32 && idx < 8 * NHT * D; ++idx, ++n) {
-      const int g = idx / D, d = idx % D, x = merge_col(g, d);
-      if (x >= R) return false;
-      banks |= 1u << ((g * R + x) % 32);
-    }
-    for (; banks != 0; banks &= banks - 1) --n;  // n lanes, n distinct banks
-    if (n != 0) return false;
-  }
+      for (int c = 0; c < 4; ++c)
+        if (!distinct_banks(32, [&](int lane) {
+              const int g = n * 8 + 2 * (lane & 3) + (c & 1), d = mt * 16 + (lane >> 2) + 8 * (c >> 1);
+              return g * R + merge_col(g, d);
+            }))
+          return false;
+  constexpr int N = 8 * NHT * D;  // reads: thread idx -> (g, d) = (idx / D, idx % D)
+  for (int idx = 0; idx < N; ++idx)
+    if (merge_col(idx / D, idx % D) >= R) return false;
+  for (int i0 = 0; i0 < N; i0 += 32)
+    if (!distinct_banks(i0 + 32 <= N ? 32 : N - i0, [&](int i) {
+          const int g = (i0 + i) / D;
+          return g * R + merge_col(g, (i0 + i) % D);
+        }))
+      return false;
   return true;
 }
 
@@ -682,7 +678,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
   } else {
     __syncthreads();  // every warp is done with the ring
     constexpr int OROW = kMergeRow<D>;
-    static_assert(merge_layout_conflict_free<D, NHT>(), "end-of-split merge layout");
+    static_assert(split_merge_conflict_free<D, NHT>(), "end-of-split merge layout");
     float* ow = reinterpret_cast<float*>(smem_raw);  // [W][16][OROW], dims swizzled (merge_col)
     const WarpStates<W, 16> st{ow + W * 16 * OROW, ow + W * 16 * OROW + W * 16, ow + W * 16 * OROW + 2 * W * 16};
     each_head_state([&](int g, float m, float l) { st.m[warp * 16 + g] = m, st.l[warp * 16 + g] = l; });
