@@ -18,7 +18,7 @@ using namespace aura;
 using T = __nv_bfloat16;
 
 template <int D>
-void run_case(int B, int Hq, int Hkv, int T_len, int sms) {
+void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  // S_force > 0: that split count
   using Shape = WarpSplitShape<T, D>;
   const int G = Hq / Hkv;
   const size_t kv = size_t(B) * Hkv * T_len * D;
@@ -38,7 +38,7 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms) {
   CK(cudaMemcpy(seq, sl.data(), B * 4, cudaMemcpyHostToDevice));
 
   // the launcher's plan (decode.cu)
-  const int S = auto_splits(B, Hkv, sms, 2);
+  const int S = S_force > 0 ? S_force : auto_splits(B, Hkv, sms, 2);
   CK(cudaMalloc(&part_out, size_t(S) * B * Hq * D * 4));
   CK(cudaMalloc(&part_lse, size_t(S) * B * Hq * 4));
   DecodeParams p{};
@@ -95,11 +95,12 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms) {
 int main(int argc, char** argv) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  if (argc == 4) {  // one case, e.g. under ncu: decode_timeline B T D (the heads of that D's case below)
+  if (argc >= 4) {  // one case, e.g. under ncu: decode_timeline B T D [S] (the heads of that D's case below)
     const int B = std::atoi(argv[1]), T_len = std::atoi(argv[2]), D = std::atoi(argv[3]);
-    if (D == 256) run_case<256>(B, 16, 8, T_len, sms);
-    else if (D == 512) run_case<512>(B, 16, 2, T_len, sms);
-    else run_case<128>(B, 32, 8, T_len, sms);
+    const int S = argc >= 5 ? std::atoi(argv[4]) : 0;
+    if (D == 256) run_case<256>(B, 16, 8, T_len, sms, S);
+    else if (D == 512) run_case<512>(B, 16, 2, T_len, sms, S);
+    else run_case<128>(B, 32, 8, T_len, sms, S);
     return 0;
   }
   for (int T_len : {1024, 4096, 8192, 32768, 131072}) run_case<128>(1, 32, 8, T_len, sms);

@@ -19,7 +19,10 @@ namespace aura {
 // Threads per CTA of the CUDA-core fp32 kernel: 4 warps (tuned there, and it spills registers at 8).
 constexpr int kSimtThreads = 128;
 constexpr size_t kSmemBudget = 110 * 1024;  // per CTA: two CTAs share an H100 SM's 228 KB (CTAS_PER_SM = 2)
-constexpr int kMinChunk = 256;          // decode.md §4: a split below this costs more than it saves
+// decode.md §4: the smallest split, one 16-token step per warp of the tensor-core kernel. 256 cost
+// B = 1 short contexts dearly: at T = 1k only 4 of 29 splits per head were live, each warp walking
+// 4 steps (tools/decode_timeline.cu, H100 graph: 10.25 -> 7.37 us with 64, T = 4k 10.85 -> 10.26).
+constexpr int kMinChunk = 64;
 constexpr int kContiguousTile = 64;     // split granularity of the contiguous layout (reference too)
 constexpr double kLog2e = 1.4426950408889634;  // host-side: the scale is formed in double
 constexpr float kLn2 = 0.6931471805599453f;

@@ -174,6 +174,19 @@ def test_stale_nan_partials_are_skipped():
     check("stale", out, lse, *oracle(q, k, v, sl, None), torch.float32)
 
 
+@pytest.mark.parametrize("D", (80, 128, 512), ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("layout", ("contig", "page16"))
+def test_16bit_split_counts_around_the_chunk_floor(D, layout):
+    """16-bit caches (tensor-core kernel) with forced split counts on lengths around the 64-token
+    split floor (one step per warp), so clusters of live and dead splits meet in the merge."""
+    page = None if layout == "contig" else 16
+    Hq = 4 if D == 512 else 12  # G = 6 at D <= 128: one head tile; G = 2 at D = 512
+    q, k, v, sl, table = make_cache([0, 1, 63, 64, 65, 3000], Hq, 2, D, torch.bfloat16, page=page, seed=D)
+    for S in (2, 5, 16, 17, 47):
+        out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+        check(f"D{D}-{layout}-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+
+
 # ------------------------------------------------------------------------------------- merge
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_merge_kernel_matches_reference(dtype):

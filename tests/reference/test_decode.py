@@ -254,8 +254,8 @@ def test_empty_batch():
 
 def _doc_chunk(T, S, tile):
     """decode.md §4 with §6's whole pages, written out again:
-    chunk_b = round_up(max(256, ceil(T/S)), tile)."""
-    per_split = max(256, math.ceil(T / S))
+    chunk_b = round_up(max(64, ceil(T/S)), tile)."""
+    per_split = max(64, math.ceil(T / S))
     return math.ceil(per_split / tile) * tile
 
 

@@ -14,7 +14,7 @@ typedef std::int64_t aura_i64;
 enum : unsigned {
   kDecodeSimdgroups = 4,  // simdgroups per split threadgroup; each takes every 4th token
   kDecodeHeadTile = 4,    // query heads of a GQA group processed together (one float4 simd_sum)
-  kDecodeMinChunk = 256,  // reference/decode.py MIN_CHUNK: smallest split worth a threadgroup
+  kDecodeMinChunk = 64,  // reference/decode.py MIN_CHUNK: the smallest split
   kDecodeContiguousTile = 64,  // reference/decode.py CONTIGUOUS_TILE: split granularity
 };
 
