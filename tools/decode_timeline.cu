@@ -64,8 +64,7 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   m.pl_s = int64_t(B) * Hq, m.pl_b = Hq, m.pl_h = 1;
   m.out_b = int64_t(Hq) * D, m.out_h = D, m.lse_b = Hq, m.lse_h = 1;
   m.S = S, m.B = B, m.Hq = Hq, m.D = D;
-  constexpr int NCH = D <= 128 ? 1 : D <= 256 ? 2 : 4;
-  auto merge = merge_attn_states_kernel<float, T, true, NCH>;
+  auto merge = merge_attn_states_kernel<float, T, true>;
   CK(cudaFuncSetAttribute(merge, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)));
 
   cudaStream_t st;
@@ -73,7 +72,7 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   auto decode = [&](bool with_merge) {
     split<<<grid, Shape::kWarps * 32, Shape::kSmem, st>>>(p);
     if (with_merge && S > 1)
-      CK(launch_after(merge, dim3(unsigned(B * Hq)), dim3(kMergeThreads), 0, st, true, m));
+      CK(launch_after(merge, dim3(unsigned(B * Hq), unsigned(ceil_div(D, kMergeChunk))), dim3(kMergeThreads), 0, st, true, m));
   };
   for (int i = 0; i < 20; ++i) decode(true);
   CK(cudaStreamSynchronize(st));
@@ -83,7 +82,7 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   CK(cudaStreamSynchronize(st));
   std::printf("D%d B%d %d/%d T%-6d S %3d (%s, %d warps, ring %d) |", D, B, Hq, Hkv, T_len, S, bulk ? "bulk" : "cp.async",
               Shape::kWarps, Shape::kStages);
-  tl::print_phases(S * Hkv * p.head_tiles * B, B * Hq, {1, 2, 4, 5, 6, 8, 9, 10}, {4, 6});
+  tl::print_phases(S * Hkv * p.head_tiles * B, B * Hq * ceil_div(D, kMergeChunk), {1, 2, 4, 5, 6, 8, 9, 10}, {4, 6});
   const float t_dec = tl::graph_us(st, [&] { decode(true); }), t_split = tl::graph_us(st, [&] { decode(false); });
   std::printf(" | graph us: split+merge %.2f split %.2f (%.2f TB/s)\n", t_dec, t_split, 2.0 * kv * 2 / t_dec * 1e-6);
   CK(cudaGetLastError());

@@ -91,21 +91,17 @@ void launch_merge(const MergeParams& p, cudaStream_t stream, bool after_split) {
   const bool vec = std::is_same_v<TI, float> && reinterpret_cast<uintptr_t>(p.part_out) % 16 == 0 &&
                    p.po_s % 4 == 0 && p.po_b % 4 == 0 && p.po_h % 4 == 0;
   cudaError_t err;
-  auto launch = [&](auto vec_tag, auto nch_tag) {
-    constexpr auto kernel = merge_attn_states_kernel<TI, TO, decltype(vec_tag)::value, decltype(nch_tag)::value>;
+  auto launch = [&](auto vec_tag) {
+    constexpr auto kernel = merge_attn_states_kernel<TI, TO, decltype(vec_tag)::value>;
     // The split kernel runs with the largest shared-memory carveout; asking the same for the merge
     // spares the SMs an L1/shared reconfiguration between the two.
     set_kernel_attribute_once<kernel, cudaFuncAttributePreferredSharedMemoryCarveout>(
         int(cudaSharedmemCarveoutMaxShared), "merge_attn_states");
-    err = launch_after(kernel, dim3(static_cast<unsigned>(rows)), dim3(kMergeThreads), 0, stream, after_split, p);
+    const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(ceil_div(p.D, kMergeChunk)));
+    err = launch_after(kernel, grid, dim3(kMergeThreads), 0, stream, after_split, p);
   };
-  auto with_chunks = [&](auto vec_tag) {
-    if (p.D <= 128) launch(vec_tag, std::integral_constant<int, 1>{});
-    else if (p.D <= 256) launch(vec_tag, std::integral_constant<int, 2>{});
-    else launch(vec_tag, std::integral_constant<int, 4>{});
-  };
-  if (vec) with_chunks(std::true_type{});
-  else with_chunks(std::false_type{});
+  if (vec) launch(std::true_type{});
+  else launch(std::false_type{});
   AURA_CHECK(err == cudaSuccess, "merge_attn_states kernel: launch failed: ", cudaGetErrorString(err));
 }
 
@@ -252,7 +248,7 @@ std::tuple<Tensor, Tensor> merge_attn_states_cuda(Tensor partial_out, Tensor par
   const int64_t S = partial_out.size(0), B = partial_out.size(1), Hq = partial_out.size(2), D = partial_out.size(3);
   AURA_CHECK(partial_lse.size(0) == S && partial_lse.size(1) == B && partial_lse.size(2) == Hq,
              "partial_lse: expected shape [", S, ", ", B, ", ", Hq, "] (partial_out's first three dims)");
-  AURA_CHECK(D <= 128 * kMergeMaxChunks && D % 4 == 0, "partial_out: expected a head_dim that is a multiple of 4 "
+  AURA_CHECK(D <= 512 && D % 4 == 0, "partial_out: expected a head_dim that is a multiple of 4 "
              "and at most 512, got ", D);
   Tensor out = torch::stable::new_empty(partial_out, std::vector<int64_t>{B, Hq, D});
   Tensor lse = torch::stable::new_empty(partial_out, std::vector<int64_t>{B, Hq}, ScalarType::Float);

@@ -669,12 +669,27 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
     }
   };
   if constexpr (W == 1) {
-    // One warp (D = 512): nothing to merge, and the round trip through shared memory cost more than
-    // the main loop's last quarter (16 us of 100 at B=1 T=32k): the fragments go out directly. The
-    // split is live, so every head saw a token and l >= 1.
-    each_fragment([&](int g, int d, float v, float l) {
-      if (g < nh) store_value<T>(p, w, g, d, v / l);
-    });
+    // One warp (D = 512): nothing to merge between warps (a round trip of the warp state through
+    // shared memory cost more than the main loop's last quarter). The split is live, so every head
+    // saw a token and l >= 1. A partial (S > 1) goes out as coalesced 16-byte rows, staged in the
+    // drained ring (dims swizzled by merge_col: conflict-free fragment stores): storing the fragments
+    // directly (8 segments of 32 bytes per instruction) held the epilogue 8 us, staged 5 us, under the
+    // other CTAs' streaming (B=1 T=32k, tools/decode_timeline.cu on an H100). S == 1 writes out
+    // directly (q's dtype, any strides).
+    if (p.S > 1) {
+      static_assert(D % 32 == 0 && 8 * NHT * D * sizeof(float) <= NS * 2 * TILE * sizeof(T), "staging area");
+      float* ow = reinterpret_cast<float*>(smem_raw);  // [8 NHT][D]
+      each_fragment([&](int g, int d, float v, float l) { ow[g * D + merge_col(g, d)] = v / l; });
+      __syncwarp();
+      float* po = p.part_out + ((int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0) * D;  // nh rows of D
+      for (int idx = 4 * lane; idx < nh * D; idx += 128)  // merge_col keeps 4 aligned dims together
+        *reinterpret_cast<float4*>(po + idx) = *reinterpret_cast<const float4*>(ow + idx - idx % D + merge_col(idx / D, idx % D));
+    } else {
+      each_fragment([&](int g, int d, float v, float l) {
+        if (g < nh) store_value<T>(p, w, g, d, v / l);
+      });
+    }
+    AURA_PHASE(5);
     each_head_state([&](int g, float m, float l) {
       if (g < nh) store_lse(g, m, l);
     });
@@ -713,10 +728,10 @@ struct MergeParams {
   int S, B, Hq, D;
 };
 
-constexpr int kMergeMaxChunks = 4;  // 4 dims per lane per chunk, 128 dims per chunk: D <= 512
+constexpr int kMergeChunk = 128;    // dims per merge CTA: 4 per lane
 constexpr int kMergeThreads = 128;
 constexpr int kMergeWarps = kMergeThreads / 32;
-constexpr int kMergeUnroll = 8;     // live splits per warp whose loads are in flight together (D <= 128)
+constexpr int kMergeUnroll = 8;     // live splits per warp whose loads are in flight together
 
 // 4 consecutive values as fp32: one 16-byte load when the layout allows (VEC), else 4 scalars.
 template <typename TI, bool VEC>
@@ -728,44 +743,42 @@ __device__ __forceinline__ float4 load4_merge(const TI* x) {
   }
 }
 
-// One CTA per (b, query head): the log-sum-exp merge of decode.md §5. Every warp finds the max lse
-// (lanes over splits); the weights of 128 splits at a time go to shared memory; warp w takes the
-// splits w, w + 4, ... of them, kMergeUnroll at once, so a row's partial loads are in flight
+// One CTA per (b, query head, 128-dim chunk): the log-sum-exp merge of decode.md §5. Every warp
+// finds the max lse (lanes over splits); the weights of 128 splits at a time go to shared memory;
+// warp w takes the splits w, w + 4, ... of them, U at once, so a row's partial loads are in flight
 // together (one memory round trip for up to 32 live splits, instead of one per few splits); lane l
-// owns dims 4l..4l+3 of each 128-wide chunk; the warps' sums meet in shared memory. The first U
-// splits of each warp are loaded together with the lse values, before any weight is known (at batch
-// 1, S <= 4 U: the whole merge is one round trip).
+// owns dims 4l..4l+3 of the chunk; the warps' sums meet in shared memory. The first U splits of each
+// warp are loaded together with the lse values, before any weight is known (at batch 1, S <= 4 U:
+// the whole merge is one round trip). Dims in chunks of their own CTAs: with a CTA per (b, head)
+// walking all of D = 512, B = 1 (16 CTAs, 109 splits of 2 KB each) took 7.7 us after its dependency
+// resolved (tools/decode_timeline.cu, H100): a few SMs' bandwidth.
 // A split with lse = -inf has weight 0 and its partial, possibly stale or NaN, is dropped by a select
 // (past each warp's first U splits it is not even loaded). With no live split out = 0, lse = -inf
 // (exp(-inf - -inf) would be NaN).
-template <typename TI, typename TO, bool VEC, int NCH>  // NCH = ceil(D / 128) dim chunks per lane
+template <typename TI, typename TO, bool VEC>
 __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const MergeParams p) {
-  static_assert(NCH >= 1 && NCH <= kMergeMaxChunks, "D <= 512");
-  // the same 32 float4 loads in flight per lane at any D (half that for 16-bit partials: 4 scalar loads each)
-  constexpr int kLoads = VEC ? kMergeUnroll : kMergeUnroll / 2;
-  constexpr int U = kLoads / NCH > 0 ? kLoads / NCH : 1;
+  // the same 8 float4 loads in flight per lane (half that for 16-bit partials: 4 scalar loads each)
+  constexpr int U = VEC ? kMergeUnroll : kMergeUnroll / 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int b = static_cast<int>(blockIdx.x / p.Hq), h = static_cast<int>(blockIdx.x % p.Hq);
+  const int d0 = blockIdx.y * kMergeChunk, dl = d0 + 4 * lane;  // D is a multiple of 4 (checked on the host)
+  const bool lane_dims = dl < p.D;
   const float* lse_in = p.part_lse + b * p.pl_b + h * p.pl_h;
   TO* out = static_cast<TO*>(p.out) + b * p.out_b + h * p.out_h;
-  const TI* po = static_cast<const TI*>(p.part_out) + b * p.po_b + h * p.po_h;
+  const TI* po = static_cast<const TI*>(p.part_out) + b * p.po_b + h * p.po_h + dl;
   AURA_PHASE(8);
   grid_dependency_wait();  // launched behind the split kernel: its partials are complete after this
   AURA_PHASE(9);
 
-  // splits i0 + u * kMergeWarps (u < U) of round s0: their partial rows where live[u], else zeros
-  auto load_group = [&](int s0, int i0, const bool (&live)[U], float4 (&v)[U][NCH]) {
+  // splits i0 + u * kMergeWarps (u < U) of round s0: this lane's 4 dims of their partials where
+  // live[u], else zeros
+  auto load_group = [&](int s0, int i0, const bool (&live)[U], float4 (&v)[U]) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const TI* part = po + int64_t(s0 + i0 + u * kMergeWarps) * p.po_s;
-#pragma unroll
-      for (int c = 0; c < NCH; ++c) {
-        const int d = 128 * c + 4 * lane;  // D is a multiple of 4 (checked on the host)
-        v[u][c] = live[u] && d < p.D ? load4_merge<TI, VEC>(part + d) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    }
+    for (int u = 0; u < U; ++u)
+      v[u] = live[u] && lane_dims ? load4_merge<TI, VEC>(po + int64_t(s0 + i0 + u * kMergeWarps) * p.po_s)
+                                  : make_float4(0.f, 0.f, 0.f, 0.f);
   };
-  float4 first[U][NCH];  // the warp's first group, loaded with the lse values (weights unknown yet)
+  float4 first[U];  // the warp's first group, loaded with the lse values (weights unknown yet)
   {
     bool live[U];
 #pragma unroll
@@ -776,16 +789,14 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
   for (int s = lane; s < p.S; s += 32) M = fmaxf(M, lse_in[s * p.pl_s]);
   M = warp_max(M);  // the same value in every warp
   if (M == -INFINITY) {
-    for (int d = threadIdx.x; d < p.D; d += kMergeThreads) out[d] = from_float<TO>(0.f);
-    if (threadIdx.x == 0) p.lse[b * p.lse_b + h * p.lse_h] = -INFINITY;
+    for (int d = d0 + threadIdx.x; d < min(p.D, d0 + kMergeChunk); d += kMergeThreads) out[d] = from_float<TO>(0.f);
+    if (threadIdx.x == 0 && blockIdx.y == 0) p.lse[b * p.lse_b + h * p.lse_h] = -INFINITY;
     return;
   }
   __shared__ float ws[kMergeThreads];
-  __shared__ float4 parts[kMergeWarps][kMergeMaxChunks * 32];
+  __shared__ float4 parts[kMergeWarps][32];
   __shared__ float wsums[kMergeWarps];
-  float4 acc[NCH];
-#pragma unroll
-  for (int c = 0; c < NCH; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.f;  // this thread's splits; summed over the CTA at the end
   for (int s0 = 0; s0 < p.S; s0 += kMergeThreads) {
     const int s = s0 + threadIdx.x;
@@ -805,50 +816,47 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
         wu[u] = i < n ? ws[i] : 0.f;
         live[u] = wu[u] > 0.f;
       }
-      float4 v[U][NCH];
+      float4 v[U];
       if (s0 == 0 && i0 == warp) {
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int c = 0; c < NCH; ++c) v[u][c] = first[u][c];
+        for (int u = 0; u < U; ++u) v[u] = first[u];
       } else {
         load_group(s0, i0, live, v);  // later groups: dead splits are never loaded
       }
 #pragma unroll
-      for (int u = 0; u < U; ++u)  // dead splits (w = 0) dropped by a select: their rows may be NaN
-#pragma unroll
-        for (int c = 0; c < NCH; ++c) {
-          if (wu[u] > 0.f) {
-            acc[c].x = fmaf(wu[u], v[u][c].x, acc[c].x);
-            acc[c].y = fmaf(wu[u], v[u][c].y, acc[c].y);
-            acc[c].z = fmaf(wu[u], v[u][c].z, acc[c].z);
-            acc[c].w = fmaf(wu[u], v[u][c].w, acc[c].w);
-          }
+      for (int u = 0; u < U; ++u) {  // dead splits (w = 0) dropped by a select: their rows may be NaN
+        if (wu[u] > 0.f) {
+          acc.x = fmaf(wu[u], v[u].x, acc.x);
+          acc.y = fmaf(wu[u], v[u].y, acc.y);
+          acc.z = fmaf(wu[u], v[u].z, acc.z);
+          acc.w = fmaf(wu[u], v[u].w, acc.w);
         }
+      }
     }
   }
   wsum = warp_sum(wsum);
   if (lane == 0) wsums[warp] = wsum;
-#pragma unroll
-  for (int c = 0; c < NCH; ++c) parts[warp][c * 32 + lane] = acc[c];
+  parts[warp][lane] = acc;
   __syncthreads();
   float total = 0.f;
 #pragma unroll
   for (int wi = 0; wi < kMergeWarps; ++wi) total += wsums[wi];
   const float inv = 1.f / total;
-  for (int q4 = threadIdx.x; q4 < p.D / 4; q4 += kMergeThreads) {
+  const int q4 = threadIdx.x;  // 4-dim group of the chunk
+  if (q4 < kMergeChunk / 4 && d0 + 4 * q4 < p.D) {
     float4 sum = parts[0][q4];
 #pragma unroll
     for (int wi = 1; wi < kMergeWarps; ++wi) {
       const float4 x = parts[wi][q4];
       sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
     }
-    out[4 * q4] = from_float<TO>(sum.x * inv);
-    out[4 * q4 + 1] = from_float<TO>(sum.y * inv);
-    out[4 * q4 + 2] = from_float<TO>(sum.z * inv);
-    out[4 * q4 + 3] = from_float<TO>(sum.w * inv);
+    TO* o = out + d0 + 4 * q4;
+    o[0] = from_float<TO>(sum.x * inv);
+    o[1] = from_float<TO>(sum.y * inv);
+    o[2] = from_float<TO>(sum.z * inv);
+    o[3] = from_float<TO>(sum.w * inv);
   }
-  if (threadIdx.x == 0) p.lse[b * p.lse_b + h * p.lse_h] = M + logf(total);
+  if (threadIdx.x == 0 && blockIdx.y == 0) p.lse[b * p.lse_b + h * p.lse_h] = M + logf(total);
   AURA_PHASE(10);
 }
 
