@@ -286,4 +286,8 @@ def test_small_cases_for_compute_sanitizer():
         q, k, v, sl, table = make_cache([1040, 5, 0], 4, 2, 64, torch.bfloat16, page=layout, T_cap=1040, seed=2)
         out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=1)
         check("san-bulk", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+        # D = 512: one-warp CTAs staging their partials in shared memory, a merge in 4 dim chunks
+        q, k, v, sl, table = make_cache([300, 0, 17], 4, 2, 512, torch.bfloat16, page=layout, seed=3)
+        out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=3)
+        check("san-D512", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
     torch.cuda.synchronize()
