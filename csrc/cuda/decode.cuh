@@ -679,6 +679,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
     if (p.S > 1) {
       static_assert(D % 32 == 0 && 8 * NHT * D * sizeof(float) <= NS * 2 * TILE * sizeof(T), "staging area");
       float* ow = reinterpret_cast<float*>(smem_raw);  // [8 NHT][D]
+      __syncwarp();  // every lane's last ldmatrix reads of the ring come before the staging writes
       each_fragment([&](int g, int d, float v, float l) { ow[g * D + merge_col(g, d)] = v / l; });
       __syncwarp();
       float* po = p.part_out + ((int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0) * D;  // nh rows of D
