@@ -361,7 +361,7 @@ struct WarpSplitShape {
   static_assert(kWarps * kStages * sizeof(uint64_t) <= kBarBytes, "barrier area");
   static_assert(kStages >= 2, "a ring needs two steps to overlap loads with math");
   // the end-of-split merge of the warps' states reuses the ring: [W][16][merge row] o, [W][16] m, l
-  // and weights (one warp stores its state directly)
+  // and weights (a one-warp CTA has nothing to merge; it stages only its partial there)
   static_assert(kWarps == 1 || size_t(kWarps) * 16 * (kMergeRow<D> + 3) * sizeof(float) <=
                                      kWarps * kStages * kStepBytes,
                 "merge area");
@@ -683,8 +683,10 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
       each_fragment([&](int g, int d, float v, float l) { ow[g * D + merge_col(g, d)] = v / l; });
       __syncwarp();
       float* po = p.part_out + ((int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0) * D;  // nh rows of D
-      for (int idx = 4 * lane; idx < nh * D; idx += 128)  // merge_col keeps 4 aligned dims together
-        *reinterpret_cast<float4*>(po + idx) = *reinterpret_cast<const float4*>(ow + idx - idx % D + merge_col(idx / D, idx % D));
+      for (int idx = 4 * lane; idx < nh * D; idx += 128) {  // 4 aligned dims: merge_col keeps them together
+        const int g = idx / D, d = idx % D;
+        *reinterpret_cast<float4*>(po + idx) = *reinterpret_cast<const float4*>(ow + g * D + merge_col(g, d));
+      }
     } else {
       each_fragment([&](int g, int d, float v, float l) {
         if (g < nh) store_value<T>(p, w, g, d, v / l);
