@@ -260,6 +260,10 @@ def test_direct_op_call_rejects_bad_input_in_cpp():
         q48 = torch.randn(1, 4, 48, device=DEV, dtype=torch.bfloat16)
         k48 = torch.randn(1, 2, 8, 48, device=DEV, dtype=torch.bfloat16)
         torch.ops.aura.flash_decode(q48, k48, k48, torch.tensor([8], dtype=torch.int32, device=DEV))
+    # the merge kernel's 128-dim chunks take any head_dim that is a multiple of 4, up to 512
+    for D in (516, 130):
+        with pytest.raises(RuntimeError, match="partial_out: expected a head_dim that is a multiple of 4 and at most 512"):
+            torch.ops.aura.merge_attn_states(torch.zeros(2, 1, 1, D, device=DEV), torch.zeros(2, 1, 1, device=DEV))
 
 
 def test_out_of_range_lengths_and_pages_never_fault():
