@@ -10,6 +10,10 @@
 // Phases (us from the first split CTA's start, median over the live CTAs): split 1 seq_len known,
 // 2 q staged (barrier), 4 main loop done (last warp), 5 warp partials in shared memory, 6 exit (last
 // warp); merge 8 entry, 9 dependency resolved, 10 exit.
+// Then the spread of the loop ends over the CTAs (percentiles, and medians by CTAs per SM: the
+// memory system shares bandwidth per SM under saturation, docs/decode.md §4). Experiment knobs:
+// DT_ENGINE=bulk|cpasync forces a copy engine, DT_SMEM=<bytes> pads the CTA's shared memory (fewer
+// CTAs per SM), -DAURA_DECODE_MAX_STAGES=<n> caps the ring depth.
 #include "timeline_probe.cuh"
 // (defines AURA_PHASE before the kernels are included)
 #include "cuda/decode.cuh"
@@ -54,9 +58,12 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   p.q_vec16 = 1;  // the buffers here are 16-byte aligned
   p.scale_log2 = float(1.0 / std::sqrt(double(D)) * 1.4426950408889634);
   const int per_split = ceil_div(T_len, S);
-  const bool bulk = ceil_div(per_split, 16 * Shape::kWarps) >= 16;
+  const char* engine = std::getenv("DT_ENGINE");  // bulk / cpasync: force a copy engine
+  const bool bulk = engine ? engine[0] == 'b' : ceil_div(per_split, 16 * Shape::kWarps) >= 16;
   auto split = bulk ? flash_decode_split_mma_kernel<T, D, 1, true> : flash_decode_split_mma_kernel<T, D, 1, false>;
   CK(cudaFuncSetAttribute(split, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBudget)));
+  const char* smem_env = std::getenv("DT_SMEM");  // bytes of dynamic shared memory (pads the CTA: occupancy)
+  const size_t smem = smem_env ? size_t(std::atoi(smem_env)) : Shape::kSmem;
   const dim3 grid(S, Hkv * p.head_tiles, B);
   MergeParams m{};
   m.part_out = part_out, m.part_lse = part_lse, m.out = out, m.lse = lse;
@@ -70,7 +77,7 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   auto decode = [&](bool with_merge) {
-    split<<<grid, Shape::kWarps * 32, Shape::kSmem, st>>>(p);
+    split<<<grid, Shape::kWarps * 32, smem, st>>>(p);
     if (with_merge && S > 1)
       CK(launch_after(merge, dim3(unsigned(B * Hq), unsigned(ceil_div(D, kMergeChunk))), dim3(kMergeThreads), 0, st, true, m));
   };
@@ -83,6 +90,8 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   std::printf("D%d B%d %d/%d T%-6d S %3d (%s, %d warps, ring %d) |", D, B, Hq, Hkv, T_len, S, bulk ? "bulk" : "cp.async",
               Shape::kWarps, Shape::kStages);
   tl::print_phases(S * Hkv * p.head_tiles * B, B * Hq * ceil_div(D, kMergeChunk), {1, 2, 4, 5, 6, 8, 9, 10}, {4, 6});
+  std::printf("\n");
+  tl::print_spread(S * Hkv * p.head_tiles * B, 4);  // before the graph replays overwrite the stamps
   const float t_dec = tl::graph_us(st, [&] { decode(true); }), t_split = tl::graph_us(st, [&] { decode(false); });
   std::printf(" | graph us: split+merge %.2f split %.2f (%.2f TB/s)\n", t_dec, t_split, 2.0 * kv * 2 / t_dec * 1e-6);
   CK(cudaGetLastError());

@@ -28,12 +28,18 @@ namespace tl {
 // kSecond). A stamp is taken by lane 0 of every warp: first = the earliest warp, last = the latest.
 constexpr int kMaxCtas = 8192, kPhases = 12, kSecond = 6144;
 __device__ unsigned long long first[kMaxCtas][kPhases], last[kMaxCtas][kPhases];
+__device__ int sm_of[kMaxCtas];  // the SM a CTA ran on (recorded with its first phase)
 __device__ __forceinline__ void stamp(int phase) {
   if ((threadIdx.x & 31) != 0) return;
   const int cta = (phase >= 8 ? kSecond : 0) + blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   if (cta >= kMaxCtas) return;
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  if (phase == 0 || phase == 8) {
+    int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    sm_of[cta] = sm;
+  }
   atomicMin(&first[cta][phase], t);
   atomicMax(&last[cta][phase], t);
 }
@@ -65,6 +71,42 @@ inline void print_phases(int n1, int n2, std::initializer_list<int> phases, std:
     std::sort(a.begin(), a.end());
     std::printf(" %d:%.2f", ph, a[a.size() / 2] * 1e-3);
   }
+}
+
+// The spread of one phase over the first kernel's n1 CTAs (latest warp of each): percentiles in us
+// from the first CTA's start, and the median per number of that kernel's CTAs sharing the SM.
+inline void print_spread(int n1, int ph) {
+  std::vector<unsigned long long> f(size_t(kMaxCtas) * kPhases), la(f.size());
+  std::vector<int> sm(kMaxCtas);
+  CK(cudaMemcpyFromSymbol(f.data(), first, f.size() * 8));
+  CK(cudaMemcpyFromSymbol(la.data(), last, la.size() * 8));
+  CK(cudaMemcpyFromSymbol(sm.data(), sm_of, sm.size() * 4));
+  unsigned long long t0 = ~0ull;
+  for (int c = 0; c < n1; ++c) t0 = std::min(t0, f[size_t(c) * kPhases]);
+  std::vector<double> a;
+  std::vector<int> per_sm(1024, 0);
+  for (int c = 0; c < n1; ++c)
+    if (la[size_t(c) * kPhases + ph] != 0) per_sm[sm[c] & 1023]++;
+  std::vector<std::vector<double>> by_share(5);
+  for (int c = 0; c < n1; ++c) {
+    const unsigned long long x = la[size_t(c) * kPhases + ph];
+    if (x == 0) continue;
+    const double us = (x - t0) * 1e-3;
+    a.push_back(us);
+    by_share[std::min(per_sm[sm[c] & 1023], 4)].push_back(us);
+  }
+  if (a.empty()) return;
+  std::sort(a.begin(), a.end());
+  auto pct = [&](double q) { return a[std::min(a.size() - 1, size_t(q * a.size()))]; };
+  std::printf("   phase %d over %zu CTAs: p0 %.1f p10 %.1f p50 %.1f p90 %.1f max %.1f |", ph, a.size(), a[0], pct(0.1),
+              pct(0.5), pct(0.9), a.back());
+  for (int k = 1; k <= 4; ++k) {
+    auto& v = by_share[k];
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::printf(" %d/SM: %zu CTAs median %.1f max %.1f;", k, v.size(), v[v.size() / 2], v.back());
+  }
+  std::printf("\n");
 }
 
 // Median microseconds per body() of CUDA-graph replays (20 bodies per graph, 15 replays).

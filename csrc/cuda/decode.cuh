@@ -27,6 +27,10 @@ constexpr int kContiguousTile = 64;     // split granularity of the contiguous l
 constexpr double kLog2e = 1.4426950408889634;  // host-side: the scale is formed in double
 constexpr float kLn2 = 0.6931471805599453f;
 
+#ifndef AURA_DECODE_MAX_STAGES
+#define AURA_DECODE_MAX_STAGES 4  // (experiments override it: tools/decode_timeline.cu)
+#endif
+
 struct DecodeParams {
   const void* q;
   const void* k;
@@ -356,7 +360,7 @@ struct WarpSplitShape {
   static constexpr size_t kQBytes = size_t(kMaxHeads) * kRow * sizeof(T);
   static constexpr size_t kBarBytes = 4 * 4 * sizeof(uint64_t);  // bulk copies: an mbarrier per slot and warp
   static constexpr int kStages =
-      std::min<int>(4, int((kSmemBudget - kQBytes - kBarBytes) / (kWarps * kStepBytes)));
+      std::min<int>(AURA_DECODE_MAX_STAGES, int((kSmemBudget - kQBytes - kBarBytes) / (kWarps * kStepBytes)));
   static constexpr size_t kSmem = kWarps * kStages * kStepBytes + kQBytes + kBarBytes;
   static_assert(kWarps * kStages * sizeof(uint64_t) <= kBarBytes, "barrier area");
   static_assert(kStages >= 2, "a ring needs two steps to overlap loads with math");
