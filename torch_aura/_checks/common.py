@@ -37,11 +37,14 @@ def _dtype_name(dtypes: Iterable[torch.dtype]) -> str:
 def tensor(arg: str, t, *, ndim: int | Sequence[int] | None = None, dtypes=None,
            unit_last_stride: bool = False) -> torch.Tensor:
     """Check that ``t`` is a tensor of the given rank(s) and dtype(s); returns it."""
+    # Runs on every eager call of every op (host time of small decode calls): plain branches, and
+    # the messages are built only on failure.
     if not isinstance(t, torch.Tensor):
         fail(arg, "a Tensor", type(t).__name__)
     if ndim is not None:
-        ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-        if t.dim() not in ranks:
+        d = t.dim()
+        if (d != ndim) if isinstance(ndim, int) else (d not in ndim):
+            ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
             fail(arg, f"a {' or '.join(f'{r}-D' for r in ranks)} tensor", f"shape {tuple(t.shape)}")
     if dtypes is not None and t.dtype not in dtypes:
         fail(arg, f"dtype {_dtype_name(dtypes)}", str(t.dtype).replace("torch.", ""))
@@ -63,10 +66,15 @@ def dim(arg: str, t: torch.Tensor, i: int, expected, what: str = "") -> None:
 
 def shape(arg: str, t: torch.Tensor, expected: Sequence, what: str = "") -> None:
     """Check a whole shape; ``None`` entries match anything."""
-    ok = t.dim() == len(expected) and all(e is None or s == e for s, e in zip(t.shape, expected))
-    if not ok:
-        exp = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
-        fail(arg, f"shape {exp}{' (' + what + ')' if what else ''}", f"{tuple(t.shape)}")
+    got = t.shape
+    if len(got) == len(expected):
+        for s, e in zip(got, expected):
+            if e is not None and s != e:
+                break
+        else:
+            return
+    exp = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+    fail(arg, f"shape {exp}{' (' + what + ')' if what else ''}", f"{tuple(got)}")
 
 
 def one_of(arg: str, value, allowed: Sequence) -> None:
@@ -76,19 +84,25 @@ def one_of(arg: str, value, allowed: Sequence) -> None:
 
 def same_device(**tensors) -> torch.device:
     """All given (non-None) tensors on one device; returns it."""
-    named = [(k, v) for k, v in tensors.items() if v is not None]
-    first_name, first = named[0]
-    for k, v in named[1:]:
-        if v.device != first.device:
+    first_name = first = None
+    for k, v in tensors.items():
+        if v is None:
+            continue
+        if first is None:
+            first_name, first = k, v
+        elif v.device != first.device:
             fail(k, f"device {first.device} (the device of {first_name})", v.device)
     return first.device
 
 
 def same_dtype(**tensors) -> torch.dtype:
-    named = [(k, v) for k, v in tensors.items() if v is not None]
-    first_name, first = named[0]
-    for k, v in named[1:]:
-        if v.dtype != first.dtype:
+    first_name = first = None
+    for k, v in tensors.items():
+        if v is None:
+            continue
+        if first is None:
+            first_name, first = k, v
+        elif v.dtype != first.dtype:
             fail(k, f"dtype {str(first.dtype).replace('torch.', '')} (the dtype of {first_name})",
                  str(v.dtype).replace("torch.", ""))
     return first.dtype
