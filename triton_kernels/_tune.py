@@ -17,6 +17,7 @@ Launches must be repeatable: outputs are fresh buffers and inputs are read-only 
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -34,6 +35,18 @@ class Config:
 
     def launch_kwargs(self) -> dict:
         return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+@functools.lru_cache(maxsize=None)
+def _sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device (cached: launchers ask on every call); 1 elsewhere."""
+    if device.type != "cuda":
+        return 1
+    return _sms_of(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def interpreting() -> bool:

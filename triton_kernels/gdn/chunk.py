@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import gdn as _checks
-from .._tune import Config, Tuner
+from .._tune import Config, Tuner, sm_count
 from ._jit import (BT, CHUNK, LOG2E, chunk_span, dot32, gate_causal, inv_unit_lower16, load_rows, load_tile,
                    seq_span, store_tile, v_tile_head_row)
 
@@ -492,10 +492,8 @@ def _state_pass_bv(V: int, programs_per_tile: int, device: torch.device) -> int:
     """V tile of the sequential pass: 64, or 32 when 64-wide tiles would leave SMs idle (a few long
     sequences: parallelism is ``N * HV * V / BV`` programs and each walks its whole sequence)."""
     bv = min(64, _pow2(V))
-    if bv > 32 and device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        if programs_per_tile * triton.cdiv(V, bv) < sms:
-            bv = 32
+    if bv > 32 and device.type == "cuda" and programs_per_tile * triton.cdiv(V, bv) < sm_count(device):
+        bv = 32
     return bv
 
 

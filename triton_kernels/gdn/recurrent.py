@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import gdn as _checks
+from .._tune import sm_count
 from ._jit import seq_span, v_tile_head_row
 
 
@@ -73,6 +74,16 @@ def _check_indices(state_indices: torch.Tensor, P: int) -> None:
         raise ValueError(f"state_indices: expected distinct pool rows in [0, {P}) or -1 (skip), got {rows[:16]}")
 
 
+def _v_tile(rows: int, V: int, device: torch.device) -> int:
+    """V tile: 64 when 64-wide tiles still give >= 8 programs per SM (B = 256 at 32 heads: 379 ->
+    368 us on an H100, 128-byte fp32 rows either way), else 32, so small batches fill the GPU
+    (B = 1 at 32 heads: 128 programs)."""
+    bv = min(32, max(16, triton.next_power_of_2(V)))
+    if V > 32 and rows * triton.cdiv(V, 64) >= 8 * sm_count(device):
+        bv = 64
+    return bv
+
+
 def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
                   use_qk_l2norm=False, state_v_first=False):
     _checks.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm,
@@ -84,19 +95,16 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     if state_indices is not None and os.environ.get("TORCH_AURA_DEBUG", "0") == "1":
         _check_indices(state_indices, state.shape[0])
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
+    if N * HV == 0:
+        return o
     BK = max(16, triton.next_power_of_2(K))
-    # 32-wide V tiles: 128-byte rows of an fp32 [K, V] pool, and N * HV * V/32 programs, enough to
-    # fill the GPU from B = 1 at 32 heads
-    BV = min(32, max(16, triton.next_power_of_2(V)))
-    if N * HV:
-        sp = state.stride()
-        pool = (sp[0], sp[1], sp[3], sp[2]) if state_v_first else sp
-        _gdn_recurrent_kernel[(triton.cdiv(V, BV) * N * HV,)](
-            q, k, v, g, beta, state, q if state_indices is None else state_indices,
-            q if cu_seqlens is None else cu_seqlens, o, scale, T, HV, HV // H, K, V, state.shape[0],
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
-            beta.stride(0), beta.stride(1), beta.stride(2), o.stride(0), o.stride(1), o.stride(2), *pool,
-            HAS_INDICES=state_indices is not None, IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
-            BK=BK, BV=BV, num_warps=4 if BK * BV <= 4096 else 8)
+    BV = _v_tile(N * HV, V, q.device)
+    sp = state.stride()
+    pool = (sp[0], sp[1], sp[3], sp[2]) if state_v_first else sp
+    _gdn_recurrent_kernel[(triton.cdiv(V, BV) * N * HV,)](
+        q, k, v, g, beta, state, q if state_indices is None else state_indices,
+        q if cu_seqlens is None else cu_seqlens, o, scale, T, HV, HV // H, K, V, state.shape[0],
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3], *pool,
+        HAS_INDICES=state_indices is not None, IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
+        BK=BK, BV=BV, num_warps=4 if BK * BV <= 8192 else 8)
     return o
