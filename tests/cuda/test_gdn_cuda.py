@@ -152,7 +152,11 @@ def test_recurrent_fla_matrix(B, T, H, HV, D, scale, gate_norm, dtype):
     check_recurrent(torch_aura, DEV, B, T, H, HV, D, D, dtype, scale=scale, gate_norm=gate_norm)
 
 
+# the first three take 64-wide V tiles on an H100/H200 (>= 8 programs per SM at BV = 64:
+# recurrent._v_tile), the second with a masked V tail
 RECURRENT_EXTRA = [
+    (40, 1, 16, 32, 128, 128, BF16, {}),
+    (17, 2, 4, 64, 64, 96, F16, {"state_v_first": True}),
     (32, 1, 16, 32, 128, 128, BF16, {}),
     (3, 1, 1, 2, 60, 100, F16, {"l2norm": True, "state_v_first": True}),
     (2, 4, 2, 4, 256, 256, BF16, {"pool_dtype": BF16}),
@@ -170,6 +174,12 @@ def test_recurrent_edge_cases(case):
 @pytest.mark.sanitize
 def test_recurrent_small_for_sanitizer():
     check_recurrent(torch_aura, DEV, 1, 6, 1, 2, 20, 24, BF16, offsets=[0, 2, 2, 6])
+
+
+@pytest.mark.sanitize
+def test_recurrent_wide_tiles_for_sanitizer():
+    # 64-wide V tiles over a 96-wide V (masked tail), many sequences: the large-batch launch shape
+    check_recurrent(torch_aura, DEV, 17, 2, 4, 64, 64, 96, F16, state_v_first=True)
 
 
 def test_chunk_then_recurrent_continues_one_recurrence():
