@@ -82,29 +82,33 @@ def one_of(arg: str, value, allowed: Sequence) -> None:
         fail(arg, f"one of {list(allowed)}", value)
 
 
-def same_device(**tensors) -> torch.device:
-    """All given (non-None) tensors on one device; returns it."""
+def _disagreeing(tensors: dict, attr: str):
+    """``(first_name, first, name, t)``: the first given (non-None) tensor and the first later one
+    whose ``attr`` differs from it (``name, t = None, None`` when all agree)."""
     first_name = first = None
     for k, v in tensors.items():
         if v is None:
             continue
         if first is None:
             first_name, first = k, v
-        elif v.device != first.device:
-            fail(k, f"device {first.device} (the device of {first_name})", v.device)
+        elif getattr(v, attr) != getattr(first, attr):
+            return first_name, first, k, v
+    return first_name, first, None, None
+
+
+def same_device(**tensors) -> torch.device:
+    """All given (non-None) tensors on one device; returns it."""
+    first_name, first, k, v = _disagreeing(tensors, "device")
+    if k is not None:
+        fail(k, f"device {first.device} (the device of {first_name})", v.device)
     return first.device
 
 
 def same_dtype(**tensors) -> torch.dtype:
-    first_name = first = None
-    for k, v in tensors.items():
-        if v is None:
-            continue
-        if first is None:
-            first_name, first = k, v
-        elif v.dtype != first.dtype:
-            fail(k, f"dtype {str(first.dtype).replace('torch.', '')} (the dtype of {first_name})",
-                 str(v.dtype).replace("torch.", ""))
+    first_name, first, k, v = _disagreeing(tensors, "dtype")
+    if k is not None:
+        fail(k, f"dtype {str(first.dtype).replace('torch.', '')} (the dtype of {first_name})",
+             str(v.dtype).replace("torch.", ""))
     return first.dtype
 
 
