@@ -50,50 +50,57 @@ inline void reset() {
   CK(cudaMemcpyToSymbol(last, hi.data(), hi.size() * 8));
 }
 
+// The stamps of the last run, copied back: microseconds from the first kernel's earliest start
+// (phase 0 over its n1 CTAs), per CTA and phase; a CTA that never reached a phase has no stamp.
+struct Stamps {
+  std::vector<unsigned long long> lo, hi;  // first[][] and last[][]
+  std::vector<int> sm;
+  unsigned long long t0 = ~0ull;
+  explicit Stamps(int n1) : lo(size_t(kMaxCtas) * kPhases), hi(lo.size()), sm(kMaxCtas) {
+    CK(cudaMemcpyFromSymbol(lo.data(), first, lo.size() * 8));
+    CK(cudaMemcpyFromSymbol(hi.data(), last, hi.size() * 8));
+    CK(cudaMemcpyFromSymbol(sm.data(), sm_of, sm.size() * 4));
+    for (int c = 0; c < n1; ++c) t0 = std::min(t0, lo[size_t(c) * kPhases]);
+  }
+  bool reached(int cta, int ph) const { return hi[size_t(cta) * kPhases + ph] != 0; }
+  // the earliest warp's stamp, or the latest's (`late`)
+  double us(int cta, int ph, bool late) const {
+    const size_t k = size_t(cta) * kPhases + ph;
+    return double((long long)((late ? hi[k] : lo[k]) - t0)) * 1e-3;
+  }
+};
+
 // Prints " phase:us" for each phase: the median over the CTAs that reached it, in microseconds from
 // the first CTA's start (phase 0) of the first kernel. Phases listed in `use_last` report the latest
 // warp of each CTA (a loop's end, an exit), the others the earliest (after a barrier they agree).
 inline void print_phases(int n1, int n2, std::initializer_list<int> phases, std::initializer_list<int> use_last) {
-  std::vector<unsigned long long> f(size_t(kMaxCtas) * kPhases), la(f.size());
-  CK(cudaMemcpyFromSymbol(f.data(), first, f.size() * 8));
-  CK(cudaMemcpyFromSymbol(la.data(), last, la.size() * 8));
-  unsigned long long t0 = ~0ull;
-  for (int c = 0; c < n1; ++c) t0 = std::min(t0, f[size_t(c) * kPhases]);
+  const Stamps st(n1);
   for (int ph : phases) {
     const int base = ph >= 8 ? kSecond : 0, n = ph >= 8 ? n2 : n1;
     const bool late = std::find(use_last.begin(), use_last.end(), ph) != use_last.end();
-    std::vector<long long> a;
-    for (int c = 0; c < n; ++c) {
-      const size_t k = size_t(base + c) * kPhases + ph;
-      if (la[k] != 0) a.push_back((long long)((late ? la[k] : f[k]) - t0));
-    }
+    std::vector<double> a;
+    for (int c = base; c < base + n; ++c)
+      if (st.reached(c, ph)) a.push_back(st.us(c, ph, late));
     if (a.empty()) continue;
     std::sort(a.begin(), a.end());
-    std::printf(" %d:%.2f", ph, a[a.size() / 2] * 1e-3);
+    std::printf(" %d:%.2f", ph, a[a.size() / 2]);
   }
 }
 
 // The spread of one phase over the first kernel's n1 CTAs (latest warp of each): percentiles in us
 // from the first CTA's start, and the median per number of that kernel's CTAs sharing the SM.
 inline void print_spread(int n1, int ph) {
-  std::vector<unsigned long long> f(size_t(kMaxCtas) * kPhases), la(f.size());
-  std::vector<int> sm(kMaxCtas);
-  CK(cudaMemcpyFromSymbol(f.data(), first, f.size() * 8));
-  CK(cudaMemcpyFromSymbol(la.data(), last, la.size() * 8));
-  CK(cudaMemcpyFromSymbol(sm.data(), sm_of, sm.size() * 4));
-  unsigned long long t0 = ~0ull;
-  for (int c = 0; c < n1; ++c) t0 = std::min(t0, f[size_t(c) * kPhases]);
-  std::vector<double> a;
+  const Stamps st(n1);
   std::vector<int> per_sm(1024, 0);
   for (int c = 0; c < n1; ++c)
-    if (la[size_t(c) * kPhases + ph] != 0) per_sm[sm[c] & 1023]++;
+    if (st.reached(c, ph)) per_sm[st.sm[c] & 1023]++;
+  std::vector<double> a;
   std::vector<std::vector<double>> by_share(5);
   for (int c = 0; c < n1; ++c) {
-    const unsigned long long x = la[size_t(c) * kPhases + ph];
-    if (x == 0) continue;
-    const double us = (x - t0) * 1e-3;
+    if (!st.reached(c, ph)) continue;
+    const double us = st.us(c, ph, true);
     a.push_back(us);
-    by_share[std::min(per_sm[sm[c] & 1023], 4)].push_back(us);
+    by_share[std::min(per_sm[st.sm[c] & 1023], 4)].push_back(us);
   }
   if (a.empty()) return;
   std::sort(a.begin(), a.end());
