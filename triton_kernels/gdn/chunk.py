@@ -492,7 +492,7 @@ def _state_pass_bv(V: int, programs_per_tile: int, device: torch.device) -> int:
     """V tile of the sequential pass: 64, or 32 when 64-wide tiles would leave SMs idle (a few long
     sequences: parallelism is ``N * HV * V / BV`` programs and each walks its whole sequence)."""
     bv = min(64, _pow2(V))
-    if bv > 32 and device.type == "cuda" and programs_per_tile * triton.cdiv(V, bv) < sm_count(device):
+    if bv > 32 and programs_per_tile * triton.cdiv(V, bv) < sm_count(device):  # sm_count: 1 off the GPU, 64 stays
         bv = 32
     return bv
 

@@ -106,5 +106,7 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
         q if cu_seqlens is None else cu_seqlens, o, scale, T, HV, HV // H, K, V, state.shape[0],
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3], *pool,
         HAS_INDICES=state_indices is not None, IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
+        # 4 warps up to 64 fp32 state values per thread (K = 128, BV = 64 at B = 256 on an H100: 368 us
+        # with 4 warps, 383 with 8); the same footprint rule gives K = 256, BV = 32 four warps (unmeasured)
         BK=BK, BV=BV, num_warps=4 if BK * BV <= 8192 else 8)
     return o
