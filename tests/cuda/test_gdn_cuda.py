@@ -7,7 +7,8 @@ never writes fails the comparison.
 
 import pytest
 import torch
-from _gdn_check import check_chunk, check_recurrent, check_stages, make_inputs, recurrence64
+from _gdn_check import (check_chunk, check_pass_ignores_rows_outside_sequences, check_recurrent, check_stages,
+                        make_inputs, recurrence64)
 from _util import GDN_CHUNK_RATIO, assert_close, dtype_id
 
 import torch_aura
@@ -114,6 +115,15 @@ def test_chunk_thousands_of_short_documents_grid_over_65535():
     lens = torch.randint(1, 9, (2050,), generator=gen)
     offsets = [0] + torch.cumsum(lens, 0).tolist()
     check_chunk(torch_aura, DEV, 1, offsets[-1], 16, 32, 64, 64, BF16, offsets=offsets, h0=True)
+
+
+@pytest.mark.parametrize("K,V,dtype,tma", [(128, 128, BF16, True), (256, 64, F16, True), (60, 100, F16, False)],
+                         ids=["K128-V128-bf16", "K256-V64-fp16", "K60-V100-fp16-pointer"])
+def test_state_pass_ignores_rows_outside_sequences(K, V, dtype, tma):
+    from torch_aura.triton_kernels.gdn import chunk
+
+    used = check_pass_ignores_rows_outside_sequences(chunk, DEV, K, V, dtype)
+    assert used == (tma and torch.cuda.get_device_capability()[0] >= 9)
 
 
 def test_state_v_first_matches_kv_layout_of_the_same_kernels():

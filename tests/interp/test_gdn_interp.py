@@ -5,7 +5,7 @@ zero-length sequences, strong decay and g == 0, both state layouts)."""
 
 import pytest
 import torch
-from _gdn_check import check_chunk, check_recurrent, check_stages
+from _gdn_check import check_chunk, check_pass_ignores_rows_outside_sequences, check_recurrent, check_stages
 from _util import dtype_id
 
 F32, F16 = torch.float32, torch.float16
@@ -69,3 +69,10 @@ def test_bad_input_raises_the_named_error(gdn_kernels):
     q = torch.zeros(1, 4, 1, 257)
     with pytest.raises(ValueError, match="k"):
         gdn_kernels.gdn_kkt_solve(q, torch.zeros(1, 4, 1), torch.zeros(1, 4, 1))
+
+
+@pytest.mark.parametrize("K,V,dtype", [(16, 16, F32), (32, 24, F16)], ids=["K16-V16-fp32", "K32-V24-fp16"])
+def test_state_pass_ignores_rows_outside_sequences(gdn_kernels, K, V, dtype):
+    from torch_aura.triton_kernels.gdn import chunk
+
+    assert check_pass_ignores_rows_outside_sequences(chunk, "cpu", K, V, dtype), "the TMA path did not run"

@@ -89,6 +89,37 @@ def store_tile(base, x, b, rows, row_ok, head, cols, ncols, s_b, s_t, s_h):
 
 
 @triton.jit
+def load_tile_t(base, b, rows, row_ok, head, cols, ncols, s_b, s_t, s_h):
+    """``load_tile`` transposed: ``x[b, rows, head, cols]^T`` as ``[len(cols), len(rows)]``, zero-filled."""
+    mask = (cols < ncols)[:, None] & row_ok[None, :]
+    return tl.load(base + b * s_b + head * s_h + rows[None, :] * s_t + cols[:, None], mask=mask, other=0.0)
+
+
+@triton.jit
+def store_tile_t(base, xt, b, rows, row_ok, head, cols, ncols, s_b, s_t, s_h):
+    """Store ``xt [len(cols), len(rows)]`` as the valid part of ``x[b, rows, head, cols]`` (RNE)."""
+    mask = (cols < ncols)[:, None] & row_ok[None, :]
+    tl.store(base + b * s_b + head * s_h + rows[None, :] * s_t + cols[:, None], xt.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def chunk_rows(base, desc, b, start, rows, row_ok, head, cols, ncols, s_b, s_t, s_h, TMA: tl.constexpr):
+    """The chunk's ``[BT, len(cols)]`` tile of ``x[b, rows, head, cols]``.
+
+    ``TMA``: one tensor-memory copy through ``desc``, a ``[B, T, H, C]`` descriptor with block
+    ``[1, BT, 1, len(cols)]`` (asynchronous, so the loop's pipeline runs it ahead of use). It
+    zero-fills only past T and C: rows past a varlen sequence's end arrive as whatever the buffer
+    holds there, so callers use it only where such rows cannot reach a valid result. Otherwise a
+    masked pointer load (``load_tile``: those rows are zeros).
+    """
+    if TMA:
+        x = desc.load([b.to(tl.int32), start.to(tl.int32), head.to(tl.int32), 0])
+        return x.reshape(BT, cols.shape[0])
+    else:
+        return load_tile(base, b, rows, row_ok, head, cols, ncols, s_b, s_t, s_h)
+
+
+@triton.jit
 def load_rows(base, b, rows, row_ok, head, s_b, s_t, s_h):
     """fp32 ``x[b, rows, head]`` of a ``[B, T, H]`` tensor (g, g_cum, beta); 0 past the end."""
     return tl.load(base + b * s_b + head * s_h + rows * s_t, mask=row_ok, other=0.0).to(tl.float32)

@@ -27,14 +27,17 @@ recurrence on gdn.md §5's inputs; see ``_w_u_body``).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..._checks import gdn as _checks
-from .._tune import Config, Tuner, sm_count
-from ._jit import (BT, CHUNK, LOG2E, chunk_span, dot32, gate_causal, inv_unit_lower16, load_rows, load_tile,
-                   seq_span, store_tile, v_tile_head_row)
+from .._tune import Config, Tuner, interpreting
+from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot32, gate_causal, inv_unit_lower16, load_rows,
+                   load_tile, load_tile_t, seq_span, store_tile, store_tile_t, v_tile_head_row)
 
 
 # ------------------------------------------------------------------------------ stage bodies
@@ -246,28 +249,37 @@ def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, cu_
 
 
 @triton.jit
-def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, cu_seqlens, chunk_offsets,
-                           scale, T, NT, NT_total, HV, GROUP, K, V,
+def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, w_d, q_d, a_d, cu_seqlens,
+                           chunk_offsets, scale, T, NT, NT_total, HV, GROUP, K, V,
                            s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,
                            s_gb, s_gt, s_gh, s_0n, s_0h, s_0k, s_0v, s_hc, s_hh, s_hk, s_hv, s_fn, s_fh, s_fk, s_fv,
                            s_ab, s_at, s_ah,
                            IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_H: tl.constexpr,
-                           WITH_O: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                           WITH_O: tl.constexpr, TMA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            DOT_PREC: tl.constexpr):
     """The sequential pass over one sequence's chunks for one (V tile, value head).
 
-    The fp32 state ``S [BK, BV]`` stays in registers for the whole sequence. Per chunk::
+    The program carries its V tile of the state transposed, ``M = S^T [BV, BK]`` in fp32
+    registers, so that every product on the chunk-to-chunk chain takes a register operand on the
+    left (``M_op``, then the gated ``v_new^T``) and a tile straight from shared memory on the right;
+    nothing on the chain goes back through shared memory. Per chunk::
 
-        S_op = rnd(S)                      (STORE_H: h[c] = S_op, the state entering the chunk)
-        b_v  = u - w @ S_op                (v_new, the per-token delta)
-        o    = scale (q~ @ S_op + A_qk @ u)                                    (WITH_O, gdn_chunk)
-        S    = e^(G_L) S + k^T @ rnd(select(valid, e^(G_L - G) b_v, 0))
+        M_op  = rnd(M)                       (STORE_H: h[c] = M_op^T, the state entering the chunk)
+        v^T   = u^T - M_op @ w^T             (v_new^T, the per-token delta; the fwd_h op stores it)
+        M     = e^(G_L) M + rnd(select(valid, v^T e^(G_L - G), 0)) @ k
+        o^T   = scale (M_op @ q~^T + u^T @ A_qk^T)                               (WITH_O, gdn_chunk)
 
     with L the chunk's last valid row. ``q~`` and ``A_qk`` come from the w/u kernel (``_w_u_body``):
     they fold the chunk's ``q k^T`` and its product with ``v_new`` into operands that need no
-    product with this iteration's ``b_v`` (the WITH_O branch below computes o and v_new in one
-    stacked product), and neither the per-chunk states ``h`` nor ``v_new`` are written. ``q~`` has
-    w's strides.
+    product with this chunk's ``v_new``, so o is off the chain and neither the per-chunk states
+    ``h`` nor ``v_new`` are written. ``q~`` has w's strides.
+
+    ``TMA`` (Hopper, 16-byte aligned rows): w, q~ and A_qk arrive as tensor-memory copies through
+    the descriptors ``w_d``, ``q_d``, ``a_d``, which the software pipeline runs ``num_stages`` deep
+    (measured at 1x32k, 16/32 heads, H100: 902 us vs 1324 with pointer loads). A copy zero-fills
+    only past the batch row's end, so rows past a varlen sequence's end hold the next sequence's
+    rows or unwritten memory: they reach only columns of v^T and o^T that the select drops and the
+    store masks. k and u (the operands that meet those columns in a sum) stay masked loads.
     States use explicit (k, v) strides, so both layouts share this code. ``out`` receives ``o``
     (WITH_O) or ``v_new`` (the fwd_h op, with h).
     """
@@ -280,56 +292,39 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, cu_
         first = n.to(tl.int64) * NT
     kk = tl.arange(0, BK)
     vv = i_v * BV + tl.arange(0, BV)
-    kv_ok = (kk < K)[:, None] & (vv < V)[None, :]
+    vk_ok = (vv < V)[:, None] & (kk < K)[None, :]
     if HAS_H0:
-        S = tl.load(h0 + n * s_0n + i_hv * s_0h + kk[:, None] * s_0k + vv[None, :] * s_0v,
-                    mask=kv_ok, other=0.0).to(tl.float32)
+        M = tl.load(h0 + n * s_0n + i_hv * s_0h + vv[:, None] * s_0v + kk[None, :] * s_0k,
+                    mask=vk_ok, other=0.0).to(tl.float32)
     else:
-        S = tl.zeros([BK, BV], tl.float32)
+        M = tl.zeros([BV, BK], tl.float32)
     for c in range(0, tl.cdiv(eos - bos, BT)):
         start = bos + c * BT
         rows = start + tl.arange(0, BT)
         ok = rows < eos
-        S_op = S.to(k.dtype.element_ty)
+        M_op = M.to(k.dtype.element_ty)
         if STORE_H:
-            tl.store(h + (first + c) * s_hc + i_hv * s_hh + kk[:, None] * s_hk + vv[None, :] * s_hv,
-                     S_op, mask=kv_ok & (first + c < NT_total))
-        ut = load_tile(u, b, rows, ok, i_hv, vv, V, s_ub, s_ut, s_uh)
+            tl.store(h + (first + c) * s_hc + i_hv * s_hh + vv[:, None] * s_hv + kk[None, :] * s_hk,
+                     M_op, mask=vk_ok & (first + c < NT_total))
+        wt = chunk_rows(w, w_d, b, start, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh, TMA)
+        kt = load_tile(k, b, rows, ok, i_h, kk, K, s_kb, s_kt, s_kh)
+        uT = load_tile_t(u, b, rows, ok, i_hv, vv, V, s_ub, s_ut, s_uh)
         last = tl.minimum(start + BT, eos) - 1
         G2_L = tl.load(g_cum + b * s_gb + last * s_gt + i_hv * s_gh) * LOG2E
+        G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
+        vT = uT.to(tl.float32) - tl.dot(M_op, tl.trans(wt), input_precision=DOT_PREC)
+        if not WITH_O:
+            store_tile_t(out, vT, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
+        gated = tl.where(ok[None, :], tl.exp2(G2_L - G2)[None, :] * vT, 0.0).to(kt.dtype)
+        M_next = M * tl.exp2(G2_L) + tl.dot(gated, kt, input_precision=DOT_PREC)
         if WITH_O:
-            # 128 stacked rows: 0..63 the chunk's w rows, 64..127 its q~ rows, so one product with
-            # rnd(S) serves both, and E = [I; -A_qk] brings u and A_qk u in the same rows:
-            #   Z = E @ u - [w; q~] @ rnd(S) = [v_new; -o / scale]
-            # The state update reads the top half through zero k rows below it. (Two products
-            # sharing rnd(S) as an operand made Triton 3.6 read past its shared memory on sm_90.)
-            r2 = tl.arange(0, 2 * BT)
-            top = r2 < BT
-            tok = start + r2 % BT
-            tok_ok = tok < eos
-            x = tl.load(tl.where(top, w, q_tilde)[:, None] + b * s_wb + tok[:, None] * s_wt + i_hv * s_wh
-                        + kk[None, :], mask=tok_ok[:, None] & (kk < K)[None, :], other=0.0)
-            A = tl.load(a_qk + b * s_ab + tok[:, None] * s_at + i_hv * s_ah + tl.arange(0, BT)[None, :],
-                        mask=(tok_ok & ~top)[:, None], other=0.0)
-            E = tl.where(top[:, None], tl.where((r2 % BT)[:, None] == tl.arange(0, BT)[None, :], 1.0, 0.0),
-                         -A.to(tl.float32)).to(ut.dtype)
-            Z = tl.dot(E, ut, input_precision=DOT_PREC) - tl.dot(x, S_op, input_precision=DOT_PREC)
-            tl.store(out + b * s_ob + tok[:, None] * s_ot + i_hv * s_oh + vv[None, :],
-                     (Z * -scale).to(out.dtype.element_ty), mask=(tok_ok & ~top)[:, None] & (vv < V)[None, :])
-            G2 = tl.load(g_cum + b * s_gb + tok * s_gt + i_hv * s_gh, mask=tok_ok, other=0.0) * LOG2E
-            gated = tl.where((top & tok_ok)[:, None], tl.exp2(G2_L - G2)[:, None] * Z, 0.0)
-            kx = tl.load(k + b * s_kb + tok[:, None] * s_kt + i_h * s_kh + kk[None, :],
-                         mask=(top & tok_ok)[:, None] & (kk < K)[None, :], other=0.0)
-            S = S * tl.exp2(G2_L) + tl.dot(tl.trans(kx), gated.to(kx.dtype), input_precision=DOT_PREC)
-        else:
-            wt = load_tile(w, b, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh)
-            b_v = ut.to(tl.float32) - tl.dot(wt, S_op, input_precision=DOT_PREC)
-            store_tile(out, b_v, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
-            G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
-            kt = load_tile(k, b, rows, ok, i_h, kk, K, s_kb, s_kt, s_kh)
-            gated = tl.where(ok[:, None], tl.exp2(G2_L - G2)[:, None] * b_v, 0.0)
-            S = S * tl.exp2(G2_L) + tl.dot(tl.trans(kt), gated.to(kt.dtype), input_precision=DOT_PREC)
-    tl.store(final + n * s_fn + i_hv * s_fh + kk[:, None] * s_fk + vv[None, :] * s_fv, S, mask=kv_ok)
+            qt = chunk_rows(q_tilde, q_d, b, start, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh, TMA)
+            At = chunk_rows(a_qk, a_d, b, start, rows, ok, i_hv, tl.arange(0, BT), BT, s_ab, s_at, s_ah, TMA)
+            oT = tl.dot(M_op, tl.trans(qt), input_precision=DOT_PREC) \
+                + tl.dot(uT, tl.trans(At), input_precision=DOT_PREC)
+            store_tile_t(out, oT * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
+        M = M_next
+    tl.store(final + n * s_fn + i_hv * s_fh + vv[:, None] * s_fv + kk[None, :] * s_fk, M, mask=vk_ok)
 
 
 @triton.jit
@@ -482,19 +477,37 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     return w, u
 
 
+# BV is part of the config: with tensor-memory copies a 64-wide V tile wins even where it leaves SMs
+# idle (1x32k at 16/32 heads runs 64 programs on 132 SMs: 902 us; BV = 32, 128 programs: 1198; H100),
+# since a chunk step costs about the same at either width (the chain is latency, not FLOPs).
 _STATE_PASS = Tuner("gdn_state_pass", [
-    Config(num_warps=8, num_stages=2), Config(num_warps=4, num_stages=2),
-    Config(num_warps=8, num_stages=1), Config(num_warps=4, num_stages=1),
+    Config({"BV": 64}, num_warps=4, num_stages=3), Config({"BV": 64}, num_warps=4, num_stages=2),
+    Config({"BV": 32}, num_warps=4, num_stages=3), Config({"BV": 32}, num_warps=8, num_stages=2),
+    Config({"BV": 16}, num_warps=4, num_stages=2),
 ])
 
 
-def _state_pass_bv(V: int, programs_per_tile: int, device: torch.device) -> int:
-    """V tile of the sequential pass: 64, or 32 when 64-wide tiles would leave SMs idle (a few long
-    sequences: parallelism is ``N * HV * V / BV`` programs and each walks its whole sequence)."""
-    bv = min(64, _pow2(V))
-    if bv > 32 and programs_per_tile * triton.cdiv(V, bv) < sm_count(device):  # sm_count: 1 off the GPU, 64 stays
-        bv = 32
-    return bv
+@functools.lru_cache(maxsize=None)
+def _device_has_tma(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _tma_ready(*xs: torch.Tensor) -> bool:
+    """Whether ``chunk_rows`` may copy these ``[B, T, H, C]`` tensors with TMA: a Hopper-class GPU (or
+    the interpreter, which emulates the copies), 16-byte aligned base and strides, unit last stride."""
+    dev = xs[0].device
+    if dev.type == "cuda":
+        if not _device_has_tma(torch.cuda.current_device() if dev.index is None else dev.index):
+            return False
+    elif not interpreting():
+        return False
+    return all(x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and x.numel() > 0
+               and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1]) for x in xs)
+
+
+def _rows_descriptor(x: torch.Tensor, cols: int) -> TensorDescriptor:
+    """TMA descriptor of a ``[B, T, H, C]`` tensor for ``chunk_rows``: one chunk of one head per copy."""
+    return TensorDescriptor.from_tensor(x, [1, CHUNK, 1, cols])
 
 
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
@@ -509,26 +522,34 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
     if N == 0 or HV == 0:
         return final
     BK = _pow2(K)
-    BV = _state_pass_bv(V, N * HV, k.device)
     with_o = o is not None
+    tiles = (w, q_tilde, a_qk) if with_o else (w,)
+    tma = _tma_ready(*tiles)
+    if tma:
+        w_d = _rows_descriptor(w, BK)
+        q_d, a_d = (_rows_descriptor(q_tilde, BK), _rows_descriptor(a_qk, CHUNK)) if with_o else (w_d, w_d)
+    else:
+        w_d = q_d = a_d = _dummy(k)
     first = _chunk_offsets(cu_seqlens) if cu_seqlens is not None else _dummy(k)
     hs = (h.stride(1), h.stride(2), *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4)))) \
         if h is not None else (0, 0, 0, 0)
     out_rows = o if with_o else v_new  # o and v_new share the [B, T, HV, V] layout
-    key = (K, V, k.dtype, BV, cu_seqlens is not None, state_v_first, with_o, initial_state is not None)
+    key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, initial_state is not None, tma)
 
     def launch(cfg: Config):
+        BV = min(cfg.kwargs["BV"], _pow2(V))
         _gdn_state_pass_kernel[(triton.cdiv(V, BV) * N * HV,)](
             k, w, u, g_cum, _dummy(k) if initial_state is None else initial_state,
             _dummy(k) if h is None else h, out_rows, final,
-            _dummy(k) if q_tilde is None else q_tilde, _dummy(k) if a_qk is None else a_qk,
+            _dummy(k) if q_tilde is None else q_tilde, _dummy(k) if a_qk is None else a_qk, w_d, q_d, a_d,
             _dummy(k) if cu_seqlens is None else cu_seqlens, first,
             scale, T, NT, NT_total, HV, HV // H, K, V,
             *_s3(k), *_s3(w), *_s3(u), *_s3(out_rows), *_s3(g_cum),
             *_state_strides(initial_state, state_v_first), *hs, *_state_strides(final, state_v_first),
             *(_s3(a_qk) if with_o else (0, 0, 0)),
             IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_H=h is not None,
-            WITH_O=with_o, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), **cfg.launch_kwargs())
+            WITH_O=with_o, TMA=tma, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     _STATE_PASS(key, launch)
     return final
