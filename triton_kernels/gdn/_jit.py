@@ -164,27 +164,29 @@ def gate_causal(a, G2_i, G2_j, ok_i, ok_j, rows_i, rows_j, STRICT: tl.constexpr)
 
 
 @triton.jit
-def inv_unit_lower16(A):
+def inv_unit_lower16(A, PREC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower 16x16 fp32 block.
 
     A is nilpotent (``A^16 = 0``), so ``(I + A)^-1 = sum_k (-A)^k = (I - A)(I + A^2)(I + A^4)(I + A^8)``:
-    six 16x16 products in full fp32. Row-by-row forward substitution (the reference's order) needs
+    six 16x16 products (``dot_f32`` at ``PREC``). Row-by-row forward substitution (the reference's order) needs
     fifteen dependent steps, each two cross-warp reductions; in the prep kernel that took more time
     than all of FLA's kkt + solve (1.65 ms at 1x32k, 16/32 heads, H200). Terms of the series grow at
     most like ``C(15, k) |A|^k``; with ``|A_ij| = beta |k_i . k_j| e^(G_i - G_j) <= 1`` the fp32
-    products stay far inside the bf16/fp16 rounding of the stored result.
+    products stay far inside the bf16/fp16 rounding of the stored result (the launchers keep
+    ``"ieee"`` here: those growing terms cancel, so tf32 inputs would cost more than their 2^-11).
     """
-    A2 = dot32(A, A)
-    A4 = dot32(A2, A2)
+    A2 = dot_f32(A, A, PREC)
+    A4 = dot_f32(A2, A2, PREC)
     r = tl.arange(0, 16)
     X = tl.where(r[:, None] == r[None, :], 1.0, 0.0) - A
-    X += dot32(X, A2)
-    X += dot32(X, A4)
-    X += dot32(X, dot32(A4, A4))
+    X += dot_f32(X, A2, PREC)
+    X += dot_f32(X, A4, PREC)
+    X += dot_f32(X, dot_f32(A4, A4, PREC), PREC)
     return X
 
 
 @triton.jit
-def dot32(a, b):
-    """fp32 x fp32 product in full fp32 (no tf32): the solve's block merges."""
-    return tl.dot(a, b, input_precision="ieee")
+def dot_f32(a, b, PREC: tl.constexpr):
+    """fp32 x fp32 product of the solve: ``"ieee"`` (full fp32, on the CUDA cores) or ``"tf32"``
+    (tensor cores; inputs keep 10 mantissa bits)."""
+    return tl.dot(a, b, input_precision=PREC)

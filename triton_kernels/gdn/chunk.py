@@ -38,7 +38,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..._checks import gdn as _checks
 from .._tune import Config, Tuner, interpreting
-from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot32, gate_causal, inv_unit_lower16, load_rows,
+from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot_f32, gate_causal, inv_unit_lower16, load_rows,
                    load_tile, load_tile_t, normalized, row_norms, seq_span, store_tile, store_tile_t, v_tile_head_row)
 
 
@@ -65,13 +65,15 @@ def _store_block_row(Ai, b, rows, ok, i_hv, x0, x1, x2, x3, s_ab, s_at, s_ah):
 @triton.jit
 def _kkt_solve_body(k, g_cum, beta, Ai, k_n, b, start, eos, i_h, i_hv, writer, K,
                     s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_nb, s_nt, s_nh,
-                    BK: tl.constexpr, DOT_PREC: tl.constexpr, L2NORM: tl.constexpr, WRITE_K: tl.constexpr):
+                    BK: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr,
+                    L2NORM: tl.constexpr, WRITE_K: tl.constexpr):
     """``Ai = (I + A)^-1`` of one chunk, ``A[i, j] = beta_i (k_i . k_j) e^(G_i - G_j)`` (i > j).
 
     The 64x64 problem is a 4x4 grid of 16x16 blocks: the ten lower blocks of ``k k^T`` accumulate
     in fp32 over K tiles; beta and the gate are applied after the dot (as FLA); the four diagonal
-    blocks are inverted by forward substitution and the off-diagonal blocks of the inverse follow
-    by block forward substitution, ``X_ij = -X_ii sum_{j <= m < i} A_im X_mj``, in full fp32.
+    blocks are inverted (``inv_unit_lower16`` at ``INV_PREC``) and the off-diagonal blocks of the
+    inverse follow by block forward substitution, ``X_ij = -X_ii sum_{j <= m < i} A_im X_mj`` at
+    ``MERGE_PREC`` (``_solve_precision``).
 
     ``L2NORM`` (gdn_chunk with use_qk_l2norm): k rows are normalised and rounded on load, and the
     program writes them to ``k_n`` when ``WRITE_K`` and ``writer`` (the first value head of each key
@@ -143,16 +145,17 @@ def _kkt_solve_body(k, g_cum, beta, Ai, k_n, b, start, eos, i_h, i_hv, writer, K
     a32 = gate_causal(a32 * b3, G3, G2, ok3, ok2, rows3, rows2, True)
     a33 = gate_causal(a33 * b3, G3, G3, ok3, ok3, rows3, rows3, True)
 
-    x00 = inv_unit_lower16(a00)
-    x11 = inv_unit_lower16(a11)
-    x22 = inv_unit_lower16(a22)
-    x33 = inv_unit_lower16(a33)
-    x10 = -dot32(x11, dot32(a10, x00))
-    x21 = -dot32(x22, dot32(a21, x11))
-    x32 = -dot32(x33, dot32(a32, x22))
-    x20 = -dot32(x22, dot32(a20, x00) + dot32(a21, x10))
-    x31 = -dot32(x33, dot32(a31, x11) + dot32(a32, x21))
-    x30 = -dot32(x33, dot32(a30, x00) + dot32(a31, x10) + dot32(a32, x20))
+    x00 = inv_unit_lower16(a00, INV_PREC)
+    x11 = inv_unit_lower16(a11, INV_PREC)
+    x22 = inv_unit_lower16(a22, INV_PREC)
+    x33 = inv_unit_lower16(a33, INV_PREC)
+    x10 = -dot_f32(x11, dot_f32(a10, x00, MERGE_PREC), MERGE_PREC)
+    x21 = -dot_f32(x22, dot_f32(a21, x11, MERGE_PREC), MERGE_PREC)
+    x32 = -dot_f32(x33, dot_f32(a32, x22, MERGE_PREC), MERGE_PREC)
+    x20 = -dot_f32(x22, dot_f32(a20, x00, MERGE_PREC) + dot_f32(a21, x10, MERGE_PREC), MERGE_PREC)
+    x31 = -dot_f32(x33, dot_f32(a31, x11, MERGE_PREC) + dot_f32(a32, x21, MERGE_PREC), MERGE_PREC)
+    x30 = -dot_f32(x33, dot_f32(a30, x00, MERGE_PREC) + dot_f32(a31, x10, MERGE_PREC)
+                   + dot_f32(a32, x20, MERGE_PREC), MERGE_PREC)
     zero = tl.zeros([16, 16], tl.float32)
     _store_block_row(Ai, b, rows0, ok0, i_hv, x00, zero, zero, zero, s_ab, s_at, s_ah)
     _store_block_row(Ai, b, rows1, ok1, i_hv, x10, x11, zero, zero, s_ab, s_at, s_ah)
@@ -238,7 +241,8 @@ def _gdn_chunk_cumsum_kernel(g, g_cum, cu_seqlens, chunk_indices, T, NT, HV,
 def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, k_n, cu_seqlens, chunk_indices, T, NT, HV, GROUP, K,
                           s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh,
                           s_ab, s_at, s_ah, s_nb, s_nt, s_nh, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
-                          DOT_PREC: tl.constexpr, CUMSUM: tl.constexpr, L2NORM: tl.constexpr):
+                          DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr,
+                          CUMSUM: tl.constexpr, L2NORM: tl.constexpr):
     """``Ai`` of one (chunk, value head). ``CUMSUM`` (gdn_chunk): first write this chunk's ``g_cum``
     from ``g``; the barrier makes those global writes visible to the CTA's other threads, which
     re-read them in the solve's tile shapes. Adjacent programs are the value heads of one chunk, so
@@ -251,7 +255,7 @@ def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, k_n, cu_seqlens, chunk_indices,
         tl.debug_barrier()
     _kkt_solve_body(k, g_cum, beta, Ai, k_n, b, start, eos, i_hv // GROUP, i_hv, i_hv % GROUP == 0, K,
                     s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_nb, s_nt, s_nh,
-                    BK, DOT_PREC, L2NORM, L2NORM)
+                    BK, DOT_PREC, INV_PREC, MERGE_PREC, L2NORM, L2NORM)
 
 
 @triton.jit
@@ -403,6 +407,15 @@ def _dot_prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _solve_precision(dtype: torch.dtype) -> dict[str, str]:
+    """Products of the 64x64 solve (gdn.md §3.2). The diagonal 16x16 inverses stay in full fp32 (their
+    series has large, cancelling terms). The block merges run on tf32 tensor cores for bf16, as in
+    FLA: their 2^-11 input rounding sits under the bf16 rounding of the stored Ai (2^-9), and the
+    solve kernel takes half the time (1x32k, 16/32 heads, H100: 315 vs 654 us). fp16 (2^-11) and fp32
+    keep full fp32 merges."""
+    return {"INV_PREC": "ieee", "MERGE_PREC": "tf32" if dtype == torch.bfloat16 else "ieee"}
+
+
 def _varlen_plan(T: int, B: int, cu_seqlens, chunk_indices):
     """``(chunk_indices or None, NT per sequence (fixed), NT_total)``.
 
@@ -462,8 +475,8 @@ def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
             k, _dummy(g_cum), g_cum, beta, Ai, _dummy(k), _dummy(k) if cu_seqlens is None else cu_seqlens,
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K,
             *_s3(k), *_s3(g_cum), *_s3(g_cum), *_s3(beta), *_s3(Ai), *_s3(k),
-            IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype), CUMSUM=False,
-            L2NORM=False, num_warps=4)
+            IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
+            **_solve_precision(k.dtype), CUMSUM=False, L2NORM=False, num_warps=4)
     return Ai
 
 
@@ -606,8 +619,8 @@ def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=
 # H200 at 1x32k (16/32 heads): 2 warps 524 us, 4 warps 780, 1 warp 826 (FLA's solve runs on one warp
 # in 359 us, a different kernel). w/u is bound by its loads and stores (1.5 KB per token and value
 # head): 4 warps with 3 stages 548 us, 2 stages 599, 8 warps 759.
-_SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=2, num_stages=2), Config(num_warps=2, num_stages=1),
-                                   Config(num_warps=4, num_stages=2)])
+_SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=2, num_stages=2), Config(num_warps=1, num_stages=2),
+                                   Config(num_warps=2, num_stages=1), Config(num_warps=4, num_stages=2)])
 _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_warps=4, num_stages=2),
                                Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=2)])
 
@@ -640,8 +653,8 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, l2norm=False) ->
         _gdn_kkt_solve_kernel[(NT_total * HV,)](
             k, g, p["g_cum"], beta, p["Ai"], p["k"], cu, cix, T, NT, HV, HV // H, K,
             *_s3(k), *_s3(g), *_s3(p["g_cum"]), *_s3(beta), *_s3(p["Ai"]), *_s3(p["k"]),
-            IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype), CUMSUM=True,
-            L2NORM=l2norm, **cfg.launch_kwargs())
+            IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
+            **_solve_precision(k.dtype), CUMSUM=True, L2NORM=l2norm, **cfg.launch_kwargs())
 
     def w_u(cfg: Config):
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
