@@ -109,6 +109,12 @@ def test_chunk_small_for_sanitizer():
     check_chunk(torch_aura, DEV, 1, 150, 2, 4, 60, 40, BF16, offsets=[0, 64, 64, 150], h0=True, l2norm=True)
 
 
+@pytest.mark.sanitize
+def test_chunk_tma_small_for_sanitizer():
+    """K = 64 bf16 rows are 16-byte aligned: the state pass copies w, q~ and A_qk with TMA."""
+    check_chunk(torch_aura, DEV, 1, 150, 2, 4, 64, 40, BF16, offsets=[0, 50, 50, 150], h0=True)
+
+
 def test_chunk_thousands_of_short_documents_grid_over_65535():
     """2050 documents of 1-8 tokens x 32 heads: 1-D grids past CUDA's 65535 limit on y/z."""
     gen = torch.Generator().manual_seed(5)

@@ -38,7 +38,7 @@ CHUNK_CASES = [
     (1, 64, 2, 2, 16, 32, F32, {"scale": 0.3}),
     (2, 65, 1, 2, 12, 20, F32, {"h0": True, "state_v_first": True}),
     (1, 90, 2, 2, 24, 16, F16, {"l2norm": True, "h0": True}),
-    (1, 100, 1, 3, 20, 16, F32, {"l2norm": True, "offsets": [0, 30, 30, 100]}),  # GVA: one key head writes k
+    (1, 100, 1, 3, 20, 16, F32, {"l2norm": True, "offsets": [0, 30, 30, 100]}),  # in-op L2 norm with GVA, varlen
     (1, 70, 1, 2, 16, 16, F32, {"offsets": [0, 0, 5, 5, 70], "h0": True}),
     (1, 70, 1, 2, 16, 16, F16, {"offsets": [0, 0, 5, 5, 70], "state_v_first": True}),
     (1, 40, 1, 1, 16, 16, F32, {"offsets": [0, 1, 3, 40], "pass_ci": False}),

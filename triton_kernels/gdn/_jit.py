@@ -120,30 +120,6 @@ def chunk_rows(base, desc, b, start, rows, row_ok, head, cols, ncols, s_b, s_t, 
 
 
 @triton.jit
-def row_norms(base, b, rows, row_ok, head, K, s_b, s_t, s_h, BK: tl.constexpr, L2NORM: tl.constexpr):
-    """``sqrt(sum_K x^2 + 1e-6)`` per row of ``x[b, rows, head, :]`` in fp32 (over BK-wide tiles),
-    the divisor of ``use_qk_l2norm``; ones without ``L2NORM`` (``normalized`` then passes x through)."""
-    if L2NORM:
-        ss = tl.zeros([rows.shape[0]], tl.float32)
-        for k0 in range(0, K, BK):
-            x = load_tile(base, b, rows, row_ok, head, k0 + tl.arange(0, BK), K, s_b, s_t, s_h).to(tl.float32)
-            ss += tl.sum(x * x, axis=1)
-        return tl.sqrt(ss + 1e-6)
-    else:
-        return tl.full([rows.shape[0]], 1.0, tl.float32)
-
-
-@triton.jit
-def normalized(x, norms, L2NORM: tl.constexpr):
-    """``rnd(x / norms)`` row-wise, in x's dtype (the chunk path rounds normalised q and k, gdn.md
-    §3.6; the same expression as a separate L2-norm pass, so the values are identical)."""
-    if L2NORM:
-        return (x.to(tl.float32) / norms[:, None]).to(x.dtype)
-    else:
-        return x
-
-
-@triton.jit
 def load_rows(base, b, rows, row_ok, head, s_b, s_t, s_h):
     """fp32 ``x[b, rows, head]`` of a ``[B, T, H]`` tensor (g, g_cum, beta); 0 past the end."""
     return tl.load(base + b * s_b + head * s_h + rows * s_t, mask=row_ok, other=0.0).to(tl.float32)

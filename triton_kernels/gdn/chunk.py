@@ -12,11 +12,9 @@ Stage kernels (one op each; what the stage tests diff against the reference, sta
 per-chunk states ``h`` (512 B per token and value head in bf16 at K = V = 128, the largest
 intermediate) or ``v_new``:
 
-1. ``_gdn_kkt_solve_kernel`` with ``CUMSUM``: the chunk's cumsum of g, then kkt + solve; with
-   ``L2NORM`` it also normalises k on load and writes the normalised keys for the kernels after it;
+1. ``_gdn_kkt_solve_kernel`` with ``CUMSUM``: the chunk's cumsum of g, then kkt + solve;
 2. ``_gdn_recompute_w_u_kernel`` with ``WITH_Q``: w, u and two operands of the output,
-   ``A_qk`` (the chunk's gated, masked ``q k^T``) and ``q~ = e^G q - A_qk Ai rnd(beta e^G k)``
-   (``Q_L2NORM``: q normalised on load);
+   ``A_qk`` (the chunk's gated, masked ``q k^T``) and ``q~ = e^G q - A_qk Ai rnd(beta e^G k)``;
 3. ``_gdn_state_pass_kernel`` with ``WITH_O``: its program holds the fp32 state of its V tile, and
    ``o = scale (q~ rnd(S) + A_qk u)`` needs no product with this chunk's ``v_new``: fwd_o never runs.
 
@@ -39,7 +37,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..._checks import gdn as _checks
 from .._tune import Config, Tuner, interpreting
 from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot_f32, gate_causal, inv_unit_lower16, load_rows,
-                   load_tile, load_tile_t, normalized, row_norms, seq_span, store_tile, store_tile_t, v_tile_head_row)
+                   load_tile, load_tile_t, seq_span, store_tile, store_tile_t, v_tile_head_row)
 
 
 # ------------------------------------------------------------------------------ stage bodies
@@ -63,10 +61,9 @@ def _store_block_row(Ai, b, rows, ok, i_hv, x0, x1, x2, x3, s_ab, s_at, s_ah):
 
 
 @triton.jit
-def _kkt_solve_body(k, g_cum, beta, Ai, k_n, b, start, eos, i_h, i_hv, writer, K,
-                    s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_nb, s_nt, s_nh,
-                    BK: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr,
-                    L2NORM: tl.constexpr, WRITE_K: tl.constexpr):
+def _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
+                    s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
+                    BK: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr):
     """``Ai = (I + A)^-1`` of one chunk, ``A[i, j] = beta_i (k_i . k_j) e^(G_i - G_j)`` (i > j).
 
     The 64x64 problem is a 4x4 grid of 16x16 blocks: the ten lower blocks of ``k k^T`` accumulate
@@ -74,10 +71,6 @@ def _kkt_solve_body(k, g_cum, beta, Ai, k_n, b, start, eos, i_h, i_hv, writer, K
     blocks are inverted (``inv_unit_lower16`` at ``INV_PREC``) and the off-diagonal blocks of the
     inverse follow by block forward substitution, ``X_ij = -X_ii sum_{j <= m < i} A_im X_mj`` at
     ``MERGE_PREC`` (``_solve_precision``).
-
-    ``L2NORM`` (gdn_chunk with use_qk_l2norm): k rows are normalised and rounded on load, and the
-    program writes them to ``k_n`` when ``WRITE_K`` and ``writer`` (the first value head of each key
-    head), for the kernels after it: no separate L2-norm pass over k.
     """
     r = tl.arange(0, 16)
     rows0 = start + r
@@ -98,21 +91,12 @@ def _kkt_solve_body(k, g_cum, beta, Ai, k_n, b, start, eos, i_h, i_hv, writer, K
     a31 = tl.zeros([16, 16], tl.float32)
     a32 = tl.zeros([16, 16], tl.float32)
     a33 = tl.zeros([16, 16], tl.float32)
-    n0 = row_norms(k, b, rows0, ok0, i_h, K, s_kb, s_kt, s_kh, BK, L2NORM)
-    n1 = row_norms(k, b, rows1, ok1, i_h, K, s_kb, s_kt, s_kh, BK, L2NORM)
-    n2 = row_norms(k, b, rows2, ok2, i_h, K, s_kb, s_kt, s_kh, BK, L2NORM)
-    n3 = row_norms(k, b, rows3, ok3, i_h, K, s_kb, s_kt, s_kh, BK, L2NORM)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
-        k_0 = normalized(load_tile(k, b, rows0, ok0, i_h, cols, K, s_kb, s_kt, s_kh), n0, L2NORM)
-        k_1 = normalized(load_tile(k, b, rows1, ok1, i_h, cols, K, s_kb, s_kt, s_kh), n1, L2NORM)
-        k_2 = normalized(load_tile(k, b, rows2, ok2, i_h, cols, K, s_kb, s_kt, s_kh), n2, L2NORM)
-        k_3 = normalized(load_tile(k, b, rows3, ok3, i_h, cols, K, s_kb, s_kt, s_kh), n3, L2NORM)
-        if WRITE_K:
-            store_tile(k_n, k_0, b, rows0, ok0 & writer, i_h, cols, K, s_nb, s_nt, s_nh)
-            store_tile(k_n, k_1, b, rows1, ok1 & writer, i_h, cols, K, s_nb, s_nt, s_nh)
-            store_tile(k_n, k_2, b, rows2, ok2 & writer, i_h, cols, K, s_nb, s_nt, s_nh)
-            store_tile(k_n, k_3, b, rows3, ok3 & writer, i_h, cols, K, s_nb, s_nt, s_nh)
+        k_0 = load_tile(k, b, rows0, ok0, i_h, cols, K, s_kb, s_kt, s_kh)
+        k_1 = load_tile(k, b, rows1, ok1, i_h, cols, K, s_kb, s_kt, s_kh)
+        k_2 = load_tile(k, b, rows2, ok2, i_h, cols, K, s_kb, s_kt, s_kh)
+        k_3 = load_tile(k, b, rows3, ok3, i_h, cols, K, s_kb, s_kt, s_kh)
         t0 = tl.trans(k_0)
         t1 = tl.trans(k_1)
         t2 = tl.trans(k_2)
@@ -167,8 +151,7 @@ def _kkt_solve_body(k, g_cum, beta, Ai, k_n, b, start, eos, i_h, i_hv, writer, K
 def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh,
-              BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr,
-              Q_L2NORM: tl.constexpr):
+              BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
     """``w = Ai @ rnd(beta e^G k)``, ``u = Ai @ rnd(beta v)`` for one chunk, 64-row tiles.
 
     ``WITH_Q`` (gdn_chunk only) also prepares the chunk's share of the output, so that the
@@ -184,8 +167,6 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h,
     with w's strides and A_qk with Ai's (the launcher allocates them alike). P = rnd(A_qk Ai) is formed
     once so that q~ needs no product with w, only with the kb tile w's own product uses; q and k
     are read twice (once for A_qk over all of K, once per K tile), the second time from L2.
-    ``Q_L2NORM`` (use_qk_l2norm): q rows are normalised and rounded on load (k arrives normalised
-    from the solve kernel).
     """
     rows = start + tl.arange(0, BT)
     ok = rows < eos
@@ -196,11 +177,10 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h,
     eg = tl.exp2(G2)
     kscale = bt * eg
     if WITH_Q:
-        qn = row_norms(q, b, rows, ok, i_h, K, s_qb, s_qt, s_qh, BK, Q_L2NORM)
         b_A = tl.zeros([BT, BT], tl.float32)
         for k0 in range(0, K, BK):
             cols = k0 + tl.arange(0, BK)
-            qt = normalized(load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh), qn, Q_L2NORM)
+            qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh)
             kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
             b_A += tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC)
         b_A = gate_causal(b_A, G2, G2, ok, ok, rows, rows, False).to(A.dtype)
@@ -212,8 +192,7 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h,
         kb = (kt.to(tl.float32) * kscale[:, None]).to(kt.dtype)
         store_tile(w, tl.dot(A, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K, s_wb, s_wt, s_wh)
         if WITH_Q:
-            qt = normalized(load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh), qn, Q_L2NORM)
-            qt = qt.to(tl.float32) * eg[:, None]
+            qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh).to(tl.float32) * eg[:, None]
             store_tile(q_tilde, qt - tl.dot(P, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K,
                        s_wb, s_wt, s_wh)
     for v0 in range(0, V, BV):
@@ -238,11 +217,10 @@ def _gdn_chunk_cumsum_kernel(g, g_cum, cu_seqlens, chunk_indices, T, NT, HV,
 
 
 @triton.jit
-def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, k_n, cu_seqlens, chunk_indices, T, NT, HV, GROUP, K,
+def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, cu_seqlens, chunk_indices, T, NT, HV, GROUP, K,
                           s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh,
-                          s_ab, s_at, s_ah, s_nb, s_nt, s_nh, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
-                          DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr,
-                          CUMSUM: tl.constexpr, L2NORM: tl.constexpr):
+                          s_ab, s_at, s_ah, IS_VARLEN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+                          INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr, CUMSUM: tl.constexpr):
     """``Ai`` of one (chunk, value head). ``CUMSUM`` (gdn_chunk): first write this chunk's ``g_cum``
     from ``g``; the barrier makes those global writes visible to the CTA's other threads, which
     re-read them in the solve's tile shapes. Adjacent programs are the value heads of one chunk, so
@@ -253,9 +231,9 @@ def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, k_n, cu_seqlens, chunk_indices,
     if CUMSUM:
         _cumsum_head(g, g_cum, b, start, eos, i_hv, s_gb, s_gt, s_gh, s_cb, s_ct, s_ch)
         tl.debug_barrier()
-    _kkt_solve_body(k, g_cum, beta, Ai, k_n, b, start, eos, i_hv // GROUP, i_hv, i_hv % GROUP == 0, K,
-                    s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_nb, s_nt, s_nh,
-                    BK, DOT_PREC, INV_PREC, MERGE_PREC, L2NORM, L2NORM)
+    _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_hv // GROUP, i_hv, K,
+                    s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, BK, DOT_PREC,
+                    INV_PREC, MERGE_PREC)
 
 
 @triton.jit
@@ -263,15 +241,14 @@ def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, cu_
                               T, NT, HV, GROUP, K, V, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh,
                               s_ab, s_at, s_ah, s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
                               s_qb, s_qt, s_qh, IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                              DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr, Q_L2NORM: tl.constexpr):
+                              DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
     """``w``, ``u`` of one (chunk, value head); ``WITH_Q`` (gdn_chunk) also ``q~`` and ``A_qk``."""
     pid = tl.program_id(0)
     i_c, i_hv = pid // HV, pid % HV
     b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
     _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_hv // GROUP, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
-              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q,
-              Q_L2NORM)
+              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q)
 
 
 @triton.jit
@@ -392,6 +369,20 @@ def _gdn_fwd_o_kernel(q, k, v_new, h, g_cum, o, cu_seqlens, chunk_indices, scale
     store_tile(o, b_o * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
 
 
+@triton.jit
+def _l2norm_kernel(x, y, H, K, s_xb, s_xt, s_xh, s_yb, s_yt, s_yh, T,
+                   BH: tl.constexpr, BK: tl.constexpr):
+    """``y = rnd(x / sqrt(sum_K x^2 + 1e-6))`` in fp32 for all heads of one token (gdn.md §3.6)."""
+    pid = tl.program_id(0)
+    b, t = (pid // T).to(tl.int64), (pid % T).to(tl.int64)
+    hh = tl.arange(0, BH)
+    kk = tl.arange(0, BK)
+    mask = (hh < H)[:, None] & (kk < K)[None, :]
+    v = tl.load(x + b * s_xb + t * s_xt + hh[:, None] * s_xh + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+    v = v / tl.sqrt(tl.sum(v * v, axis=1) + 1e-6)[:, None]
+    tl.store(y + b * s_yb + t * s_yt + hh[:, None] * s_yh + kk[None, :], v.to(y.dtype.element_ty), mask=mask)
+
+
 # ---------------------------------------------------------------------------------- launchers
 def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(n))
@@ -410,9 +401,9 @@ def _dot_prec(dtype: torch.dtype) -> str:
 def _solve_precision(dtype: torch.dtype) -> dict[str, str]:
     """Products of the 64x64 solve (gdn.md §3.2). The diagonal 16x16 inverses stay in full fp32 (their
     series has large, cancelling terms). The block merges run on tf32 tensor cores for bf16, as in
-    FLA: their 2^-11 input rounding sits under the bf16 rounding of the stored Ai (2^-9), and the
-    solve kernel takes half the time (1x32k, 16/32 heads, H100: 315 vs 654 us). fp16 (2^-11) and fp32
-    keep full fp32 merges."""
+    FLA: their 2^-11 input rounding sits under the bf16 rounding of the stored Ai (2^-9; measured: Ai
+    moves by 2.6e-4 relative RMS), and the solve runs at one warp in 470 us instead of 654 (1x32k, 16/32
+    heads, H100). fp16 (2^-11) and fp32 keep full fp32 merges."""
     return {"INV_PREC": "ieee", "MERGE_PREC": "tf32" if dtype == torch.bfloat16 else "ieee"}
 
 
@@ -472,11 +463,11 @@ def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
     Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=k.device)
     if NT_total:
         _gdn_kkt_solve_kernel[(NT_total * HV,)](
-            k, _dummy(g_cum), g_cum, beta, Ai, _dummy(k), _dummy(k) if cu_seqlens is None else cu_seqlens,
+            k, _dummy(g_cum), g_cum, beta, Ai, _dummy(k) if cu_seqlens is None else cu_seqlens,
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K,
-            *_s3(k), *_s3(g_cum), *_s3(g_cum), *_s3(beta), *_s3(Ai), *_s3(k),
+            *_s3(k), *_s3(g_cum), *_s3(g_cum), *_s3(beta), *_s3(Ai),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
-            **_solve_precision(k.dtype), CUMSUM=False, L2NORM=False, num_warps=4)
+            **_solve_precision(k.dtype), CUMSUM=False, num_warps=4)
     return Ai
 
 
@@ -494,20 +485,22 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u), *_s3(k),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-            DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, Q_L2NORM=False, num_warps=4)
+            DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, num_warps=4)
     return w, u
 
 
 # BV is part of the config: with tensor-memory copies a 64-wide V tile wins even where it leaves SMs
 # idle (1x32k at 16/32 heads runs 64 programs on 132 SMs: 902 us; BV = 32, 128 programs: 1198; H100),
 # since a chunk step costs about the same at either width (the chain is latency, not FLOPs). The last
-# config (pointer loads, one stage) fits wherever the others do not (fp32 with K > 128: 288 KB of
-# copies at two stages).
+# config (pointer loads, one stage) is the fallback that fits wherever the copies' stages do not.
 _STATE_PASS = Tuner("gdn_state_pass", [
     Config({"BV": 64}, num_warps=4, num_stages=3), Config({"BV": 64}, num_warps=4, num_stages=2),
     Config({"BV": 32}, num_warps=4, num_stages=3), Config({"BV": 32}, num_warps=8, num_stages=2),
     Config({"BV": 16}, num_warps=4, num_stages=2), Config({"BV": 32, "TMA": False}, num_warps=4, num_stages=1),
 ])
+# Shared memory the TMA copies of one pipeline stage may take: two stages must leave room for the k
+# and u tiles (fp32 with K > 128 would need 295 KB; each config tried first would fail to compile).
+_TMA_STAGE_BYTES = 100 * 1024
 
 
 @functools.lru_cache(maxsize=None)
@@ -547,7 +540,8 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
     BK = _pow2(K)
     with_o = o is not None
     tiles = (w, q_tilde, a_qk) if with_o else (w,)
-    tma_ready = _tma_ready(*tiles)
+    stage_bytes = CHUNK * (2 * BK + CHUNK if with_o else BK) * w.element_size()
+    tma_ready = stage_bytes <= _TMA_STAGE_BYTES and _tma_ready(*tiles)
     if tma_ready:
         descs = (_rows_descriptor(w, BK), *((_rows_descriptor(q_tilde, BK), _rows_descriptor(a_qk, CHUNK))
                                            if with_o else (_dummy(k), _dummy(k))))
@@ -614,21 +608,30 @@ def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=
     return o
 
 
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """Row-normalised copy of ``x [B, T, H, K]`` in x's dtype (the chunk path rounds it, as FLA)."""
+    B, T, H, K = x.shape
+    y = torch.empty((B, T, H, K), dtype=x.dtype, device=x.device)
+    if B * T * H:
+        _l2norm_kernel[(B * T,)](x, y, H, K, *_s3(x), *_s3(y), T, BH=_pow2(H, 1), BK=_pow2(K, 1),
+                                 num_warps=4 if H * K <= 4096 else 8)
+    return y
+
+
 # The solve is latency-bound on its chain of small 16x16 products and their layout changes through
-# shared memory, and needs ~250 registers per thread at 2 warps (ncu: 12.5% occupancy). Measured on
-# H200 at 1x32k (16/32 heads): 2 warps 524 us, 4 warps 780, 1 warp 826 (FLA's solve runs on one warp
-# in 359 us, a different kernel). w/u is bound by its loads and stores (1.5 KB per token and value
-# head): 4 warps with 3 stages 548 us, 2 stages 599, 8 warps 759.
+# shared memory, and needs ~250 registers per thread (ncu at 2 warps: 12.5% occupancy). Measured on
+# H100 at 1x32k (16/32 heads, bf16, a variant with the L2 norm folded in): fp32 merges at 2 warps 654 us,
+# tf32 merges at 1 warp 470, at 2 warps 632 (FLA's kkt + solve: 361). w/u is bound by its loads and
+# stores (1.5 KB per token and value head): 4 warps with 3 stages 631 us, 2 stages 675, 8 warps 826.
 _SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=2, num_stages=2), Config(num_warps=1, num_stages=2),
                                    Config(num_warps=2, num_stages=1), Config(num_warps=4, num_stages=2)])
 _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_warps=4, num_stages=2),
                                Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=2)])
 
 
-def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, l2norm=False) -> dict[str, torch.Tensor]:
+def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, torch.Tensor]:
     """The chunk-parallel part of ``gdn_chunk``, by name: ``g_cum``, ``Ai`` (scratch), ``w``, ``u``,
-    ``q_tilde`` (allocated like w), ``a_qk`` (like Ai) and ``k``: the keys the sequential pass uses,
-    normalised by the solve kernel when ``l2norm`` (q is normalised where w/u loads it), else k.
+    ``q_tilde`` (allocated like w) and ``a_qk`` (like Ai).
 
     Two launches, the stage kernels with their gdn_chunk flags: cumsum + kkt + solve, then w/u + q~ +
     A_qk. One fused kernel (Ai through the same scratch behind a CTA barrier) measured slower on an
@@ -642,27 +645,26 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, l2norm=False) ->
          "w": torch.empty((B, T, HV, K), dtype=k.dtype, device=dev),
          "u": torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)}
     p["q_tilde"], p["a_qk"] = torch.empty_like(p["w"]), torch.empty_like(p["Ai"])
-    p["k"] = torch.empty((B, T, H, K), dtype=k.dtype, device=dev) if l2norm else k
     if NT_total == 0:
         return p
     cu = _dummy(k) if cu_seqlens is None else cu_seqlens
     cix = _dummy(k) if ci is None else ci
-    key = (K, V, k.dtype, cu_seqlens is not None, l2norm)
+    key = (K, V, k.dtype, cu_seqlens is not None)
 
     def solve(cfg: Config):
         _gdn_kkt_solve_kernel[(NT_total * HV,)](
-            k, g, p["g_cum"], beta, p["Ai"], p["k"], cu, cix, T, NT, HV, HV // H, K,
-            *_s3(k), *_s3(g), *_s3(p["g_cum"]), *_s3(beta), *_s3(p["Ai"]), *_s3(p["k"]),
+            k, g, p["g_cum"], beta, p["Ai"], cu, cix, T, NT, HV, HV // H, K,
+            *_s3(k), *_s3(g), *_s3(p["g_cum"]), *_s3(beta), *_s3(p["Ai"]),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
-            **_solve_precision(k.dtype), CUMSUM=True, L2NORM=l2norm, **cfg.launch_kwargs())
+            **_solve_precision(k.dtype), CUMSUM=True, **cfg.launch_kwargs())
 
     def w_u(cfg: Config):
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            p["k"], v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["q_tilde"], p["a_qk"], cu, cix,
+            k, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["q_tilde"], p["a_qk"], cu, cix,
             T, NT, HV, HV // H, K, V,
-            *_s3(p["k"]), *_s3(v), *_s3(beta), *_s3(p["Ai"]), *_s3(p["g_cum"]), *_s3(p["w"]), *_s3(p["u"]), *_s3(q),
+            *_s3(k), *_s3(v), *_s3(beta), *_s3(p["Ai"]), *_s3(p["g_cum"]), *_s3(p["w"]), *_s3(p["u"]), *_s3(q),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-            DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, Q_L2NORM=l2norm, **cfg.launch_kwargs())
+            DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, **cfg.launch_kwargs())
 
     _SOLVE(key, solve)
     _W_U(key, w_u)
@@ -671,17 +673,19 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, l2norm=False) ->
 
 def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
               use_qk_l2norm=False, state_v_first=False):
-    """Three kernels: the chunk-parallel prep (cumsum, L2 norms, kkt + solve, w, u, and the output
-    operands q~ and A_qk), then the sequential pass that emits o and the final state. The per-chunk
-    states h and v_new of the stage ops are never materialised."""
+    """Two kernels (plus the optional L2 norm): the chunk-parallel prep (cumsum, kkt + solve, w, u,
+    and the output operands q~ and A_qk), then the sequential pass that emits o and the final
+    state. The per-chunk states h and v_new of the stage ops are never materialised."""
     _checks.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
                       state_v_first)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     scale = float(K ** -0.5 if scale is None else scale)
+    if use_qk_l2norm:
+        q, k = _l2norm(q), _l2norm(k)
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
-    p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, use_qk_l2norm)
+    p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total)
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
-    final = _state_pass(p["k"], p["w"], p["u"], p["g_cum"], initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
+    final = _state_pass(k, p["w"], p["u"], p["g_cum"], initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
                         q_tilde=p["q_tilde"], a_qk=p["a_qk"], o=o, scale=scale)
     return o, final
