@@ -13,6 +13,7 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="compiles real kernels; the interpreter tree runs them instead")
 
@@ -41,6 +42,8 @@ class _CompileOnly:
                 signature[p.name], constexprs[p.name] = "constexpr", v
             elif isinstance(v, torch.Tensor):
                 signature[p.name] = _PTR[v.dtype]
+            elif isinstance(v, TensorDescriptor):  # a host TMA descriptor: element type and block shape
+                signature[p.name] = f"tensordesc<{_PTR[v.base.dtype][1:]}[{', '.join(map(str, v.block_shape))}]>"
             elif isinstance(v, bool):
                 signature[p.name] = "i1"
             elif isinstance(v, int):
@@ -60,7 +63,8 @@ class _CompileOnly:
 @pytest.fixture
 def compile_only(monkeypatch, request):
     """Patch the GDN kernel modules; with ``all_configs`` every tuner compiles each of its configs
-    (bf16, the tuned production dtype), else only its default (compile time on 2 CI cores)."""
+    (bf16, the tuned production dtype, with the state pass's TMA copies), else only its default
+    (compile time on 2 CI cores)."""
     from torch_aura.triton_kernels import _tune
     from torch_aura.triton_kernels.gdn import chunk, recurrent
 
@@ -71,6 +75,8 @@ def compile_only(monkeypatch, request):
                 monkeypatch.setattr(mod, name, _CompileOnly(obj, seen))
 
     all_configs = request.node.callspec.params.get("dtype") == torch.bfloat16
+    if all_configs:  # the state pass's TMA path too (CPU tensors never take it at run time)
+        monkeypatch.setattr(chunk, "_tma_ready", lambda *xs: True)
 
     def every_config(self, key, launch):
         for cfg in self.configs if all_configs else self.configs[:1]:
@@ -106,3 +112,5 @@ def test_gdn_kernels_compile_for_sm90(compile_only, dtype):
                             cu, None, True, True)
     expected = {n for n in (*vars(chunk), *vars(recurrent)) if n.endswith("_kernel")}
     assert expected <= {key[0] for key in compile_only}, "a kernel was never compiled"
+    if dtype == torch.bfloat16:
+        assert any(("TMA", True) in key[2] for key in compile_only), "the state pass's TMA path was never compiled"
