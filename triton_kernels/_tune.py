@@ -38,15 +38,23 @@ class Config:
 
 
 @functools.lru_cache(maxsize=None)
-def _sms_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def _properties_of(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def _cuda_properties(device: torch.device):
+    """Cached properties of a CUDA device (launchers ask on every call)."""
+    return _properties_of(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def sm_count(device: torch.device) -> int:
-    """SMs of a CUDA device (cached: launchers ask on every call); 1 elsewhere."""
-    if device.type != "cuda":
-        return 1
-    return _sms_of(torch.cuda.current_device() if device.index is None else device.index)
+    """SMs of a CUDA device; 1 elsewhere."""
+    return _cuda_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def has_tma(device: torch.device) -> bool:
+    """Whether a CUDA device has the tensor memory accelerator (Hopper, compute capability 9, and later)."""
+    return device.type == "cuda" and _cuda_properties(device).major >= 9
 
 
 def interpreting() -> bool:

@@ -27,15 +27,13 @@ recurrence on gdn.md §5's inputs; see ``_w_u_body``).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..._checks import gdn as _checks
-from .._tune import Config, Tuner, interpreting
+from .._tune import Config, Tuner, has_tma, interpreting
 from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot_f32, gate_causal, inv_unit_lower16, load_rows,
                    load_tile, load_tile_t, seq_span, store_tile, store_tile_t, v_tile_head_row)
 
@@ -505,19 +503,11 @@ _STATE_PASS = Tuner("gdn_state_pass", [
 _TMA_STAGE_BYTES = 100 * 1024
 
 
-@functools.lru_cache(maxsize=None)
-def _device_has_tma(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
 def _tma_ready(*xs: torch.Tensor) -> bool:
     """Whether ``chunk_rows`` may copy these ``[B, T, H, C]`` tensors with TMA: a Hopper-class GPU (or
     the interpreter, which emulates the copies), 16-byte aligned base and strides, unit last stride."""
     dev = xs[0].device
-    if dev.type == "cuda":
-        if not _device_has_tma(torch.cuda.current_device() if dev.index is None else dev.index):
-            return False
-    elif not interpreting():
+    if not (has_tma(dev) if dev.type == "cuda" else interpreting()):
         return False
     return all(x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and x.numel() > 0
                and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1]) for x in xs)
