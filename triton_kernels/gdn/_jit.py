@@ -89,17 +89,23 @@ def store_tile(base, x, b, rows, row_ok, head, cols, ncols, s_b, s_t, s_h):
 
 
 @triton.jit
+def tile_ptrs_t(base, b, rows, head, cols, s_b, s_t, s_h):
+    """``tile_ptrs`` transposed: addresses of ``x[b, rows, head, cols]^T``, ``[len(cols), len(rows)]``."""
+    return base + b * s_b + head * s_h + rows[None, :] * s_t + cols[:, None]
+
+
+@triton.jit
 def load_tile_t(base, b, rows, row_ok, head, cols, ncols, s_b, s_t, s_h):
     """``load_tile`` transposed: ``x[b, rows, head, cols]^T`` as ``[len(cols), len(rows)]``, zero-filled."""
     mask = (cols < ncols)[:, None] & row_ok[None, :]
-    return tl.load(base + b * s_b + head * s_h + rows[None, :] * s_t + cols[:, None], mask=mask, other=0.0)
+    return tl.load(tile_ptrs_t(base, b, rows, head, cols, s_b, s_t, s_h), mask=mask, other=0.0)
 
 
 @triton.jit
 def store_tile_t(base, xt, b, rows, row_ok, head, cols, ncols, s_b, s_t, s_h):
     """Store ``xt [len(cols), len(rows)]`` as the valid part of ``x[b, rows, head, cols]`` (RNE)."""
     mask = (cols < ncols)[:, None] & row_ok[None, :]
-    tl.store(base + b * s_b + head * s_h + rows[None, :] * s_t + cols[:, None], xt.to(base.dtype.element_ty), mask=mask)
+    tl.store(tile_ptrs_t(base, b, rows, head, cols, s_b, s_t, s_h), xt.to(base.dtype.element_ty), mask=mask)
 
 
 @triton.jit
