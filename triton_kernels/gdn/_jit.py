@@ -132,20 +132,6 @@ def load_rows(base, b, rows, row_ok, head, s_b, s_t, s_h):
 
 
 @triton.jit
-def sum_sq_rows(x):
-    """fp32 ``sum_cols x^2`` of each row of a tile (the L2 norm's sums, accumulated over K tiles)."""
-    xf = x.to(tl.float32)
-    return tl.sum(xf * xf, axis=1)
-
-
-@triton.jit
-def inv_norm(sum_sq):
-    """``1 / sqrt(sum_sq + 1e-6)``: the factor of gdn.md §3.6's L2 norm (rows past the end: 1000,
-    which only ever multiplies their zeros)."""
-    return 1.0 / tl.sqrt(sum_sq + 1e-6)
-
-
-@triton.jit
 def gate_causal(a, G2_i, G2_j, ok_i, ok_j, rows_i, rows_j, STRICT: tl.constexpr):
     """``select(i > j (STRICT) or i >= j, both valid, a * exp2(G2_i - G2_j), 0)``.
 

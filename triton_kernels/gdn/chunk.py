@@ -22,9 +22,7 @@ The stage kernels round exactly where gdn.md §3.7 does: ``Ai``, the ``beta e^G 
 operands, ``w``, ``u``, the state operand ``rnd(S)``, ``v_new``, the gated ``v_new`` and the
 masked ``q k^T``; G and the states are fp32. ``gdn_chunk`` keeps those of the state recurrence and
 rounds ``q~`` and ``A_qk Ai`` instead of ``v_new`` in the output (same error against the fp64
-recurrence on gdn.md §5's inputs; see ``_w_u_body``). With ``use_qk_l2norm`` it never rounds (or
-writes) normalised q and k: all three kernels take the raw rows and scale by their inverse norms
-after the products (``L2NORM``), which only removes roundings the reference makes.
+recurrence on gdn.md §5's inputs; see ``_w_u_body``).
 """
 
 from __future__ import annotations
@@ -36,9 +34,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..._checks import gdn as _checks
 from .._tune import Config, Tuner, has_tma, interpreting
-from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot_f32, gate_causal, inv_norm, inv_unit_lower16,
-                   load_rows, load_tile, load_tile_t, seq_span, store_tile, store_tile_t, sum_sq_rows,
-                   v_tile_head_row)
+from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot_f32, gate_causal, inv_unit_lower16, load_rows,
+                   load_tile, load_tile_t, seq_span, store_tile, store_tile_t, v_tile_head_row)
 
 
 # ------------------------------------------------------------------------------ stage bodies
@@ -64,14 +61,11 @@ def _store_block_row(Ai, b, rows, ok, i_hv, x0, x1, x2, x3, s_ab, s_at, s_ah):
 @triton.jit
 def _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
                     s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
-                    BK: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr,
-                    L2NORM: tl.constexpr):
+                    BK: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr):
     """``Ai = (I + A)^-1`` of one chunk, ``A[i, j] = beta_i (k_i . k_j) e^(G_i - G_j)`` (i > j).
 
     The 64x64 problem is a 4x4 grid of 16x16 blocks: the ten lower blocks of ``k k^T`` accumulate
-    in fp32 over K tiles; beta and the gate are applied after the dot (as FLA), and so is the L2 norm
-    (``L2NORM``: k's rows are the raw input, their sums of squares ride along in the same loop and
-    block ij is scaled by ``n_i n_j`` after it, ``n = 1 / sqrt(|k|^2 + 1e-6)``); the four diagonal
+    in fp32 over K tiles; beta and the gate are applied after the dot (as FLA); the four diagonal
     blocks are inverted (``inv_unit_lower16`` at ``INV_PREC``) and the off-diagonal blocks of the
     inverse follow by block forward substitution, ``X_ij = -X_ii sum_{j <= m < i} A_im X_mj`` at
     ``MERGE_PREC`` (``_solve_precision``).
@@ -95,10 +89,6 @@ def _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
     a31 = tl.zeros([16, 16], tl.float32)
     a32 = tl.zeros([16, 16], tl.float32)
     a33 = tl.zeros([16, 16], tl.float32)
-    ss0 = tl.zeros([16], tl.float32)
-    ss1 = tl.zeros([16], tl.float32)
-    ss2 = tl.zeros([16], tl.float32)
-    ss3 = tl.zeros([16], tl.float32)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         k_0 = load_tile(k, b, rows0, ok0, i_h, cols, K, s_kb, s_kt, s_kh)
@@ -118,11 +108,6 @@ def _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
         a31 += tl.dot(k_3, t1, input_precision=DOT_PREC)
         a32 += tl.dot(k_3, t2, input_precision=DOT_PREC)
         a33 += tl.dot(k_3, tl.trans(k_3), input_precision=DOT_PREC)
-        if L2NORM:
-            ss0 += sum_sq_rows(k_0)
-            ss1 += sum_sq_rows(k_1)
-            ss2 += sum_sq_rows(k_2)
-            ss3 += sum_sq_rows(k_3)
     G0 = load_rows(g_cum, b, rows0, ok0, i_hv, s_gb, s_gt, s_gh) * LOG2E
     G1 = load_rows(g_cum, b, rows1, ok1, i_hv, s_gb, s_gt, s_gh) * LOG2E
     G2 = load_rows(g_cum, b, rows2, ok2, i_hv, s_gb, s_gt, s_gh) * LOG2E
@@ -131,25 +116,6 @@ def _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
     b1 = load_rows(beta, b, rows1, ok1, i_hv, s_bb, s_bt, s_bh)[:, None]
     b2 = load_rows(beta, b, rows2, ok2, i_hv, s_bb, s_bt, s_bh)[:, None]
     b3 = load_rows(beta, b, rows3, ok3, i_hv, s_bb, s_bt, s_bh)[:, None]
-    if L2NORM:  # A = diag(beta n) (k k^T) diag(n): rows here, columns per block below
-        n0 = inv_norm(ss0)
-        n1 = inv_norm(ss1)
-        n2 = inv_norm(ss2)
-        n3 = inv_norm(ss3)
-        b0 = b0 * n0[:, None]
-        b1 = b1 * n1[:, None]
-        b2 = b2 * n2[:, None]
-        b3 = b3 * n3[:, None]
-        a00 = a00 * n0[None, :]
-        a10 = a10 * n0[None, :]
-        a20 = a20 * n0[None, :]
-        a30 = a30 * n0[None, :]
-        a11 = a11 * n1[None, :]
-        a21 = a21 * n1[None, :]
-        a31 = a31 * n1[None, :]
-        a22 = a22 * n2[None, :]
-        a32 = a32 * n2[None, :]
-        a33 = a33 * n3[None, :]
     a00 = gate_causal(a00 * b0, G0, G0, ok0, ok0, rows0, rows0, True)
     a10 = gate_causal(a10 * b1, G1, G0, ok1, ok0, rows1, rows0, True)
     a11 = gate_causal(a11 * b1, G1, G1, ok1, ok1, rows1, rows1, True)
@@ -180,11 +146,10 @@ def _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
 
 
 @triton.jit
-def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, k_inv, b, start, eos, i_h, i_hv, K, V,
+def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh,
-              BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr,
-              L2NORM: tl.constexpr):
+              BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
     """``w = Ai @ rnd(beta e^G k)``, ``u = Ai @ rnd(beta v)`` for one chunk, 64-row tiles.
 
     ``WITH_Q`` (gdn_chunk only) also prepares the chunk's share of the output, so that the
@@ -200,12 +165,6 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, k_inv, b, start, eo
     with w's strides and A_qk with Ai's (the launcher allocates them alike). P = rnd(A_qk Ai) is formed
     once so that q~ needs no product with w, only with the kb tile w's own product uses; q and k
     are read twice (once for A_qk over all of K, once per K tile), the second time from L2.
-
-    ``L2NORM`` (with WITH_Q): q and k are the raw inputs. The A_qk loop, which reads both over all
-    of K, also sums their squares; the inverse norms ``n = 1 / sqrt(|x|^2 + 1e-6)`` then scale A_qk's
-    rows and columns and join the per-row factors of kb (``beta e^G n_k``) and of q (``e^G n_q``),
-    and ``n_k`` is stored in ``k_inv`` (laid out as g_cum) for the pass. Normalised copies of q and k
-    are never written: a separate pass doing that took 176 us at 1x32k, 16/32 heads (H100).
     """
     rows = start + tl.arange(0, BT)
     ok = rows < eos
@@ -215,26 +174,13 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, k_inv, b, start, eo
     G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
     eg = tl.exp2(G2)
     kscale = bt * eg
-    qscale = eg
     if WITH_Q:
         b_A = tl.zeros([BT, BT], tl.float32)
-        ss_q = tl.zeros([BT], tl.float32)
-        ss_k = tl.zeros([BT], tl.float32)
         for k0 in range(0, K, BK):
             cols = k0 + tl.arange(0, BK)
             qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh)
             kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
             b_A += tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC)
-            if L2NORM:
-                ss_q += sum_sq_rows(qt)
-                ss_k += sum_sq_rows(kt)
-        if L2NORM:
-            n_q = inv_norm(ss_q)
-            n_k = inv_norm(ss_k)
-            b_A = b_A * n_q[:, None] * n_k[None, :]
-            kscale = kscale * n_k
-            qscale = qscale * n_q
-            tl.store(k_inv + b * s_gb + i_hv * s_gh + rows * s_gt, n_k, mask=ok)
         b_A = gate_causal(b_A, G2, G2, ok, ok, rows, rows, False).to(A.dtype)
         store_tile(a_qk, b_A, b, rows, ok, i_hv, c64, BT, s_ab, s_at, s_ah)
         P = tl.dot(b_A, A, input_precision=DOT_PREC).to(A.dtype)
@@ -244,7 +190,7 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, k_inv, b, start, eo
         kb = (kt.to(tl.float32) * kscale[:, None]).to(kt.dtype)
         store_tile(w, tl.dot(A, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K, s_wb, s_wt, s_wh)
         if WITH_Q:
-            qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh).to(tl.float32) * qscale[:, None]
+            qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh).to(tl.float32) * eg[:, None]
             store_tile(q_tilde, qt - tl.dot(P, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K,
                        s_wb, s_wt, s_wh)
     for v0 in range(0, V, BV):
@@ -272,10 +218,8 @@ def _gdn_chunk_cumsum_kernel(g, g_cum, cu_seqlens, chunk_indices, T, NT, HV,
 def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, cu_seqlens, chunk_indices, T, NT, HV, GROUP, K,
                           s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh,
                           s_ab, s_at, s_ah, IS_VARLEN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
-                          INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr, CUMSUM: tl.constexpr,
-                          L2NORM: tl.constexpr):
-    """``Ai`` of one (chunk, value head); ``L2NORM`` (gdn_chunk): k is raw, normalised after the dot.
-    ``CUMSUM`` (gdn_chunk): first write this chunk's ``g_cum``
+                          INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr, CUMSUM: tl.constexpr):
+    """``Ai`` of one (chunk, value head). ``CUMSUM`` (gdn_chunk): first write this chunk's ``g_cum``
     from ``g``; the barrier makes those global writes visible to the CTA's other threads, which
     re-read them in the solve's tile shapes. Adjacent programs are the value heads of one chunk, so
     GVA heads sharing a key head read its k tiles from L2."""
@@ -287,35 +231,33 @@ def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, cu_seqlens, chunk_indices, T, N
         tl.debug_barrier()
     _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_hv // GROUP, i_hv, K,
                     s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, BK, DOT_PREC,
-                    INV_PREC, MERGE_PREC, L2NORM)
+                    INV_PREC, MERGE_PREC)
 
 
 @triton.jit
-def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, k_inv, cu_seqlens, chunk_indices,
+def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, cu_seqlens, chunk_indices,
                               T, NT, HV, GROUP, K, V, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh,
                               s_ab, s_at, s_ah, s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
                               s_qb, s_qt, s_qh, IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                              DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr, L2NORM: tl.constexpr):
-    """``w``, ``u`` of one (chunk, value head); ``WITH_Q`` (gdn_chunk) also ``q~`` and ``A_qk``
-    (and ``k_inv`` with ``L2NORM``)."""
+                              DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
+    """``w``, ``u`` of one (chunk, value head); ``WITH_Q`` (gdn_chunk) also ``q~`` and ``A_qk``."""
     pid = tl.program_id(0)
     i_c, i_hv = pid // HV, pid % HV
     b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
-    _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, k_inv, b, start, eos, i_hv // GROUP, i_hv, K, V,
+    _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_hv // GROUP, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
-              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q,
-              L2NORM)
+              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q)
 
 
 @triton.jit
-def _gdn_state_pass_kernel(k, w, u, g_cum, k_inv, h0, h, out, final, q_tilde, a_qk, w_d, q_d, a_d, cu_seqlens,
+def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, w_d, q_d, a_d, cu_seqlens,
                            chunk_offsets, scale, T, NT, NT_total, HV, GROUP, K, V,
                            s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,
                            s_gb, s_gt, s_gh, s_0n, s_0h, s_0k, s_0v, s_hc, s_hh, s_hk, s_hv, s_fn, s_fh, s_fk, s_fv,
                            s_ab, s_at, s_ah,
                            IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_H: tl.constexpr,
                            WITH_O: tl.constexpr, TMA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                           DOT_PREC: tl.constexpr, L2NORM: tl.constexpr):
+                           DOT_PREC: tl.constexpr):
     """The sequential pass over one sequence's chunks for one (V tile, value head).
 
     The program carries its V tile of the state transposed, ``M = S^T [BV, BK]`` in fp32
@@ -340,9 +282,7 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, k_inv, h0, h, out, final, q_tilde, a_
     rows or unwritten memory: they reach only columns of v^T and o^T that the select drops and the
     store masks. k and u (the operands that meet those columns in a sum) stay masked loads.
     States use explicit (k, v) strides, so both layouts share this code. ``out`` receives ``o``
-    (WITH_O) or ``v_new`` (the fwd_h op, with h). ``L2NORM`` (gdn_chunk): k is the raw input and
-    its rows' inverse norms ``k_inv`` (from the w/u kernel, laid out as g_cum) join the gate of
-    ``v^T``'s columns, since ``gated @ diag(n) k = (gated diag(n)) @ k``.
+    (WITH_O) or ``v_new`` (the fwd_h op, with h).
     """
     i_v, i_hv, n = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
@@ -376,10 +316,7 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, k_inv, h0, h, out, final, q_tilde, a_
         vT = uT.to(tl.float32) - tl.dot(M_op, tl.trans(wt), input_precision=DOT_PREC)
         if not WITH_O:
             store_tile_t(out, vT, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
-        col_gate = tl.exp2(G2_L - G2)
-        if L2NORM:
-            col_gate *= load_rows(k_inv, b, rows, ok, i_hv, s_gb, s_gt, s_gh)
-        gated = tl.where(ok[None, :], col_gate[None, :] * vT, 0.0).to(kt.dtype)
+        gated = tl.where(ok[None, :], tl.exp2(G2_L - G2)[None, :] * vT, 0.0).to(kt.dtype)
         M_next = M * tl.exp2(G2_L) + tl.dot(gated, kt, input_precision=DOT_PREC)
         if WITH_O:
             qt = chunk_rows(q_tilde, q_d, b, start, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh, TMA)
@@ -428,6 +365,20 @@ def _gdn_fwd_o_kernel(q, k, v_new, h, g_cum, o, cu_seqlens, chunk_indices, scale
     vn = load_tile(v_new, b, rows, ok, i_hv, vv, V, s_vb, s_vt, s_vh)
     b_o += tl.dot(b_A.to(vn.dtype), vn, input_precision=DOT_PREC)
     store_tile(o, b_o * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
+
+
+@triton.jit
+def _l2norm_kernel(x, y, H, K, s_xb, s_xt, s_xh, s_yb, s_yt, s_yh, T,
+                   BH: tl.constexpr, BK: tl.constexpr):
+    """``y = rnd(x / sqrt(sum_K x^2 + 1e-6))`` in fp32 for all heads of one token (gdn.md §3.6)."""
+    pid = tl.program_id(0)
+    b, t = (pid // T).to(tl.int64), (pid % T).to(tl.int64)
+    hh = tl.arange(0, BH)
+    kk = tl.arange(0, BK)
+    mask = (hh < H)[:, None] & (kk < K)[None, :]
+    v = tl.load(x + b * s_xb + t * s_xt + hh[:, None] * s_xh + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+    v = v / tl.sqrt(tl.sum(v * v, axis=1) + 1e-6)[:, None]
+    tl.store(y + b * s_yb + t * s_yt + hh[:, None] * s_yh + kk[None, :], v.to(y.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------------------------- launchers
@@ -516,7 +467,7 @@ def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K,
             *_s3(k), *_s3(g_cum), *_s3(g_cum), *_s3(beta), *_s3(Ai),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
-            **_solve_precision(k.dtype), CUMSUM=False, L2NORM=False, num_warps=4)
+            **_solve_precision(k.dtype), CUMSUM=False, num_warps=4)
     return Ai
 
 
@@ -529,12 +480,12 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     u = torch.empty((B, T, HV, V), dtype=v.dtype, device=k.device)
     if NT_total:
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(w), _dummy(Ai), _dummy(g_cum),
+            k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(w), _dummy(Ai),
             _dummy(k) if cu_seqlens is None else cu_seqlens,
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u), *_s3(k),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-            DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, L2NORM=False, num_warps=4)
+            DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, num_warps=4)
     return w, u
 
 
@@ -568,10 +519,9 @@ def _rows_descriptor(x: torch.Tensor, cols: int) -> TensorDescriptor:
 
 
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                h=None, v_new=None, q_tilde=None, a_qk=None, o=None, scale=1.0, k_inv=None):
+                h=None, v_new=None, q_tilde=None, a_qk=None, o=None, scale=1.0):
     """Launch ``_gdn_state_pass_kernel``: fwd_h (``h`` and ``v_new`` given) or gdn_chunk's outputs
-    (``o``, from ``_chunk_prep``'s ``q_tilde`` (allocated like w) and ``a_qk``; ``k_inv`` with the
-    in-op L2 norm, k then being the raw input)."""
+    (``o``, from ``_chunk_prep``'s ``q_tilde`` (allocated like w) and ``a_qk``)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -591,16 +541,14 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
     hs = (h.stride(1), h.stride(2), *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4)))) \
         if h is not None else (0, 0, 0, 0)
     out_rows = o if with_o else v_new  # o and v_new share the [B, T, HV, V] layout
-    key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, initial_state is not None, tma_ready,
-           k_inv is not None)
+    key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, initial_state is not None, tma_ready)
 
     def launch(cfg: Config):
         BV = min(cfg.kwargs["BV"], _pow2(V))
         tma = tma_ready and cfg.kwargs.get("TMA", True)
         w_d, q_d, a_d = descs if tma else (_dummy(k),) * 3
         _gdn_state_pass_kernel[(triton.cdiv(V, BV) * N * HV,)](
-            k, w, u, g_cum, _dummy(g_cum) if k_inv is None else k_inv,
-            _dummy(k) if initial_state is None else initial_state,
+            k, w, u, g_cum, _dummy(k) if initial_state is None else initial_state,
             _dummy(k) if h is None else h, out_rows, final,
             _dummy(k) if q_tilde is None else q_tilde, _dummy(k) if a_qk is None else a_qk, w_d, q_d, a_d,
             _dummy(k) if cu_seqlens is None else cu_seqlens, first,
@@ -609,7 +557,7 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
             *_state_strides(initial_state, state_v_first), *hs, *_state_strides(final, state_v_first),
             *(_s3(a_qk) if with_o else (0, 0, 0)),
             IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_H=h is not None,
-            WITH_O=with_o, TMA=tma, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), L2NORM=k_inv is not None,
+            WITH_O=with_o, TMA=tma, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     _STATE_PASS(key, launch)
@@ -652,6 +600,16 @@ def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=
     return o
 
 
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """Row-normalised copy of ``x [B, T, H, K]`` in x's dtype (the chunk path rounds it, as FLA)."""
+    B, T, H, K = x.shape
+    y = torch.empty((B, T, H, K), dtype=x.dtype, device=x.device)
+    if B * T * H:
+        _l2norm_kernel[(B * T,)](x, y, H, K, *_s3(x), *_s3(y), T, BH=_pow2(H, 1), BK=_pow2(K, 1),
+                                 num_warps=4 if H * K <= 4096 else 8)
+    return y
+
+
 # The solve is latency-bound on its chain of small 16x16 products and their layout changes through
 # shared memory, and needs ~250 registers per thread (ncu at 2 warps: 12.5% occupancy). Measured on
 # H100 at 1x32k (16/32 heads, bf16, a variant with the L2 norm folded in): fp32 merges at 2 warps 654 us,
@@ -663,10 +621,9 @@ _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_war
                                Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=2)])
 
 
-def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, l2norm) -> dict[str, torch.Tensor]:
+def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, torch.Tensor]:
     """The chunk-parallel part of ``gdn_chunk``, by name: ``g_cum``, ``Ai`` (scratch), ``w``, ``u``,
-    ``q_tilde`` (allocated like w), ``a_qk`` (like Ai) and, with ``l2norm`` (q and k raw), ``k_inv``
-    (like g_cum: the inverse norms of k's rows, per value head).
+    ``q_tilde`` (allocated like w) and ``a_qk`` (like Ai).
 
     Two launches, the stage kernels with their gdn_chunk flags: cumsum + kkt + solve, then w/u + q~ +
     A_qk. One fused kernel (Ai through the same scratch behind a CTA barrier) measured slower on an
@@ -680,29 +637,26 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, l2norm) -> dict[
          "w": torch.empty((B, T, HV, K), dtype=k.dtype, device=dev),
          "u": torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)}
     p["q_tilde"], p["a_qk"] = torch.empty_like(p["w"]), torch.empty_like(p["Ai"])
-    if l2norm:
-        p["k_inv"] = torch.empty_like(p["g_cum"])
     if NT_total == 0:
         return p
     cu = _dummy(k) if cu_seqlens is None else cu_seqlens
     cix = _dummy(k) if ci is None else ci
-    key = (K, V, k.dtype, cu_seqlens is not None, l2norm)
+    key = (K, V, k.dtype, cu_seqlens is not None)
 
     def solve(cfg: Config):
         _gdn_kkt_solve_kernel[(NT_total * HV,)](
             k, g, p["g_cum"], beta, p["Ai"], cu, cix, T, NT, HV, HV // H, K,
             *_s3(k), *_s3(g), *_s3(p["g_cum"]), *_s3(beta), *_s3(p["Ai"]),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
-            **_solve_precision(k.dtype), CUMSUM=True, L2NORM=l2norm, **cfg.launch_kwargs())
+            **_solve_precision(k.dtype), CUMSUM=True, **cfg.launch_kwargs())
 
     def w_u(cfg: Config):
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            k, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["q_tilde"], p["a_qk"],
-            p["k_inv"] if l2norm else _dummy(k), cu, cix,
+            k, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["q_tilde"], p["a_qk"], cu, cix,
             T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(p["Ai"]), *_s3(p["g_cum"]), *_s3(p["w"]), *_s3(p["u"]), *_s3(q),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-            DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, L2NORM=l2norm, **cfg.launch_kwargs())
+            DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, **cfg.launch_kwargs())
 
     _SOLVE(key, solve)
     _W_U(key, w_u)
@@ -711,18 +665,19 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, l2norm) -> dict[
 
 def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
               use_qk_l2norm=False, state_v_first=False):
-    """Three kernels: the chunk-parallel prep in two (cumsum, kkt + solve; w, u and the output
-    operands q~ and A_qk), then the sequential pass that emits o and the final state. The per-chunk
-    states h and v_new of the stage ops are never materialised, and neither are normalised q and k
-    (``use_qk_l2norm``: the kernels scale by the inverse norms after their products)."""
+    """Two kernels (plus the optional L2 norm): the chunk-parallel prep (cumsum, kkt + solve, w, u,
+    and the output operands q~ and A_qk), then the sequential pass that emits o and the final
+    state. The per-chunk states h and v_new of the stage ops are never materialised."""
     _checks.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
                       state_v_first)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     scale = float(K ** -0.5 if scale is None else scale)
+    if use_qk_l2norm:
+        q, k = _l2norm(q), _l2norm(k)
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
-    p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, use_qk_l2norm)
+    p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total)
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
     final = _state_pass(k, p["w"], p["u"], p["g_cum"], initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                        q_tilde=p["q_tilde"], a_qk=p["a_qk"], o=o, scale=scale, k_inv=p.get("k_inv"))
+                        q_tilde=p["q_tilde"], a_qk=p["a_qk"], o=o, scale=scale)
     return o, final
