@@ -149,10 +149,11 @@ def check_recurrent(impl, device, B, T, H, HV, K, V, dtype, *, offsets=None, gat
 
 
 def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
-    """The sequential pass's tensor-memory copies (``chunk_rows`` with TMA) fetch whole 64-row chunks:
-    past a varlen sequence's end they read the next sequence's rows or, past ``cu_seqlens[-1]``,
-    memory no kernel wrote. NaN in every such row of w, u, q~, A_qk and k must change nothing.
-    ``chunk`` is the launcher module; the TMA and pointer paths must also agree."""
+    """The sequential pass fetches whole 64-row chunks (TMA copies through per-sequence descriptors, or
+    masked pointer loads): past a varlen sequence's end lie the next sequence's rows or, past
+    ``cu_seqlens[-1]``, memory no kernel wrote. NaN in every such row of w, u, q~, A_qk and k must
+    change nothing. ``chunk`` is the launcher module; the TMA and pointer paths must also agree.
+    Returns whether the TMA path ran."""
     T, H, HV = 150, 1, 2
     q, k, v, g, beta = make_inputs(device, 1, T, H, HV, K, V, dtype, seed=3)
     cu = _cu(device, [0, 40, 100])  # rows 100..149 belong to no sequence
@@ -183,4 +184,4 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
     o2, f2 = run(0.0, tma=False)
     assert_close("state pass: pointer loads vs tensor-memory copies (o)", o2.float(), o0.float(), 1e-6)
     assert_close("state pass: pointer loads vs tensor-memory copies (final)", f2, f0, 1e-6)
-    return chunk._tma_ready(p["w"], p["q_tilde"], p["a_qk"])
+    return chunk._tma_ready(p["w"], k, p["u"], p["q_tilde"], p["a_qk"])

@@ -17,6 +17,7 @@ Launches must be repeatable: outputs are fresh buffers and inputs are read-only 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -55,6 +56,39 @@ def sm_count(device: torch.device) -> int:
 def has_tma(device: torch.device) -> bool:
     """Whether a CUDA device has the tensor memory accelerator (Hopper, compute capability 9, and later)."""
     return device.type == "cuda" and _cuda_properties(device).major >= 9
+
+
+@contextlib.contextmanager
+def descriptor_workspace(device: torch.device):
+    """Lend Triton an allocator for in-kernel TMA descriptors (``tl.make_tensor_descriptor``) while
+    our launches run.
+
+    Each such descriptor lives in a small global workspace (128 B per descriptor and program) that
+    Triton requests, at every launch, from the allocator a process sets with ``triton.set_allocator``;
+    without one the launch fails. A caller's allocator (FLA and vLLM set theirs) is left in charge;
+    otherwise torch's caching allocator serves for the duration and the previous state is restored,
+    so importing torch_aura changes nothing for other Triton users. Stream-ordered and safe inside
+    CUDA-graph capture (the workspace then comes from the graph's pool).
+    """
+    try:
+        from triton.runtime import _allocation
+
+        var = _allocation._allocator
+        unset = isinstance(var.get(), _allocation.NullAllocator)
+    except (ImportError, AttributeError):  # another Triton layout: set ours for good, once
+        import triton
+
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
+        yield
+        return
+    if not unset:
+        yield
+        return
+    token = var.set(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
+    try:
+        yield
+    finally:
+        var.reset(token)
 
 
 def interpreting() -> bool:

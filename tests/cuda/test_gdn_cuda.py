@@ -111,7 +111,7 @@ def test_chunk_small_for_sanitizer():
 
 @pytest.mark.sanitize
 def test_chunk_tma_small_for_sanitizer():
-    """K = 64 bf16 rows are 16-byte aligned: the state pass copies w, q~ and A_qk with TMA."""
+    """K = 64 bf16 rows are 16-byte aligned: the state pass copies its tiles with TMA (in-kernel descriptors)."""
     check_chunk(torch_aura, DEV, 1, 150, 2, 4, 64, 40, BF16, offsets=[0, 50, 50, 150], h0=True)
 
 

@@ -109,20 +109,25 @@ def store_tile_t(base, xt, b, rows, row_ok, head, cols, ncols, s_b, s_t, s_h):
 
 
 @triton.jit
-def chunk_rows(base, desc, b, start, rows, row_ok, head, cols, ncols, s_b, s_t, s_h, TMA: tl.constexpr):
-    """The chunk's ``[BT, len(cols)]`` tile of ``x[b, rows, head, cols]``.
+def rows_desc(base, b, head, eos, s_b, s_t, s_h, ncols, C: tl.constexpr):
+    """In-kernel TMA descriptor of ``x[b, :eos, head, :ncols]`` in ``[BT, C]`` boxes, built once per
+    program: a copy zero-fills rows at or past ``eos`` (the sequence's end) and columns past ``ncols``,
+    as a masked load would, and a store drops them. Needs 16-byte aligned strides (the launcher checks)
+    and a workspace allocator (``_tune.descriptor_workspace``)."""
+    rows = tl.maximum(eos, 1).to(tl.int32)  # an empty sequence never loads; keep the shape valid
+    return tl.make_tensor_descriptor(base + b * s_b + head * s_h, [rows, ncols], [s_t, 1], [BT, C])
 
-    ``TMA``: one tensor-memory copy through ``desc``, a ``[B, T, H, C]`` descriptor with block
-    ``[1, BT, 1, len(cols)]`` (asynchronous, so the loop's pipeline runs it ahead of use). It
-    zero-fills only past T and C: rows past a varlen sequence's end arrive as whatever the buffer
-    holds there, so callers use it only where such rows cannot reach a valid result. Otherwise a
-    masked pointer load (``load_tile``: those rows are zeros).
-    """
+
+@triton.jit
+def chunk_rows(base, desc, b, start, rows, row_ok, head, col0, C: tl.constexpr, ncols, s_b, s_t, s_h,
+               TMA: tl.constexpr):
+    """The chunk's ``[BT, C]`` tile of ``x[b, rows, head, col0:col0 + C]``, zero past the sequence and
+    past ``ncols``: one asynchronous tensor-memory copy through ``desc`` (``rows_desc``; the loop's
+    software pipeline runs it ahead of use) with ``TMA``, else a masked pointer load."""
     if TMA:
-        x = desc.load([b.to(tl.int32), start.to(tl.int32), head.to(tl.int32), 0])
-        return x.reshape(BT, cols.shape[0])
+        return desc.load([start.to(tl.int32), col0])
     else:
-        return load_tile(base, b, rows, row_ok, head, cols, ncols, s_b, s_t, s_h)
+        return load_tile(base, b, rows, row_ok, head, col0 + tl.arange(0, C), ncols, s_b, s_t, s_h)
 
 
 @triton.jit

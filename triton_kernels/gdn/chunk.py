@@ -30,12 +30,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..._checks import gdn as _checks
-from .._tune import Config, Tuner, has_tma, interpreting
+from .._tune import Config, Tuner, descriptor_workspace, has_tma, interpreting, sm_count
 from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot_f32, gate_causal, inv_unit_lower16, load_rows,
-                   load_tile, load_tile_t, seq_span, store_tile, store_tile_t, v_tile_head_row)
+                   load_tile, load_tile_t, rows_desc, seq_span, store_tile, store_tile_t, v_tile_head_row)
 
 
 # ------------------------------------------------------------------------------ stage bodies
@@ -250,7 +249,7 @@ def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, cu_
 
 
 @triton.jit
-def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, w_d, q_d, a_d, cu_seqlens,
+def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, cu_seqlens,
                            chunk_offsets, scale, T, NT, NT_total, HV, GROUP, K, V,
                            s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,
                            s_gb, s_gt, s_gh, s_0n, s_0h, s_0k, s_0v, s_hc, s_hh, s_hk, s_hv, s_fn, s_fh, s_fk, s_fv,
@@ -275,18 +274,27 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, w_d
     product with this chunk's ``v_new``, so o is off the chain and neither the per-chunk states
     ``h`` nor ``v_new`` are written. ``q~`` has w's strides.
 
-    ``TMA`` (Hopper, 16-byte aligned rows): w, q~ and A_qk arrive as tensor-memory copies through
-    the descriptors ``w_d``, ``q_d``, ``a_d``, which the software pipeline runs ``num_stages`` deep
-    (measured at 1x32k, 16/32 heads, H100: 902 us vs 1324 with pointer loads). A copy zero-fills
-    only past the batch row's end, so rows past a varlen sequence's end hold the next sequence's
-    rows or unwritten memory: they reach only columns of v^T and o^T that the select drops and the
-    store masks. k and u (the operands that meet those columns in a sum) stay masked loads.
+    ``TMA`` (Hopper, 16-byte aligned rows): every chunk tile (w, k, u, q~, A_qk) arrives as a
+    tensor-memory copy through a descriptor of this sequence's rows built in the kernel (``rows_desc``),
+    which zero-fills past the sequence's end exactly as the masked loads do, and which the software
+    pipeline runs ``num_stages`` deep. Measured at 1x32k, 16/32 heads, H100: 1324 us with pointer
+    loads, 961 with copies of w, q~, A_qk through host descriptors (which zero-fill only past T, so k
+    and u stayed pointer loads: 64-bit address tiles, 255 registers and 400 B of spills), 892 with
+    all five copied in-kernel, 824 with those at BV = 32 (one wave of 128 programs).
     States use explicit (k, v) strides, so both layouts share this code. ``out`` receives ``o``
     (WITH_O) or ``v_new`` (the fwd_h op, with h).
     """
     i_v, i_hv, n = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
     b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
+    w_d, k_d, u_d, q_d, a_d = w, k, u, q_tilde, a_qk  # the pointer path ignores these
+    if TMA:
+        w_d = rows_desc(w, b, i_hv, eos, s_wb, s_wt, s_wh, K, BK)
+        k_d = rows_desc(k, b, i_h, eos, s_kb, s_kt, s_kh, K, BK)
+        u_d = rows_desc(u, b, i_hv, eos, s_ub, s_ut, s_uh, V, BV)
+        if WITH_O:
+            q_d = rows_desc(q_tilde, b, i_hv, eos, s_wb, s_wt, s_wh, K, BK)
+            a_d = rows_desc(a_qk, b, i_hv, eos, s_ab, s_at, s_ah, BT, BT)
     if IS_VARLEN:
         first = tl.load(chunk_offsets + n).to(tl.int64)  # row of h of this sequence's first chunk
     else:
@@ -307,9 +315,12 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, w_d
         if STORE_H:
             tl.store(h + (first + c) * s_hc + i_hv * s_hh + vv[:, None] * s_hv + kk[None, :] * s_hk,
                      M_op, mask=vk_ok & (first + c < NT_total))
-        wt = chunk_rows(w, w_d, b, start, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh, TMA)
-        kt = load_tile(k, b, rows, ok, i_h, kk, K, s_kb, s_kt, s_kh)
-        uT = load_tile_t(u, b, rows, ok, i_hv, vv, V, s_ub, s_ut, s_uh)
+        wt = chunk_rows(w, w_d, b, start, rows, ok, i_hv, 0, BK, K, s_wb, s_wt, s_wh, TMA)
+        kt = chunk_rows(k, k_d, b, start, rows, ok, i_h, 0, BK, K, s_kb, s_kt, s_kh, TMA)
+        if TMA:
+            uT = tl.trans(chunk_rows(u, u_d, b, start, rows, ok, i_hv, i_v * BV, BV, V, s_ub, s_ut, s_uh, TMA))
+        else:
+            uT = load_tile_t(u, b, rows, ok, i_hv, vv, V, s_ub, s_ut, s_uh)
         last = tl.minimum(start + BT, eos) - 1
         G2_L = tl.load(g_cum + b * s_gb + last * s_gt + i_hv * s_gh) * LOG2E
         G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
@@ -319,8 +330,8 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, w_d
         gated = tl.where(ok[None, :], tl.exp2(G2_L - G2)[None, :] * vT, 0.0).to(kt.dtype)
         M_next = M * tl.exp2(G2_L) + tl.dot(gated, kt, input_precision=DOT_PREC)
         if WITH_O:
-            qt = chunk_rows(q_tilde, q_d, b, start, rows, ok, i_hv, kk, K, s_wb, s_wt, s_wh, TMA)
-            At = chunk_rows(a_qk, a_d, b, start, rows, ok, i_hv, tl.arange(0, BT), BT, s_ab, s_at, s_ah, TMA)
+            qt = chunk_rows(q_tilde, q_d, b, start, rows, ok, i_hv, 0, BK, K, s_wb, s_wt, s_wh, TMA)
+            At = chunk_rows(a_qk, a_d, b, start, rows, ok, i_hv, 0, BT, BT, s_ab, s_at, s_ah, TMA)
             oT = tl.dot(M_op, tl.trans(qt), input_precision=DOT_PREC) \
                 + tl.dot(uT, tl.trans(At), input_precision=DOT_PREC)
             store_tile_t(out, oT * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
@@ -489,17 +500,18 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     return w, u
 
 
-# BV is part of the config: with tensor-memory copies a 64-wide V tile wins even where it leaves SMs
-# idle (1x32k at 16/32 heads runs 64 programs on 132 SMs: 902 us; BV = 32, 128 programs: 1198; H100),
-# since a chunk step costs about the same at either width (the chain is latency, not FLOPs). The last
-# config (pointer loads, one stage) is the fallback that fits wherever the copies' stages do not.
+# BV is part of the config and the key says whether the BV = 32 programs fit in one wave: a chunk step
+# costs nearly the same at either width (the chain is latency, not FLOPs), so halving BV pays only
+# where it fills idle SMs. H100, 16/32 heads, all tiles copied: 1x32k BV 64 892 us (64 programs on
+# 132 SMs), BV 32 824; 8x4k 506 vs 862; 2x8k 245 vs 440. The last config (pointer loads, one stage)
+# is the fallback that fits wherever the copies' stages do not.
 _STATE_PASS = Tuner("gdn_state_pass", [
-    Config({"BV": 64}, num_warps=4, num_stages=3), Config({"BV": 64}, num_warps=4, num_stages=2),
-    Config({"BV": 32}, num_warps=4, num_stages=3), Config({"BV": 32}, num_warps=8, num_stages=2),
+    Config({"BV": 64}, num_warps=4, num_stages=3), Config({"BV": 32}, num_warps=4, num_stages=3),
+    Config({"BV": 64}, num_warps=4, num_stages=2), Config({"BV": 32}, num_warps=8, num_stages=2),
     Config({"BV": 16}, num_warps=4, num_stages=2), Config({"BV": 32, "TMA": False}, num_warps=4, num_stages=1),
 ])
-# Shared memory the TMA copies of one pipeline stage may take: two stages must leave room for the k
-# and u tiles (fp32 with K > 128 would need 295 KB; each config tried first would fail to compile).
+# Shared memory the TMA copies of one pipeline stage may take (w, k, u and, for o, q~ and A_qk): two
+# stages must fit beside the rest (fp32 at K = V = 128 would need 256 KB; 16-bit at K = 256, 230 KB).
 _TMA_STAGE_BYTES = 100 * 1024
 
 
@@ -511,11 +523,6 @@ def _tma_ready(*xs: torch.Tensor) -> bool:
         return False
     return all(x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and x.numel() > 0
                and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1]) for x in xs)
-
-
-def _rows_descriptor(x: torch.Tensor, cols: int) -> TensorDescriptor:
-    """TMA descriptor of a ``[B, T, H, C]`` tensor for ``chunk_rows``: one chunk of one head per copy."""
-    return TensorDescriptor.from_tensor(x, [1, CHUNK, 1, cols])
 
 
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
@@ -531,26 +538,24 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
         return final
     BK = _pow2(K)
     with_o = o is not None
-    tiles = (w, q_tilde, a_qk) if with_o else (w,)
-    stage_bytes = CHUNK * (2 * BK + CHUNK if with_o else BK) * w.element_size()
+    tiles = (w, k, u, q_tilde, a_qk) if with_o else (w, k, u)
+    stage_bytes = CHUNK * (2 * BK + min(64, _pow2(V)) + (BK + CHUNK if with_o else 0)) * w.element_size()
     tma_ready = stage_bytes <= _TMA_STAGE_BYTES and _tma_ready(*tiles)
-    if tma_ready:
-        descs = (_rows_descriptor(w, BK), *((_rows_descriptor(q_tilde, BK), _rows_descriptor(a_qk, CHUNK))
-                                           if with_o else (_dummy(k), _dummy(k))))
+    one_wave_at_32 = N * HV * triton.cdiv(V, 32) <= sm_count(k.device)
     first = _chunk_offsets(cu_seqlens) if cu_seqlens is not None else _dummy(k)
     hs = (h.stride(1), h.stride(2), *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4)))) \
         if h is not None else (0, 0, 0, 0)
     out_rows = o if with_o else v_new  # o and v_new share the [B, T, HV, V] layout
-    key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, initial_state is not None, tma_ready)
+    key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, initial_state is not None, tma_ready,
+           one_wave_at_32)
 
     def launch(cfg: Config):
         BV = min(cfg.kwargs["BV"], _pow2(V))
         tma = tma_ready and cfg.kwargs.get("TMA", True)
-        w_d, q_d, a_d = descs if tma else (_dummy(k),) * 3
         _gdn_state_pass_kernel[(triton.cdiv(V, BV) * N * HV,)](
             k, w, u, g_cum, _dummy(k) if initial_state is None else initial_state,
             _dummy(k) if h is None else h, out_rows, final,
-            _dummy(k) if q_tilde is None else q_tilde, _dummy(k) if a_qk is None else a_qk, w_d, q_d, a_d,
+            _dummy(k) if q_tilde is None else q_tilde, _dummy(k) if a_qk is None else a_qk,
             _dummy(k) if cu_seqlens is None else cu_seqlens, first,
             scale, T, NT, NT_total, HV, HV // H, K, V,
             *_s3(k), *_s3(w), *_s3(u), *_s3(out_rows), *_s3(g_cum),
@@ -560,7 +565,8 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
             WITH_O=with_o, TMA=tma, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    _STATE_PASS(key, launch)
+    with descriptor_workspace(k.device):
+        _STATE_PASS(key, launch)
     return final
 
 
