@@ -184,4 +184,4 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
     o2, f2 = run(0.0, tma=False)
     assert_close("state pass: pointer loads vs tensor-memory copies (o)", o2.float(), o0.float(), 1e-6)
     assert_close("state pass: pointer loads vs tensor-memory copies (final)", f2, f0, 1e-6)
-    return chunk._tma_ready(p["w"], k, p["u"], p["q_tilde"], p["a_qk"])
+    return chunk._pass_copies_tiles(k, p["w"], p["u"], p["q_tilde"], p["a_qk"])

@@ -70,21 +70,24 @@ def descriptor_workspace(device: torch.device):
     so importing torch_aura changes nothing for other Triton users. Stream-ordered and safe inside
     CUDA-graph capture (the workspace then comes from the graph's pool).
     """
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device=device)
+
     try:
         from triton.runtime import _allocation
 
         var = _allocation._allocator
         unset = isinstance(var.get(), _allocation.NullAllocator)
-    except (ImportError, AttributeError):  # another Triton layout: set ours for good, once
+    except (ImportError, AttributeError):  # another Triton layout, no way to read the current one: set ours
         import triton
 
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
+        triton.set_allocator(alloc)
         yield
         return
     if not unset:
         yield
         return
-    token = var.set(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
+    token = var.set(alloc)
     try:
         yield
     finally:

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="compiles real kernels; the interpreter tree runs them instead")
 
@@ -42,8 +41,6 @@ class _CompileOnly:
                 signature[p.name], constexprs[p.name] = "constexpr", v
             elif isinstance(v, torch.Tensor):
                 signature[p.name] = _PTR[v.dtype]
-            elif isinstance(v, TensorDescriptor):  # a host TMA descriptor: element type and block shape
-                signature[p.name] = f"tensordesc<{_PTR[v.base.dtype][1:]}[{', '.join(map(str, v.block_shape))}]>"
             elif isinstance(v, bool):
                 signature[p.name] = "i1"
             elif isinstance(v, int):

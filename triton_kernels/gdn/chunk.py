@@ -525,6 +525,16 @@ def _tma_ready(*xs: torch.Tensor) -> bool:
                and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1]) for x in xs)
 
 
+def _pass_copies_tiles(k, w, u, q_tilde=None, a_qk=None) -> bool:
+    """Whether the state pass takes its TMA path: the tiles are copyable (``_tma_ready``) and two
+    pipeline stages of them fit (``_TMA_STAGE_BYTES``); q~ and A_qk only with the output (gdn_chunk)."""
+    K, V = k.shape[3], u.shape[3]
+    with_o = q_tilde is not None
+    tiles = (w, k, u, q_tilde, a_qk) if with_o else (w, k, u)
+    stage_bytes = CHUNK * (2 * _pow2(K) + min(64, _pow2(V)) + (_pow2(K) + CHUNK if with_o else 0)) * w.element_size()
+    return stage_bytes <= _TMA_STAGE_BYTES and _tma_ready(*tiles)
+
+
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
                 h=None, v_new=None, q_tilde=None, a_qk=None, o=None, scale=1.0):
     """Launch ``_gdn_state_pass_kernel``: fwd_h (``h`` and ``v_new`` given) or gdn_chunk's outputs
@@ -538,9 +548,7 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
         return final
     BK = _pow2(K)
     with_o = o is not None
-    tiles = (w, k, u, q_tilde, a_qk) if with_o else (w, k, u)
-    stage_bytes = CHUNK * (2 * BK + min(64, _pow2(V)) + (BK + CHUNK if with_o else 0)) * w.element_size()
-    tma_ready = stage_bytes <= _TMA_STAGE_BYTES and _tma_ready(*tiles)
+    tma_ready = _pass_copies_tiles(k, w, u, q_tilde, a_qk)
     one_wave_at_32 = N * HV * triton.cdiv(V, 32) <= sm_count(k.device)
     first = _chunk_offsets(cu_seqlens) if cu_seqlens is not None else _dummy(k)
     hs = (h.stride(1), h.stride(2), *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4)))) \
