@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import gdn as _checks
-from .._tune import sm_count
+from .._tune import cdiv, next_pow2, sm_count
 from ._jit import seq_span, v_tile_head_row
 
 
@@ -78,8 +78,8 @@ def _v_tile(rows: int, V: int, device: torch.device) -> int:
     """V tile: 64 when 64-wide tiles still give >= 8 programs per SM (B = 256 at 32 heads: 379 ->
     368 us on an H100, 128-byte fp32 rows either way), else 32, so small batches fill the GPU
     (B = 1 at 32 heads: 128 programs)."""
-    bv = min(32, max(16, triton.next_power_of_2(V)))
-    if V > 32 and rows * triton.cdiv(V, 64) >= 8 * sm_count(device):
+    bv = min(32, max(16, next_pow2(V)))
+    if V > 32 and rows * cdiv(V, 64) >= 8 * sm_count(device):
         bv = 64
     return bv
 
@@ -97,11 +97,11 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
     if N * HV == 0:
         return o
-    BK = max(16, triton.next_power_of_2(K))
+    BK = max(16, next_pow2(K))
     BV = _v_tile(N * HV, V, q.device)
     sp = state.stride()
     pool = (sp[0], sp[1], sp[3], sp[2]) if state_v_first else sp
-    _gdn_recurrent_kernel[(triton.cdiv(V, BV) * N * HV,)](
+    _gdn_recurrent_kernel[(cdiv(V, BV) * N * HV,)](
         q, k, v, g, beta, state, q if state_indices is None else state_indices,
         q if cu_seqlens is None else cu_seqlens, o, scale, T, HV, HV // H, K, V, state.shape[0],
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3], *pool,
