@@ -12,11 +12,9 @@ Stage kernels (one op each; what the stage tests diff against the reference, sta
 per-chunk states ``h`` (512 B per token and value head in bf16 at K = V = 128, the largest
 intermediate) or ``v_new``:
 
-1. ``_gdn_kkt_solve_kernel`` with ``CUMSUM``: the chunk's cumsum of g, then kkt + solve (with
-   ``L2NORM``, k normalised on load and stored once per key head for the later kernels);
+1. ``_gdn_kkt_solve_kernel`` with ``CUMSUM``: the chunk's cumsum of g, then kkt + solve;
 2. ``_gdn_recompute_w_u_kernel`` with ``WITH_Q``: w, u and two operands of the output,
-   ``A_qk`` (the chunk's gated, masked ``q k^T``) and ``q~ = e^G q - A_qk Ai rnd(beta e^G k)``
-   (with ``L2NORM``, q normalised on load);
+   ``A_qk`` (the chunk's gated, masked ``q k^T``) and ``q~ = e^G q - A_qk Ai rnd(beta e^G k)``;
 3. ``_gdn_state_pass_kernel`` with ``WITH_O``: its program holds the fp32 state of its V tile, and
    ``o = scale (q~ rnd(S) + A_qk u)`` needs no product with this chunk's ``v_new``: fwd_o never runs.
 
@@ -60,31 +58,9 @@ def _store_block_row(Ai, b, rows, ok, i_hv, x0, x1, x2, x3, s_ab, s_at, s_ah):
 
 
 @triton.jit
-def _l2_den(x, b, rows, ok, head, K, s_b, s_t, s_h, BK: tl.constexpr):
-    """``sqrt(sum_K x^2 + 1e-6)`` of the given rows of ``x[b, rows, head, :K]`` in fp32 (gdn.md §3.6),
-    accumulated over K tiles; 1e-3 for rows past the end (their zeros stay zeros)."""
-    acc = (rows * 0).to(tl.float32)
-    for k0 in range(0, K, BK):
-        xt = load_tile(x, b, rows, ok, head, k0 + tl.arange(0, BK), K, s_b, s_t, s_h).to(tl.float32)
-        acc += tl.sum(xt * xt, axis=1)
-    return tl.sqrt(acc + 1e-6)
-
-
-@triton.jit
-def _normalized(xt, den, L2NORM: tl.constexpr):
-    """``rnd(x / den)`` per row in x's dtype, the reference's (and FLA's) rounding of the normalised q
-    and k; x itself without ``L2NORM``."""
-    if L2NORM:
-        return (xt.to(tl.float32) / den[:, None]).to(xt.dtype)
-    else:
-        return xt
-
-
-@triton.jit
-def _kkt_solve_body(k, g_cum, beta, Ai, k_n, lead, b, start, eos, i_h, i_hv, K,
-                    s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_nb, s_nt, s_nh,
-                    BK: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr,
-                    L2NORM: tl.constexpr):
+def _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
+                    s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
+                    BK: tl.constexpr, DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr):
     """``Ai = (I + A)^-1`` of one chunk, ``A[i, j] = beta_i (k_i . k_j) e^(G_i - G_j)`` (i > j).
 
     The 64x64 problem is a 4x4 grid of 16x16 blocks: the ten lower blocks of ``k k^T`` accumulate
@@ -92,10 +68,6 @@ def _kkt_solve_body(k, g_cum, beta, Ai, k_n, lead, b, start, eos, i_h, i_hv, K,
     blocks are inverted (``inv_unit_lower16`` at ``INV_PREC``) and the off-diagonal blocks of the
     inverse follow by block forward substitution, ``X_ij = -X_ii sum_{j <= m < i} A_im X_mj`` at
     ``MERGE_PREC`` (``_solve_precision``).
-
-    ``L2NORM`` (gdn_chunk with ``use_qk_l2norm``): k is raw; each row is divided by its norm and
-    rounded to k's dtype on load (``_normalized``), and the ``lead`` program of each key head stores
-    those rows to ``k_n`` for the later kernels, so no separate pass reads and writes k.
     """
     r = tl.arange(0, 16)
     rows0 = start + r
@@ -116,23 +88,12 @@ def _kkt_solve_body(k, g_cum, beta, Ai, k_n, lead, b, start, eos, i_h, i_hv, K,
     a31 = tl.zeros([16, 16], tl.float32)
     a32 = tl.zeros([16, 16], tl.float32)
     a33 = tl.zeros([16, 16], tl.float32)
-    d0, d1, d2, d3 = 1.0, 1.0, 1.0, 1.0  # row norms, used only with L2NORM
-    if L2NORM:
-        d0 = _l2_den(k, b, rows0, ok0, i_h, K, s_kb, s_kt, s_kh, BK)
-        d1 = _l2_den(k, b, rows1, ok1, i_h, K, s_kb, s_kt, s_kh, BK)
-        d2 = _l2_den(k, b, rows2, ok2, i_h, K, s_kb, s_kt, s_kh, BK)
-        d3 = _l2_den(k, b, rows3, ok3, i_h, K, s_kb, s_kt, s_kh, BK)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
-        k_0 = _normalized(load_tile(k, b, rows0, ok0, i_h, cols, K, s_kb, s_kt, s_kh), d0, L2NORM)
-        k_1 = _normalized(load_tile(k, b, rows1, ok1, i_h, cols, K, s_kb, s_kt, s_kh), d1, L2NORM)
-        k_2 = _normalized(load_tile(k, b, rows2, ok2, i_h, cols, K, s_kb, s_kt, s_kh), d2, L2NORM)
-        k_3 = _normalized(load_tile(k, b, rows3, ok3, i_h, cols, K, s_kb, s_kt, s_kh), d3, L2NORM)
-        if L2NORM:
-            store_tile(k_n, k_0, b, rows0, ok0 & lead, i_h, cols, K, s_nb, s_nt, s_nh)
-            store_tile(k_n, k_1, b, rows1, ok1 & lead, i_h, cols, K, s_nb, s_nt, s_nh)
-            store_tile(k_n, k_2, b, rows2, ok2 & lead, i_h, cols, K, s_nb, s_nt, s_nh)
-            store_tile(k_n, k_3, b, rows3, ok3 & lead, i_h, cols, K, s_nb, s_nt, s_nh)
+        k_0 = load_tile(k, b, rows0, ok0, i_h, cols, K, s_kb, s_kt, s_kh)
+        k_1 = load_tile(k, b, rows1, ok1, i_h, cols, K, s_kb, s_kt, s_kh)
+        k_2 = load_tile(k, b, rows2, ok2, i_h, cols, K, s_kb, s_kt, s_kh)
+        k_3 = load_tile(k, b, rows3, ok3, i_h, cols, K, s_kb, s_kt, s_kh)
         t0 = tl.trans(k_0)
         t1 = tl.trans(k_1)
         t2 = tl.trans(k_2)
@@ -187,8 +148,7 @@ def _kkt_solve_body(k, g_cum, beta, Ai, k_n, lead, b, start, eos, i_h, i_hv, K,
 def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh,
-              BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr,
-              L2NORM: tl.constexpr):
+              BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
     """``w = Ai @ rnd(beta e^G k)``, ``u = Ai @ rnd(beta v)`` for one chunk, 64-row tiles.
 
     ``WITH_Q`` (gdn_chunk only) also prepares the chunk's share of the output, so that the
@@ -204,8 +164,6 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h,
     with w's strides and A_qk with Ai's (the launcher allocates them alike). P = rnd(A_qk Ai) is formed
     once so that q~ needs no product with w, only with the kb tile w's own product uses; q and k
     are read twice (once for A_qk over all of K, once per K tile), the second time from L2.
-    ``L2NORM`` (with ``WITH_Q``): q is raw and normalised on load like k in the solve (a third read
-    of q, for its row norms); k arrives normalised from the solve.
     """
     rows = start + tl.arange(0, BT)
     ok = rows < eos
@@ -216,13 +174,10 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h,
     eg = tl.exp2(G2)
     kscale = bt * eg
     if WITH_Q:
-        dq = 1.0
-        if L2NORM:
-            dq = _l2_den(q, b, rows, ok, i_h, K, s_qb, s_qt, s_qh, BK)
         b_A = tl.zeros([BT, BT], tl.float32)
         for k0 in range(0, K, BK):
             cols = k0 + tl.arange(0, BK)
-            qt = _normalized(load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh), dq, L2NORM)
+            qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh)
             kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
             b_A += tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC)
         b_A = gate_causal(b_A, G2, G2, ok, ok, rows, rows, False).to(A.dtype)
@@ -234,8 +189,7 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h,
         kb = (kt.to(tl.float32) * kscale[:, None]).to(kt.dtype)
         store_tile(w, tl.dot(A, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K, s_wb, s_wt, s_wh)
         if WITH_Q:
-            qt = _normalized(load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh), dq, L2NORM).to(tl.float32) \
-                * eg[:, None]
+            qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh).to(tl.float32) * eg[:, None]
             store_tile(q_tilde, qt - tl.dot(P, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K,
                        s_wb, s_wt, s_wh)
     for v0 in range(0, V, BV):
@@ -260,25 +214,23 @@ def _gdn_chunk_cumsum_kernel(g, g_cum, cu_seqlens, chunk_indices, T, NT, HV,
 
 
 @triton.jit
-def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, k_n, cu_seqlens, chunk_indices, T, NT, HV, GROUP, K,
+def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, cu_seqlens, chunk_indices, T, NT, HV, GROUP, K,
                           s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh,
-                          s_ab, s_at, s_ah, s_nb, s_nt, s_nh, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
-                          DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr,
-                          CUMSUM: tl.constexpr, L2NORM: tl.constexpr):
+                          s_ab, s_at, s_ah, IS_VARLEN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+                          INV_PREC: tl.constexpr, MERGE_PREC: tl.constexpr, CUMSUM: tl.constexpr):
     """``Ai`` of one (chunk, value head). ``CUMSUM`` (gdn_chunk): first write this chunk's ``g_cum``
     from ``g``; the barrier makes those global writes visible to the CTA's other threads, which
     re-read them in the solve's tile shapes. Adjacent programs are the value heads of one chunk, so
-    GVA heads sharing a key head read its k tiles from L2. ``L2NORM`` (gdn_chunk): the first value
-    head of each key head stores the normalised k rows to ``k_n``."""
+    GVA heads sharing a key head read its k tiles from L2."""
     pid = tl.program_id(0)
     i_c, i_hv = pid // HV, pid % HV
     b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
     if CUMSUM:
         _cumsum_head(g, g_cum, b, start, eos, i_hv, s_gb, s_gt, s_gh, s_cb, s_ct, s_ch)
         tl.debug_barrier()
-    _kkt_solve_body(k, g_cum, beta, Ai, k_n, i_hv % GROUP == 0, b, start, eos, i_hv // GROUP, i_hv, K,
-                    s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, s_nb, s_nt, s_nh,
-                    BK, DOT_PREC, INV_PREC, MERGE_PREC, L2NORM)
+    _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_hv // GROUP, i_hv, K,
+                    s_kb, s_kt, s_kh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh, s_ab, s_at, s_ah, BK, DOT_PREC,
+                    INV_PREC, MERGE_PREC)
 
 
 @triton.jit
@@ -286,16 +238,14 @@ def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, cu_
                               T, NT, HV, GROUP, K, V, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh,
                               s_ab, s_at, s_ah, s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
                               s_qb, s_qt, s_qh, IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                              DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr, L2NORM: tl.constexpr):
-    """``w``, ``u`` of one (chunk, value head); ``WITH_Q`` (gdn_chunk) also ``q~`` and ``A_qk``, from
-    ``L2NORM``-normalised q when set."""
+                              DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
+    """``w``, ``u`` of one (chunk, value head); ``WITH_Q`` (gdn_chunk) also ``q~`` and ``A_qk``."""
     pid = tl.program_id(0)
     i_c, i_hv = pid // HV, pid % HV
     b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
     _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_hv // GROUP, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
-              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q,
-              L2NORM)
+              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q)
 
 
 @triton.jit
@@ -428,6 +378,20 @@ def _gdn_fwd_o_kernel(q, k, v_new, h, g_cum, o, cu_seqlens, chunk_indices, scale
     store_tile(o, b_o * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
 
 
+@triton.jit
+def _l2norm_kernel(x, y, H, K, s_xb, s_xt, s_xh, s_yb, s_yt, s_yh, T,
+                   BH: tl.constexpr, BK: tl.constexpr):
+    """``y = rnd(x / sqrt(sum_K x^2 + 1e-6))`` in fp32 for all heads of one token (gdn.md §3.6)."""
+    pid = tl.program_id(0)
+    b, t = (pid // T).to(tl.int64), (pid % T).to(tl.int64)
+    hh = tl.arange(0, BH)
+    kk = tl.arange(0, BK)
+    mask = (hh < H)[:, None] & (kk < K)[None, :]
+    v = tl.load(x + b * s_xb + t * s_xt + hh[:, None] * s_xh + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+    v = v / tl.sqrt(tl.sum(v * v, axis=1) + 1e-6)[:, None]
+    tl.store(y + b * s_yb + t * s_yt + hh[:, None] * s_yh + kk[None, :], v.to(y.dtype.element_ty), mask=mask)
+
+
 # ---------------------------------------------------------------------------------- launchers
 def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, next_pow2(n))
@@ -510,11 +474,11 @@ def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
     Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=k.device)
     if NT_total:
         _gdn_kkt_solve_kernel[(NT_total * HV,)](
-            k, _dummy(g_cum), g_cum, beta, Ai, _dummy(k), _dummy(k) if cu_seqlens is None else cu_seqlens,
+            k, _dummy(g_cum), g_cum, beta, Ai, _dummy(k) if cu_seqlens is None else cu_seqlens,
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K,
-            *_s3(k), *_s3(g_cum), *_s3(g_cum), *_s3(beta), *_s3(Ai), 0, 0, 0,
+            *_s3(k), *_s3(g_cum), *_s3(g_cum), *_s3(beta), *_s3(Ai),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
-            **_solve_precision(k.dtype), CUMSUM=False, L2NORM=False, num_warps=4)
+            **_solve_precision(k.dtype), CUMSUM=False, num_warps=4)
     return Ai
 
 
@@ -532,7 +496,7 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u), *_s3(k),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-            DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, L2NORM=False, num_warps=4)
+            DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, num_warps=4)
     return w, u
 
 
@@ -650,6 +614,16 @@ def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=
     return o
 
 
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """Row-normalised copy of ``x [B, T, H, K]`` in x's dtype (the chunk path rounds it, as FLA)."""
+    B, T, H, K = x.shape
+    y = torch.empty((B, T, H, K), dtype=x.dtype, device=x.device)
+    if B * T * H:
+        _l2norm_kernel[(B * T,)](x, y, H, K, *_s3(x), *_s3(y), T, BH=_pow2(H, 1), BK=_pow2(K, 1),
+                                 num_warps=4 if H * K <= 4096 else 8)
+    return y
+
+
 # The solve is latency-bound on its chain of small 16x16 products and their layout changes through
 # shared memory, and needs ~250 registers per thread (ncu at 2 warps: 12.5% occupancy). Measured on
 # H100 at 1x32k (16/32 heads, bf16, a variant with the L2 norm folded in): fp32 merges at 2 warps 654 us,
@@ -661,13 +635,9 @@ _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_war
                                Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=2)])
 
 
-def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, l2norm) -> dict[str, torch.Tensor]:
+def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, torch.Tensor]:
     """The chunk-parallel part of ``gdn_chunk``, by name: ``g_cum``, ``Ai`` (scratch), ``w``, ``u``,
-    ``q_tilde`` (allocated like w), ``a_qk`` (like Ai) and ``k``, the keys the state pass reads: with
-    ``l2norm`` the normalised, rounded rows the solve stores, else k itself.
-
-    ``l2norm`` normalises q and k on load (the solve for k, w/u for q) instead of in a pass of its
-    own, which read and wrote both (H100, 1x32k, 16/32 heads: 175 us, at the copy ceiling).
+    ``q_tilde`` (allocated like w) and ``a_qk`` (like Ai).
 
     Two launches, the stage kernels with their gdn_chunk flags: cumsum + kkt + solve, then w/u + q~ +
     A_qk. One fused kernel (Ai through the same scratch behind a CTA barrier) measured slower on an
@@ -681,28 +651,26 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, l2norm) -> dict[
          "w": torch.empty((B, T, HV, K), dtype=k.dtype, device=dev),
          "u": torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)}
     p["q_tilde"], p["a_qk"] = torch.empty_like(p["w"]), torch.empty_like(p["Ai"])
-    p["k"] = torch.empty((B, T, H, K), dtype=k.dtype, device=dev) if l2norm else k
     if NT_total == 0:
         return p
     cu = _dummy(k) if cu_seqlens is None else cu_seqlens
     cix = _dummy(k) if ci is None else ci
-    key = (K, V, k.dtype, cu_seqlens is not None, l2norm)
+    key = (K, V, k.dtype, cu_seqlens is not None)
 
     def solve(cfg: Config):
         _gdn_kkt_solve_kernel[(NT_total * HV,)](
-            k, g, p["g_cum"], beta, p["Ai"], p["k"], cu, cix, T, NT, HV, HV // H, K,
-            *_s3(k), *_s3(g), *_s3(p["g_cum"]), *_s3(beta), *_s3(p["Ai"]), *_s3(p["k"]),
+            k, g, p["g_cum"], beta, p["Ai"], cu, cix, T, NT, HV, HV // H, K,
+            *_s3(k), *_s3(g), *_s3(p["g_cum"]), *_s3(beta), *_s3(p["Ai"]),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
-            **_solve_precision(k.dtype), CUMSUM=True, L2NORM=l2norm, **cfg.launch_kwargs())
+            **_solve_precision(k.dtype), CUMSUM=True, **cfg.launch_kwargs())
 
     def w_u(cfg: Config):
-        kn = p["k"]
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            kn, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["q_tilde"], p["a_qk"], cu, cix,
+            k, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["q_tilde"], p["a_qk"], cu, cix,
             T, NT, HV, HV // H, K, V,
-            *_s3(kn), *_s3(v), *_s3(beta), *_s3(p["Ai"]), *_s3(p["g_cum"]), *_s3(p["w"]), *_s3(p["u"]), *_s3(q),
+            *_s3(k), *_s3(v), *_s3(beta), *_s3(p["Ai"]), *_s3(p["g_cum"]), *_s3(p["w"]), *_s3(p["u"]), *_s3(q),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-            DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, L2NORM=l2norm, **cfg.launch_kwargs())
+            DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, **cfg.launch_kwargs())
 
     _SOLVE(key, solve)
     _W_U(key, w_u)
@@ -711,17 +679,19 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, l2norm) -> dict[
 
 def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
               use_qk_l2norm=False, state_v_first=False):
-    """Three kernels: the chunk-parallel prep (cumsum, L2 norm, kkt + solve; then w, u and the output
-    operands q~ and A_qk), then the sequential pass that emits o and the final state. The per-chunk
-    states h and v_new of the stage ops are never materialised."""
+    """Two kernels (plus the optional L2 norm): the chunk-parallel prep (cumsum, kkt + solve, w, u,
+    and the output operands q~ and A_qk), then the sequential pass that emits o and the final
+    state. The per-chunk states h and v_new of the stage ops are never materialised."""
     _checks.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
                       state_v_first)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     scale = float(K ** -0.5 if scale is None else scale)
+    if use_qk_l2norm:
+        q, k = _l2norm(q), _l2norm(k)
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
-    p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, use_qk_l2norm)
+    p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total)
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
-    final = _state_pass(p["k"], p["w"], p["u"], p["g_cum"], initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
+    final = _state_pass(k, p["w"], p["u"], p["g_cum"], initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
                         q_tilde=p["q_tilde"], a_qk=p["a_qk"], o=o, scale=scale)
     return o, final
