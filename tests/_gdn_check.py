@@ -151,7 +151,7 @@ def check_recurrent(impl, device, B, T, H, HV, K, V, dtype, *, offsets=None, gat
 def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
     """The sequential pass fetches whole 64-row chunks (TMA copies through per-sequence descriptors, or
     masked pointer loads): past a varlen sequence's end lie the next sequence's rows or, past
-    ``cu_seqlens[-1]``, memory no kernel wrote. NaN in every such row of w, u, q~, A_qk and k must
+    ``cu_seqlens[-1]``, memory no kernel wrote. NaN in every such row of w, u, A_qk, q and k must
     change nothing. ``chunk`` is the launcher module; the TMA and pointer paths must also agree.
     Returns whether the TMA path ran."""
     T, H, HV = 150, 1, 2
@@ -162,7 +162,8 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
     p = chunk._chunk_prep(q, k, v, g, beta, cu, ci, 3, NT_total)
 
     def run(fill, tma=None):
-        xs = {name: p[name].clone() for name in ("w", "u", "q_tilde", "a_qk")}
+        xs = {name: p[name].clone() for name in ("w", "u", "a_qk")}
+        xs["q"] = q.clone()
         kk = k.clone()
         for x in (*xs.values(), kk):
             x[:, 100:] = fill
@@ -172,7 +173,7 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
             chunk._tma_ready = lambda *a: tma
         try:
             fin = chunk._state_pass(kk, xs["w"], xs["u"], p["g_cum"], None, cu, ci, 3, NT_total, False,
-                                    q_tilde=xs["q_tilde"], a_qk=xs["a_qk"], o=o, scale=K ** -0.5)
+                                    q=xs["q"], a_qk=xs["a_qk"], o=o, scale=K ** -0.5)
         finally:
             chunk._tma_ready = ready
         return o[:, :100], fin
@@ -184,4 +185,4 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
     o2, f2 = run(0.0, tma=False)
     assert_close("state pass: pointer loads vs tensor-memory copies (o)", o2.float(), o0.float(), 1e-6)
     assert_close("state pass: pointer loads vs tensor-memory copies (final)", f2, f0, 1e-6)
-    return chunk._pass_copies_tiles(k, p["w"], p["u"], p["q_tilde"], p["a_qk"])
+    return chunk._pass_copies_tiles(k, p["w"], p["u"], q, p["a_qk"])

@@ -13,16 +13,14 @@ per-chunk states ``h`` (512 B per token and value head in bf16 at K = V = 128, t
 intermediate) or ``v_new``:
 
 1. ``_gdn_kkt_solve_kernel`` with ``CUMSUM``: the chunk's cumsum of g, then kkt + solve;
-2. ``_gdn_recompute_w_u_kernel`` with ``WITH_Q``: w, u and two operands of the output,
-   ``A_qk`` (the chunk's gated, masked ``q k^T``) and ``q~ = e^G q - A_qk Ai rnd(beta e^G k)``;
-3. ``_gdn_state_pass_kernel`` with ``WITH_O``: its program holds the fp32 state of its V tile, and
-   ``o = scale (q~ rnd(S) + A_qk u)`` needs no product with this chunk's ``v_new``: fwd_o never runs.
+2. ``_gdn_recompute_w_u_kernel`` with ``WITH_Q``: w, u and ``A_qk``, the chunk's gated, masked
+   ``q k^T`` (the fwd_o operand that needs no state);
+3. ``_gdn_state_pass_kernel`` with ``WITH_O``: its program holds the fp32 state of its V tile and
+   the chunk's ``v_new``, so it emits ``o = scale (e^G (q rnd(S)) + A_qk rnd(v_new))``: fwd_o never runs.
 
-The stage kernels round exactly where gdn.md §3.7 does: ``Ai``, the ``beta e^G k`` / ``beta v``
+Every kernel rounds exactly where gdn.md §3.7 does: ``Ai``, the ``beta e^G k`` / ``beta v``
 operands, ``w``, ``u``, the state operand ``rnd(S)``, ``v_new``, the gated ``v_new`` and the
-masked ``q k^T``; G and the states are fp32. ``gdn_chunk`` keeps those of the state recurrence and
-rounds ``q~`` and ``A_qk Ai`` instead of ``v_new`` in the output (same error against the fp64
-recurrence on gdn.md §5's inputs; see ``_w_u_body``).
+masked ``q k^T``; G and the states are fp32. ``gdn_chunk`` computes its output in fwd_o's order.
 """
 
 from __future__ import annotations
@@ -145,25 +143,16 @@ def _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
 
 
 @triton.jit
-def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h, i_hv, K, V,
+def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, b, start, eos, i_h, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh,
               BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
     """``w = Ai @ rnd(beta e^G k)``, ``u = Ai @ rnd(beta v)`` for one chunk, 64-row tiles.
 
-    ``WITH_Q`` (gdn_chunk only) also prepares the chunk's share of the output, so that the
-    sequential pass needs no ``q k^T`` and no product with ``v_new``:
-
-        A_qk = rnd(select(i >= j, (q k^T) e^(G_i - G_j), 0))      (stored, [64, 64] per chunk)
-        q~   = rnd(e^G q - rnd(A_qk @ Ai) @ rnd(beta e^G k))    (stored like w)
-
-    With ``v_new = u - w S`` and ``w = Ai rnd(beta e^G k)``, ``A_qk v_new = A_qk u - (A_qk Ai kb) S``,
-    so the pass computes ``o = scale (q~ @ rnd(S) + A_qk @ u)``. q~ and A_qk are rounded to the
-    input dtype where the reference rounds ``v_new``; on gdn.md §5's inputs the error against the
-    fp64 recurrence is the reference's own (bf16 3.2e-3 .. 3.6e-3 rel RMS in both). q~ is stored
-    with w's strides and A_qk with Ai's (the launcher allocates them alike). P = rnd(A_qk Ai) is formed
-    once so that q~ needs no product with w, only with the kb tile w's own product uses; q and k
-    are read twice (once for A_qk over all of K, once per K tile), the second time from L2.
+    ``WITH_Q`` (gdn_chunk only) also stores the chunk's share of the output that needs no state,
+    ``A_qk = rnd(select(i >= j, (q k^T) e^(G_i - G_j), 0))`` ([64, 64] per chunk, with Ai's strides:
+    the launcher allocates them alike), so the sequential pass needs no ``q k^T``. k is read twice
+    (once for A_qk over all of K, once per K tile), the second time from L2.
     """
     rows = start + tl.arange(0, BT)
     ok = rows < eos
@@ -171,8 +160,7 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h,
     A = load_tile(Ai, b, rows, ok, i_hv, c64, BT, s_ab, s_at, s_ah)
     bt = load_rows(beta, b, rows, ok, i_hv, s_bb, s_bt, s_bh)
     G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
-    eg = tl.exp2(G2)
-    kscale = bt * eg
+    kscale = bt * tl.exp2(G2)
     if WITH_Q:
         b_A = tl.zeros([BT, BT], tl.float32)
         for k0 in range(0, K, BK):
@@ -182,16 +170,11 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_h,
             b_A += tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC)
         b_A = gate_causal(b_A, G2, G2, ok, ok, rows, rows, False).to(A.dtype)
         store_tile(a_qk, b_A, b, rows, ok, i_hv, c64, BT, s_ab, s_at, s_ah)
-        P = tl.dot(b_A, A, input_precision=DOT_PREC).to(A.dtype)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
         kb = (kt.to(tl.float32) * kscale[:, None]).to(kt.dtype)
         store_tile(w, tl.dot(A, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K, s_wb, s_wt, s_wh)
-        if WITH_Q:
-            qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh).to(tl.float32) * eg[:, None]
-            store_tile(q_tilde, qt - tl.dot(P, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K,
-                       s_wb, s_wt, s_wh)
     for v0 in range(0, V, BV):
         cols = v0 + tl.arange(0, BV)
         vt = load_tile(v, b, rows, ok, i_hv, cols, V, s_vb, s_vt, s_vh)
@@ -234,26 +217,26 @@ def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, cu_seqlens, chunk_indices, T, N
 
 
 @triton.jit
-def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, cu_seqlens, chunk_indices,
+def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, a_qk, cu_seqlens, chunk_indices,
                               T, NT, HV, GROUP, K, V, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh,
                               s_ab, s_at, s_ah, s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
                               s_qb, s_qt, s_qh, IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                               DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
-    """``w``, ``u`` of one (chunk, value head); ``WITH_Q`` (gdn_chunk) also ``q~`` and ``A_qk``."""
+    """``w``, ``u`` of one (chunk, value head); ``WITH_Q`` (gdn_chunk) also ``A_qk``."""
     pid = tl.program_id(0)
     i_c, i_hv = pid // HV, pid % HV
     b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
-    _w_u_body(k, v, beta, Ai, g_cum, w, u, q, q_tilde, a_qk, b, start, eos, i_hv // GROUP, i_hv, K, V,
+    _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, b, start, eos, i_hv // GROUP, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q)
 
 
 @triton.jit
-def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, cu_seqlens,
+def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, a_qk, cu_seqlens,
                            chunk_offsets, scale, T, NT, NT_total, HV, GROUP, K, V,
                            s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,
                            s_gb, s_gt, s_gh, s_0n, s_0h, s_0k, s_0v, s_hc, s_hh, s_hk, s_hv, s_fn, s_fh, s_fk, s_fv,
-                           s_ab, s_at, s_ah,
+                           s_ab, s_at, s_ah, s_qb, s_qt, s_qh,
                            IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_H: tl.constexpr,
                            WITH_O: tl.constexpr, TMA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            DOT_PREC: tl.constexpr):
@@ -267,33 +250,34 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, cu_
         M_op  = rnd(M)                       (STORE_H: h[c] = M_op^T, the state entering the chunk)
         v^T   = u^T - M_op @ w^T             (v_new^T, the per-token delta; the fwd_h op stores it)
         M     = e^(G_L) M + rnd(select(valid, v^T e^(G_L - G), 0)) @ k
-        o^T   = scale (M_op @ q~^T + u^T @ A_qk^T)                               (WITH_O, gdn_chunk)
+        o^T   = scale ((M_op @ q^T) e^G + rnd(v^T) @ A_qk^T)                     (WITH_O, gdn_chunk)
 
-    with L the chunk's last valid row. ``q~`` and ``A_qk`` come from the w/u kernel (``_w_u_body``):
-    they fold the chunk's ``q k^T`` and its product with ``v_new`` into operands that need no
-    product with this chunk's ``v_new``, so o is off the chain and neither the per-chunk states
-    ``h`` nor ``v_new`` are written. ``q~`` has w's strides.
+    with L the chunk's last valid row: fwd_o's products in its order (``_gdn_fwd_o_kernel``), with
+    ``A_qk`` from the w/u kernel, so neither the per-chunk states ``h`` nor ``v_new`` are written. The
+    output's products read the chain's values but feed nothing back into it (gdn.md §6 has what an
+    earlier operand ``q~``, folding ``A_qk v_new`` into the w/u kernel, cost and saved).
 
-    ``TMA`` (Hopper, 16-byte aligned rows): every chunk tile (w, k, u, q~, A_qk) arrives as a
+    ``TMA`` (Hopper, 16-byte aligned rows): every chunk tile (w, k, u, q, A_qk) arrives as a
     tensor-memory copy through a descriptor of this sequence's rows built in the kernel (``rows_desc``),
     which zero-fills past the sequence's end exactly as the masked loads do, and which the software
-    pipeline runs ``num_stages`` deep. Measured at 1x32k, 16/32 heads, H100: 1324 us with pointer
-    loads, 961 with copies of w, q~, A_qk through host descriptors (which zero-fill only past T, so k
-    and u stayed pointer loads: 64-bit address tiles, 255 registers and 400 B of spills), 892 with
-    all five copied in-kernel, 824 with those at BV = 32 (one wave of 128 programs).
+    pipeline runs ``num_stages`` deep. Measured at 1x32k, 16/32 heads, H100 (with q~ in q's place):
+    1324 us with pointer loads, 961 with copies of w, q~, A_qk through host descriptors (which
+    zero-fill only past T, so k and u stayed pointer loads: 64-bit address tiles, 255 registers and
+    400 B of spills), 892 with all five copied in-kernel, 824 with those at BV = 32 (one wave of
+    128 programs).
     States use explicit (k, v) strides, so both layouts share this code. ``out`` receives ``o``
     (WITH_O) or ``v_new`` (the fwd_h op, with h).
     """
     i_v, i_hv, n = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
     b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
-    w_d, k_d, u_d, q_d, a_d = w, k, u, q_tilde, a_qk  # the pointer path ignores these
+    w_d, k_d, u_d, q_d, a_d = w, k, u, q, a_qk  # the pointer path ignores these
     if TMA:
         w_d = rows_desc(w, b, i_hv, eos, s_wb, s_wt, s_wh, K, BK)
         k_d = rows_desc(k, b, i_h, eos, s_kb, s_kt, s_kh, K, BK)
         u_d = rows_desc(u, b, i_hv, eos, s_ub, s_ut, s_uh, V, BV)
         if WITH_O:
-            q_d = rows_desc(q_tilde, b, i_hv, eos, s_wb, s_wt, s_wh, K, BK)
+            q_d = rows_desc(q, b, i_h, eos, s_qb, s_qt, s_qh, K, BK)
             a_d = rows_desc(a_qk, b, i_hv, eos, s_ab, s_at, s_ah, BT, BT)
     if IS_VARLEN:
         first = tl.load(chunk_offsets + n).to(tl.int64)  # row of h of this sequence's first chunk
@@ -330,10 +314,10 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q_tilde, a_qk, cu_
         gated = tl.where(ok[None, :], tl.exp2(G2_L - G2)[None, :] * vT, 0.0).to(kt.dtype)
         M_next = M * tl.exp2(G2_L) + tl.dot(gated, kt, input_precision=DOT_PREC)
         if WITH_O:
-            qt = chunk_rows(q_tilde, q_d, b, start, rows, ok, i_hv, 0, BK, K, s_wb, s_wt, s_wh, TMA)
+            qt = chunk_rows(q, q_d, b, start, rows, ok, i_h, 0, BK, K, s_qb, s_qt, s_qh, TMA)
             At = chunk_rows(a_qk, a_d, b, start, rows, ok, i_hv, 0, BT, BT, s_ab, s_at, s_ah, TMA)
-            oT = tl.dot(M_op, tl.trans(qt), input_precision=DOT_PREC) \
-                + tl.dot(uT, tl.trans(At), input_precision=DOT_PREC)
+            oT = tl.dot(M_op, tl.trans(qt), input_precision=DOT_PREC) * tl.exp2(G2)[None, :] \
+                + tl.dot(vT.to(uT.dtype), tl.trans(At), input_precision=DOT_PREC)
             store_tile_t(out, oT * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
         M = M_next
     tl.store(final + n * s_fn + i_hv * s_fh + vv[:, None] * s_fv + kk[None, :] * s_fk, M, mask=vk_ok)
@@ -491,7 +475,7 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     u = torch.empty((B, T, HV, V), dtype=v.dtype, device=k.device)
     if NT_total:
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(w), _dummy(Ai),
+            k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(Ai),
             _dummy(k) if cu_seqlens is None else cu_seqlens,
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u), *_s3(k),
@@ -510,7 +494,7 @@ _STATE_PASS = Tuner("gdn_state_pass", [
     Config({"BV": 64}, num_warps=4, num_stages=2), Config({"BV": 32}, num_warps=8, num_stages=2),
     Config({"BV": 16}, num_warps=4, num_stages=2), Config({"BV": 32, "TMA": False}, num_warps=4, num_stages=1),
 ])
-# Shared memory the TMA copies of one pipeline stage may take (w, k, u and, for o, q~ and A_qk): two
+# Shared memory the TMA copies of one pipeline stage may take (w, k, u and, for o, q and A_qk): two
 # stages must fit beside the rest (fp32 at K = V = 128 would need 256 KB; 16-bit at K = 256, 230 KB).
 _TMA_STAGE_BYTES = 100 * 1024
 
@@ -525,20 +509,20 @@ def _tma_ready(*xs: torch.Tensor) -> bool:
                and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1]) for x in xs)
 
 
-def _pass_copies_tiles(k, w, u, q_tilde=None, a_qk=None) -> bool:
+def _pass_copies_tiles(k, w, u, q=None, a_qk=None) -> bool:
     """Whether the state pass takes its TMA path: the tiles are copyable (``_tma_ready``) and two
-    pipeline stages of them fit (``_TMA_STAGE_BYTES``); q~ and A_qk only with the output (gdn_chunk)."""
+    pipeline stages of them fit (``_TMA_STAGE_BYTES``); q and A_qk only with the output (gdn_chunk)."""
     K, V = k.shape[3], u.shape[3]
-    with_o = q_tilde is not None
-    tiles = (w, k, u, q_tilde, a_qk) if with_o else (w, k, u)
+    with_o = q is not None
+    tiles = (w, k, u, q, a_qk) if with_o else (w, k, u)
     stage_bytes = CHUNK * (2 * _pow2(K) + min(64, _pow2(V)) + (_pow2(K) + CHUNK if with_o else 0)) * w.element_size()
     return stage_bytes <= _TMA_STAGE_BYTES and _tma_ready(*tiles)
 
 
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                h=None, v_new=None, q_tilde=None, a_qk=None, o=None, scale=1.0):
+                h=None, v_new=None, q=None, a_qk=None, o=None, scale=1.0):
     """Launch ``_gdn_state_pass_kernel``: fwd_h (``h`` and ``v_new`` given) or gdn_chunk's outputs
-    (``o``, from ``_chunk_prep``'s ``q_tilde`` (allocated like w) and ``a_qk``)."""
+    (``o``, from q and ``_chunk_prep``'s ``a_qk``)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -548,7 +532,7 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
         return final
     BK = _pow2(K)
     with_o = o is not None
-    tma_ready = _pass_copies_tiles(k, w, u, q_tilde, a_qk)
+    tma_ready = _pass_copies_tiles(k, w, u, q, a_qk)
     one_wave_at_32 = N * HV * cdiv(V, 32) <= sm_count(k.device)
     first = _chunk_offsets(cu_seqlens) if cu_seqlens is not None else _dummy(k)
     hs = (h.stride(1), h.stride(2), *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4)))) \
@@ -563,12 +547,12 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
         _gdn_state_pass_kernel[(cdiv(V, BV) * N * HV,)](
             k, w, u, g_cum, _dummy(k) if initial_state is None else initial_state,
             _dummy(k) if h is None else h, out_rows, final,
-            _dummy(k) if q_tilde is None else q_tilde, _dummy(k) if a_qk is None else a_qk,
+            _dummy(k) if q is None else q, _dummy(k) if a_qk is None else a_qk,
             _dummy(k) if cu_seqlens is None else cu_seqlens, first,
             scale, T, NT, NT_total, HV, HV // H, K, V,
             *_s3(k), *_s3(w), *_s3(u), *_s3(out_rows), *_s3(g_cum),
             *_state_strides(initial_state, state_v_first), *hs, *_state_strides(final, state_v_first),
-            *(_s3(a_qk) if with_o else (0, 0, 0)),
+            *(_s3(a_qk) if with_o else (0, 0, 0)), *(_s3(q) if with_o else (0, 0, 0)),
             IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_H=h is not None,
             WITH_O=with_o, TMA=tma, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -637,9 +621,9 @@ _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_war
 
 def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, torch.Tensor]:
     """The chunk-parallel part of ``gdn_chunk``, by name: ``g_cum``, ``Ai`` (scratch), ``w``, ``u``,
-    ``q_tilde`` (allocated like w) and ``a_qk`` (like Ai).
+    and ``a_qk`` (allocated like Ai).
 
-    Two launches, the stage kernels with their gdn_chunk flags: cumsum + kkt + solve, then w/u + q~ +
+    Two launches, the stage kernels with their gdn_chunk flags: cumsum + kkt + solve, then w/u +
     A_qk. One fused kernel (Ai through the same scratch behind a CTA barrier) measured slower on an
     H200 at 1x32k, 16/32 heads: 1379 vs 1127 us, since each phase gets its own occupancy and config.
     """
@@ -650,7 +634,7 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, tor
          "Ai": torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=dev),
          "w": torch.empty((B, T, HV, K), dtype=k.dtype, device=dev),
          "u": torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)}
-    p["q_tilde"], p["a_qk"] = torch.empty_like(p["w"]), torch.empty_like(p["Ai"])
+    p["a_qk"] = torch.empty_like(p["Ai"])
     if NT_total == 0:
         return p
     cu = _dummy(k) if cu_seqlens is None else cu_seqlens
@@ -666,7 +650,7 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, tor
 
     def w_u(cfg: Config):
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            k, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["q_tilde"], p["a_qk"], cu, cix,
+            k, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["a_qk"], cu, cix,
             T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(p["Ai"]), *_s3(p["g_cum"]), *_s3(p["w"]), *_s3(p["u"]), *_s3(q),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
@@ -680,7 +664,7 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, tor
 def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
               use_qk_l2norm=False, state_v_first=False):
     """Two kernels (plus the optional L2 norm): the chunk-parallel prep (cumsum, kkt + solve, w, u,
-    and the output operands q~ and A_qk), then the sequential pass that emits o and the final
+    and the output operand A_qk), then the sequential pass that emits o and the final
     state. The per-chunk states h and v_new of the stage ops are never materialised."""
     _checks.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
                       state_v_first)
@@ -693,5 +677,5 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total)
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
     final = _state_pass(k, p["w"], p["u"], p["g_cum"], initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                        q_tilde=p["q_tilde"], a_qk=p["a_qk"], o=o, scale=scale)
+                        q=q, a_qk=p["a_qk"], o=o, scale=scale)
     return o, final
