@@ -160,7 +160,6 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, b, start, eos, i_h, i_hv, K,
     A = load_tile(Ai, b, rows, ok, i_hv, c64, BT, s_ab, s_at, s_ah)
     bt = load_rows(beta, b, rows, ok, i_hv, s_bb, s_bt, s_bh)
     G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
-    kscale = bt * tl.exp2(G2)
     if WITH_Q:
         b_A = tl.zeros([BT, BT], tl.float32)
         for k0 in range(0, K, BK):
@@ -170,6 +169,9 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, b, start, eos, i_h, i_hv, K,
             b_A += tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC)
         b_A = gate_causal(b_A, G2, G2, ok, ok, rows, rows, False).to(A.dtype)
         store_tile(a_qk, b_A, b, rows, ok, i_hv, c64, BT, s_ab, s_at, s_ah)
+    # formed after gate_causal's use of G2: before it, the 2-warp compile fails (Triton 3.6, sm_90:
+    # "math.exp2 requires the same encoding for all operands")
+    kscale = bt * tl.exp2(G2)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
@@ -612,7 +614,8 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 # shared memory, and needs ~250 registers per thread (ncu at 2 warps: 12.5% occupancy). Measured on
 # H100 at 1x32k (16/32 heads, bf16, a variant with the L2 norm folded in): fp32 merges at 2 warps 654 us,
 # tf32 merges at 1 warp 470, at 2 warps 632 (FLA's kkt + solve: 361). w/u is bound by its loads and
-# stores (1.5 KB per token and value head): 4 warps with 3 stages 631 us, 2 stages 675, 8 warps 826.
+# stores: with the q~ operand it also wrote (1.5 KB per token and value head) 4 warps with 3 stages
+# took 631 us, 2 stages 675, 8 warps 826; without it (1.2 KB), 506 us as tuned.
 _SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=2, num_stages=2), Config(num_warps=1, num_stages=2),
                                    Config(num_warps=2, num_stages=1), Config(num_warps=4, num_stages=2)])
 _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_warps=4, num_stages=2),
