@@ -365,17 +365,27 @@ def _gdn_fwd_o_kernel(q, k, v_new, h, g_cum, o, cu_seqlens, chunk_indices, scale
 
 
 @triton.jit
-def _l2norm_kernel(x, y, H, K, s_xb, s_xt, s_xh, s_yb, s_yt, s_yh, T,
-                   BH: tl.constexpr, BK: tl.constexpr):
-    """``y = rnd(x / sqrt(sum_K x^2 + 1e-6))`` in fp32 for all heads of one token (gdn.md §3.6)."""
-    pid = tl.program_id(0)
-    b, t = (pid // T).to(tl.int64), (pid % T).to(tl.int64)
+def _l2norm_token(x, y, b, t, H, K, s_xb, s_xt, s_xh, s_yb, s_yt, s_yh, BH: tl.constexpr, BK: tl.constexpr):
+    """``y = rnd(x / sqrt(sum_K x^2 + 1e-6))`` in fp32 for all heads of token (b, t) (gdn.md §3.6)."""
     hh = tl.arange(0, BH)
     kk = tl.arange(0, BK)
     mask = (hh < H)[:, None] & (kk < K)[None, :]
     v = tl.load(x + b * s_xb + t * s_xt + hh[:, None] * s_xh + kk[None, :], mask=mask, other=0.0).to(tl.float32)
     v = v / tl.sqrt(tl.sum(v * v, axis=1) + 1e-6)[:, None]
     tl.store(y + b * s_yb + t * s_yt + hh[:, None] * s_yh + kk[None, :], v.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _l2norm_kernel(q, k, qn, kn, H, K, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_nb, s_nt, s_nh, T,
+                   BH: tl.constexpr, BK: tl.constexpr):
+    """q (grid row 0) or k (row 1) of one token, normalised into ``qn`` / ``kn`` (same shape and strides):
+    one launch for both, so a short prefill pays one launch, not two."""
+    pid = tl.program_id(0)
+    b, t = (pid // T).to(tl.int64), (pid % T).to(tl.int64)
+    if tl.program_id(1) == 0:
+        _l2norm_token(q, qn, b, t, H, K, s_qb, s_qt, s_qh, s_nb, s_nt, s_nh, BH, BK)
+    else:
+        _l2norm_token(k, kn, b, t, H, K, s_kb, s_kt, s_kh, s_nb, s_nt, s_nh, BH, BK)
 
 
 # ---------------------------------------------------------------------------------- launchers
@@ -494,7 +504,7 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
 _STATE_PASS = Tuner("gdn_state_pass", [
     Config({"BV": 64}, num_warps=4, num_stages=3), Config({"BV": 32}, num_warps=4, num_stages=3),
     Config({"BV": 64}, num_warps=4, num_stages=2), Config({"BV": 32}, num_warps=8, num_stages=2),
-    Config({"BV": 16}, num_warps=4, num_stages=2), Config({"BV": 32, "TMA": False}, num_warps=4, num_stages=1),
+    Config({"BV": 64}, num_warps=8, num_stages=2), Config({"BV": 16}, num_warps=4, num_stages=2), Config({"BV": 32, "TMA": False}, num_warps=4, num_stages=1),
 ])
 # Shared memory the TMA copies of one pipeline stage may take (w, k, u and, for o, q and A_qk): two
 # stages must fit beside the rest (fp32 at K = V = 128 would need 256 KB; 16-bit at K = 256, 230 KB).
@@ -600,14 +610,16 @@ def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=
     return o
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    """Row-normalised copy of ``x [B, T, H, K]`` in x's dtype (the chunk path rounds it, as FLA)."""
-    B, T, H, K = x.shape
-    y = torch.empty((B, T, H, K), dtype=x.dtype, device=x.device)
+def _l2norm(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-normalised copies of q and k ``[B, T, H, K]`` in their dtype (the chunk path rounds them,
+    as FLA), from one launch."""
+    B, T, H, K = q.shape
+    qn, kn = torch.empty((B, T, H, K), dtype=q.dtype, device=q.device), torch.empty((B, T, H, K), dtype=k.dtype,
+                                                                                   device=k.device)
     if B * T * H:
-        _l2norm_kernel[(B * T,)](x, y, H, K, *_s3(x), *_s3(y), T, BH=_pow2(H, 1), BK=_pow2(K, 1),
-                                 num_warps=4 if H * K <= 4096 else 8)
-    return y
+        _l2norm_kernel[(B * T, 2)](q, k, qn, kn, H, K, *_s3(q), *_s3(k), *_s3(qn), T, BH=_pow2(H, 1),
+                                   BK=_pow2(K, 1), num_warps=4 if H * K <= 4096 else 8)
+    return qn, kn
 
 
 # The solve is latency-bound on its chain of small 16x16 products and their layout changes through
@@ -675,7 +687,7 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     HV, V = v.shape[2], v.shape[3]
     scale = float(K ** -0.5 if scale is None else scale)
     if use_qk_l2norm:
-        q, k = _l2norm(q), _l2norm(k)
+        q, k = _l2norm(q, k)
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
     p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total)
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
