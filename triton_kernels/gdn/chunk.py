@@ -504,7 +504,7 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
 _STATE_PASS = Tuner("gdn_state_pass", [
     Config({"BV": 64}, num_warps=4, num_stages=3), Config({"BV": 32}, num_warps=4, num_stages=3),
     Config({"BV": 64}, num_warps=4, num_stages=2), Config({"BV": 32}, num_warps=8, num_stages=2),
-    Config({"BV": 64}, num_warps=8, num_stages=2), Config({"BV": 16}, num_warps=4, num_stages=2), Config({"BV": 32, "TMA": False}, num_warps=4, num_stages=1),
+    Config({"BV": 16}, num_warps=4, num_stages=2), Config({"BV": 32, "TMA": False}, num_warps=4, num_stages=1),
 ])
 # Shared memory the TMA copies of one pipeline stage may take (w, k, u and, for o, q and A_qk): two
 # stages must fit beside the rest (fp32 at K = V = 128 would need 256 KB; 16-bit at K = 256, 230 KB).
