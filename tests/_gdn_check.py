@@ -186,3 +186,27 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
     assert_close("state pass: pointer loads vs tensor-memory copies (o)", o2.float(), o0.float(), 1e-6)
     assert_close("state pass: pointer loads vs tensor-memory copies (final)", f2, f0, 1e-6)
     return chunk._pass_copies_tiles(k, p["w"], p["u"], q, p["a_qk"])
+
+
+def check_w_u_copies_match_pointer_loads(chunk, device, B, T, H, HV, K, V, dtype):
+    """The w/u kernel's fixed-length TMA path (host descriptors, ``fixed_tile``) against its pointer
+    path on the same inputs: w, u and A_qk equal bit for bit (same loads, same products), including a
+    partial last chunk (T % 64 != 0, where the copies zero-fill and clip at T). Returns whether the TMA
+    path ran."""
+    q, k, v, g, beta = make_inputs(device, B, T, H, HV, K, V, dtype, seed=4)
+    NT = -(-T // 64)
+    ready, decided, runs = chunk._w_u_tma, [], []
+
+    def spy(*args):
+        decided.append(ready(*args))
+        return decided[-1]
+
+    for choose in (spy, lambda *args: False):
+        chunk._w_u_tma = choose
+        try:
+            runs.append(chunk._chunk_prep(q, k, v, g, beta, None, None, NT, B * NT))
+        finally:
+            chunk._w_u_tma = ready
+    for name in ("w", "u", "a_qk"):
+        assert torch.equal(runs[0][name], runs[1][name]), f"w/u {name}: tensor-memory copies vs pointer loads"
+    return decided[0]

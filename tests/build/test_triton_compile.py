@@ -32,6 +32,7 @@ class _CompileOnly:
     def _compile(self, *args, num_warps=4, num_stages=2, **kwargs):
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
+        from triton.tools.tensor_descriptor import TensorDescriptor
 
         values = dict(zip([p.name for p in self.fn.params], args)) | kwargs
         signature, constexprs = {}, {}
@@ -41,6 +42,8 @@ class _CompileOnly:
                 signature[p.name], constexprs[p.name] = "constexpr", v
             elif isinstance(v, torch.Tensor):
                 signature[p.name] = _PTR[v.dtype]
+            elif isinstance(v, TensorDescriptor):  # the w/u kernel's host descriptors (fixed length)
+                signature[p.name] = f"tensordesc<{_PTR[v.base.dtype][1:]}{list(v.block_shape)}>"
             elif isinstance(v, bool):
                 signature[p.name] = "i1"
             elif isinstance(v, int):
@@ -72,7 +75,7 @@ def compile_only(monkeypatch, request):
                 monkeypatch.setattr(mod, name, _CompileOnly(obj, seen))
 
     all_configs = request.node.callspec.params.get("dtype") == torch.bfloat16
-    if all_configs:  # the state pass's TMA path too (CPU tensors never take it at run time)
+    if all_configs:  # the TMA paths too (state pass, w/u; CPU tensors never take them at run time)
         monkeypatch.setattr(chunk, "_tma_ready", lambda *xs: True)
 
     def every_config(self, key, launch):
@@ -110,4 +113,6 @@ def test_gdn_kernels_compile_for_sm90(compile_only, dtype):
     expected = {n for n in (*vars(chunk), *vars(recurrent)) if n.endswith("_kernel")}
     assert expected <= {key[0] for key in compile_only}, "a kernel was never compiled"
     if dtype == torch.bfloat16:
-        assert any(("TMA", True) in key[2] for key in compile_only), "the state pass's TMA path was never compiled"
+        for kernel in ("_gdn_state_pass_kernel", "_gdn_recompute_w_u_kernel"):
+            assert any(key[0] == kernel and ("TMA", True) in key[2] for key in compile_only), \
+                f"{kernel}'s TMA path was never compiled"

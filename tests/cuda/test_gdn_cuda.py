@@ -8,6 +8,7 @@ never writes fails the comparison.
 import pytest
 import torch
 from _gdn_check import (check_chunk, check_pass_ignores_rows_outside_sequences, check_recurrent, check_stages,
+                        check_w_u_copies_match_pointer_loads,
                         make_inputs, recurrence64)
 from _util import GDN_CHUNK_RATIO, assert_close, dtype_id
 
@@ -132,6 +133,15 @@ def test_state_pass_ignores_rows_outside_sequences(K, V, dtype, tma):
 
     used = check_pass_ignores_rows_outside_sequences(chunk, DEV, K, V, dtype)
     assert used == (tma and torch.cuda.get_device_capability()[0] >= 9)
+
+
+@pytest.mark.parametrize("B,T,K,V,dtype", [(2, 300, 128, 128, BF16), (1, 130, 64, 96, F16), (1, 100, 60, 40, F16)],
+                         ids=["B2-T300-K128-V128-bf16", "B1-T130-K64-V96-fp16", "K60-fp16-pointer"])
+def test_w_u_copies_match_pointer_loads(B, T, K, V, dtype):
+    from torch_aura.triton_kernels.gdn import chunk
+
+    used = check_w_u_copies_match_pointer_loads(chunk, DEV, B, T, 2, 4, K, V, dtype)
+    assert used == (K != 60 and torch.cuda.get_device_capability()[0] >= 9)
 
 
 def test_state_v_first_matches_kv_layout_of_the_same_kernels():

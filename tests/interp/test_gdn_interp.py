@@ -5,7 +5,8 @@ zero-length sequences, strong decay and g == 0, both state layouts)."""
 
 import pytest
 import torch
-from _gdn_check import check_chunk, check_pass_ignores_rows_outside_sequences, check_recurrent, check_stages
+from _gdn_check import (check_chunk, check_pass_ignores_rows_outside_sequences, check_recurrent, check_stages,
+                        check_w_u_copies_match_pointer_loads)
 from _util import dtype_id
 
 F32, F16 = torch.float32, torch.float16
@@ -77,3 +78,10 @@ def test_state_pass_ignores_rows_outside_sequences(gdn_kernels, K, V, dtype):
     from torch_aura.triton_kernels.gdn import chunk
 
     assert check_pass_ignores_rows_outside_sequences(chunk, "cpu", K, V, dtype), "the TMA path did not run"
+
+
+@pytest.mark.parametrize("B,T,K,V,dtype", [(2, 100, 16, 24, F32), (1, 64, 32, 16, F16)], ids=["T100-fp32", "T64-fp16"])
+def test_w_u_copies_match_pointer_loads(gdn_kernels, B, T, K, V, dtype):
+    from torch_aura.triton_kernels.gdn import chunk
+
+    assert check_w_u_copies_match_pointer_loads(chunk, "cpu", B, T, 1, 2, K, V, dtype), "the TMA path did not run"

@@ -131,6 +131,31 @@ def chunk_rows(base, desc, b, start, rows, row_ok, head, col0, C: tl.constexpr, 
 
 
 @triton.jit
+def fixed_tile(base, desc, b, start, rows, row_ok, head, col0, C: tl.constexpr, ncols, s_b, s_t, s_h,
+               TMA: tl.constexpr):
+    """Fixed-length (``[B, T, H, C]``) chunk tile ``x[b, rows, head, col0:col0 + C]``, zero past T and
+    past ``ncols``: with ``TMA`` one copy through ``desc``, a host descriptor of the whole tensor in
+    ``[1, BT, 1, C]`` boxes (it zero-fills past T, which for fixed length is the sequence's end), else a
+    masked pointer load."""
+    if TMA:
+        return desc.load([b.to(tl.int32), start.to(tl.int32), head, col0]).reshape(BT, C)
+    else:
+        return load_tile(base, b, rows, row_ok, head, col0 + tl.arange(0, C), ncols, s_b, s_t, s_h)
+
+
+@triton.jit
+def store_fixed_tile(base, desc, x, b, start, rows, row_ok, head, col0, C: tl.constexpr, ncols, s_b, s_t, s_h,
+                     TMA: tl.constexpr):
+    """``fixed_tile``'s store, rounding to the buffer's dtype: the copy drops rows past T and columns
+    past ``ncols``, as the masked store does."""
+    if TMA:
+        desc.store([b.to(tl.int32), start.to(tl.int32), head, col0],
+                   x.to(base.dtype.element_ty).reshape(1, BT, 1, C))
+    else:
+        store_tile(base, x, b, rows, row_ok, head, col0 + tl.arange(0, C), ncols, s_b, s_t, s_h)
+
+
+@triton.jit
 def load_rows(base, b, rows, row_ok, head, s_b, s_t, s_h):
     """fp32 ``x[b, rows, head]`` of a ``[B, T, H]`` tensor (g, g_cum, beta); 0 past the end."""
     return tl.load(base + b * s_b + head * s_h + rows * s_t, mask=row_ok, other=0.0).to(tl.float32)

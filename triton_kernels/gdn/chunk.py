@@ -31,8 +31,9 @@ import triton.language as tl
 
 from ..._checks import gdn as _checks
 from .._tune import Config, Tuner, cdiv, descriptor_workspace, has_tma, interpreting, next_pow2, sm_count
-from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot_f32, gate_causal, inv_unit_lower16, load_rows,
-                   load_tile, load_tile_t, rows_desc, seq_span, store_tile, store_tile_t, v_tile_head_row)
+from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot_f32, fixed_tile, gate_causal, inv_unit_lower16,
+                   load_rows, load_tile, load_tile_t, rows_desc, seq_span, store_fixed_tile, store_tile, store_tile_t,
+                   v_tile_head_row)
 
 
 # ------------------------------------------------------------------------------ stage bodies
@@ -143,45 +144,48 @@ def _kkt_solve_body(k, g_cum, beta, Ai, b, start, eos, i_h, i_hv, K,
 
 
 @triton.jit
-def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, b, start, eos, i_h, i_hv, K, V,
+def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, wd, ud, qd, aqd, b, start, eos, i_h, i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh,
-              BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
+              BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr,
+              TMA: tl.constexpr):
     """``w = Ai @ rnd(beta e^G k)``, ``u = Ai @ rnd(beta v)`` for one chunk, 64-row tiles.
 
     ``WITH_Q`` (gdn_chunk only) also stores the chunk's share of the output that needs no state,
     ``A_qk = rnd(select(i >= j, (q k^T) e^(G_i - G_j), 0))`` ([64, 64] per chunk, with Ai's strides:
     the launcher allocates them alike), so the sequential pass needs no ``q k^T``. k is read twice
     (once for A_qk over all of K, once per K tile), the second time from L2.
+
+    ``TMA`` (fixed length, Hopper, 16-byte aligned rows): every tile is a copy through the host
+    descriptors ``kd .. aqd`` (``fixed_tile``), which drops the 64-bit address tiles of the pointer
+    path (255 registers and 296 B of spills at 4 warps, cuobjdump of the sm_90 cubin).
     """
     rows = start + tl.arange(0, BT)
     ok = rows < eos
-    c64 = tl.arange(0, BT)
-    A = load_tile(Ai, b, rows, ok, i_hv, c64, BT, s_ab, s_at, s_ah)
+    A = fixed_tile(Ai, Ad, b, start, rows, ok, i_hv, 0, BT, BT, s_ab, s_at, s_ah, TMA)
     bt = load_rows(beta, b, rows, ok, i_hv, s_bb, s_bt, s_bh)
     G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
     if WITH_Q:
         b_A = tl.zeros([BT, BT], tl.float32)
         for k0 in range(0, K, BK):
-            cols = k0 + tl.arange(0, BK)
-            qt = load_tile(q, b, rows, ok, i_h, cols, K, s_qb, s_qt, s_qh)
-            kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
+            qt = fixed_tile(q, qd, b, start, rows, ok, i_h, k0, BK, K, s_qb, s_qt, s_qh, TMA)
+            kt = fixed_tile(k, kd, b, start, rows, ok, i_h, k0, BK, K, s_kb, s_kt, s_kh, TMA)
             b_A += tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC)
         b_A = gate_causal(b_A, G2, G2, ok, ok, rows, rows, False).to(A.dtype)
-        store_tile(a_qk, b_A, b, rows, ok, i_hv, c64, BT, s_ab, s_at, s_ah)
+        store_fixed_tile(a_qk, aqd, b_A, b, start, rows, ok, i_hv, 0, BT, BT, s_ab, s_at, s_ah, TMA)
     # formed after gate_causal's use of G2: before it, the 2-warp compile fails (Triton 3.6, sm_90:
     # "math.exp2 requires the same encoding for all operands")
     kscale = bt * tl.exp2(G2)
     for k0 in range(0, K, BK):
-        cols = k0 + tl.arange(0, BK)
-        kt = load_tile(k, b, rows, ok, i_h, cols, K, s_kb, s_kt, s_kh)
+        kt = fixed_tile(k, kd, b, start, rows, ok, i_h, k0, BK, K, s_kb, s_kt, s_kh, TMA)
         kb = (kt.to(tl.float32) * kscale[:, None]).to(kt.dtype)
-        store_tile(w, tl.dot(A, kb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, K, s_wb, s_wt, s_wh)
+        store_fixed_tile(w, wd, tl.dot(A, kb, input_precision=DOT_PREC), b, start, rows, ok, i_hv, k0, BK, K,
+                         s_wb, s_wt, s_wh, TMA)
     for v0 in range(0, V, BV):
-        cols = v0 + tl.arange(0, BV)
-        vt = load_tile(v, b, rows, ok, i_hv, cols, V, s_vb, s_vt, s_vh)
+        vt = fixed_tile(v, vd, b, start, rows, ok, i_hv, v0, BV, V, s_vb, s_vt, s_vh, TMA)
         vb = (vt.to(tl.float32) * bt[:, None]).to(vt.dtype)
-        store_tile(u, tl.dot(A, vb, input_precision=DOT_PREC), b, rows, ok, i_hv, cols, V, s_ub, s_ut, s_uh)
+        store_fixed_tile(u, ud, tl.dot(A, vb, input_precision=DOT_PREC), b, start, rows, ok, i_hv, v0, BV, V,
+                         s_ub, s_ut, s_uh, TMA)
 
 
 # ------------------------------------------------------------------------------------ kernels
@@ -219,18 +223,21 @@ def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, cu_seqlens, chunk_indices, T, N
 
 
 @triton.jit
-def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, a_qk, cu_seqlens, chunk_indices,
+def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, wd, ud, qd, aqd,
+                              cu_seqlens, chunk_indices,
                               T, NT, HV, GROUP, K, V, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh,
                               s_ab, s_at, s_ah, s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
                               s_qb, s_qt, s_qh, IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                              DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr):
+                              DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr, TMA: tl.constexpr):
     """``w``, ``u`` of one (chunk, value head); ``WITH_Q`` (gdn_chunk) also ``A_qk``."""
     pid = tl.program_id(0)
     i_c, i_hv = pid // HV, pid % HV
     b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
-    _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, b, start, eos, i_hv // GROUP, i_hv, K, V,
+    _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, wd, ud, qd, aqd, b, start, eos, i_hv // GROUP,
+              i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
-              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q)
+              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q,
+              TMA)
 
 
 @triton.jit
@@ -486,13 +493,14 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     w = torch.empty((B, T, HV, K), dtype=k.dtype, device=k.device)
     u = torch.empty((B, T, HV, V), dtype=v.dtype, device=k.device)
     if NT_total:
+        tma = _w_u_tma(cu_seqlens is None, k, v, Ai, w, u)
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(Ai),
+            k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(Ai), *_w_u_descriptors(tma, k, v, Ai, w, u),
             _dummy(k) if cu_seqlens is None else cu_seqlens,
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u), *_s3(k),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-            DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, num_warps=4)
+            DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, TMA=tma, num_warps=4)
     return w, u
 
 
@@ -529,6 +537,29 @@ def _pass_copies_tiles(k, w, u, q=None, a_qk=None) -> bool:
     tiles = (w, k, u, q, a_qk) if with_o else (w, k, u)
     stage_bytes = CHUNK * (2 * _pow2(K) + min(64, _pow2(V)) + (_pow2(K) + CHUNK if with_o else 0)) * w.element_size()
     return stage_bytes <= _TMA_STAGE_BYTES and _tma_ready(*tiles)
+
+
+def _w_u_tma(fixed_length: bool, *tiles: torch.Tensor) -> bool:
+    """Whether the w/u kernel copies its tiles through host descriptors: fixed length only, since a
+    descriptor over ``[B, T, H, C]`` zero-fills and clips at T, which is a varlen sequence's end only
+    for the last sequence (its full-box stores would overwrite the next sequence's rows)."""
+    return fixed_length and _tma_ready(*tiles)
+
+
+def _w_u_descriptors(tma: bool, k, v, Ai, w, u, q=None, a_qk=None) -> tuple:
+    """The w/u kernel's ``kd, vd, Ad, wd, ud, qd, aqd``: host descriptors in ``[1, 64, 1, C]`` boxes with
+    ``tma`` (q and A_qk only with them given; k's and Ai's stand in, unread, without), else the
+    tensors themselves (the pointer path never reads them)."""
+    if not tma:
+        return k, v, Ai, w, u, k, Ai
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    BK, BV = min(64, _pow2(k.shape[3])), min(64, _pow2(v.shape[3]))
+    kd, Ad = TensorDescriptor.from_tensor(k, [1, CHUNK, 1, BK]), TensorDescriptor.from_tensor(Ai, [1, CHUNK, 1, CHUNK])
+    return (kd, TensorDescriptor.from_tensor(v, [1, CHUNK, 1, BV]), Ad,
+            TensorDescriptor.from_tensor(w, [1, CHUNK, 1, BK]), TensorDescriptor.from_tensor(u, [1, CHUNK, 1, BV]),
+            kd if q is None else TensorDescriptor.from_tensor(q, [1, CHUNK, 1, BK]),
+            Ad if a_qk is None else TensorDescriptor.from_tensor(a_qk, [1, CHUNK, 1, CHUNK]))
 
 
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
@@ -663,15 +694,20 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, tor
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
             **_solve_precision(k.dtype), CUMSUM=True, **cfg.launch_kwargs())
 
+    tiles = (k, v, p["Ai"], p["w"], p["u"], q, p["a_qk"])
+    tma = _w_u_tma(cu_seqlens is None, *tiles)
+    descs = _w_u_descriptors(tma, *tiles)
+    key = (*key, tma)
+
     def w_u(cfg: Config):
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            k, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["a_qk"], cu, cix,
+            k, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["a_qk"], *descs, cu, cix,
             T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(p["Ai"]), *_s3(p["g_cum"]), *_s3(p["w"]), *_s3(p["u"]), *_s3(q),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-            DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, **cfg.launch_kwargs())
+            DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, TMA=tma, **cfg.launch_kwargs())
 
-    _SOLVE(key, solve)
+    _SOLVE(key[:-1], solve)
     _W_U(key, w_u)
     return p
 
