@@ -111,6 +111,13 @@ def test_chunk_small_for_sanitizer():
 
 
 @pytest.mark.sanitize
+def test_chunk_fixed_length_tma_small_for_sanitizer():
+    """Fixed length with 16-byte aligned rows (K = 64, V = 48 in bf16) and a partial last chunk: w/u copies
+    its tiles through host descriptors, the state pass through in-kernel ones."""
+    check_chunk(torch_aura, DEV, 2, 150, 2, 4, 64, 48, BF16, h0=True)
+
+
+@pytest.mark.sanitize
 def test_chunk_tma_small_for_sanitizer():
     """K = 64 bf16 rows are 16-byte aligned: the state pass copies its tiles with TMA (in-kernel descriptors)."""
     check_chunk(torch_aura, DEV, 1, 150, 2, 4, 64, 40, BF16, offsets=[0, 50, 50, 150], h0=True)
