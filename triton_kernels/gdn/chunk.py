@@ -658,7 +658,8 @@ def _l2norm(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 # H100 at 1x32k (16/32 heads, bf16, a variant with the L2 norm folded in): fp32 merges at 2 warps 654 us,
 # tf32 merges at 1 warp 470, at 2 warps 632 (FLA's kkt + solve: 361). w/u is bound by its loads and
 # stores: with the q~ operand it also wrote (1.5 KB per token and value head) 4 warps with 3 stages
-# took 631 us, 2 stages 675, 8 warps 826; without it (1.2 KB), 506 us as tuned.
+# took 631 us, 2 stages 675, 8 warps 826; without it (1.2 KB), 506 us as tuned, 463 with the
+# fixed-length copies (4 warps, 3 stages).
 _SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=2, num_stages=2), Config(num_warps=1, num_stages=2),
                                    Config(num_warps=2, num_stages=1), Config(num_warps=4, num_stages=2)])
 _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_warps=4, num_stages=2),
