@@ -131,35 +131,26 @@ def chunk_rows(base, desc, b, start, rows, row_ok, head, col0, C: tl.constexpr, 
 
 
 @triton.jit
-def desc_tile(base, desc, b, start, rows, row_ok, head, col0, C: tl.constexpr, ncols, s_b, s_t, s_h,
-              TMA: tl.constexpr, VARLEN: tl.constexpr):
-    """Chunk tile ``x[b, rows, head, col0:col0 + C]`` of a ``[B, T, H, C]`` tensor, zero past the
-    sequence's end and past ``ncols``: with ``TMA`` one copy through ``desc``, a host descriptor of the
-    whole tensor in ``[1, BT, 1, C]`` boxes (it zero-fills past T, the end of a fixed-length sequence;
-    with ``VARLEN`` the rows past ``row_ok``, the next sequence's, are zeroed in registers), else a
+def fixed_tile(base, desc, b, start, rows, row_ok, head, col0, C: tl.constexpr, ncols, s_b, s_t, s_h,
+               TMA: tl.constexpr):
+    """Fixed-length (``[B, T, H, C]``) chunk tile ``x[b, rows, head, col0:col0 + C]``, zero past T and
+    past ``ncols``: with ``TMA`` one copy through ``desc``, a host descriptor of the whole tensor in
+    ``[1, BT, 1, C]`` boxes (it zero-fills past T, which for fixed length is the sequence's end), else a
     masked pointer load."""
     if TMA:
-        x = desc.load([b.to(tl.int32), start.to(tl.int32), head, col0]).reshape(BT, C)
-        if VARLEN:
-            x = tl.where(row_ok[:, None], x, tl.zeros_like(x))
-        return x
+        return desc.load([b.to(tl.int32), start.to(tl.int32), head, col0]).reshape(BT, C)
     else:
         return load_tile(base, b, rows, row_ok, head, col0 + tl.arange(0, C), ncols, s_b, s_t, s_h)
 
 
 @triton.jit
-def store_desc_tile(base, desc, x, b, start, rows, row_ok, whole, head, col0, C: tl.constexpr, ncols, s_b, s_t,
-                    s_h, TMA: tl.constexpr):
-    """``desc_tile``'s store, rounding to the buffer's dtype. The copy drops rows past T and columns past
-    ``ncols``, so it serves ``whole`` chunks (fixed length: every chunk; varlen: those that end inside
-    their sequence); a varlen sequence's last, partial chunk takes the masked store, which keeps the
-    next sequence's rows."""
+def store_fixed_tile(base, desc, x, b, start, rows, row_ok, head, col0, C: tl.constexpr, ncols, s_b, s_t, s_h,
+                     TMA: tl.constexpr):
+    """``fixed_tile``'s store, rounding to the buffer's dtype: the copy drops rows past T and columns
+    past ``ncols``, as the masked store does."""
     if TMA:
-        if whole:
-            desc.store([b.to(tl.int32), start.to(tl.int32), head, col0],
-                       x.to(base.dtype.element_ty).reshape(1, BT, 1, C))
-        else:
-            store_tile(base, x, b, rows, row_ok, head, col0 + tl.arange(0, C), ncols, s_b, s_t, s_h)
+        desc.store([b.to(tl.int32), start.to(tl.int32), head, col0],
+                   x.to(base.dtype.element_ty).reshape(1, BT, 1, C))
     else:
         store_tile(base, x, b, rows, row_ok, head, col0 + tl.arange(0, C), ncols, s_b, s_t, s_h)
 

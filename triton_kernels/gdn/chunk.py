@@ -31,8 +31,8 @@ import triton.language as tl
 
 from ..._checks import gdn as _checks
 from .._tune import Config, Tuner, cdiv, descriptor_workspace, has_tma, interpreting, next_pow2, sm_count
-from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, desc_tile, dot_f32, gate_causal, inv_unit_lower16,
-                   load_rows, load_tile, load_tile_t, rows_desc, seq_span, store_desc_tile, store_tile, store_tile_t,
+from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot_f32, fixed_tile, gate_causal, inv_unit_lower16,
+                   load_rows, load_tile, load_tile_t, rows_desc, seq_span, store_fixed_tile, store_tile, store_tile_t,
                    v_tile_head_row)
 
 
@@ -148,7 +148,7 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, wd, ud, qd, aqd,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh,
               BK: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr,
-              TMA: tl.constexpr, VARLEN: tl.constexpr):
+              TMA: tl.constexpr):
     """``w = Ai @ rnd(beta e^G k)``, ``u = Ai @ rnd(beta v)`` for one chunk, 64-row tiles.
 
     ``WITH_Q`` (gdn_chunk only) also stores the chunk's share of the output that needs no state,
@@ -156,40 +156,36 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, wd, ud, qd, aqd,
     the launcher allocates them alike), so the sequential pass needs no ``q k^T``. k is read twice
     (once for A_qk over all of K, once per K tile), the second time from L2.
 
-    ``TMA`` (Hopper, 16-byte aligned rows): every tile is a copy through the host descriptors
-    ``kd .. aqd`` (``desc_tile``), which drops the 64-bit address tiles of the pointer path (255
-    registers and 296 B of spills at 4 warps, cuobjdump of the sm_90 cubin). In varlen
-    (``VARLEN``) the last chunk of a sequence stores through masked pointers (``store_desc_tile``).
+    ``TMA`` (fixed length, Hopper, 16-byte aligned rows): every tile is a copy through the host
+    descriptors ``kd .. aqd`` (``fixed_tile``), which drops the 64-bit address tiles of the pointer
+    path (255 registers and 296 B of spills at 4 warps, cuobjdump of the sm_90 cubin).
     """
     rows = start + tl.arange(0, BT)
     ok = rows < eos
-    whole = True
-    if VARLEN:
-        whole = start + BT <= eos
-    A = desc_tile(Ai, Ad, b, start, rows, ok, i_hv, 0, BT, BT, s_ab, s_at, s_ah, TMA, VARLEN)
+    A = fixed_tile(Ai, Ad, b, start, rows, ok, i_hv, 0, BT, BT, s_ab, s_at, s_ah, TMA)
     bt = load_rows(beta, b, rows, ok, i_hv, s_bb, s_bt, s_bh)
     G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
     if WITH_Q:
         b_A = tl.zeros([BT, BT], tl.float32)
         for k0 in range(0, K, BK):
-            qt = desc_tile(q, qd, b, start, rows, ok, i_h, k0, BK, K, s_qb, s_qt, s_qh, TMA, VARLEN)
-            kt = desc_tile(k, kd, b, start, rows, ok, i_h, k0, BK, K, s_kb, s_kt, s_kh, TMA, VARLEN)
+            qt = fixed_tile(q, qd, b, start, rows, ok, i_h, k0, BK, K, s_qb, s_qt, s_qh, TMA)
+            kt = fixed_tile(k, kd, b, start, rows, ok, i_h, k0, BK, K, s_kb, s_kt, s_kh, TMA)
             b_A += tl.dot(qt, tl.trans(kt), input_precision=DOT_PREC)
         b_A = gate_causal(b_A, G2, G2, ok, ok, rows, rows, False).to(A.dtype)
-        store_desc_tile(a_qk, aqd, b_A, b, start, rows, ok, whole, i_hv, 0, BT, BT, s_ab, s_at, s_ah, TMA)
+        store_fixed_tile(a_qk, aqd, b_A, b, start, rows, ok, i_hv, 0, BT, BT, s_ab, s_at, s_ah, TMA)
     # formed after gate_causal's use of G2: before it, the 2-warp compile fails (Triton 3.6, sm_90:
     # "math.exp2 requires the same encoding for all operands")
     kscale = bt * tl.exp2(G2)
     for k0 in range(0, K, BK):
-        kt = desc_tile(k, kd, b, start, rows, ok, i_h, k0, BK, K, s_kb, s_kt, s_kh, TMA, VARLEN)
+        kt = fixed_tile(k, kd, b, start, rows, ok, i_h, k0, BK, K, s_kb, s_kt, s_kh, TMA)
         kb = (kt.to(tl.float32) * kscale[:, None]).to(kt.dtype)
-        store_desc_tile(w, wd, tl.dot(A, kb, input_precision=DOT_PREC), b, start, rows, ok, whole, i_hv, k0, BK, K,
-                        s_wb, s_wt, s_wh, TMA)
+        store_fixed_tile(w, wd, tl.dot(A, kb, input_precision=DOT_PREC), b, start, rows, ok, i_hv, k0, BK, K,
+                         s_wb, s_wt, s_wh, TMA)
     for v0 in range(0, V, BV):
-        vt = desc_tile(v, vd, b, start, rows, ok, i_hv, v0, BV, V, s_vb, s_vt, s_vh, TMA, VARLEN)
+        vt = fixed_tile(v, vd, b, start, rows, ok, i_hv, v0, BV, V, s_vb, s_vt, s_vh, TMA)
         vb = (vt.to(tl.float32) * bt[:, None]).to(vt.dtype)
-        store_desc_tile(u, ud, tl.dot(A, vb, input_precision=DOT_PREC), b, start, rows, ok, whole, i_hv, v0, BV, V,
-                        s_ub, s_ut, s_uh, TMA)
+        store_fixed_tile(u, ud, tl.dot(A, vb, input_precision=DOT_PREC), b, start, rows, ok, i_hv, v0, BV, V,
+                         s_ub, s_ut, s_uh, TMA)
 
 
 # ------------------------------------------------------------------------------------ kernels
@@ -241,7 +237,7 @@ def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, 
               i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q,
-              TMA, IS_VARLEN)
+              TMA)
 
 
 @triton.jit
@@ -497,7 +493,7 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     w = torch.empty((B, T, HV, K), dtype=k.dtype, device=k.device)
     u = torch.empty((B, T, HV, V), dtype=v.dtype, device=k.device)
     if NT_total:
-        tma = _w_u_tma(k, v, Ai, w, u)
+        tma = _w_u_tma(cu_seqlens is None, k, v, Ai, w, u)
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
             k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(Ai), *_w_u_descriptors(tma, k, v, Ai, w, u),
             _dummy(k) if cu_seqlens is None else cu_seqlens,
@@ -543,9 +539,11 @@ def _pass_copies_tiles(k, w, u, q=None, a_qk=None) -> bool:
     return stage_bytes <= _TMA_STAGE_BYTES and _tma_ready(*tiles)
 
 
-def _w_u_tma(*tiles: torch.Tensor) -> bool:
-    """Whether the w/u kernel copies its tiles through host descriptors (``desc_tile``)."""
-    return _tma_ready(*tiles)
+def _w_u_tma(fixed_length: bool, *tiles: torch.Tensor) -> bool:
+    """Whether the w/u kernel copies its tiles through host descriptors: fixed length only, since a
+    descriptor over ``[B, T, H, C]`` zero-fills and clips at T, which is a varlen sequence's end only
+    for the last sequence (its full-box stores would overwrite the next sequence's rows)."""
+    return fixed_length and _tma_ready(*tiles)
 
 
 def _w_u_descriptors(tma: bool, k, v, Ai, w, u, q=None, a_qk=None) -> tuple:
@@ -698,7 +696,7 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, tor
             **_solve_precision(k.dtype), CUMSUM=True, **cfg.launch_kwargs())
 
     tiles = (k, v, p["Ai"], p["w"], p["u"], q, p["a_qk"])
-    tma = _w_u_tma(*tiles)
+    tma = _w_u_tma(cu_seqlens is None, *tiles)
     descs = _w_u_descriptors(tma, *tiles)
     key = (*key, tma)
 
