@@ -494,13 +494,14 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     u = torch.empty((B, T, HV, V), dtype=v.dtype, device=k.device)
     if NT_total:
         tma = _w_u_tma(cu_seqlens is None, k, v, Ai, w, u)
+        BK, BV = _w_u_tiles(K, V)
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(Ai), *_w_u_descriptors(tma, k, v, Ai, w, u),
+            k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(Ai), *_w_u_descriptors(tma, BK, BV, k, v, Ai, w, u),
             _dummy(k) if cu_seqlens is None else cu_seqlens,
             _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u), *_s3(k),
-            IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-            DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, TMA=tma, num_warps=4)
+            IS_VARLEN=cu_seqlens is not None, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, TMA=tma,
+            num_warps=4)
     return w, u
 
 
@@ -546,15 +547,19 @@ def _w_u_tma(fixed_length: bool, *tiles: torch.Tensor) -> bool:
     return fixed_length and _tma_ready(*tiles)
 
 
-def _w_u_descriptors(tma: bool, k, v, Ai, w, u, q=None, a_qk=None) -> tuple:
-    """The w/u kernel's ``kd, vd, Ad, wd, ud, qd, aqd``: host descriptors in ``[1, 64, 1, C]`` boxes with
-    ``tma`` (q and A_qk only with them given; k's and Ai's stand in, unread, without), else the
-    tensors themselves (the pointer path never reads them)."""
+def _w_u_tiles(K: int, V: int) -> tuple[int, int]:
+    """The w/u kernel's ``(BK, BV)``: its K and V tile widths, which its descriptors' boxes must match."""
+    return min(64, _pow2(K)), min(64, _pow2(V))
+
+
+def _w_u_descriptors(tma: bool, BK: int, BV: int, k, v, Ai, w, u, q=None, a_qk=None) -> tuple:
+    """The w/u kernel's ``kd, vd, Ad, wd, ud, qd, aqd``: host descriptors in ``[1, 64, 1, C]`` boxes
+    (C: ``BK``, ``BV`` or 64) with ``tma`` (q and A_qk only with them given; k's and Ai's stand in,
+    unread, without), else the tensors themselves (the pointer path never reads them)."""
     if not tma:
         return k, v, Ai, w, u, k, Ai
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    BK, BV = min(64, _pow2(k.shape[3])), min(64, _pow2(v.shape[3]))
     kd, Ad = TensorDescriptor.from_tensor(k, [1, CHUNK, 1, BK]), TensorDescriptor.from_tensor(Ai, [1, CHUNK, 1, CHUNK])
     return (kd, TensorDescriptor.from_tensor(v, [1, CHUNK, 1, BV]), Ad,
             TensorDescriptor.from_tensor(w, [1, CHUNK, 1, BK]), TensorDescriptor.from_tensor(u, [1, CHUNK, 1, BV]),
@@ -645,8 +650,8 @@ def _l2norm(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     """Row-normalised copies of q and k ``[B, T, H, K]`` in their dtype (the chunk path rounds them,
     as FLA), from one launch."""
     B, T, H, K = q.shape
-    qn, kn = torch.empty((B, T, H, K), dtype=q.dtype, device=q.device), torch.empty((B, T, H, K), dtype=k.dtype,
-                                                                                   device=k.device)
+    qn = torch.empty((B, T, H, K), dtype=q.dtype, device=q.device)
+    kn = torch.empty_like(qn)  # the kernel writes both with qn's strides
     if B * T * H:
         _l2norm_kernel[(B * T, 2)](q, k, qn, kn, H, K, *_s3(q), *_s3(k), *_s3(qn), T, BH=_pow2(H, 1),
                                    BK=_pow2(K, 1), num_warps=4 if H * K <= 4096 else 8)
@@ -690,6 +695,7 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, tor
     # at 1x32k, 16/32 heads: 4 warps x 3 stages 468 us, 2 stages 501, 1 stage 570, 2 warps 513; one
     # bench tuned at 1x4k picked 1 stage and ran 1x32k with it)
     key = (K, V, k.dtype, cu_seqlens is not None, NT_total * HV >= 16 * sm_count(k.device))
+    BK, BV = _w_u_tiles(K, V)
 
     def solve(cfg: Config):
         _gdn_kkt_solve_kernel[(NT_total * HV,)](
@@ -700,19 +706,18 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, tor
 
     tiles = (k, v, p["Ai"], p["w"], p["u"], q, p["a_qk"])
     tma = _w_u_tma(cu_seqlens is None, *tiles)
-    descs = _w_u_descriptors(tma, *tiles)
-    key = (*key, tma)
+    descs = _w_u_descriptors(tma, BK, BV, *tiles)
 
     def w_u(cfg: Config):
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
             k, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["a_qk"], *descs, cu, cix,
             T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(p["Ai"]), *_s3(p["g_cum"]), *_s3(p["w"]), *_s3(p["u"]), *_s3(q),
-            IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=min(64, _pow2(V)),
-            DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, TMA=tma, **cfg.launch_kwargs())
+            IS_VARLEN=cu_seqlens is not None, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, TMA=tma,
+            **cfg.launch_kwargs())
 
-    _SOLVE(key[:-1], solve)
-    _W_U(key, w_u)
+    _SOLVE(key, solve)
+    _W_U((*key, tma), w_u)
     return p
 
 
