@@ -152,8 +152,10 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
     """The sequential pass fetches whole 64-row chunks (TMA copies through per-sequence descriptors, or
     masked pointer loads): past a varlen sequence's end lie the next sequence's rows or, past
     ``cu_seqlens[-1]``, memory no kernel wrote. NaN in every such row of w, u, A_qk, q and k must
-    change nothing. ``chunk`` is the launcher module; the TMA and pointer paths must also agree.
-    Returns whether the TMA path ran."""
+    change nothing. ``chunk`` is the launcher module; the TMA and pointer paths must also agree (bit for
+    bit within the Triton kernel; to rounding where the default is the Hopper pass, whose MMAs sum in
+    another order). Returns ``(tma, hopper)``: whether the default run copied its tiles, and whether it
+    was the Hopper (Gluon) pass."""
     T, H, HV = 150, 1, 2
     q, k, v, g, beta = make_inputs(device, 1, T, H, HV, K, V, dtype, seed=3)
     cu = _cu(device, [0, 40, 100])  # rows 100..149 belong to no sequence
@@ -161,31 +163,41 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
     NT_total = ci.shape[0]
     p = chunk._chunk_prep(q, k, v, g, beta, cu, ci, 3, NT_total)
 
-    def run(fill, tma=None):
+    def run(fill, tma=None, hopper=True):
         xs = {name: p[name].clone() for name in ("w", "u", "a_qk")}
         xs["q"] = q.clone()
         kk = k.clone()
         for x in (*xs.values(), kk):
             x[:, 100:] = fill
         o = torch.zeros(1, T, HV, V, dtype=dtype, device=device)
-        ready = chunk._tma_ready
+        ready, hopper_ready = chunk._tma_ready, chunk._hopper_pass_ready
         if tma is not None:
             chunk._tma_ready = lambda *a: tma
+        if not hopper:
+            chunk._hopper_pass_ready = lambda *a: False
         try:
             fin = chunk._state_pass(kk, xs["w"], xs["u"], p["g_cum"], None, cu, ci, 3, NT_total, False,
                                     q=xs["q"], a_qk=xs["a_qk"], o=o, scale=K ** -0.5)
         finally:
-            chunk._tma_ready = ready
+            chunk._tma_ready, chunk._hopper_pass_ready = ready, hopper_ready
         return o[:, :100], fin
 
-    o0, f0 = run(0.0)
-    o1, f1 = run(float("nan"))
-    assert torch.isfinite(o1).all() and torch.isfinite(f1).all(), "rows outside every sequence leaked NaN"
-    assert torch.equal(o0, o1) and torch.equal(f0, f1), "rows outside every sequence changed the result"
+    tma = chunk._pass_copies_tiles(k, p["w"], p["u"], q, p["a_qk"])
+    hopper = chunk._hopper_pass_ready(k, tma, True)
+    for use_hopper in (True, False) if hopper else (False,):  # both passes ignore those rows
+        o0, f0 = run(0.0, hopper=use_hopper)
+        o1, f1 = run(float("nan"), hopper=use_hopper)
+        assert torch.isfinite(o1).all() and torch.isfinite(f1).all(), "rows outside every sequence leaked NaN"
+        assert torch.equal(o0, o1) and torch.equal(f0, f1), "rows outside every sequence changed the result"
+    o0, f0 = run(0.0, hopper=False)
     o2, f2 = run(0.0, tma=False)
     assert_close("state pass: pointer loads vs tensor-memory copies (o)", o2.float(), o0.float(), 1e-6)
     assert_close("state pass: pointer loads vs tensor-memory copies (final)", f2, f0, 1e-6)
-    return chunk._pass_copies_tiles(k, p["w"], p["u"], q, p["a_qk"])
+    if hopper:
+        o3, f3 = run(0.0)
+        assert_close("state pass: Hopper (Gluon) vs Triton (o)", o3.float(), o0.float(), 2e-3)
+        assert_close("state pass: Hopper (Gluon) vs Triton (final)", f3, f0, 2e-3)
+    return tma, hopper
 
 
 def check_w_u_copies_match_pointer_loads(chunk, device, B, T, H, HV, K, V, dtype):

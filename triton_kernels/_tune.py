@@ -65,6 +65,12 @@ def sm_count(device: torch.device) -> int:
     return _cuda_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """``(major, minor)`` compute capability of a CUDA device."""
+    props = _cuda_properties(device)
+    return props.major, props.minor
+
+
 def has_tma(device: torch.device) -> bool:
     """Whether a CUDA device has the tensor memory accelerator (Hopper, compute capability 9, and later)."""
     return device.type == "cuda" and _cuda_properties(device).major >= 9

@@ -55,6 +55,8 @@ class _CompileOnly:
         if key in self.seen:
             return
         self.seen.add(key)
+        if getattr(self.fn, "is_gluon", lambda: False)():  # the Hopper state pass (state_pass_sm90)
+            from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
         compiled = triton.compile(ASTSource(self.fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": num_warps, "num_stages": num_stages})
         assert "cubin" in compiled.asm, f"{self.fn.__name__}: no cubin"
@@ -77,6 +79,11 @@ def compile_only(monkeypatch, request):
     all_configs = request.node.callspec.params.get("dtype") == torch.bfloat16
     if all_configs:  # the TMA paths too (state pass, w/u; CPU tensors never take them at run time)
         monkeypatch.setattr(chunk, "_tma_ready", lambda *xs: True)
+        # and the Gluon pass for Hopper, which only an sm_90 device selects at run time
+        hopper = chunk._hopper_pass()
+        assert hopper is not None, "state_pass_sm90 failed to import (Gluon)"
+        monkeypatch.setattr(chunk, "_hopper_pass", lambda: _CompileOnly(hopper, seen))
+        monkeypatch.setattr(chunk, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
 
     def every_config(self, key, launch):
         for cfg in self.configs if all_configs else self.configs[:1]:
@@ -113,6 +120,9 @@ def test_gdn_kernels_compile_for_sm90(compile_only, dtype):
     expected = {n for n in (*vars(chunk), *vars(recurrent)) if n.endswith("_kernel")}
     assert expected <= {key[0] for key in compile_only}, "a kernel was never compiled"
     if dtype == torch.bfloat16:
+        hopper = {(dict(key[2])["IS_VARLEN"], dict(key[2])["STAGES"]) for key in compile_only
+                  if key[0] == "gdn_state_pass_sm90_kernel"}
+        assert hopper == {(False, 2), (False, 3), (True, 2), (True, 3)}, f"Hopper pass variants compiled: {hopper}"
         for kernel in ("_gdn_state_pass_kernel", "_gdn_recompute_w_u_kernel"):
             assert any(key[0] == kernel and ("TMA", True) in key[2] for key in compile_only), \
                 f"{kernel}'s TMA path was never compiled"

@@ -138,8 +138,10 @@ def test_chunk_thousands_of_short_documents_grid_over_65535():
 def test_state_pass_ignores_rows_outside_sequences(K, V, dtype, tma):
     from torch_aura.triton_kernels.gdn import chunk
 
-    used = check_pass_ignores_rows_outside_sequences(chunk, DEV, K, V, dtype)
-    assert used == (tma and torch.cuda.get_device_capability()[0] >= 9)
+    copied, hopper = check_pass_ignores_rows_outside_sequences(chunk, DEV, K, V, dtype)
+    major = torch.cuda.get_device_capability()[0]
+    assert copied == (tma and major >= 9)
+    assert hopper == (tma and major == 9 and K in (64, 128)), "the Hopper pass should run exactly where eligible"
 
 
 @pytest.mark.parametrize("B,T,K,V,dtype", [(2, 300, 128, 128, BF16), (1, 130, 64, 96, F16), (1, 100, 60, 40, F16)],
@@ -308,7 +310,8 @@ def _tuner_configs():
         return [("_SOLVE", 0)]
     from torch_aura.triton_kernels.gdn import chunk
 
-    return [(name, i) for name in ("_SOLVE", "_W_U", "_STATE_PASS") for i in range(len(getattr(chunk, name).configs))]
+    return [(name, i) for name in ("_SOLVE", "_W_U", "_STATE_PASS") for i in range(len(getattr(chunk, name).configs))] \
+        + [("_STATE_PASS_SM90", i) for i, c in enumerate(chunk._STATE_PASS_SM90.configs) if c.kwargs.get("SM90")]
 
 
 # one test per config, so xdist spreads their compiles over workers
@@ -322,8 +325,10 @@ def test_every_tuner_config_is_correct(monkeypatch, tuner, index):
 
     t = getattr(chunk, tuner)
     cfg = t.configs[index]
-    monkeypatch.setattr(t, "configs", [cfg])
-    monkeypatch.setattr(t, "cache", {})
+    # a Triton pass config serves both pass tuners (the Hopper one lists them after its own)
+    for u in (t, chunk._STATE_PASS_SM90) if tuner == "_STATE_PASS" else (t,):
+        monkeypatch.setattr(u, "configs", [cfg])
+        monkeypatch.setattr(u, "cache", {})
     ran = 0
     for K, V, dt, extra in [(128, 128, BF16, {"h0": True}), (60, 100, F16, {"offsets": [0, 7, 7, 300]})]:
         try:

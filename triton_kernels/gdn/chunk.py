@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 
 from ..._checks import gdn as _checks
-from .._tune import Config, Tuner, cdiv, descriptor_workspace, has_tma, interpreting, next_pow2, sm_count
+from .._tune import (Config, Tuner, cdiv, cuda_capability, descriptor_workspace, has_tma, interpreting, next_pow2,
+                     sm_count)
 from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot_f32, fixed_tile, gate_causal, inv_unit_lower16,
                    load_rows, load_tile, load_tile_t, rows_desc, seq_span, store_fixed_tile, store_tile, store_tile_t,
                    v_tile_head_row)
@@ -515,6 +516,12 @@ _STATE_PASS = Tuner("gdn_state_pass", [
     Config({"BV": 64}, num_warps=4, num_stages=2), Config({"BV": 32}, num_warps=8, num_stages=2),
     Config({"BV": 16}, num_warps=4, num_stages=2), Config({"BV": 32, "TMA": False}, num_warps=4, num_stages=1),
 ])
+# With the Hopper pass eligible (``_hopper_pass_ready``) its two depths come first, so untuned runs (and
+# the GPU tests, TORCH_AURA_TUNE=0) take it; the Triton configs stay in the list and win where faster.
+_STATE_PASS_SM90 = Tuner("gdn_state_pass_sm90", [
+    Config({"SM90": True, "BV": 64}, num_warps=4, num_stages=3), Config({"SM90": True, "BV": 64}, num_warps=4, num_stages=2),
+    *_STATE_PASS.configs,
+])
 # Shared memory the TMA copies of one pipeline stage may take (w, k, u and, for o, q and A_qk): two
 # stages must fit beside the rest (fp32 at K = V = 128 would need 256 KB; 16-bit at K = 256, 230 KB).
 _TMA_STAGE_BYTES = 100 * 1024
@@ -538,6 +545,31 @@ def _pass_copies_tiles(k, w, u, q=None, a_qk=None) -> bool:
     tiles = (w, k, u, q, a_qk) if with_o else (w, k, u)
     stage_bytes = CHUNK * (2 * _pow2(K) + min(64, _pow2(V)) + (_pow2(K) + CHUNK if with_o else 0)) * w.element_size()
     return stage_bytes <= _TMA_STAGE_BYTES and _tma_ready(*tiles)
+
+
+def _hopper_pass():
+    """``state_pass_sm90.gdn_state_pass_sm90_kernel``, or None where Gluon (experimental in Triton) is
+    missing or does not build it."""
+    global _HOPPER_PASS
+    if _HOPPER_PASS is None:
+        try:
+            from .state_pass_sm90 import gdn_state_pass_sm90_kernel
+            _HOPPER_PASS = gdn_state_pass_sm90_kernel
+        except Exception:  # noqa: BLE001 - any import failure of the experimental dialect disables the path
+            _HOPPER_PASS = False
+    return _HOPPER_PASS or None
+
+
+_HOPPER_PASS = None
+
+
+def _hopper_pass_ready(k, tma_ready: bool, with_o: bool) -> bool:
+    """Whether gdn_chunk's pass may run the Gluon kernel of ``state_pass_sm90``: an sm_90 GPU (warpgroup
+    MMA exists there only), 16-bit inputs, K in {64, 128}, copyable tiles, and Gluon importable."""
+    if not (with_o and tma_ready and k.device.type == "cuda" and not interpreting()):
+        return False
+    return (cuda_capability(k.device)[0] == 9 and k.dtype in (torch.float16, torch.bfloat16)
+            and k.shape[3] in (64, 128) and _hopper_pass() is not None)
 
 
 def _w_u_tma(fixed_length: bool, *tiles: torch.Tensor) -> bool:
@@ -586,10 +618,19 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
     hs = (h.stride(1), h.stride(2), *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4)))) \
         if h is not None else (0, 0, 0, 0)
     out_rows = o if with_o else v_new  # o and v_new share the [B, T, HV, V] layout
+    hopper = _hopper_pass_ready(k, tma_ready, with_o)
     key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, initial_state is not None, tma_ready,
            one_wave_at_32)
 
     def launch(cfg: Config):
+        if cfg.kwargs.get("SM90"):
+            return _hopper_pass()[(cdiv(V, 64) * N * HV,)](
+                k, w, u, g_cum, _dummy(k) if initial_state is None else initial_state, o, final, q, a_qk,
+                _dummy(k) if cu_seqlens is None else cu_seqlens, scale, T, HV, HV // H, K, V,
+                *_s3(k), *_s3(w), *_s3(u), *_s3(o), *_s3(g_cum),
+                *_state_strides(initial_state, state_v_first), *_state_strides(final, state_v_first),
+                *_s3(a_qk), *_s3(q), IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None,
+                BK=K, BV=64, STAGES=cfg.num_stages, num_warps=4)
         BV = min(cfg.kwargs["BV"], _pow2(V))
         tma = tma_ready and cfg.kwargs.get("TMA", True)
         _gdn_state_pass_kernel[(cdiv(V, BV) * N * HV,)](
@@ -606,7 +647,7 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     with descriptor_workspace(k.device):
-        _STATE_PASS(key, launch)
+        (_STATE_PASS_SM90 if hopper else _STATE_PASS)(key, launch)
     return final
 
 
