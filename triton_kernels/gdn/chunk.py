@@ -17,6 +17,8 @@ intermediate) or ``v_new``:
    ``q k^T`` (the fwd_o operand that needs no state);
 3. ``_gdn_state_pass_kernel`` with ``WITH_O``: its program holds the fp32 state of its V tile and
    the chunk's ``v_new``, so it emits ``o = scale (e^G (q rnd(S)) + A_qk rnd(v_new))``: fwd_o never runs.
+   On sm_90 with 16-bit inputs and K in {64, 128}, the Gluon kernel of ``state_pass_sm90`` does the
+   same with its warpgroup MMAs overlapped (``_hopper_pass_ready``; gdn.md §6).
 
 Every kernel rounds exactly where gdn.md §3.7 does: ``Ai``, the ``beta e^G k`` / ``beta v``
 operands, ``w``, ``u``, the state operand ``rnd(S)``, ``v_new``, the gated ``v_new`` and the
