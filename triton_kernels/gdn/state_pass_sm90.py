@@ -33,6 +33,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
+from ._jit import seq_span, v_tile_head_row
+
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 BT: gl.constexpr = gl.constexpr(64)  # chunk length, as chunk.CHUNK
 
@@ -80,20 +82,9 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
     tile_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     tile_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-    NV = gl.cdiv(V, BV)
-    pid = gl.program_id(0)
-    i_v = pid % NV
-    i_hv = (pid // NV) % HV
-    n = pid // NV // HV
+    i_v, i_hv, n = v_tile_head_row(V, BV, HV)  # the Triton helpers: scalar code, valid Gluon too
     i_h = i_hv // GROUP
-    if IS_VARLEN:
-        bos = gl.load(cu_seqlens + n).to(gl.int64)
-        eos = gl.minimum(gl.load(cu_seqlens + n + 1).to(gl.int64), T)
-        b = bos * 0
-    else:
-        b = n.to(gl.int64)
-        bos = b * 0
-        eos = bos + T
+    b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
     n_rows = (eos - bos).to(gl.int32)  # this sequence's tokens; rows are counted from bos below
     NC = gl.cdiv(n_rows, BT)
     v0 = i_v * BV
