@@ -9,8 +9,8 @@ each step issues its MMAs asynchronously, in the order the chain needs them, and
 result is read:
 
     M_op   = rnd(M)                                  (M = S^T, [BV, K] fp32 in the MMA layout)
-    v^T    = u^T - M_op @ w^T          async  \\  issued back to back: the output's first product
-    o1^T   = M_op @ q^T                async  /  runs while the gates of v^T are computed
+    v^T    = u^T - M_op @ w^T          async  \\  issued back to back, waited for together (so M_op's
+    o1^T   = M_op @ q^T                async  /  registers are free before the gates are computed)
     M      = e^(G_L) M + rnd(select(valid, v^T e^(G_L - G), 0)) @ k      async
     o2^T   = rnd(v^T) @ A_qk^T                                            async
     o^T    = scale (o1^T e^G + o2^T)   after the wait; stored through a TMA copy
@@ -21,8 +21,8 @@ of the V tile), so nothing on the chain goes through shared memory. All five chu
 TMA copies through descriptors of this sequence's rows (zero past its end), ``STAGES`` deep; o leaves
 through a descriptor of the same rows, so its last chunk's rows past the end are dropped.
 
-Scope: 16-bit inputs, K in {64, 128}, the output path of gdn_chunk. Everything else, and GPUs without
-TMA, runs the Triton pass; ``chunk._state_pass`` chooses, and its tuner may still prefer a Triton
+Scope: sm_90 (warpgroup MMA), 16-bit inputs, K in {64, 128}, the output path of gdn_chunk. Everything
+else, and every other GPU, runs the Triton pass; ``chunk._state_pass`` chooses, and its tuner may still prefer a Triton
 config for a shape. Gluon is experimental in Triton 3.6: an import failure simply disables this path.
 """
 
@@ -79,8 +79,7 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
     acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     op_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
     op_s: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_s, k_width=2)
-    tile_k: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    tile_t: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)  # every tile
 
     i_v, i_hv, n = v_tile_head_row(V, BV, HV)  # the Triton helpers: scalar code, valid Gluon too
     i_h = i_hv // GROUP
@@ -92,21 +91,21 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
 
     # Descriptors of this sequence's rows: copies zero-fill past its end (and past K, V), the o store
     # drops what lies there.
-    w_d = tma.make_tensor_descriptor(w + b * s_wb + bos * s_wt + i_hv * s_wh, [rows, K], [s_wt, 1], [BT, BK], tile_k)
-    q_d = tma.make_tensor_descriptor(q + b * s_qb + bos * s_qt + i_h * s_qh, [rows, K], [s_qt, 1], [BT, BK], tile_k)
-    k_d = tma.make_tensor_descriptor(k + b * s_kb + bos * s_kt + i_h * s_kh, [rows, K], [s_kt, 1], [BT, BK], tile_k)
-    u_d = tma.make_tensor_descriptor(u + b * s_ub + bos * s_ut + i_hv * s_uh, [rows, V], [s_ut, 1], [BT, BV], tile_t)
+    w_d = tma.make_tensor_descriptor(w + b * s_wb + bos * s_wt + i_hv * s_wh, [rows, K], [s_wt, 1], [BT, BK], tile)
+    q_d = tma.make_tensor_descriptor(q + b * s_qb + bos * s_qt + i_h * s_qh, [rows, K], [s_qt, 1], [BT, BK], tile)
+    k_d = tma.make_tensor_descriptor(k + b * s_kb + bos * s_kt + i_h * s_kh, [rows, K], [s_kt, 1], [BT, BK], tile)
+    u_d = tma.make_tensor_descriptor(u + b * s_ub + bos * s_ut + i_hv * s_uh, [rows, V], [s_ut, 1], [BT, BV], tile)
     a_d = tma.make_tensor_descriptor(a_qk + b * s_ab + bos * s_at + i_hv * s_ah, [rows, BT], [s_at, 1], [BT, BT],
-                                     tile_t)
+                                     tile)
     o_d = tma.make_tensor_descriptor(out + b * s_ob + bos * s_ot + i_hv * s_oh, [rows, V], [s_ot, 1], [BT, BV],
-                                     tile_t)
+                                     tile)
 
-    w_s = gl.allocate_shared_memory(dt, [STAGES, BT, BK], tile_k)
-    q_s = gl.allocate_shared_memory(dt, [STAGES, BT, BK], tile_k)
-    k_s = gl.allocate_shared_memory(dt, [STAGES, BT, BK], tile_k)
-    u_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], tile_t)
-    a_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], tile_t)
-    o_s = gl.allocate_shared_memory(dt, [2, BT, BV], tile_t)
+    w_s = gl.allocate_shared_memory(dt, [STAGES, BT, BK], tile)
+    q_s = gl.allocate_shared_memory(dt, [STAGES, BT, BK], tile)
+    k_s = gl.allocate_shared_memory(dt, [STAGES, BT, BK], tile)
+    u_s = gl.allocate_shared_memory(dt, [STAGES, BT, BV], tile)
+    a_s = gl.allocate_shared_memory(dt, [STAGES, BT, BT], tile)
+    o_s = gl.allocate_shared_memory(dt, [2, BT, BV], tile)
     g_s = gl.allocate_shared_memory(gl.float32, [STAGES, BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
