@@ -184,8 +184,9 @@ def inv_unit_lower16(A, PREC: tl.constexpr):
     fifteen dependent steps, each two cross-warp reductions; in the prep kernel that took more time
     than all of FLA's kkt + solve (1.65 ms at 1x32k, 16/32 heads, H200). Terms of the series grow at
     most like ``C(15, k) |A|^k``; with ``|A_ij| = beta |k_i . k_j| e^(G_i - G_j) <= 1`` the fp32
-    products stay far inside the bf16/fp16 rounding of the stored result (the launchers keep
-    ``"ieee"`` here: those growing terms cancel, so tf32 inputs would cost more than their 2^-11).
+    products stay far inside the bf16/fp16 rounding of the stored result. Those growing terms cancel,
+    so tf32 inputs (2^-11) would cost accuracy; the launchers use ``"bf16x3"`` (~2^-16) or ``"ieee"``
+    (``chunk._solve_precision``).
     """
     A2 = dot_f32(A, A, PREC)
     A4 = dot_f32(A2, A2, PREC)
@@ -199,6 +200,7 @@ def inv_unit_lower16(A, PREC: tl.constexpr):
 
 @triton.jit
 def dot_f32(a, b, PREC: tl.constexpr):
-    """fp32 x fp32 product of the solve: ``"ieee"`` (full fp32, on the CUDA cores) or ``"tf32"``
-    (tensor cores; inputs keep 10 mantissa bits)."""
+    """fp32 x fp32 product of the solve: ``"ieee"`` (full fp32, on the CUDA cores), ``"bf16x3"``
+    (tensor cores: each operand split into two bf16 parts, three products, ~16 mantissa bits) or
+    ``"tf32"`` (tensor cores; inputs keep 10 mantissa bits)."""
     return tl.dot(a, b, input_precision=PREC)

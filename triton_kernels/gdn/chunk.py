@@ -414,14 +414,19 @@ def _dot_prec(dtype: torch.dtype) -> str:
 
 
 def _solve_precision(dtype: torch.dtype) -> dict[str, str]:
-    """Products of the 64x64 solve (gdn.md §3.2). The diagonal 16x16 inverses stay in full fp32 (their
-    series has large, cancelling terms). The block merges run on tf32 tensor cores for bf16, as in
-    FLA: their 2^-11 input rounding sits under the bf16 rounding of the stored Ai (2^-9; Ai moves by
-    2.6e-4 relative RMS). Measured on the H100 at 1x32k, 16/32 heads: the solve takes 352 us instead
-    of 519 (one warp fits now), and gdn_chunk's error against the reference goes from 3.8-4.2e-3 to
-    4.4-4.6e-3 relative RMS over the bench shapes (gate 5e-3; FLA 4.1-4.3e-3). fp16 (2^-11) and fp32
-    keep full fp32 merges."""
-    return {"INV_PREC": "ieee", "MERGE_PREC": "tf32" if dtype == torch.bfloat16 else "ieee"}
+    """Products of the 64x64 solve (gdn.md §3.2), all fp32 x fp32. For 16-bit inputs both the diagonal
+    16x16 inverses and the block merges run as ``"bf16x3"``: each fp32 operand split into two bf16
+    parts, three tensor-core products (the lo x lo term dropped), ~2^-16 relative per product, so the
+    inverse series' large cancelling terms keep their accuracy without the CUDA-core ``"ieee"`` path,
+    whose operands go through shared memory (704 shared loads per program at one warp, sm_90 PTX).
+    Measured on the H100, bench inputs (16/32 heads, bf16), solve alone at 1 warp / gdn_chunk error vs
+    the reference: ieee inverses + tf32 merges (the previous choice, as FLA's merges) 351 us / 4.3e-3
+    at 1x32k; bf16x3 inverses + tf32 merges 212 / 4.3e-3; bf16x3 both 218 / 3.9e-3 (1x4k 49 -> 36 us,
+    varlen mix 283 -> 197; tf32x3 inverses 277, bf16x6 251). fp32 inputs keep full fp32 (no
+    tensor-core rounding anywhere for them, gdn.md §3.8). The Triton interpreter accepts only
+    ieee/tf32/tf32x3 (and computes every product in full precision): it gets ``"tf32x3"``."""
+    p = "ieee" if dtype == torch.float32 else "tf32x3" if interpreting() else "bf16x3"
+    return {"INV_PREC": p, "MERGE_PREC": p}
 
 
 def _varlen_plan(T: int, B: int, cu_seqlens, chunk_indices):
@@ -701,14 +706,14 @@ def _l2norm(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return qn, kn
 
 
-# The solve is latency-bound on its chain of small 16x16 products and their layout changes through
-# shared memory, and needs ~250 registers per thread (ncu at 2 warps: 12.5% occupancy). Measured on
-# H100 at 1x32k (16/32 heads, bf16, a variant with the L2 norm folded in): fp32 merges at 2 warps 654 us,
-# tf32 merges at 1 warp 470, at 2 warps 632 (FLA's kkt + solve: 361). w/u is bound by its loads and
+# The solve is latency-bound on its chain of small 16x16 products (one warp per program keeps the most
+# programs per SM). H100, 1x32k, 16/32 heads, bf16 with the bf16x3 products of _solve_precision:
+# 1 warp 218 us, 2 warps 408 (FLA's kkt + solve: 358); with full-fp32 products (fp32 inputs) 2 warps
+# lead, 512 vs 872 us, which the tuner finds. w/u is bound by its loads and
 # stores: with the q~ operand it also wrote (1.5 KB per token and value head) 4 warps with 3 stages
 # took 631 us, 2 stages 675, 8 warps 826; without it (1.2 KB), 506 us as tuned, 463 with the
 # fixed-length copies (4 warps, 3 stages).
-_SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=2, num_stages=2), Config(num_warps=1, num_stages=2),
+_SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=1, num_stages=2), Config(num_warps=2, num_stages=2),
                                    Config(num_warps=2, num_stages=1), Config(num_warps=4, num_stages=2)])
 _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_warps=4, num_stages=2),
                                Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=2)])
