@@ -709,10 +709,10 @@ def _l2norm(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 # The solve is latency-bound on its chain of small 16x16 products (one warp per program keeps the most
 # programs per SM). H100, 1x32k, 16/32 heads, bf16 with the bf16x3 products of _solve_precision:
 # 1 warp 218 us, 2 warps 408 (FLA's kkt + solve: 358); with full-fp32 products (fp32 inputs) 2 warps
-# lead, 512 vs 872 us, which the tuner finds. w/u is bound by its loads and
-# stores: with the q~ operand it also wrote (1.5 KB per token and value head) 4 warps with 3 stages
-# took 631 us, 2 stages 675, 8 warps 826; without it (1.2 KB), 506 us as tuned, 463 with the
-# fixed-length copies (4 warps, 3 stages).
+# lead, 512 vs 872 us, which the tuner finds.
+# w/u is bound by its loads and stores: with the q~ operand it also wrote (1.5 KB per token and value
+# head) 4 warps with 3 stages took 631 us, 2 stages 675, 8 warps 826; without it (1.2 KB), 506 us as
+# tuned, 463 with the fixed-length copies (4 warps, 3 stages).
 _SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=1, num_stages=2), Config(num_warps=2, num_stages=2),
                                    Config(num_warps=2, num_stages=1), Config(num_warps=4, num_stages=2)])
 _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_warps=4, num_stages=2),

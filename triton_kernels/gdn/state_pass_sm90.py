@@ -158,9 +158,9 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
         o1, M_op = warpgroup_mma_wait(num_outstanding=1, deps=(o1_tok, M_op))  # o1; the state update runs on
         # o^T = e^G o1^T + rnd(v^T) A_qk^T: the MMA adds the gated o1 as its accumulator
         vT_op = gl.convert_layout(vT.to(dt), op_t)
-        o2_tok = warpgroup_mma(vT_op, a_s.index(s).permute((1, 0)), o1 * gl.exp2(G2)[None, :], is_async=True)
-        M, o2, gated, vT_op = warpgroup_mma_wait(num_outstanding=0, deps=(m_tok, o2_tok, gated, vT_op))
-        oT = o2 * scale
+        o_tok = warpgroup_mma(vT_op, a_s.index(s).permute((1, 0)), o1 * gl.exp2(G2)[None, :], is_async=True)
+        M, oT, gated, vT_op = warpgroup_mma_wait(num_outstanding=0, deps=(m_tok, o_tok, gated, vT_op))
+        oT = oT * scale
         ob = o_s.index(c % 2)
         ob.permute((1, 0)).store(oT.to(dt))
         fence_async_shared()
