@@ -126,3 +126,25 @@ def test_gdn_kernels_compile_for_sm90(compile_only, dtype):
         for kernel in ("_gdn_state_pass_kernel", "_gdn_recompute_w_u_kernel"):
             assert any(key[0] == kernel and ("TMA", True) in key[2] for key in compile_only), \
                 f"{kernel}'s TMA path was never compiled"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16], ids=["bf16"])
+def test_gdn_overlapped_pass_compiles_for_sm90(compile_only, monkeypatch, dtype):
+    """gdn_chunk with the Hopper pass beside w/u (chunk._overlap_pass): the pass's WAIT variant, which
+    spins on w/u's flags, and w/u's PUBLISH variant, fixed length and varlen. The side stream is
+    stubbed out (CPU): w/u then the pass, in order."""
+    import contextlib
+
+    from torch_aura.triton_kernels.gdn import chunk
+
+    monkeypatch.setattr(chunk, "_overlap_pass", lambda *a: True)
+    monkeypatch.setattr(chunk, "_beside", lambda device, first: (first(), contextlib.nullcontext())[1])
+    q, k, v, g, beta = _gdn_inputs(dtype, 1, 100, 2, 4, 128, 128)
+    chunk.gdn_chunk(q, k, v, g, beta, None, torch.randn(1, 4, 128, 128), None, None, True, False)
+    cu = torch.tensor([0, 30, 30, 100], dtype=torch.int32)
+    chunk.gdn_chunk(q, k, v, g, beta, None, None, cu, None, False, False)
+    waits = {dict(key[2])["IS_VARLEN"] for key in compile_only
+             if key[0] == "gdn_state_pass_sm90_kernel" and ("WAIT", True) in key[2]}
+    publishes = {dict(key[2])["IS_VARLEN"] for key in compile_only
+                 if key[0] == "_gdn_recompute_w_u_kernel" and ("PUBLISH", True) in key[2]}
+    assert waits == {False, True} and publishes == {False, True}, (waits, publishes)

@@ -123,6 +123,47 @@ def test_chunk_tma_small_for_sanitizer():
     check_chunk(torch_aura, DEV, 1, 150, 2, 4, 64, 40, BF16, offsets=[0, 50, 50, 150], h0=True)
 
 
+# Shapes whose Hopper pass runs beside the w/u kernel (chunk._overlap_pass): one or few sequences, 16-bit,
+# K in {64, 128}; the last one is the bench's head count, where w/u has the most to do per chunk.
+OVERLAP_CASES = [
+    (1, 1000, 2, 4, 128, 128, BF16, {"h0": True}),
+    (1, 700, 4, 8, 64, 64, F16, {}),
+    (1, 500, 2, 4, 128, 96, BF16, {"offsets": [0, 190, 190, 500], "h0": True}),  # varlen, an empty sequence
+    (2, 300, 2, 2, 128, 128, BF16, {"l2norm": True, "state_v_first": True}),
+    (1, 2048, 16, 32, 128, 128, BF16, {"h0": True}),
+]
+
+
+@pytest.mark.parametrize("case", OVERLAP_CASES, ids=[_id(c) for c in OVERLAP_CASES])
+def test_chunk_overlapped_pass_matches_reference_and_serial(case, monkeypatch):
+    """The pass beside w/u (waiting on per-chunk flags) against the reference, and against the serial
+    launch order (TORCH_AURA_GDN_OVERLAP=0). A chunk read before w/u wrote it would be NaN (the test
+    allocations are poisoned). The two are not bit-equal: the waiting variant of the Gluon kernel issues
+    its copies later in the step, and ptxas then contracts the gate exponent's multiply-subtract
+    differently (H100: max |diff| 2e-5 .. 3e-4, the same for the waiting kernel run after w/u on one
+    stream, and deterministic run to run)."""
+    from torch_aura.triton_kernels.gdn import chunk
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the overlapped pass is the Hopper (sm_90) pass's")
+    B, T, H, HV, K, V, dt, extra = case
+    taken, real = [], chunk._overlap_pass
+    monkeypatch.setattr(chunk, "_overlap_pass", lambda *a: taken.append(real(*a)) or taken[-1])
+    o1, f1 = check_chunk(torch_aura, DEV, B, T, H, HV, K, V, dt, **extra)
+    assert taken and all(taken), "the overlapped pass did not run"
+    monkeypatch.setenv("TORCH_AURA_GDN_OVERLAP", "0")
+    taken.clear()
+    o0, f0 = check_chunk(torch_aura, DEV, B, T, H, HV, K, V, dt, **extra)
+    assert taken and not any(taken)
+    assert_close("gdn_chunk.o, overlapped vs serial", o1.float(), o0.float(), 1e-3)
+    assert_close("gdn_chunk.final_state, overlapped vs serial", f1, f0, 1e-3)
+
+
+@pytest.mark.sanitize
+def test_chunk_overlapped_pass_small_for_sanitizer():
+    check_chunk(torch_aura, DEV, 1, 200, 1, 2, 64, 64, BF16, offsets=[0, 70, 70, 200], h0=True)
+
+
 def test_chunk_thousands_of_short_documents_grid_over_65535():
     """2050 documents of 1-8 tokens x 32 heads: 1-D grids past CUDA's 65535 limit on y/z."""
     gen = torch.Generator().manual_seed(5)
@@ -325,6 +366,7 @@ def test_every_tuner_config_is_correct(monkeypatch, tuner, index):
 
     t = getattr(chunk, tuner)
     cfg = t.configs[index]
+    monkeypatch.setenv("TORCH_AURA_GDN_OVERLAP", "0")  # the overlapped pass has one fixed config, tested above
     # a Triton pass config serves both pass tuners (the Hopper one lists them after its own)
     for u in (t, chunk._STATE_PASS_SM90) if tuner == "_STATE_PASS" else (t,):
         monkeypatch.setattr(u, "configs", [cfg])

@@ -27,6 +27,9 @@ masked ``q k^T``; G and the states are fp32. ``gdn_chunk`` computes its output i
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -227,12 +230,16 @@ def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, cu_seqlens, chunk_indices, T, N
 
 @triton.jit
 def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, wd, ud, qd, aqd,
-                              cu_seqlens, chunk_indices,
+                              cu_seqlens, chunk_indices, ready,
                               T, NT, HV, GROUP, K, V, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh,
                               s_ab, s_at, s_ah, s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
                               s_qb, s_qt, s_qh, IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                              DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr, TMA: tl.constexpr):
-    """``w``, ``u`` of one (chunk, value head); ``WITH_Q`` (gdn_chunk) also ``A_qk``."""
+                              DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr, TMA: tl.constexpr,
+                              PUBLISH: tl.constexpr):
+    """``w``, ``u`` of one (chunk, value head); ``WITH_Q`` (gdn_chunk) also ``A_qk``. ``PUBLISH``: the
+    Hopper state pass runs beside this kernel on another stream (``_overlap_pass``) and waits for
+    ``ready[pid]``; the CTA barrier orders every thread's stores (pointer stores only: a TMA store's
+    completion is not covered) before one thread's gpu-scope release."""
     pid = tl.program_id(0)
     i_c, i_hv = pid // HV, pid % HV
     b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
@@ -241,6 +248,11 @@ def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, 
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
               s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q,
               TMA)
+    if PUBLISH:  # the pass reads these stores through TMA (the async proxy): order them for it first
+        tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+        tl.debug_barrier()
+        tl.atomic_xchg(ready + pid, 1, sem="release", scope="gpu")
 
 
 @triton.jit
@@ -506,10 +518,10 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
             k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(Ai), *_w_u_descriptors(tma, BK, BV, k, v, Ai, w, u),
             _dummy(k) if cu_seqlens is None else cu_seqlens,
-            _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K, V,
+            _dummy(k) if ci is None else ci, _dummy(k), T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u), *_s3(k),
             IS_VARLEN=cu_seqlens is not None, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, TMA=tma,
-            num_warps=4)
+            PUBLISH=False, num_warps=4)
     return w, u
 
 
@@ -529,6 +541,8 @@ _STATE_PASS_SM90 = Tuner("gdn_state_pass_sm90", [
     Config({"SM90": True, "BV": 64}, num_warps=4, num_stages=3), Config({"SM90": True, "BV": 64}, num_warps=4, num_stages=2),
     *_STATE_PASS.configs,
 ])
+# The overlapped pass (``_overlap_pass``) is not tuned: timing it alone would not measure it beside w/u.
+_OVERLAP_PASS = _STATE_PASS_SM90.configs[0]
 # Shared memory the TMA copies of one pipeline stage may take (w, k, u and, for o, q and A_qk): two
 # stages must fit beside the rest (fp32 at K = V = 128 would need 256 KB; 16-bit at K = 256, 230 KB).
 _TMA_STAGE_BYTES = 100 * 1024
@@ -607,9 +621,11 @@ def _w_u_descriptors(tma: bool, BK: int, BV: int, k, v, Ai, w, u, q=None, a_qk=N
 
 
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                h=None, v_new=None, q=None, a_qk=None, o=None, scale=1.0):
+                h=None, v_new=None, q=None, a_qk=None, o=None, scale=1.0, ready=None, w_u=None):
     """Launch ``_gdn_state_pass_kernel``: fwd_h (``h`` and ``v_new`` given) or gdn_chunk's outputs
-    (``o``, from q and ``_chunk_prep``'s ``a_qk``)."""
+    (``o``, from q and ``_chunk_prep``'s ``a_qk``). With ``ready`` and ``w_u`` (``_overlap_pass``): the
+    Hopper kernel in its fixed config, on the side stream beside the w/u launch ``w_u()``, waiting for
+    its per-chunk flags."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -633,11 +649,12 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
         if cfg.kwargs.get("SM90"):
             return _hopper_pass()[(cdiv(V, 64) * N * HV,)](
                 k, w, u, g_cum, _dummy(k) if initial_state is None else initial_state, o, final, q, a_qk,
-                _dummy(k) if cu_seqlens is None else cu_seqlens, scale, T, HV, HV // H, K, V,
+                _dummy(k) if cu_seqlens is None else cu_seqlens, _dummy(k) if ready is None else ready, first,
+                scale, T, NT, HV, HV // H, K, V,
                 *_s3(k), *_s3(w), *_s3(u), *_s3(o), *_s3(g_cum),
                 *_state_strides(initial_state, state_v_first), *_state_strides(final, state_v_first),
                 *_s3(a_qk), *_s3(q), IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None,
-                BK=K, BV=64, STAGES=cfg.num_stages, num_warps=4)
+                BK=K, BV=64, STAGES=cfg.num_stages, WAIT=ready is not None, num_warps=4)
         BV = min(cfg.kwargs["BV"], _pow2(V))
         tma = tma_ready and cfg.kwargs.get("TMA", True)
         _gdn_state_pass_kernel[(cdiv(V, BV) * N * HV,)](
@@ -653,9 +670,58 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
             WITH_O=with_o, TMA=tma, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
+    if ready is not None:
+        with descriptor_workspace(k.device), _beside(k.device, w_u):
+            launch(_OVERLAP_PASS)
+        return final
     with descriptor_workspace(k.device):
         (_STATE_PASS_SM90 if hopper else _STATE_PASS)(key, launch)
     return final
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream the overlapped pass runs on, one per device, at the highest priority: in a replayed
+    CUDA graph too (PyTorch instantiates graphs with per-node priorities), so the block scheduler places
+    the pass's CTAs as soon as SMs free up instead of after every queued w/u CTA."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SIDE_STREAMS:
+        _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx, priority=-100)  # clamped to the highest
+    return _SIDE_STREAMS[idx]
+
+
+@contextlib.contextmanager
+def _beside(device: torch.device, first):
+    """Launches in the block run on the side stream beside ``first()``, launched on the caller's stream
+    after everything already queued there (every buffer the block reads, allocated and initialised on
+    the caller's stream, which then waits for the side stream). ``first`` goes first so that a failing
+    launch of it never leaves the block's kernels waiting for it."""
+    main, side = torch.cuda.current_stream(device), _side_stream(device)
+    side.wait_stream(main)
+    first()
+    with torch.cuda.stream(side):
+        yield
+    main.wait_stream(side)
+
+
+def _overlap_pass(k, q, w, u, a_qk, cu_seqlens, HV: int, V: int) -> bool:
+    """Whether gdn_chunk runs its Hopper state pass beside the w/u kernel instead of after it.
+
+    The pass of few sequences has one program per (64-wide V tile, value head, sequence) (64 at 1x32k,
+    16/32 heads), each one SM's latency-bound chain, so half of an H100 idles through it while w/u,
+    bound by memory, ran before it on all SMs. Overlapped, the pass starts on chunk 0 as soon as its
+    w, u and A_qk are published (a flag per chunk and value head) and w/u's CTAs fill the other SMs.
+    Spinning CTAs cannot starve the producer only while every pass program is resident with SMs to
+    spare, hence the bound below; w/u itself never waits, so any launch order completes.
+    ``TORCH_AURA_GDN_OVERLAP=0`` turns it off (the serial order is kept for every other shape)."""
+    if os.environ.get("TORCH_AURA_GDN_OVERLAP", "1") == "0":
+        return False
+    if not _hopper_pass_ready(k, _pass_copies_tiles(k, w, u, q, a_qk), True):
+        return False
+    N = k.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return cdiv(V, 64) * N * HV <= sm_count(k.device) - 4
 
 
 def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices=None, state_v_first=False):
@@ -719,9 +785,11 @@ _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_war
                                Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=2)])
 
 
-def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, torch.Tensor]:
+def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = False) -> dict:
     """The chunk-parallel part of ``gdn_chunk``, by name: ``g_cum``, ``Ai`` (scratch), ``w``, ``u``,
-    and ``a_qk`` (allocated like Ai).
+    and ``a_qk`` (allocated like Ai). With ``overlap`` where the pass may run beside w/u
+    (``_overlap_pass``), w/u is not launched: ``w_u`` launches it, for ``_state_pass`` to call beside
+    the pass, and ``ready`` holds a flag per chunk and value head, which w/u sets as it finishes each.
 
     Two launches, the stage kernels with their gdn_chunk flags: cumsum + kkt + solve, then w/u +
     A_qk. One fused kernel (Ai through the same scratch behind a CTA barrier) measured slower on an
@@ -735,6 +803,9 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, tor
          "w": torch.empty((B, T, HV, K), dtype=k.dtype, device=dev),
          "u": torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)}
     p["a_qk"] = torch.empty_like(p["Ai"])
+    publish = overlap and NT_total > 0 and _overlap_pass(k, q, p["w"], p["u"], p["a_qk"], cu_seqlens, HV, V)
+    if publish:
+        p["ready"] = torch.zeros(NT_total * HV, dtype=torch.int32, device=dev)
     if NT_total == 0:
         return p
     cu = _dummy(k) if cu_seqlens is None else cu_seqlens
@@ -753,19 +824,22 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total) -> dict[str, tor
             **_solve_precision(k.dtype), CUMSUM=True, **cfg.launch_kwargs())
 
     tiles = (k, v, p["Ai"], p["w"], p["u"], q, p["a_qk"])
-    tma = _w_u_tma(cu_seqlens is None, *tiles)
+    tma = not publish and _w_u_tma(cu_seqlens is None, *tiles)
     descs = _w_u_descriptors(tma, BK, BV, *tiles)
 
     def w_u(cfg: Config):
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
             k, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["a_qk"], *descs, cu, cix,
-            T, NT, HV, HV // H, K, V,
+            p["ready"] if publish else _dummy(k), T, NT, HV, HV // H, K, V,
             *_s3(k), *_s3(v), *_s3(beta), *_s3(p["Ai"]), *_s3(p["g_cum"]), *_s3(p["w"]), *_s3(p["u"]), *_s3(q),
             IS_VARLEN=cu_seqlens is not None, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, TMA=tma,
-            **cfg.launch_kwargs())
+            PUBLISH=publish, **cfg.launch_kwargs())
 
     _SOLVE(key, solve)
-    _W_U((*key, tma), w_u)
+    if publish:
+        p["w_u"] = lambda: _W_U((*key, tma), w_u)
+    else:
+        _W_U((*key, tma), w_u)
     return p
 
 
@@ -782,8 +856,8 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     if use_qk_l2norm:
         q, k = _l2norm(q, k)
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
-    p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total)
+    p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap=True)
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
     final = _state_pass(k, p["w"], p["u"], p["g_cum"], initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                        q=q, a_qk=p["a_qk"], o=o, scale=scale)
+                        q=q, a_qk=p["a_qk"], o=o, scale=scale, ready=p.get("ready"), w_u=p.get("w_u"))
     return o, final

@@ -41,16 +41,32 @@ BT: gl.constexpr = gl.constexpr(64)  # chunk length, as chunk.CHUNK
 
 
 @gluon.jit
+def _wait_published(flag):
+    """Spin until the w/u kernel running beside this one has published a chunk (its release of the
+    chunk's flag, ``chunk._gdn_recompute_w_u_kernel`` with ``PUBLISH``), then order this thread's later
+    TMA copies (async proxy) after the acquire (generic proxy)."""
+    while gl.atomic_add(flag, 0, sem="acquire", scope="gpu") == 0:
+        pass
+    gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
 def _issue_chunk(c, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s, bars, g_row, s_gt, v0,
-                 STAGES: gl.constexpr, NBYTES: gl.constexpr, G_LAYOUT: gl.constexpr):
+                 ready_row, HV, STAGES: gl.constexpr, NBYTES: gl.constexpr, G_LAYOUT: gl.constexpr,
+                 WAIT: gl.constexpr):
     """Start the copies of chunk ``c``'s tiles into stage ``c % STAGES`` (nothing past the last chunk):
     five TMA copies completing on the stage's mbarrier, and the chunk's gate cumsum (one fp32 per token,
     a strided column: too narrow for TMA) as a cp.async group of its own, zero past the sequence's end.
     Gates read ahead into registers instead spilled at 255 registers, and each spill store waited for
-    its load: 4 us per step."""
+    its load: 4 us per step. ``WAIT``: w, u and A_qk are still being written by the w/u kernel on
+    another stream; wait for chunk ``c``'s flag first (the gates come from the solve, already done)."""
     s = c % STAGES
     live = c < NC
     bar = bars.index(s)
+    if WAIT:
+        if live:
+            _wait_published(ready_row + c * HV)
     row = c * BT
     mbarrier.expect(bar, NBYTES, pred=live)
     tma.async_copy_global_to_shared(w_d, [row, 0], bar, w_s.index(s), pred=live)
@@ -64,14 +80,17 @@ def _issue_chunk(c, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s
 
 
 @gluon.jit
-def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqlens, scale, T, HV, GROUP, K, V,
+def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqlens, ready, chunk_offsets, scale, T,
+                               NT, HV, GROUP, K, V,
                                s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,
                                s_gb, s_gt, s_gh, s_0n, s_0h, s_0k, s_0v, s_fn, s_fh, s_fk, s_fv,
                                s_ab, s_at, s_ah, s_qb, s_qt, s_qh,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, BK: gl.constexpr,
-                               BV: gl.constexpr, STAGES: gl.constexpr):
+                               BV: gl.constexpr, STAGES: gl.constexpr, WAIT: gl.constexpr):
     """One program per (V tile of ``BV`` = 64, value head, sequence), V tiles fastest (as the Triton
-    pass); 4 warps = one warpgroup. Module docstring: the step and why."""
+    pass); 4 warps = one warpgroup. Module docstring: the step and why. ``WAIT``: ``ready`` holds one
+    flag per (chunk, value head) in the w/u kernel's program order, the chunks numbered as
+    ``chunk_offsets`` (varlen) or ``n * NT`` do."""
     gl.static_assert(BV == 64, "one warpgroup owns 64 state rows (16 per warp)")
     dt: gl.constexpr = k.dtype.element_ty
     # Accumulator layouts: [BV, BK] (the state) and [BV, BT] (v^T, o^T); register A operands in the
@@ -89,6 +108,12 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
     NC = gl.cdiv(n_rows, BT)
     v0 = i_v * BV
     rows = gl.maximum(n_rows, 1)  # an empty sequence never copies; keep the descriptor shape valid
+    ready_row = ready + i_hv  # the flag of (chunk 0 of this sequence, i_hv)
+    if WAIT:
+        if IS_VARLEN:
+            ready_row += gl.load(chunk_offsets + n).to(gl.int64) * HV
+        else:
+            ready_row += n.to(gl.int64) * NT * HV
 
     # Descriptors of this sequence's rows: copies zero-fill past its end (and past K, V), the o store
     # drops what lies there.
@@ -117,7 +142,7 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
     g_row = g_cum + b * s_gb + bos * s_gt + i_hv * s_gh
     for i in gl.static_range(STAGES - 1):
         _issue_chunk(i, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s, bars, g_row, s_gt, v0,
-                     STAGES, NBYTES, g_load)
+                     ready_row, HV, STAGES, NBYTES, g_load, WAIT)
 
     vv = v0 + gl.arange(0, BV, layout=gl.SliceLayout(1, acc_s))
     kk = gl.arange(0, BK, layout=gl.SliceLayout(0, acc_s))
@@ -137,8 +162,9 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
         tma.store_wait(pendings=1)
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
-        _issue_chunk(c + STAGES - 1, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s, bars, g_row,
-                     s_gt, v0, STAGES, NBYTES, g_load)
+        if not WAIT:
+            _issue_chunk(c + STAGES - 1, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s, bars,
+                         g_row, s_gt, v0, ready_row, HV, STAGES, NBYTES, g_load, WAIT)
         valid = c * BT + tok < n_rows
         G2 = g_s.index(s).load(gl.SliceLayout(0, acc_t)) * LOG2E
         G2_L = gl.sum(gl.where(tok == gl.minimum(n_rows - c * BT, BT) - 1, G2, 0.0), axis=0)  # the last valid row's
@@ -147,6 +173,9 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
         M_op = gl.convert_layout(M.to(dt), op_t)
         v_tok = warpgroup_mma(M_op, w_s.index(s).permute((1, 0)), zero_t, use_acc=False, is_async=True)
         o1_tok = warpgroup_mma(M_op, q_s.index(s).permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        if WAIT:  # the flag's round trip to L2 runs under the first two MMAs, not before them
+            _issue_chunk(c + STAGES - 1, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s, bars,
+                         g_row, s_gt, v0, ready_row, HV, STAGES, NBYTES, g_load, WAIT)
         uT = u_s.index(s).permute((1, 0)).load(acc_t)
         vT = warpgroup_mma_wait(num_outstanding=1, deps=(v_tok,))  # MMAs retire in order: v^T, not o1
         vT = uT.to(gl.float32) - vT
