@@ -18,7 +18,8 @@ intermediate) or ``v_new``:
 3. ``_gdn_state_pass_kernel`` with ``WITH_O``: its program holds the fp32 state of its V tile and
    the chunk's ``v_new``, so it emits ``o = scale (e^G (q rnd(S)) + A_qk rnd(v_new))``: fwd_o never runs.
    On sm_90 with 16-bit inputs and K in {64, 128}, the Gluon kernel of ``state_pass_sm90`` does the
-   same with its warpgroup MMAs overlapped (``_hopper_pass_ready``; gdn.md §6).
+   same with its warpgroup MMAs overlapped (``_hopper_pass_ready``; gdn.md §6), and for few sequences
+   it runs beside step 2 on a side stream, chunk by chunk as w/u publishes them (``_overlap_pass``).
 
 Every kernel rounds exactly where gdn.md §3.7 does: ``Ai``, the ``beta e^G k`` / ``beta v``
 operands, ``w``, ``u``, the state operand ``rnd(S)``, ``v_new``, the gated ``v_new`` and the
@@ -845,9 +846,9 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = 
 
 def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
               use_qk_l2norm=False, state_v_first=False):
-    """Two kernels (plus the optional L2 norm): the chunk-parallel prep (cumsum, kkt + solve, w, u,
-    and the output operand A_qk), then the sequential pass that emits o and the final
-    state. The per-chunk states h and v_new of the stage ops are never materialised."""
+    """Three kernels (plus the optional L2 norm): cumsum + kkt + solve, w/u with the output operand
+    A_qk, then the sequential pass that emits o and the final state (beside w/u where
+    ``_overlap_pass`` allows). The per-chunk states h and v_new of the stage ops are never materialised."""
     _checks.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
                       state_v_first)
     B, T, H, K = q.shape

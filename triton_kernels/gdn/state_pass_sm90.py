@@ -22,6 +22,9 @@ of the V tile), so nothing on the chain goes through shared memory. All five chu
 TMA copies through descriptors of this sequence's rows (zero past its end), ``STAGES`` deep; o leaves
 through a descriptor of the same rows, so its last chunk's rows past the end are dropped.
 
+``WAIT`` (``chunk._overlap_pass``, few sequences): the kernel runs beside the w/u kernel that is still
+writing w, u and A_qk, and waits for each chunk's flag before copying its tiles.
+
 Scope: sm_90 (warpgroup MMA), 16-bit inputs, K in {64, 128}, the output path of gdn_chunk. Everything
 else, and every other GPU, runs the Triton pass; ``chunk._state_pass`` chooses, and its tuner may still prefer a Triton
 config for a shape. Gluon is experimental in Triton 3.6: an import failure simply disables this path.
