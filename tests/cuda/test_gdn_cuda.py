@@ -159,6 +159,29 @@ def test_chunk_overlapped_pass_matches_reference_and_serial(case, monkeypatch):
     assert_close("gdn_chunk.final_state, overlapped vs serial", f1, f0, 1e-3)
 
 
+def test_overlapped_pass_switches_and_bound(monkeypatch):
+    """Eligible at one sequence on sm_90; off with TORCH_AURA_GDN_OVERLAP=0, under an MPS SM limit, and
+    once the pass programs would not leave 4 SMs free (every pass CTA must be resident)."""
+    from torch_aura.triton_kernels.gdn import chunk
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the overlapped pass is the Hopper (sm_90) pass's")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def eligible(N, HV=4, V=128):
+        q = torch.empty(N, 64, 2, 128, dtype=BF16, device=DEV)
+        u, a = torch.empty(N, 64, HV, V, dtype=BF16, device=DEV), torch.empty(N, 64, HV, 64, dtype=BF16, device=DEV)
+        return chunk._overlap_pass(q, q, torch.empty(N, 64, HV, 128, dtype=BF16, device=DEV), u, a, None, HV, V)
+
+    assert eligible(1)
+    assert eligible((sms - 4) // 8) and not eligible((sms - 4) // 8 + 1)  # 2 V tiles x 4 heads per sequence
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
+    assert not eligible(1)
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    monkeypatch.setenv("TORCH_AURA_GDN_OVERLAP", "0")
+    assert not eligible(1)
+
+
 @pytest.mark.sanitize
 def test_chunk_overlapped_pass_small_for_sanitizer():
     check_chunk(torch_aura, DEV, 1, 200, 1, 2, 64, 64, BF16, offsets=[0, 70, 70, 200], h0=True)

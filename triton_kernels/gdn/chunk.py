@@ -716,8 +716,12 @@ def _overlap_pass(k, q, w, u, a_qk, cu_seqlens, HV: int, V: int) -> bool:
     w, u and A_qk are published (a flag per chunk and value head) and w/u's CTAs fill the other SMs.
     Spinning CTAs cannot starve the producer only while every pass program is resident with SMs to
     spare, hence the bound below; w/u itself never waits, so any launch order completes.
-    ``TORCH_AURA_GDN_OVERLAP=0`` turns it off (the serial order is kept for every other shape)."""
+    ``TORCH_AURA_GDN_OVERLAP=0`` turns it off (the serial order is kept for every other shape). So does
+    an MPS client limited to part of the GPU (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` below 100): the
+    device still reports all its SMs, and spinning pass CTAs could then hold every SM the client gets."""
     if os.environ.get("TORCH_AURA_GDN_OVERLAP", "1") == "0":
+        return False
+    if float(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100") or 100) < 100:
         return False
     if not _hopper_pass_ready(k, _pass_copies_tiles(k, w, u, q, a_qk), True):
         return False
