@@ -171,7 +171,7 @@ def test_overlapped_pass_switches_and_bound(monkeypatch):
     def eligible(N, HV=4, V=128):
         q = torch.empty(N, 64, 2, 128, dtype=BF16, device=DEV)
         u, a = torch.empty(N, 64, HV, V, dtype=BF16, device=DEV), torch.empty(N, 64, HV, 64, dtype=BF16, device=DEV)
-        return chunk._overlap_pass(q, q, torch.empty(N, 64, HV, 128, dtype=BF16, device=DEV), u, a, None, HV, V)
+        return chunk._overlap_pass(q, q, torch.empty(N, 64, HV, 128, dtype=BF16, device=DEV), u, a, None)
 
     assert eligible(1)
     assert eligible((sms - 4) // 8) and not eligible((sms - 4) // 8 + 1)  # 2 V tiles x 4 heads per sequence

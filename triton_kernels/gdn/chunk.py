@@ -636,15 +636,10 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
         return final
     BK = _pow2(K)
     with_o = o is not None
-    tma_ready = _pass_copies_tiles(k, w, u, q, a_qk)
-    one_wave_at_32 = N * HV * cdiv(V, 32) <= sm_count(k.device)
     first = _chunk_offsets(cu_seqlens) if cu_seqlens is not None else _dummy(k)
     hs = (h.stride(1), h.stride(2), *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4)))) \
         if h is not None else (0, 0, 0, 0)
     out_rows = o if with_o else v_new  # o and v_new share the [B, T, HV, V] layout
-    hopper = _hopper_pass_ready(k, tma_ready, with_o)
-    key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, initial_state is not None, tma_ready,
-           one_wave_at_32)
 
     def launch(cfg: Config):
         if cfg.kwargs.get("SM90"):
@@ -671,10 +666,15 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
             WITH_O=with_o, TMA=tma, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    if ready is not None:
+    if ready is not None:  # _overlap_pass has checked the Hopper kernel's eligibility; it reads no tma_ready
         with descriptor_workspace(k.device), _beside(k.device, w_u):
             launch(_OVERLAP_PASS)
         return final
+    tma_ready = _pass_copies_tiles(k, w, u, q, a_qk)
+    hopper = _hopper_pass_ready(k, tma_ready, with_o)
+    one_wave_at_32 = N * HV * cdiv(V, 32) <= sm_count(k.device)
+    key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, initial_state is not None, tma_ready,
+           one_wave_at_32)
     with descriptor_workspace(k.device):
         (_STATE_PASS_SM90 if hopper else _STATE_PASS)(key, launch)
     return final
@@ -707,7 +707,7 @@ def _beside(device: torch.device, first):
     main.wait_stream(side)
 
 
-def _overlap_pass(k, q, w, u, a_qk, cu_seqlens, HV: int, V: int) -> bool:
+def _overlap_pass(k, q, w, u, a_qk, cu_seqlens) -> bool:
     """Whether gdn_chunk runs its Hopper state pass beside the w/u kernel instead of after it.
 
     The pass of few sequences has one program per (64-wide V tile, value head, sequence) (64 at 1x32k,
@@ -726,6 +726,7 @@ def _overlap_pass(k, q, w, u, a_qk, cu_seqlens, HV: int, V: int) -> bool:
     if not _hopper_pass_ready(k, _pass_copies_tiles(k, w, u, q, a_qk), True):
         return False
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    HV, V = u.shape[2], u.shape[3]
     return cdiv(V, 64) * N * HV <= sm_count(k.device) - 4
 
 
@@ -808,7 +809,7 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = 
          "w": torch.empty((B, T, HV, K), dtype=k.dtype, device=dev),
          "u": torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)}
     p["a_qk"] = torch.empty_like(p["Ai"])
-    publish = overlap and NT_total > 0 and _overlap_pass(k, q, p["w"], p["u"], p["a_qk"], cu_seqlens, HV, V)
+    publish = overlap and NT_total > 0 and _overlap_pass(k, q, p["w"], p["u"], p["a_qk"], cu_seqlens)
     if publish:
         p["ready"] = torch.zeros(NT_total * HV, dtype=torch.int32, device=dev)
     if NT_total == 0:
