@@ -12,6 +12,7 @@ import re
 
 import torch
 
+from ._checks import common as _c
 from ._checks.aura import BITS, HEAD_DIMS, packed_words
 from .reference import aura as _ref
 
@@ -38,6 +39,16 @@ class AuraCache:
     with the host (slots are computed on the device from ``seq_lens``), so both can be captured in
     a CUDA graph.
 
+    Sequences may hold different lengths: ``append(k, v, lengths)`` appends ``lengths[b]`` tokens
+    of a padded chunk to row b (right- or left-padded). A contiguous cache also serves a
+    generation loop's bookkeeping: ``select_rows`` (beam reorder, batch selection, repeat),
+    ``crop`` (drop trailing tokens) and ``grow`` (more capacity); ``reset`` empties it.
+
+    Overflow is checked on the host, without reading ``seq_lens``: the cache counts the tokens
+    appended since ``reset`` (L per ``append`` whatever ``lengths`` holds, less what ``crop``
+    drops), an upper bound of every ``seq_lens[b]``, and refuses an ``append`` that would take
+    that count past ``capacity``.
+
     Args:
         scheme: ``"aura{kb}v{vb}"`` (``"aura4v2"``, ``"aura8v4"``) or ``"aura{b}"`` (= ``aura{b}v{b}``),
             bits in {2, 3, 4, 8}.
@@ -54,8 +65,10 @@ class AuraCache:
 
     Attributes:
         k_codes, v_codes: int32 code tensors; k_norms, v_norms: fp32 norm tensors (zero-initialised:
-            a zero cache is valid and decodes to zeros).
+            a zero cache is valid and decodes to zeros). ``select_rows`` and ``grow`` replace them
+            (and ``seq_lens``) with new tensors.
         seq_lens: int32 ``[B]`` live tokens per sequence, on the device.
+        batch, capacity: current B and tokens per sequence (``select_rows`` / ``grow`` change them).
         k_codebook, k_boundaries, v_codebook, v_boundaries, k_sign_mask, v_sign_mask: the tables.
 
     Raises:
@@ -71,6 +84,12 @@ class AuraCache:
         (torch.Size([2, 8, 64]), [8, 8])
         >>> round(cache.bf16_equivalent_bytes() / cache.memory_bytes(), 2)
         4.57
+        >>> cache.append(torch.randn(2, 3, 2, 64), torch.randn(2, 3, 2, 64),
+        ...              lengths=torch.tensor([3, 1]))                       # ragged chunk
+        >>> cache.select_rows(torch.tensor([1, 0, 0]))                       # reorder, repeat
+        >>> cache.crop(1)                                                     # drop a token
+        >>> cache.batch, cache.seq_lens.tolist()
+        (3, [8, 10, 10])
     """
 
     def __init__(self, scheme: str = "aura4v4", *, batch: int, kv_heads: int, head_dim: int,
@@ -131,63 +150,145 @@ class AuraCache:
         self.k_norms = torch.zeros(*rows, dtype=torch.float32, device=device)
         self.v_norms = torch.zeros(*rows, dtype=torch.float32, device=device)
         self.seq_lens = torch.zeros(batch, dtype=torch.int32, device=device)
-        # Host-side count of tokens appended since reset (every sequence advances together), so
-        # overflow is caught without reading seq_lens from the device.
+        # Host-side upper bound of every seq_lens[b] (tokens appended since reset), so overflow is
+        # caught without reading seq_lens from the device.
         self._appended = 0
+        # The tensors' own device ("cuda" -> "cuda:0"), what inputs are compared against.
+        self._dev = self.k_codes.device
+        # The ops themselves: the cache's own tensors are valid by construction, so the public
+        # wrappers' re-validation of them would only cost host time on every decode step.
+        self._write_op = torch.ops.aura.aura_write_cache.default
+        self._decode_op = torch.ops.aura.aura_decode.default
+        self._layout_changed()
+
+    def _layout_changed(self) -> None:
+        """Recompute what slot computation needs after batch or capacity changed."""
+        if self.paged:
+            self._n_slots = self.k_codes.shape[0] * self.page_size
+            self._row_base = None
+        else:
+            self._n_slots = self.batch * self.capacity
+            # Slot of (b, t) is row_base[b] + t: a one-token append is a single add.
+            self._row_base = torch.arange(self.batch, dtype=torch.int64, device=self._dev) * self.capacity
+
+    def _contiguous_only(self, what: str) -> None:
+        if self.paged:
+            raise ValueError(f"{what}: only the contiguous layout (AuraCache(capacity=...)) supports it; "
+                             "this cache is paged (its rows live in the caller's block_table)")
 
     # ------------------------------------------------------------------------------------ writes
-    def _slots(self, L: int) -> torch.Tensor:
-        """int64 ``[B * L]`` slots of the next L tokens of every sequence, computed on the device."""
-        pos = self.seq_lens.to(torch.int64)[:, None] + torch.arange(L, device=self.device)  # [B, L]
+    def _check_tokens(self, name: str, t) -> None:
+        """``t`` is ``[B, (L,) Hkv, D]`` floating point on the cache's device, unit last stride."""
+        if not isinstance(t, torch.Tensor) or t.dim() not in (3, 4):
+            _c.fail(name, "a [B, Hkv, D] or [B, L, Hkv, D] tensor",
+                    tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__)
+        shape = t.shape
+        if shape[0] != self.batch or shape[-2] != self.kv_heads or shape[-1] != self.head_dim:
+            _c.fail(name, f"[B={self.batch}, (L,) Hkv={self.kv_heads}, D={self.head_dim}]", tuple(shape))
+        if t.dtype not in _c.FLOATS:
+            _c.fail(name, "dtype float16 / bfloat16 / float32", t.dtype)
+        if t.device != self._dev:
+            _c.fail(name, f"a tensor on the cache's device {self._dev}", t.device)
+        if t.stride(-1) != 1:
+            _c.fail(name, "a unit stride in the last dim", f"strides {tuple(t.stride())}")
+
+    def _slots(self, L: int, n: torch.Tensor | None, left_padded: bool) -> torch.Tensor:
+        """int64 ``[B * L]`` slots of a chunk of L tokens per sequence, computed on the device.
+
+        ``n``: None (every token is written) or ``[B]`` tokens to keep per row, in ``[0, L]``;
+        the others get slot -1, which the write skips.
+        """
+        rel = torch.arange(L, device=self._dev)[None, :]  # [1, L] offset past seq_lens
+        if n is not None:
+            n = n[:, None]
+            if left_padded:  # the last n[b] tokens are real: token i lands at seq_len + i - (L - n)
+                rel = rel - (L - n)
+                valid = rel >= 0
+            else:
+                valid = rel < n
+        pos = self.seq_lens[:, None] + rel  # [B, L] int64
         if self.paged:
-            n_slots = self.k_codes.shape[0] * self.page_size
-            page_idx = (pos // self.page_size).clamp(max=self.block_table.shape[1] - 1)
-            page = self.block_table.to(torch.int64).gather(1, page_idx)
+            # Clamped lookups only: a skipped token's position may be negative, an overflowing
+            # one past the table; both are replaced below.
+            page_idx = (pos.clamp(min=0) // self.page_size).clamp_(max=self.block_table.shape[1] - 1)
+            page = self.block_table.gather(1, page_idx).to(torch.int64)
             slots = page * self.page_size + pos % self.page_size
         else:
-            n_slots = self.batch * self.capacity
-            b = torch.arange(self.batch, device=self.device)[:, None]
-            slots = b * self.capacity + pos
+            slots = self._row_base[:, None] + pos
         # A position past the capacity must never land in a neighbour's row: map it to the
         # out-of-range slot n_slots, which the write rejects instead of corrupting the cache.
-        slots = torch.where(pos < self.capacity, slots, torch.full_like(slots, n_slots))
+        slots = torch.where(pos < self.capacity, slots, self._n_slots)
+        if n is not None:
+            slots = torch.where(valid, slots, -1)
         return slots.reshape(-1)
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+    def append(self, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None = None,
+               left_padded: bool = False) -> None:
         """Encode new tokens at each sequence's current length and advance ``seq_lens``.
+
+        Row b appends all L tokens (``lengths=None``) or ``lengths[b]`` of them: the first
+        ``lengths[b]`` of a right-padded chunk, or the last ``lengths[b]`` of a left-padded one
+        (``left_padded=True``); the others are not written. Everything happens on the device (no
+        host sync), so the call can be captured in a CUDA graph; for the same reason
+        ``lengths`` values are not checked but clamped to ``[0, L]``.
 
         Args:
             k, v: ``[B, Hkv, D]`` (one token per sequence) or ``[B, L, Hkv, D]`` (L tokens, e.g. a
-                prefill chunk), fp16, bf16 or fp32, same shape.
+                prefill chunk), fp16, bf16 or fp32, same shape, on the cache's device, unit last
+                stride.
+            lengths: None, or an int32 / int64 ``[B]`` tensor on the cache's device: tokens of the
+                chunk that row b appends (0 appends nothing to that row).
+            left_padded: with ``lengths``, the real tokens are the last ``lengths[b]`` of the
+                chunk (padding first) instead of the first.
 
         Raises:
-            ValueError: shapes that do not match the cache, or more tokens than the capacity.
-        """
-        from .ops.aura import aura_write_cache
+            ValueError: shapes, dtypes or devices that do not match the cache, bad ``lengths``, or
+                more tokens than the capacity. The capacity check counts L tokens per call even
+                with ``lengths`` (an upper bound: see the class docstring).
 
-        for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor) or t.dim() not in (3, 4):
-                raise ValueError(f"{name}: expected a [B, Hkv, D] or [B, L, Hkv, D] tensor, got "
-                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-            want = (self.batch, self.kv_heads, self.head_dim)
-            if (t.shape[0], t.shape[-2], t.shape[-1]) != want:
-                raise ValueError(f"{name}: expected [B={self.batch}, (L,) Hkv={self.kv_heads}, "
-                                 f"D={self.head_dim}], got {tuple(t.shape)}")
+        Example:
+            >>> import torch, torch_aura
+            >>> cache = torch_aura.AuraCache("aura4v2", batch=2, kv_heads=2, head_dim=64, capacity=16)
+            >>> k, v = torch.randn(2, 5, 2, 64), torch.randn(2, 5, 2, 64)    # padded prefill chunk
+            >>> cache.append(k, v, lengths=torch.tensor([5, 3]), left_padded=True)  # row 1: 2 pads
+            >>> cache.append(torch.randn(2, 2, 64), torch.randn(2, 2, 64))  # one decode token each
+            >>> cache.seq_lens.tolist()
+            [6, 4]
+        """
+        self._check_tokens("k", k)
+        self._check_tokens("v", v)
         if k.shape != v.shape:
-            raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
-        L = k.shape[1] if k.dim() == 4 else 1
+            _c.fail("v", f"the shape of k {tuple(k.shape)}", tuple(v.shape))
+        four_d = k.dim() == 4
+        L = k.shape[1] if four_d else 1
         if self._appended + L > self.capacity:
             raise ValueError(f"k: expected at most {self.capacity - self._appended} more tokens "
                              f"(capacity {self.capacity}, {self._appended} appended), got {L}")
-        slots = self._slots(L)
-        # [B, L, Hkv, D] -> [B * L, Hkv, D], rows in the order of the slots.
-        kx = k.reshape(self.batch * L, self.kv_heads, self.head_dim)
-        vx = v.reshape(self.batch * L, self.kv_heads, self.head_dim)
-        aura_write_cache(kx, self.k_codes, self.k_norms, slots, self.k_codebook, self.k_boundaries,
-                         self.key_bits, self.k_sign_mask, self.paged)
-        aura_write_cache(vx, self.v_codes, self.v_norms, slots, self.v_codebook, self.v_boundaries,
-                         self.value_bits, self.v_sign_mask, self.paged)
-        self.seq_lens += L
+        n = None
+        if lengths is not None:
+            if not isinstance(lengths, torch.Tensor) or lengths.dtype not in _c.INDEX_DTYPES \
+                    or lengths.dim() != 1 or lengths.shape[0] != self.batch:
+                got = (f"{str(lengths.dtype).replace('torch.', '')} {tuple(lengths.shape)}"
+                       if isinstance(lengths, torch.Tensor) else type(lengths).__name__)
+                _c.fail("lengths", f"None or an int32 / int64 tensor [B={self.batch}]", got)
+            if lengths.device != self._dev:
+                _c.fail("lengths", f"a tensor on the cache's device {self._dev}", lengths.device)
+            n = lengths.clamp(0, L)  # out-of-range values cannot be reported without a sync
+        if L == 1 and n is None and not self.paged:
+            # The decode step: one add for the slots, one masked fill for overflow safety (as in
+            # _slots, a row past its capacity gets the rejected slot n_slots).
+            slots = self._row_base + self.seq_lens
+            slots.masked_fill_(self.seq_lens >= self.capacity, self._n_slots)
+        else:
+            slots = self._slots(L, n, left_padded)
+        if four_d:  # [B, L, Hkv, D] -> [B * L, Hkv, D], rows in the order of the slots
+            k = k.reshape(self.batch * L, self.kv_heads, self.head_dim)
+            v = v.reshape(self.batch * L, self.kv_heads, self.head_dim)
+        self._write_op(k, self.k_codes, self.k_norms, slots, self.k_codebook, self.k_boundaries,
+                       self.key_bits, self.k_sign_mask, self.paged)
+        self._write_op(v, self.v_codes, self.v_norms, slots, self.v_codebook, self.v_boundaries,
+                       self.value_bits, self.v_sign_mask, self.paged)
+        self.seq_lens += L if n is None else n
         self._appended += L
 
     # ------------------------------------------------------------------------------------- reads
@@ -196,25 +297,157 @@ class AuraCache:
         """Attention of ``q`` over the cached tokens (see :func:`torch_aura.aura_decode`).
 
         Args:
-            q: ``[B, Hq, D]`` or causal ``[B, L, Hq, D]`` (the last L cached tokens are the
-                queries' own: query i sits at position ``seq_lens - L + i``), Hq a multiple of Hkv.
+            q: ``[B, Hq, D]`` or causal ``[B, L, Hq, D]`` (the last L cached tokens of each row are
+                the queries' own: query i sits at position ``seq_lens[b] - L + i``), Hq a multiple
+                of Hkv, fp16, bf16 or fp32, on the cache's device, unit last stride.
             scale: softmax scale, default D ** -0.5.
             num_splits: 0 = automatic pass-1 split, else the number of blocks to aim for.
 
         Returns:
             ``(out [B, (L,) Hq, D] in q's dtype, lse [B, (L,) Hq] fp32)``.
+
+        Raises:
+            ValueError: a ``q`` whose shape, dtype or device does not match the cache.
+
+        Example:
+            >>> import torch, torch_aura
+            >>> cache = torch_aura.AuraCache("aura4", batch=2, kv_heads=2, head_dim=64, capacity=16)
+            >>> cache.append(torch.randn(2, 5, 2, 64), torch.randn(2, 5, 2, 64))
+            >>> out, lse = cache.decode(torch.randn(2, 6, 64))           # Hq = 6, 3 per KV head
+            >>> out.shape, lse.shape
+            (torch.Size([2, 6, 64]), torch.Size([2, 6]))
         """
-        from .ops.aura import aura_decode
+        if not isinstance(q, torch.Tensor) or q.dim() not in (3, 4):
+            _c.fail("q", "a [B, Hq, D] or [B, L, Hq, D] tensor",
+                    tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__)
+        shape = q.shape
+        if shape[0] != self.batch or shape[-1] != self.head_dim:
+            _c.fail("q", f"[B={self.batch}, (L,) Hq, D={self.head_dim}]", tuple(shape))
+        if shape[-2] < 1 or shape[-2] % self.kv_heads:
+            _c.fail("q", f"query heads (shape[-2]) a positive multiple of KV heads ({self.kv_heads})",
+                    tuple(shape))
+        if q.dtype not in _c.FLOATS:
+            _c.fail("q", "dtype float16 / bfloat16 / float32", q.dtype)
+        if q.device != self._dev:
+            _c.fail("q", f"a tensor on the cache's device {self._dev}", q.device)
+        if q.stride(-1) != 1:
+            _c.fail("q", "a unit stride in the last dim", f"strides {tuple(q.stride())}")
+        return self._decode_op(q, self.k_codes, self.k_norms, self.v_codes, self.v_norms,
+                               self.seq_lens, self.k_codebook, self.v_codebook, self.k_sign_mask,
+                               self.v_sign_mask, self.key_bits, self.value_bits,
+                               self.block_table if self.paged else None, scale, num_splits)
 
-        return aura_decode(q, self.k_codes, self.k_norms, self.v_codes, self.v_norms, self.seq_lens,
-                           self.k_codebook, self.v_codebook, self.k_sign_mask, self.v_sign_mask,
-                           self.key_bits, self.value_bits, self.block_table if self.paged else None,
-                           scale, num_splits)
-
+    # ------------------------------------------------------------------- rows and lengths
     def reset(self) -> None:
         """Forget every token (``seq_lens = 0``); the tensors stay allocated and are not cleared."""
         self.seq_lens.zero_()
         self._appended = 0
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep, reorder or repeat sequences: row i becomes old row ``index[i]`` (contiguous only).
+
+        Serves beam search's cache reorder, batch selection and repeat-interleave (a batch
+        expanded for sampling). Codes, norms and ``seq_lens`` become ``t.index_select(0, index)``,
+        new tensors (a CUDA graph captured before must be captured again); ``batch`` becomes
+        ``len(index)``. No host sync: ``index`` values are not checked (they must lie in
+        ``[0, batch)``).
+
+        Args:
+            index: int64 (or int32) ``[B']`` row indices on the cache's device, B' >= 1.
+
+        Raises:
+            ValueError: a paged cache, or ``index`` not a non-empty 1-D integer tensor on the
+                cache's device.
+
+        Example:
+            >>> import torch, torch_aura
+            >>> cache = torch_aura.AuraCache("aura4", batch=2, kv_heads=1, head_dim=64, capacity=8)
+            >>> cache.append(torch.randn(2, 3, 1, 64), torch.randn(2, 3, 1, 64),
+            ...              lengths=torch.tensor([3, 1]))
+            >>> cache.select_rows(torch.tensor([1, 1, 0]))    # reorder and duplicate
+            >>> cache.batch, cache.seq_lens.tolist(), tuple(cache.k_codes.shape)
+            (3, [1, 1, 3], (3, 1, 8, 8))
+        """
+        self._contiguous_only("select_rows")
+        if not isinstance(index, torch.Tensor) or index.dtype not in _c.INDEX_DTYPES \
+                or index.dim() != 1 or index.shape[0] < 1:
+            got = (f"{str(index.dtype).replace('torch.', '')} {tuple(index.shape)}"
+                   if isinstance(index, torch.Tensor) else type(index).__name__)
+            _c.fail("index", "a non-empty int64 (or int32) tensor [B'] of row indices", got)
+        if index.device != self._dev:
+            _c.fail("index", f"a tensor on the cache's device {self._dev}", index.device)
+        self.k_codes = self.k_codes.index_select(0, index)
+        self.v_codes = self.v_codes.index_select(0, index)
+        self.k_norms = self.k_norms.index_select(0, index)
+        self.v_norms = self.v_norms.index_select(0, index)
+        self.seq_lens = self.seq_lens.index_select(0, index)
+        self.batch = index.shape[0]
+        self._layout_changed()
+
+    def crop(self, n: int) -> None:
+        """Drop the last ``n`` tokens of every sequence (contiguous only).
+
+        ``seq_lens = max(seq_lens - n, 0)`` in place, on the device; the data stays allocated and
+        the next ``append`` overwrites the dropped slots (e.g. rejected speculative tokens).
+
+        Args:
+            n: tokens to drop per sequence, an int >= 0.
+
+        Raises:
+            ValueError: a paged cache, or ``n`` not an int >= 0.
+
+        Example:
+            >>> import torch, torch_aura
+            >>> cache = torch_aura.AuraCache("aura4", batch=2, kv_heads=1, head_dim=64, capacity=8)
+            >>> cache.append(torch.randn(2, 5, 1, 64), torch.randn(2, 5, 1, 64),
+            ...              lengths=torch.tensor([5, 2]))
+            >>> cache.crop(3)
+            >>> cache.seq_lens.tolist()
+            [2, 0]
+        """
+        self._contiguous_only("crop")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            _c.fail("n", "an int >= 0 (tokens to drop)", repr(n))
+        if n:
+            self.seq_lens.sub_(n).clamp_(min=0)
+            self._appended = max(self._appended - n, 0)
+
+    def grow(self, capacity: int) -> None:
+        """Reallocate to ``capacity`` tokens per sequence, keeping the cached tokens (contiguous only).
+
+        The code and norm tensors are replaced by zero-initialised ``[B, Hkv, capacity, ...]``
+        ones holding a copy of the old ``[:, :, :old_capacity]`` (compressed bytes, never
+        dequantized); a CUDA graph captured before must be captured again. A no-op when
+        ``capacity`` is not larger than the current one.
+
+        Args:
+            capacity: new tokens per sequence, a positive int.
+
+        Raises:
+            ValueError: a paged cache, or ``capacity`` not a positive int.
+
+        Example:
+            >>> import torch, torch_aura
+            >>> cache = torch_aura.AuraCache("aura4", batch=1, kv_heads=1, head_dim=64, capacity=4)
+            >>> cache.append(torch.randn(1, 4, 1, 64), torch.randn(1, 4, 1, 64))   # full
+            >>> cache.grow(16)
+            >>> cache.append(torch.randn(1, 1, 64), torch.randn(1, 1, 64))
+            >>> cache.capacity, cache.seq_lens.tolist(), tuple(cache.k_codes.shape)
+            (16, [5], (1, 1, 16, 8))
+        """
+        self._contiguous_only("grow")
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            _c.fail("capacity", "a positive int", repr(capacity))
+        old = self.capacity
+        if capacity <= old:
+            return
+        for name in ("k_codes", "v_codes", "k_norms", "v_norms"):
+            t = getattr(self, name)
+            bigger = t.new_zeros(t.shape[0], t.shape[1], capacity, *t.shape[3:])
+            bigger[:, :, :old].copy_(t)
+            setattr(self, name, bigger)
+        self.capacity = capacity
+        self._layout_changed()
 
     # --------------------------------------------------------------------------------- reporting
     def memory_bytes(self) -> int:
