@@ -1,0 +1,284 @@
+"""The transformers GDN adapter (torch_aura/integrations/transformers/gdn.py), on CPU in fp32.
+
+Tiny random-weight models built from config (no hub access): greedy generation through the patched
+kernels matches transformers' own path token for token, and the patched run provably goes through
+``gdn_chunk`` / ``gdn_recurrent`` (calls counted, decode pools are the cache's tensors).
+"""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.usefixtures("hf_transformers")
+
+QWEN3_NEXT = "transformers.models.qwen3_next.modeling_qwen3_next"
+QWEN3_5 = "transformers.models.qwen3_5.modeling_qwen3_5"
+QWEN3_5_MOE = "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe"
+OLMO_HYBRID = "transformers.models.olmo_hybrid.modeling_olmo_hybrid"
+
+ATOL = 1e-4
+NEW_TOKENS = 20
+LINEAR_LAYERS = 3
+# initializer_range 0.1 (not 0.02): a 1% error in the decay then moves logits by ~3e-2, not ~3e-4
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=32,
+            layer_types=["linear_attention"] * LINEAR_LAYERS + ["full_attention"],
+            initializer_range=0.1, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+
+
+@pytest.fixture(scope="module")
+def gdn(hf_transformers):
+    from torch_aura.integrations.transformers import gdn
+
+    return gdn
+
+
+@pytest.fixture(autouse=True)
+def _unpatched(gdn):
+    gdn.unpatch()
+    yield
+    gdn.unpatch()
+
+
+def _globals(module_name, gdn):
+    module = importlib.import_module(module_name)
+    names = gdn.discover()[module_name]
+    return {kind: getattr(module, names[kind]) for kind in ("chunk", "recurrent")}
+
+
+def _torch_reference(module_name, gdn):
+    # transformers' pure-PyTorch kernels, bypassing the FLA / hub dispatch of the decorator
+    return {kind: getattr(fn, "__wrapped__", fn) for kind, fn in _globals(module_name, gdn).items()}
+
+
+def _conv_views(B, T, H, HV, K, V):
+    """q, k, v as the models hand them over: views of the transposed ``[B, C, T]`` conv output."""
+    mixed = torch.randn(B, 2 * H * K + HV * V, T).transpose(1, 2)
+    q, k, v = mixed.split([H * K, H * K, HV * V], dim=-1)
+    return q.reshape(B, T, H, K), k.reshape(B, T, H, K), v.reshape(B, T, HV, V)
+
+
+def _inputs(B, T, H=2, HV=4, K=16, V=32, beta_max=1.0):
+    q, k, v = _conv_views(B, T, H, HV, K, V)
+    g = -0.5 * torch.rand(B, T, HV)
+    beta = beta_max * torch.rand(B, T, HV)
+    return q, k, v, g, beta
+
+
+def test_import_torch_aura_does_not_import_transformers():
+    code = "import sys, torch_aura; assert 'transformers' not in sys.modules; print('ok')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_discover_finds_the_gdn_models(gdn):
+    found = gdn.discover()
+    for name in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, OLMO_HYBRID):
+        assert found[name] == {"chunk": "torch_chunk_gated_delta_rule",
+                               "recurrent": "torch_recurrent_gated_delta_rule"}, name
+    assert not any("modular_" in name for name in found)
+
+
+def test_patch_unpatch_restore_and_are_idempotent(gdn):
+    before = {name: _globals(name, gdn) for name in (QWEN3_NEXT, QWEN3_5)}
+    assert gdn.patch([QWEN3_NEXT]) == [QWEN3_NEXT]
+    assert gdn.patch([QWEN3_NEXT]) == [QWEN3_NEXT]
+    assert _globals(QWEN3_NEXT, gdn) == {"chunk": gdn.chunk_gated_delta_rule,
+                                         "recurrent": gdn.recurrent_gated_delta_rule}
+    assert _globals(QWEN3_5, gdn) == before[QWEN3_5]
+    assert gdn.patched() == [QWEN3_NEXT]
+    assert gdn.unpatch() == [QWEN3_NEXT]
+    assert {name: _globals(name, gdn) for name in before} == before
+    assert gdn.patched() == [] and gdn.unpatch() == []
+
+    everything = gdn.patch()
+    assert set(everything) == set(gdn.discover())
+    gdn.unpatch()
+    assert {name: _globals(name, gdn) for name in before} == before
+
+
+def test_bad_module_name_patches_nothing(gdn):
+    before = _globals(QWEN3_NEXT, gdn)
+    with pytest.raises(ValueError, match="transformers.models.nope.modeling_nope"):
+        gdn.patch([QWEN3_NEXT, "transformers.models.nope.modeling_nope"])
+    assert _globals(QWEN3_NEXT, gdn) == before and gdn.patched() == []
+
+
+def test_missing_kernel_global_patches_nothing(gdn, monkeypatch):
+    before = _globals(QWEN3_5, gdn)
+    monkeypatch.delattr(importlib.import_module(QWEN3_NEXT), "torch_recurrent_gated_delta_rule")
+    # QWEN3_5 sorts first: it would be patched already if validation and patching were interleaved
+    with pytest.raises(ValueError, match=f"{QWEN3_NEXT}.*torch_recurrent_gated_delta_rule"):
+        gdn.patch([QWEN3_NEXT, QWEN3_5])
+    assert _globals(QWEN3_5, gdn) == before and gdn.patched() == []
+
+
+def test_patch_rejects_head_dims_over_256(gdn):
+    from transformers import Qwen3NextConfig
+
+    holder = torch.nn.Module()
+    holder.config = Qwen3NextConfig(linear_value_head_dim=512)
+    before = _globals(QWEN3_NEXT, gdn)
+    with pytest.raises(ValueError, match=r"linear_value_head_dim = 512.*1\.\.256"):
+        gdn.patch([QWEN3_NEXT], model=holder)
+    assert _globals(QWEN3_NEXT, gdn) == before and gdn.patched() == []
+
+
+@pytest.mark.parametrize("beta_max", [1.0, 2.0], ids=["beta01", "beta02_olmo"])
+def test_kernels_match_transformers_reference(gdn, beta_max):
+    torch.manual_seed(0)
+    ref = _torch_reference(QWEN3_NEXT, gdn)
+    q, k, v, g, beta = _inputs(2, 70, beta_max=beta_max)
+    state0 = 0.1 * torch.randn(2, 4, 16, 32)
+    kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o_ref, s_ref = ref["chunk"](q, k, v, g=g, beta=beta, initial_state=state0.clone(), **kw)
+    # unknown keywords (position_ids, chunk_size) are ignored
+    o, s = gdn.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=state0,
+                                      cu_seqlens=None, position_ids=torch.arange(70)[None],
+                                      chunk_size=64, **kw)
+    assert s.dtype == torch.float32 and o.dtype == q.dtype
+    torch.testing.assert_close(o, o_ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(s, s_ref, atol=ATOL, rtol=0)
+
+    # one decode token from that state; the pool is updated in place and returned
+    q1, k1, v1, g1, b1 = _inputs(2, 1, beta_max=beta_max)
+    o1_ref, s1_ref = ref["recurrent"](q1, k1, v1, g=g1, beta=b1, initial_state=s.clone(), **kw)
+    pool = s.clone()
+    o1, s1 = gdn.recurrent_gated_delta_rule(q1, k1, v1, g=g1, beta=b1, initial_state=pool,
+                                            cu_seqlens=None, position_ids=None, **kw)
+    assert s1 is pool
+    torch.testing.assert_close(o1, o1_ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(s1, s1_ref, atol=ATOL, rtol=0)
+
+
+def test_recurrent_state_handling(gdn):
+    torch.manual_seed(0)
+    q, k, v, g, beta = _inputs(2, 3)
+    kw = dict(use_qk_l2norm_in_kernel=True)
+    # no initial state: zeros, a new fp32 state
+    o0, s0 = gdn.recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, output_final_state=True, **kw)
+    o, s = gdn.recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, output_final_state=True,
+                                          initial_state=torch.zeros(2, 4, 16, 32), **kw)
+    assert s0.dtype == torch.float32
+    torch.testing.assert_close((o0, s0), (o, s), atol=0, rtol=0)
+    # no final state asked for: the caller's state is left alone
+    state = s.clone()
+    o2, none = gdn.recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=state, **kw)
+    assert none is None and torch.equal(state, s)
+    # a pool dtype the op does not take is converted to fp32, not rejected
+    o3, s3 = gdn.recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, output_final_state=True,
+                                            initial_state=s.double(), **kw)
+    assert s3.dtype == torch.float32
+    torch.testing.assert_close(o3, o2, atol=1e-6, rtol=0)
+
+
+def test_strided_inputs_equal_contiguous(gdn):
+    torch.manual_seed(0)
+    q, k, v, g, beta = _inputs(2, 70)
+    assert all(t.stride(-1) != 1 for t in (q, k, v))
+    with pytest.raises(ValueError, match="unit stride"):
+        gdn.gdn_chunk(q, k, v, g, beta)  # what the adapter's copy is for
+    contiguous = [t.contiguous() for t in (q, k, v)]
+    kw = dict(g=g, beta=beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    for fn in (gdn.chunk_gated_delta_rule, gdn.recurrent_gated_delta_rule):
+        o, s = fn(q, k, v, **kw)
+        o_c, s_c = fn(*contiguous, **kw)
+        torch.testing.assert_close((o, s), (o_c, s_c), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["chunk", "recurrent"])
+def test_varlen_equals_per_sequence(gdn, kind):
+    torch.manual_seed(0)
+    lengths = [70, 5, 33] if kind == "chunk" else [4, 1, 3]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v, g, beta = _inputs(1, sum(lengths))
+    state0 = 0.1 * torch.randn(len(lengths), 4, 16, 32)
+    fn = gdn.chunk_gated_delta_rule if kind == "chunk" else gdn.recurrent_gated_delta_rule
+    kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o, s = fn(q, k, v, g=g, beta=beta, initial_state=state0.clone(), cu_seqlens=cu, **kw)
+    for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        part = [t[:, a:b] for t in (q, k, v, g, beta)]
+        o_n, s_n = fn(*part[:3], g=part[3], beta=part[4], initial_state=state0[n:n + 1].clone(),
+                      **kw)
+        torch.testing.assert_close(o[:, a:b], o_n, atol=1e-5, rtol=0)
+        torch.testing.assert_close(s[n:n + 1], s_n, atol=1e-5, rtol=0)
+
+
+def _qwen3_next():
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    return Qwen3NextForCausalLM(Qwen3NextConfig(
+        **TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32))
+
+
+def _qwen3_5():
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**TINY))
+
+
+def _count_op_calls(gdn, monkeypatch):
+    """Wrap the adapter's ops: counts per kind, and the storage of every decode pool."""
+    seen = {"chunk": 0, "recurrent": 0, "pools": set()}
+
+    def chunk(*args, **kwargs):
+        seen["chunk"] += 1
+        return op_chunk(*args, **kwargs)
+
+    def recurrent(q, k, v, g, beta, state, *args, **kwargs):
+        seen["recurrent"] += 1
+        seen["pools"].add(state.data_ptr())
+        return op_recurrent(q, k, v, g, beta, state, *args, **kwargs)
+
+    op_chunk, op_recurrent = gdn.gdn_chunk, gdn.gdn_recurrent
+    monkeypatch.setattr(gdn, "gdn_chunk", chunk)
+    monkeypatch.setattr(gdn, "gdn_recurrent", recurrent)
+    return seen
+
+
+def _run(model, ids, mask):
+    with torch.no_grad():
+        prefill = model(input_ids=ids, attention_mask=mask, use_cache=True).logits
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
+                             min_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+    return prefill, out
+
+
+@pytest.mark.parametrize("build", [_qwen3_next, _qwen3_5], ids=["qwen3_next", "qwen3_5"])
+def test_generate_matches_transformers_path(gdn, build, monkeypatch):
+    torch.manual_seed(0)
+    model = build().eval()
+    (module_name,) = gdn.modules_of(model)
+    # two prompts, 70 (two chunks) and 41 tokens, left-padded
+    ids = torch.randint(1, 128, (2, 70))
+    mask = torch.ones_like(ids)
+    ids[1, :29], mask[1, :29] = 0, 0
+    seen = _count_op_calls(gdn, monkeypatch)
+
+    ref_prefill, ref = _run(model, ids, mask)
+    assert seen["chunk"] == seen["recurrent"] == 0
+    default = _globals(module_name, gdn)
+    assert gdn.patch(model=model) == [module_name]
+    assert _globals(module_name, gdn) != default
+    prefill, out = _run(model, ids, mask)
+
+    # prefill: the forward and generate's first step; decode: the other NEW_TOKENS - 1 steps
+    assert seen["chunk"] == 2 * LINEAR_LAYERS
+    assert seen["recurrent"] == (NEW_TOKENS - 1) * LINEAR_LAYERS
+    cache_states = [layer.recurrent_states[0] for layer in out.cache.layers
+                    if hasattr(layer, "recurrent_states")]
+    assert len(cache_states) == LINEAR_LAYERS
+    assert all(s.dtype == torch.float32 for s in cache_states)
+    assert seen["pools"] == {s.data_ptr() for s in cache_states}  # decode wrote the cache in place
+
+    valid = mask.bool()
+    assert (prefill[valid] - ref_prefill[valid]).abs().max().item() <= ATOL
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len(out.logits) == len(ref.logits) == NEW_TOKENS
+    assert max((a - b).abs().max().item() for a, b in zip(out.logits, ref.logits)) <= ATOL

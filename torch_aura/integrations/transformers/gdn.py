@@ -1,0 +1,305 @@
+"""Route transformers' gated delta rule kernels to :func:`torch_aura.gdn_chunk` and
+:func:`torch_aura.gdn_recurrent`.
+
+Every gated-delta-rule model of transformers 5.x (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, OLMo-Hybrid,
+...) defines two module-level functions, decorated with ``use_kernel_func_from_hub_with_fallback(
+"chunk_gated_delta_rule" | "fused_recurrent_gated_delta_rule", "fla")``, and its linear-attention
+layer looks the module global up on every forward. :func:`patch` replaces those globals with
+:func:`chunk_gated_delta_rule` (prefill, ``T > 1``) and :func:`recurrent_gated_delta_rule`
+(decode); :func:`unpatch` puts the originals back. The modules are found by :func:`discover`,
+which reads the source text of ``transformers/models/*/modeling_*.py`` (no model list to keep up
+to date, nothing imported).
+
+Two things differ from a plain call of the ops:
+
+* Strided views. The models hand over q, k and v as views of the transposed causal-conv output, so
+  for ``T > 1`` their last dim is not unit-stride, which the ops reject. The adapter makes such a
+  tensor contiguous (a copy; its cost is measured in ``benchmarks/bench_e2e_transformers.py``);
+  decode views (``T == 1``) and already contiguous tensors pass through untouched.
+* In-place state. :func:`recurrent_gated_delta_rule` passes the cache's own state tensor
+  (``initial_state``) to :func:`torch_aura.gdn_recurrent` as the pool and returns that same tensor,
+  so a decode step copies no state; transformers' following ``cache.update_recurrent_state(s)``
+  copies the tensor onto itself, a no-op. The chunk path returns a fresh fp32 final state, which the
+  cache copies into its buffer (and allocates as fp32 on first use).
+
+Example:
+    >>> from torch_aura.integrations.transformers import gdn
+    >>> names = gdn.patch(["transformers.models.qwen3_next.modeling_qwen3_next"])
+    >>> import transformers.models.qwen3_next.modeling_qwen3_next as m
+    >>> m.torch_chunk_gated_delta_rule is gdn.chunk_gated_delta_rule
+    True
+    >>> gdn.unpatch()
+    ['transformers.models.qwen3_next.modeling_qwen3_next']
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from ..._checks.common import FLOATS as _STATE_DTYPES
+from ..._checks.gdn import MAX_HEAD_DIM
+from ...ops.gdn import gdn_chunk, gdn_recurrent
+from ._version import require_transformers
+
+__all__ = [
+    "chunk_gated_delta_rule",
+    "recurrent_gated_delta_rule",
+    "discover",
+    "modules_of",
+    "patch",
+    "unpatch",
+    "patched",
+]
+
+# the decorator names transformers uses for the two kernels -> our kind
+_KINDS = {"chunk_gated_delta_rule": "chunk", "fused_recurrent_gated_delta_rule": "recurrent"}
+
+# the decorator (any quoting, any further arguments), then possibly more decorators, then the def
+_DECORATED_DEF = re.compile(
+    r"@use_kernel_func_from_hub_with_fallback\(\s*[\"']"
+    r"(?P<kernel>chunk_gated_delta_rule|fused_recurrent_gated_delta_rule)[\"'][^)]*\)\s*\n"
+    r"(?:[ \t]*@[^\n]*\n)*"
+    r"[ \t]*def[ \t]+(?P<name>\w+)[ \t]*\(")
+
+# module name -> {global name: original object}, for unpatch()
+_ORIGINALS: dict[str, dict[str, object]] = {}
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    # the ops need only a unit last stride; anything else gets one copy
+    return t.contiguous() if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1 else t
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
+                           output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
+                           **kwargs):
+    """transformers' ``chunk_gated_delta_rule`` on :func:`torch_aura.gdn_chunk` (prefill).
+
+    Args:
+        q: ``[B, T, H, K]`` fp16, bf16 or fp32; any strides (copied when the last is not 1).
+        k: ``[B, T, H, K]``, dtype of q. Key heads are not expanded: value head hv reads key head
+            ``hv // (HV // H)``.
+        v: ``[B, T, HV, V]``, dtype of q, ``HV % H == 0``; ``1 <= K, V <= 256``.
+        g: ``[B, T, HV]`` float log decay (``<= 0``).
+        beta: ``[B, T, HV]`` float write strength (OLMo-Hybrid uses ``[0, 2]``).
+        scale: output scale; None (what transformers passes) means ``K ** -0.5``.
+        initial_state: ``[N, HV, K, V]`` float, or None for zeros.
+        output_final_state: return the final state (else None).
+        use_qk_l2norm_in_kernel: L2-normalise q and k over K first.
+        cu_seqlens: ``[N+1]`` int32/int64 offsets of packed sequences (``B == 1``), or None
+            (``N = B``).
+        **kwargs: ignored (``chunk_size``, ``position_ids`` and the other keywords models forward).
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state ``[N, HV, K, V]`` fp32,
+        or None unless ``output_final_state``.
+
+    Raises:
+        ValueError: from :func:`torch_aura.gdn_chunk`, naming the argument (e.g. K or V outside
+            1..256).
+    """
+    if initial_state is not None and initial_state.dtype not in _STATE_DTYPES:
+        initial_state = initial_state.float()
+    o, final_state = gdn_chunk(
+        _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(g), _unit_last(beta), scale=scale,
+        initial_state=None if initial_state is None else _unit_last(initial_state),
+        cu_seqlens=cu_seqlens, use_qk_l2norm=bool(use_qk_l2norm_in_kernel))
+    return o, (final_state if output_final_state else None)
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
+                               output_final_state=False, use_qk_l2norm_in_kernel=False,
+                               cu_seqlens=None, **kwargs):
+    """transformers' ``fused_recurrent_gated_delta_rule`` on :func:`torch_aura.gdn_recurrent`.
+
+    With ``output_final_state`` (the cached decode of every model) the state is updated in place:
+    ``initial_state`` itself is the op's pool and is returned. Without it, the caller's tensor is
+    left untouched (the op runs on a copy). A pool the op does not take (not fp16/bf16/fp32, or a
+    non-unit last stride) is converted to an fp32 copy, which is returned instead.
+
+    Args:
+        q: ``[B, T, H, K]`` fp16, bf16 or fp32; any strides (copied when the last is not 1).
+        k: ``[B, T, H, K]``, dtype of q; value head hv reads key head ``hv // (HV // H)``.
+        v: ``[B, T, HV, V]``, dtype of q, ``HV % H == 0``; ``1 <= K, V <= 256``.
+        g: ``[B, T, HV]`` float log decay.
+        beta: ``[B, T, HV]`` float.
+        scale: output scale; None (what transformers passes) means ``K ** -0.5``.
+        initial_state: ``[N, HV, K, V]`` fp32 (or fp16/bf16), or None for zeros (a new fp32 state).
+        output_final_state: return the final state (else None).
+        use_qk_l2norm_in_kernel: L2-normalise q and k over K first.
+        cu_seqlens: ``[N+1]`` int32/int64 offsets of packed sequences (``B == 1``), or None
+            (``N = B``).
+        **kwargs: ignored (``position_ids`` and the other keywords models forward).
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state ``[N, HV, K, V]`` (the
+        updated ``initial_state`` when it could be used in place), or None unless
+        ``output_final_state``.
+
+    Raises:
+        ValueError: from :func:`torch_aura.gdn_recurrent`, naming the argument.
+    """
+    if initial_state is None:
+        B, _, _, K = k.shape
+        HV, V = v.shape[2], v.shape[3]
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        state = torch.zeros(N, HV, K, V, dtype=torch.float32, device=v.device)
+    elif initial_state.dtype not in _STATE_DTYPES:
+        state = initial_state.to(torch.float32, memory_format=torch.contiguous_format)
+    elif not output_final_state:
+        state = initial_state.clone()
+    else:
+        state = _unit_last(initial_state)
+    o = gdn_recurrent(_unit_last(q), _unit_last(k), _unit_last(v), _unit_last(g), _unit_last(beta),
+                      state, state_indices=None, cu_seqlens=cu_seqlens, scale=scale,
+                      use_qk_l2norm=bool(use_qk_l2norm_in_kernel))
+    return o, (state if output_final_state else None)
+
+
+_OURS = {"chunk": chunk_gated_delta_rule, "recurrent": recurrent_gated_delta_rule}
+
+
+@functools.cache
+def _discover(models_dir: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    found = []
+    for path in sorted(Path(models_dir).glob("*/modeling_*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if "gated_delta_rule" not in text:
+            continue
+        kinds = {_KINDS[m["kernel"]]: m["name"] for m in _DECORATED_DEF.finditer(text)}
+        if kinds:
+            found.append((f"transformers.models.{path.parent.name}.{path.stem}",
+                          tuple(sorted(kinds.items()))))
+    return tuple(found)
+
+
+def discover() -> dict[str, dict[str, str]]:
+    """Find the transformers modules that define gated delta rule kernels.
+
+    Reads the source text of ``transformers/models/*/modeling_*.py`` (nothing is imported) for the
+    ``use_kernel_func_from_hub_with_fallback("chunk_gated_delta_rule" |
+    "fused_recurrent_gated_delta_rule", ...)`` decorator and the function it decorates. The scan
+    runs once per process.
+
+    Returns:
+        ``{module name: {kind: global name}}``, kind ``"chunk"`` or ``"recurrent"``, e.g.
+        ``{"transformers.models.qwen3_next.modeling_qwen3_next": {"chunk":
+        "torch_chunk_gated_delta_rule", "recurrent": "torch_recurrent_gated_delta_rule"}, ...}``.
+
+    Raises:
+        ImportError: transformers is missing or outside the supported versions.
+    """
+    transformers = require_transformers()
+    models_dir = str(Path(transformers.__file__).resolve().parent / "models")
+    return {module: dict(kinds) for module, kinds in _discover(models_dir)}
+
+
+def modules_of(model: torch.nn.Module) -> set[str]:
+    """The discovered gated-delta-rule modules whose classes ``model`` uses.
+
+    Args:
+        model: any ``torch.nn.Module``, typically a transformers ``PreTrainedModel``.
+
+    Returns:
+        The names of :func:`discover`'s modules that define the class of ``model`` or of one of its
+        submodules (empty for a model without gated delta rule layers).
+    """
+    known = discover()
+    return {type(m).__module__ for m in model.modules()} & known.keys()
+
+
+def _check_head_dims(model: torch.nn.Module) -> None:
+    config = getattr(model, "config", None)
+    if config is None:
+        return
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for attr in ("linear_key_head_dim", "linear_value_head_dim"):
+        size = getattr(text, attr, None)
+        if size is not None and not 1 <= size <= MAX_HEAD_DIM:
+            raise ValueError(
+                f"{type(model).__name__}: config.{attr} = {size}; torch_aura's GDN ops support "
+                f"head dims K and V in 1..{MAX_HEAD_DIM}")
+
+
+def patch(module_names: Iterable[str] | None = None, *, model: torch.nn.Module | None = None
+          ) -> list[str]:
+    """Route the gated delta rule kernels of transformers modules to torch_aura's GDN ops.
+
+    Everything is validated before any global changes, so a bad name patches nothing. Patching a
+    module twice is a no-op (the first originals are kept for :func:`unpatch`).
+
+    Args:
+        module_names: modules from :func:`discover` (e.g.
+            ``"transformers.models.qwen3_next.modeling_qwen3_next"``); None means those of
+            ``model`` when one is given, else every discovered module.
+        model: optional; its config's linear-attention head dims are checked against the ops'
+            range, and without ``module_names`` only its modules (:func:`modules_of`) are patched.
+
+    Returns:
+        The patched module names, sorted.
+
+    Raises:
+        ValueError: a name is not a discovered gated-delta-rule module, its import fails or a
+            kernel global is missing; or ``model``'s ``linear_key_head_dim`` /
+            ``linear_value_head_dim`` is outside 1..256.
+        ImportError: transformers is missing or outside the supported versions.
+    """
+    known = discover()
+    if model is not None:
+        _check_head_dims(model)
+    if module_names is None:
+        names = sorted(modules_of(model) if model is not None else known)
+    else:
+        if isinstance(module_names, str):
+            module_names = [module_names]
+        names = sorted(set(module_names))
+    modules = {}
+    for name in names:
+        if name not in known:
+            raise ValueError(f"{name!r}: expected a transformers module defining gated delta rule "
+                             f"kernels, one of {sorted(known)}")
+        try:
+            modules[name] = importlib.import_module(name)
+        except Exception as e:
+            raise ValueError(f"{name!r}: import failed ({type(e).__name__}: {e})") from e
+        for global_name in known[name].values():
+            if not callable(getattr(modules[name], global_name, None)):
+                raise ValueError(f"{name!r}: expected a module-level function {global_name!r} "
+                                 f"(found by discover()), it is missing")
+    for name, module in modules.items():
+        originals = _ORIGINALS.setdefault(name, {})
+        for kind, global_name in known[name].items():
+            current = getattr(module, global_name)
+            if current is not _OURS[kind]:
+                originals.setdefault(global_name, current)
+                setattr(module, global_name, _OURS[kind])
+    return names
+
+
+def unpatch() -> list[str]:
+    """Restore every global :func:`patch` replaced.
+
+    Returns:
+        The restored module names, sorted (empty when nothing was patched).
+    """
+    restored = sorted(_ORIGINALS)
+    for name in restored:
+        module = importlib.import_module(name)
+        for global_name, original in _ORIGINALS[name].items():
+            setattr(module, global_name, original)
+    _ORIGINALS.clear()
+    return restored
+
+
+def patched() -> list[str]:
+    """The module names currently patched, sorted."""
+    return sorted(_ORIGINALS)
