@@ -1,0 +1,85 @@
+"""The ``"aura"`` attention implementation for transformers models.
+
+Registered under one name in both of transformers' registries (``AttentionInterface`` for the
+attention function, ``AttentionMaskInterface`` for its mask: a name unknown to the mask registry
+gets no mask at all, which would silently unmask padded batches). What serves a call:
+
+- an :class:`~torch_aura.integrations.transformers.AuraKVCache` layer (it put itself in the
+  ``kwargs`` dict that transformers hands to both ``cache.update`` and this function): the layer
+  attends, in the compressed domain for every step after the prefill;
+- one query token per row and no mask (an unpadded batch): :func:`torch_aura.flash_decode` over
+  the cache's ``[B, Hkv, T, D]`` tensors, every row holding T live tokens;
+- anything else (prefill, a padded batch, a head dim ``flash_decode`` lacks, dropout, softcap):
+  transformers' own SDPA function with the mask, so a mask is never dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..._checks.decode import SUPPORTED_HEAD_DIMS as DECODE_HEAD_DIMS
+from ...ops.decode import flash_decode
+from ._version import require_transformers
+
+NAME = "aura"
+# Key under which an AuraKVCache layer hands itself to the attention function (kwargs dict).
+LAYER_KEY = "aura_kv_layer"
+
+_sdpa = None
+
+
+def _sdpa_forward():
+    global _sdpa
+    if _sdpa is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        _sdpa = sdpa_attention_forward
+    return _sdpa
+
+
+def head_dim_of(text_config) -> int | None:
+    """The attention head dim a transformers text config implies, or None without attention heads."""
+    if not getattr(text_config, "num_attention_heads", None):
+        return None
+    return getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+
+
+def aura_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                           value: torch.Tensor, attention_mask: torch.Tensor | None,
+                           dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    """transformers attention function (``attn_implementation="aura"``).
+
+    Args:
+        module: the calling attention module (its ``is_causal`` and ``num_key_value_groups`` are
+            read by the SDPA fallback).
+        query: ``[B, Hq, L, D]``.
+        key, value: ``[B, Hkv, T, D]`` as returned by ``cache.update`` (not head-repeated).
+        attention_mask: the ``"aura"`` mask (SDPA's boolean ``[B, 1, L, T]``) or None.
+        dropout: attention dropout (training only; takes the SDPA path).
+        scaling: softmax scale, default ``D ** -0.5``.
+        **kwargs: transformers' per-call kwargs; may carry an AuraKVCache layer.
+
+    Returns:
+        ``(out [B, L, Hq, D] in query's dtype, None)``.
+    """
+    layer = kwargs.pop(LAYER_KEY, None)
+    if layer is not None:
+        return layer.attend(module, query, attention_mask, scaling, dropout, kwargs), None
+    B, Hq, L, D = query.shape
+    if (L == 1 and attention_mask is None and dropout == 0.0 and kwargs.get("softcap") is None
+            and D in DECODE_HEAD_DIMS and key.stride(-1) == 1 and value.stride(-1) == 1):
+        T = key.shape[2]
+        seq_lens = torch.full((B,), T, dtype=torch.int32, device=query.device)
+        out, _ = flash_decode(query[:, :, 0], key, value, seq_lens, scale=scaling)
+        return out.unsqueeze(1), None
+    return _sdpa_forward()(module, query, key, value, attention_mask, dropout=dropout,
+                           scaling=scaling, **kwargs)
+
+
+def register() -> None:
+    """Register ``"aura"`` in transformers' attention and mask registries (idempotent)."""
+    transformers = require_transformers()
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    transformers.AttentionInterface.register(NAME, aura_attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
