@@ -1,0 +1,374 @@
+"""transformers end to end: prefill and decode of real-shaped model stacks, default path vs torch_aura.
+
+Two stacks with real layer shapes and random bf16 weights, a few layers each (the per-layer costs
+scale with depth; the embedding and LM head are the real ones):
+
+- ``llama3-8b``: Llama-3-8B layers (hidden 4096, 32 / 8 heads, D = 128, MLP 14336), 4 layers.
+- ``qwen3-next``: Qwen3-Next-80B-A3B layers (3 GDN layers with 16 / 32 heads of 128, then one
+  attention layer with 16 / 2 heads of 256; 512 experts, 10 active, ``grouped_mm`` experts).
+
+Variants (each checked against the default path's logits before it is timed):
+
+- ``default``: SDPA + ``DynamicCache``; for Qwen3-Next the GDN functions transformers picked at
+  import (FLA 0.6.0 when installed, else its torch loops, timed at 4k only).
+- ``aura-attn``: ``enable(model)``: our GDN kernels, ``"aura"`` attention, ``DynamicCache``.
+- ``aura4v2``: the same with ``AuraKVCache("aura4v2")``.
+
+Per context T in {4k, 32k, 128k} and batch B in {1, 8}: prefill time (one forward over B x T
+tokens, last-token logits only), then decode: the step time of one new token per row
+(median over steps), tokens/s = B / step, and the cache bytes. B = 8 decode reuses the B = 1
+prefill (rows repeated with ``reorder_cache``) when the B = 8 prefill does not fit. Host cost per
+eager call of the decode path's ops is timed separately (back-to-back calls, no sync between).
+
+    python benchmarks/bench_e2e_transformers.py [--out DIR] [--models llama3-8b,qwen3-next]
+        [--contexts 4096,32768,131072] [--layers N] [--tiny]
+
+``--tiny`` runs tiny shapes on whatever device there is (a CPU smoke test of every code path).
+Writes ``e2e_transformers_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as H  # noqa: E402
+
+import torch_aura  # noqa: E402
+
+DTYPE = torch.bfloat16
+GB = 1e9
+DECODE_STEPS = 16
+# bf16 stacks of random weights: logits of two correct paths differ by rounding order only.
+LOGIT_COSINE_MIN = {"aura-attn": 0.995, "aura4v2": 0.95}
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def build(name: str, layers: int, tiny: bool, device):
+    import transformers
+
+    if name == "llama3-8b":
+        dims = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                    num_key_value_heads=8, head_dim=128, rope_theta=500000.0)
+        if tiny:
+            dims = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=64)
+        cfg = transformers.LlamaConfig(num_hidden_layers=layers, max_position_embeddings=1 << 18, **dims)
+        cls = transformers.LlamaForCausalLM
+    elif name == "qwen3-next":
+        dims = {}
+        if tiny:
+            dims = dict(vocab_size=256, hidden_size=128, intermediate_size=128, moe_intermediate_size=64,
+                        shared_expert_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
+                        linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32)
+        types = ["linear_attention"] * (layers - 1) + ["full_attention"]
+        cfg = transformers.Qwen3NextConfig(num_hidden_layers=layers, layer_types=types,
+                                           max_position_embeddings=1 << 18, **dims)
+        cfg._experts_implementation = "grouped_mm" if device.type == "cuda" else None
+        cls = transformers.Qwen3NextForCausalLM
+    else:
+        raise ValueError(f"--models: unknown model {name!r}; known: llama3-8b, qwen3-next")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = cls(cfg).to(DTYPE).eval()
+    for p in model.parameters():  # random init at small scale keeps bf16 activations finite
+        p.data.normal_(0, 0.02)
+    return model
+
+
+def new_cache(model, variant: str):
+    import transformers
+
+    from torch_aura.integrations import transformers as tat
+
+    if variant == "aura4v2":
+        return tat.AuraKVCache(model.config, scheme="aura4v2")
+    return transformers.DynamicCache(config=model.config)
+
+
+def set_variant(model, variant: str):
+    from torch_aura.integrations import transformers as tat
+
+    if variant == "default":
+        tat.disable(model)
+    else:
+        tat.enable(model)
+
+
+def cache_bytes(cache) -> tuple[int, float]:
+    """(bytes the cache holds, bytes per token per attention layer) of a DynamicCache or AuraKVCache."""
+    held, per_token = 0, []
+    for layer in cache.layers:
+        aura = getattr(layer, "aura", None)
+        if aura is not None:
+            held += aura.memory_bytes()
+            per_token.append(aura.memory_bytes() / (aura.batch * aura.capacity))
+        elif isinstance(getattr(layer, "keys", None), torch.Tensor) and layer.keys.numel():
+            b = sum(t.numel() * t.element_size() for t in (layer.keys, layer.values))
+            held += b
+            per_token.append(b / (layer.keys.shape[0] * layer.keys.shape[-2]))
+    return held, (sum(per_token) / len(per_token) if per_token else float("nan"))
+
+
+@torch.inference_mode()
+def run_one(model, variant, B, T, device, reps, prefill_rows=None):
+    """Prefill B x T tokens then DECODE_STEPS single-token steps; returns timings and the logits."""
+    set_variant(model, variant)
+    vocab = model.config.get_text_config().vocab_size
+    g = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(1, vocab, (prefill_rows or B, T), generator=g).to(device)
+    steps = torch.randint(1, vocab, (DECODE_STEPS, B, 1), generator=g).to(device)
+    prefill_ms = []
+    for _ in range(reps):
+        cache = new_cache(model, variant)
+        _sync(device)
+        t0 = time.perf_counter()
+        out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
+        _sync(device)
+        prefill_ms.append((time.perf_counter() - t0) * 1e3)
+    if prefill_rows is not None and prefill_rows != B:
+        cache.reorder_cache(torch.arange(prefill_rows, device=device).repeat_interleave(B // prefill_rows))
+    first_logits = out.logits[:, -1].float()
+    step_ms, logits = [], []
+    for s in range(DECODE_STEPS):
+        _sync(device)
+        t0 = time.perf_counter()
+        o = model(steps[s], cache=cache, use_cache=True)
+        _sync(device)
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        logits.append(o.logits[:, -1].float())
+    step = statistics.median(step_ms[2:] or step_ms)
+    return {"prefill_ms": min(prefill_ms), "step_ms": step, "tok_s": B / step * 1e3,
+            "cache_bytes": cache_bytes(cache)[0], "bytes_per_token_layer": cache_bytes(cache)[1], "prefill_logits": first_logits,
+            "decode_logits": torch.stack(logits)}
+
+
+def cosine(a, b) -> float:
+    return torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
+
+
+def host_costs(device) -> list[dict]:
+    """Host (Python + dispatch) time of one eager call of each per-token, per-layer decode op."""
+    n = 300 if device.type == "cuda" else 50
+    B, Hq, Hkv, D, T = 1, 32, 8, 128, 256
+    q = torch.randn(B, Hq, D, device=device, dtype=DTYPE)
+    kv = torch.randn(B, Hkv, T, D, device=device, dtype=DTYPE)
+    seq = torch.full((B,), T, dtype=torch.int32, device=device)
+    cache = torch_aura.AuraCache("aura4v2", batch=B, kv_heads=Hkv, head_dim=D, capacity=4 * n + T, device=device)
+    cache.append(torch.randn(B, T, Hkv, D, device=device, dtype=DTYPE), torch.randn(B, T, Hkv, D, device=device, dtype=DTYPE))
+    tok = torch.randn(B, Hkv, D, device=device, dtype=DTYPE)
+    Hk, Hv, K = 16, 32, 128
+    qg = torch.randn(B, 1, Hk, K, device=device, dtype=DTYPE)
+    vg = torch.randn(B, 1, Hv, K, device=device, dtype=DTYPE)
+    gg, bg = -torch.rand(B, 1, Hv, device=device), torch.rand(B, 1, Hv, device=device)
+    state = torch.zeros(B, Hv, K, K, device=device)
+    qs = q[:, :, None]
+    ks, vs = kv, kv
+    calls = {
+        "AuraCache.append (1 token)": lambda: cache.append(tok, tok),
+        "AuraCache.decode": lambda: cache.decode(q),
+        "flash_decode": lambda: torch_aura.flash_decode(q, kv, kv, seq),
+        "gdn_recurrent": lambda: torch_aura.gdn_recurrent(qg, qg, vg, gg, bg, state, use_qk_l2norm=True),
+        "SDPA (GQA)": lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True),
+    }
+    rows = []
+    for name, fn in calls.items():
+        for _ in range(5):
+            fn()
+        if name.startswith("AuraCache.append"):
+            cache.crop(5)
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        host = (time.perf_counter() - t0) / n * 1e6
+        _sync(device)
+        if name.startswith("AuraCache.append"):
+            cache.crop(n)
+        rows.append({"kind": "host", "op": name, "host_us": host})
+        print(f"host  {name:28s} {host:7.1f} us / call")
+    return rows
+
+
+# KV budget for the "longest context at B = 8" column: 80 GB less Llama-3-8B's 16 GB of weights;
+# Qwen3-Next-80B's weights (159 GB) need several GPUs, so the same per-GPU KV budget is assumed.
+KV_BUDGET_GB = 64
+FULL_DEPTH_ATTENTION_LAYERS = {"llama3-8b": 32, "qwen3-next": 12}
+
+
+def strided_copy_cost(device) -> list[dict]:
+    """GPU time the GDN adapter spends making transformers' strided q/k/v views contiguous.
+
+    Qwen3-Next shapes (16 / 32 heads of 128): q, k, v are views of the transposed causal-conv output
+    ``[B, C, T]``, as the model hands them over; compared with the same call on contiguous copies.
+    """
+    from torch_aura.integrations.transformers import gdn
+
+    rows = []
+    for T in (4096, 32768):
+        H_, HV, K = 16, 32, 128
+        conv = torch.randn(1, 2 * H_ * K + HV * K, T, device=device, dtype=DTYPE)
+        q, k, v = torch.split(conv.transpose(1, 2), [H_ * K, H_ * K, HV * K], dim=-1)
+        q, k, v = q.reshape(1, T, H_, K), k.reshape(1, T, H_, K), v.reshape(1, T, HV, K)
+        g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, device=device)) / 16
+        beta = torch.rand(1, T, HV, device=device)
+        qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
+        strided = H.time_us(lambda: gdn.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True))
+        contiguous = H.time_us(lambda: gdn.chunk_gated_delta_rule(qc, kc, vc, g, beta, use_qk_l2norm_in_kernel=True))
+        copy = H.time_us(lambda: (q.contiguous(), k.contiguous(), v.contiguous()))
+        rows.append({"kind": "copy", "T": T, "strided_us": strided, "contiguous_us": contiguous, "copy_us": copy})
+        print(f"gdn adapter 1x{T}: strided views {strided:.1f} us, contiguous {contiguous:.1f} us, the copies alone {copy:.1f} us")
+    return rows
+
+
+def longest_context_b8(model_name: str, bytes_per_token_layer: float) -> int:
+    """Tokens per row whose K/V fit KV_BUDGET_GB at B = 8 for the full-depth model."""
+    return int(KV_BUDGET_GB * GB / (8 * FULL_DEPTH_ATTENTION_LAYERS[model_name] * bytes_per_token_layer))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--models", default="llama3-8b,qwen3-next")
+    p.add_argument("--contexts", default="4096,32768,131072")
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--tiny", action="store_true", help="tiny shapes on any device (smoke test)")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    import transformers
+
+    from torch_aura.integrations import transformers as tat
+
+    facts = H.device_facts() if device.type == "cuda" else {"gpu": "cpu", "commit": H.commit(), "torch": torch.__version__}
+    facts["transformers"] = transformers.__version__
+    gdn_default = "torch"
+    try:
+        import fla  # noqa: F401
+
+        gdn_default = f"FLA {getattr(fla, '__version__', '?')}"
+    except ImportError:
+        pass
+    print(f"{facts['gpu']} | torch {facts['torch']} | transformers {facts['transformers']} | default GDN: "
+          f"{gdn_default} | commit {facts['commit']}")
+    contexts = [int(c) for c in args.contexts.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    rows = host_costs(device)
+    if device.type == "cuda":
+        rows += strided_copy_cost(device)
+    for name in args.models.split(","):
+        model = build(name, args.layers, args.tiny, device)
+        weights_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / GB
+        for T in contexts:
+            for B in batches:
+                base = None
+                for variant in ("default", "aura-attn", "aura4v2"):
+                    if variant == "default" and name == "qwen3-next" and gdn_default == "torch" and T > 4096:
+                        continue  # transformers' torch GDN loops take minutes at long contexts
+                    row = {"kind": "e2e", "model": name, "variant": variant, "B": B, "T": T}
+                    res = None
+                    for rows_prefilled in (B, 1) if B > 1 else (B,):
+                        try:
+                            if device.type == "cuda":
+                                torch.cuda.empty_cache()
+                                torch.cuda.reset_peak_memory_stats()
+                            res = run_one(model, variant, B, T, device, reps=1 if T * B > 65536 else 3,
+                                          prefill_rows=rows_prefilled)
+                            row["prefill_rows"] = rows_prefilled
+                            break
+                        except torch.OutOfMemoryError:
+                            res = None
+                            row.setdefault("oom", []).append(f"prefill B={rows_prefilled}")
+                    if res is None:
+                        rows.append(row)
+                        print(f"{name} {variant:9s} B={B} T={T}: out of memory")
+                        continue
+                    if device.type == "cuda":
+                        row["peak_gb"] = torch.cuda.max_memory_allocated() / GB
+                    if base is None and variant == "default":
+                        base = res
+                    if base is not None and variant != "default":
+                        row["prefill_cos"] = cosine(res["prefill_logits"], base["prefill_logits"])
+                        row["decode_cos"] = cosine(res["decode_logits"], base["decode_logits"])
+                        row["correct"] = min(row["prefill_cos"], row["decode_cos"]) >= LOGIT_COSINE_MIN[variant]
+                    else:
+                        row["correct"] = bool(torch.isfinite(res["decode_logits"]).all())
+                    row.update({k: v for k, v in res.items() if not k.endswith("logits")})
+                    row["weights_gb"] = weights_gb
+                    rows.append(row)
+                    print(f"{name} {variant:9s} B={B} T={T:6d}: prefill {row['prefill_ms']:9.1f} ms, step "
+                          f"{row['step_ms']:7.2f} ms ({row['tok_s']:8.1f} tok/s), cache {row['cache_bytes'] / GB:7.3f} GB"
+                          + (f", cos {row.get('prefill_cos', 1):.4f}/{row.get('decode_cos', 1):.4f}" if base else "")
+                          + ("" if row["correct"] else "  WRONG"))
+        tat.disable(model)
+        del model
+    md = render(facts, gdn_default, rows, args)
+    if args.out is not None or device.type == "cuda":
+        path = H.write("e2e_transformers", facts, rows, md, args.out)
+        print(f"\nwrote {path}\n")
+    print(md)
+    return 0 if all(r.get("correct", True) for r in rows) else 1
+
+
+def _find(rows, **kw):
+    return next((r for r in rows if all(r.get(k) == v for k, v in kw.items())), None)
+
+
+def render(facts, gdn_default, rows, args) -> str:
+    lines = [f"# transformers end to end on {facts['gpu']}", "",
+             f"torch {facts['torch']}, transformers {facts['transformers']}, commit `{facts['commit']}`; "
+             f"{args.layers}-layer stacks of real layer shapes, random bf16 weights; default GDN = {gdn_default}. "
+             "Generated by `benchmarks/bench_e2e_transformers.py`; do not edit by hand.", "",
+             "## Host time per eager call (decode path, one token)", "", "| op | host us / call |", "|---|---|"]
+    lines += [f"| {r['op']} | {r['host_us']:.1f} |" for r in rows if r["kind"] == "host"]
+    copies = [r for r in rows if r["kind"] == "copy"]
+    if copies:
+        lines += ["", "## GDN adapter: the copy of transformers' strided q/k/v views (16 / 32 heads, eager)", "",
+                  "| tokens | gdn on the views (us) | gdn on contiguous inputs (us) | the three copies alone (us) |",
+                  "|---|---|---|---|"]
+        lines += [f"| 1x{r['T']} | {r['strided_us']:.1f} | {r['contiguous_us']:.1f} | {r['copy_us']:.1f} |" for r in copies]
+    lines += ["", "## Prefill and decode", "",
+              "| model | B | T | variant | prefill ms | vs default | decode step ms | tok/s | vs default | cache GB | peak GB | logits cos (prefill / decode) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in (r for r in rows if r["kind"] == "e2e"):
+        if "prefill_ms" not in r:
+            lines.append(f"| {r['model']} | {r['B']} | {r['T']} | {r['variant']} | OOM | | | | | | | |")
+            continue
+        base = _find(rows, kind="e2e", model=r["model"], B=r["B"], T=r["T"], variant="default")
+        have = base is not None and "prefill_ms" in base
+        pre_ratio = f"{base['prefill_ms'] / r['prefill_ms']:.2f}x" if have and r["prefill_rows"] == base["prefill_rows"] else ""
+        dec_ratio = f"{base['step_ms'] / r['step_ms']:.2f}x" if have else ""
+        prefill = f"{r['prefill_ms']:.1f}" + ("" if r["prefill_rows"] == r["B"] else f" (B={r['prefill_rows']})")
+        cos = f"{r['prefill_cos']:.4f} / {r['decode_cos']:.4f}" if "prefill_cos" in r else "-"
+        lines.append(f"| {r['model']} | {r['B']} | {r['T']} | {r['variant']} | {prefill} | {pre_ratio} | "
+                     f"{r['step_ms']:.2f} | {r['tok_s']:.1f} | {dec_ratio} | {r['cache_bytes'] / GB:.3f} | "
+                     f"{r.get('peak_gb', float('nan')):.1f} | {cos}{'' if r['correct'] else ' WRONG'} |")
+    lines += ["", f"## Longest context per row at B = 8, full depth, {KV_BUDGET_GB} GB of K/V (from the measured bytes per token)",
+              "", "| model | variant | bytes / token / layer | tokens per row | vs default |", "|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in rows if r["kind"] == "e2e"):
+        base = None
+        for v in ("default", "aura4v2"):
+            r = next((r for r in rows if r["kind"] == "e2e" and r["model"] == model and r["variant"] == v
+                      and "bytes_per_token_layer" in r), None)
+            if r is None:
+                continue
+            n = longest_context_b8(model, r["bytes_per_token_layer"])
+            base = n if v == "default" else base
+            ratio = f"{n / base:.2f}x" if base else ""
+            lines.append(f"| {model} | {v} | {r['bytes_per_token_layer']:.0f} | {n:,} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
