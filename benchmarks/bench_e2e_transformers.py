@@ -24,7 +24,7 @@ eager call of the decode path's ops is timed separately (back-to-back calls, no 
         [--contexts 4096,32768,131072] [--layers N] [--tiny]
 
 ``--tiny`` runs tiny shapes on whatever device there is (a CPU smoke test of every code path).
-Writes ``e2e_transformers_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL rows.
+Writes ``e2e_transformers_<model>_<gpu>.md`` per model (committed under benchmarks/results/) and raw JSONL rows.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def main(argv=None) -> int:
                             if device.type == "cuda":
                                 torch.cuda.empty_cache()
                                 torch.cuda.reset_peak_memory_stats()
-                            res = run_one(model, variant, B, T, device, reps=1 if T * B > 65536 else 3,
+                            res = run_one(model, variant, B, T, device, reps=2 if T * B > 65536 else 3,
                                           prefill_rows=rows_prefilled)
                             row["prefill_rows"] = rows_prefilled
                             break
@@ -313,11 +313,14 @@ def main(argv=None) -> int:
                           + ("" if row["correct"] else "  WRONG"))
         tat.disable(model)
         del model
-    md = render(facts, gdn_default, rows, args)
-    if args.out is not None or device.type == "cuda":
-        path = H.write("e2e_transformers", facts, rows, md, args.out)
-        print(f"\nwrote {path}\n")
-    print(md)
+    shared = [r for r in rows if r["kind"] != "e2e"]
+    for name in args.models.split(","):
+        mine = shared + [r for r in rows if r.get("model") == name]
+        md = render(facts, gdn_default, mine, args)
+        if args.out is not None or device.type == "cuda":
+            path = H.write(f"e2e_transformers_{name}", facts, mine, md, args.out)
+            print(f"\nwrote {path}\n")
+        print(md)
     return 0 if all(r.get("correct", True) for r in rows) else 1
 
 
