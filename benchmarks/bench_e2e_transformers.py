@@ -11,12 +11,15 @@ Variants (each checked against the default path's logits before it is timed):
 
 - ``default``: SDPA + ``DynamicCache``; for Qwen3-Next the GDN functions transformers picked at
   import (FLA 0.6.0 when installed, else its torch loops, timed at 4k only).
+- ``default-no-cudnn``: the same with SDPA's cuDNN backend off (GPU only), so a slow SDPA backend
+  choice is not mistaken for the cost of the default path.
 - ``aura-attn``: ``enable(model)``: our GDN kernels, ``"aura"`` attention, ``DynamicCache``.
 - ``aura4v2``: the same with ``AuraKVCache("aura4v2")``.
 
 Per context T in {4k, 32k, 128k} and batch B in {1, 8}: prefill time (one forward over B x T
 tokens, last-token logits only), then decode: the step time of one new token per row
-(median over steps), tokens/s = B / step, and the cache bytes. B = 8 decode reuses the B = 1
+(median over steps) beside the GPU's busy time in one step (kernel times from torch.profiler: a
+step far longer than its kernels is bound by the host), tokens/s = B / step, and the cache bytes. B = 8 decode reuses the B = 1
 prefill (rows repeated with ``reorder_cache``) when the B = 8 prefill does not fit. Host cost per
 eager call of the decode path's ops is timed separately (back-to-back calls, no sync between).
 
@@ -46,7 +49,8 @@ DTYPE = torch.bfloat16
 GB = 1e9
 DECODE_STEPS = 16
 # bf16 stacks of random weights: logits of two correct paths differ by rounding order only.
-LOGIT_COSINE_MIN = {"aura-attn": 0.995, "aura4v2": 0.95}
+LOGIT_COSINE_MIN = {"default-no-cudnn": 0.995, "aura-attn": 0.995, "aura4v2": 0.95}
+VARIANTS = ("default", "default-no-cudnn", "aura-attn", "aura4v2")
 
 
 def _sync(device):
@@ -100,10 +104,25 @@ def new_cache(model, variant: str):
 def set_variant(model, variant: str):
     from torch_aura.integrations import transformers as tat
 
-    if variant == "default":
+    if variant.startswith("default"):
         tat.disable(model)
     else:
         tat.enable(model)
+    # "default-no-cudnn": transformers' path with SDPA's cuDNN backend off (flash / efficient serve)
+    if torch.cuda.is_available():
+        torch.backends.cuda.enable_cudnn_sdp(variant != "default-no-cudnn")
+
+
+def gpu_busy_ms(step) -> float:
+    """Sum of the GPU kernel times of one call of ``step`` (torch.profiler): the step's GPU work,
+    to hold beside its wall time (a step much longer than its kernels is bound by the host)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.device_time for e in kernels) / 1e3
 
 
 def cache_bytes(cache) -> tuple[int, float]:
@@ -149,7 +168,8 @@ def run_one(model, variant, B, T, device, reps, prefill_rows=None):
         step_ms.append((time.perf_counter() - t0) * 1e3)
         logits.append(o.logits[:, -1].float())
     step = statistics.median(step_ms[2:] or step_ms)
-    return {"prefill_ms": min(prefill_ms), "step_ms": step, "tok_s": B / step * 1e3,
+    gpu = gpu_busy_ms(lambda: model(steps[-1], cache=cache, use_cache=True)) if device.type == "cuda" else float("nan")
+    return {"prefill_ms": min(prefill_ms), "step_ms": step, "step_gpu_ms": gpu, "tok_s": B / step * 1e3,
             "cache_bytes": cache_bytes(cache)[0], "bytes_per_token_layer": cache_bytes(cache)[1], "prefill_logits": first_logits,
             "decode_logits": torch.stack(logits)}
 
@@ -273,7 +293,9 @@ def main(argv=None) -> int:
         for T in contexts:
             for B in batches:
                 base = None
-                for variant in ("default", "aura-attn", "aura4v2"):
+                for variant in VARIANTS:
+                    if variant == "default-no-cudnn" and device.type != "cuda":
+                        continue
                     if variant == "default" and name == "qwen3-next" and gdn_default == "torch" and T > 4096:
                         continue  # transformers' torch GDN loops take minutes at long contexts
                     row = {"kind": "e2e", "model": name, "variant": variant, "B": B, "T": T}
@@ -342,7 +364,7 @@ def render(facts, gdn_default, rows, args) -> str:
                   "|---|---|---|---|"]
         lines += [f"| 1x{r['T']} | {r['strided_us']:.1f} | {r['contiguous_us']:.1f} | {r['copy_us']:.1f} |" for r in copies]
     lines += ["", "## Prefill and decode", "",
-              "| model | B | T | variant | prefill ms | vs default | decode step ms | tok/s | vs default | cache GB | peak GB | logits cos (prefill / decode) |",
+              "| model | B | T | variant | prefill ms | vs default | decode step ms (GPU busy) | tok/s | vs default | cache GB | peak GB | logits cos (prefill / decode) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["kind"] == "e2e"):
         if "prefill_ms" not in r:
@@ -355,7 +377,7 @@ def render(facts, gdn_default, rows, args) -> str:
         prefill = f"{r['prefill_ms']:.1f}" + ("" if r["prefill_rows"] == r["B"] else f" (B={r['prefill_rows']})")
         cos = f"{r['prefill_cos']:.4f} / {r['decode_cos']:.4f}" if "prefill_cos" in r else "-"
         lines.append(f"| {r['model']} | {r['B']} | {r['T']} | {r['variant']} | {prefill} | {pre_ratio} | "
-                     f"{r['step_ms']:.2f} | {r['tok_s']:.1f} | {dec_ratio} | {r['cache_bytes'] / GB:.3f} | "
+                     f"{r['step_ms']:.2f} ({r['step_gpu_ms']:.2f}) | {r['tok_s']:.1f} | {dec_ratio} | {r['cache_bytes'] / GB:.3f} | "
                      f"{r.get('peak_gb', float('nan')):.1f} | {cos}{'' if r['correct'] else ' WRONG'} |")
     lines += ["", f"## Longest context per row at B = 8, full depth, {KV_BUDGET_GB} GB of K/V (from the measured bytes per token)",
               "", "| model | variant | bytes / token / layer | tokens per row | vs default |", "|---|---|---|---|---|"]

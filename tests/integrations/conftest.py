@@ -1,5 +1,6 @@
 """Shared setup of the integration tests (adapters to transformers and other frameworks)."""
 
+import importlib.util
 import os
 
 import pytest
@@ -18,3 +19,12 @@ def require_transformers():
 def hf_transformers():
     """The transformers module (see :func:`require_transformers`)."""
     return require_transformers()
+
+
+@pytest.fixture
+def transformers_torch_gdn():
+    """Skip where FLA is installed: transformers then picked FLA's GDN kernels at import, whose
+    Triton code cannot run the CPU models these tests compare ours against (tests/cuda covers that
+    pairing on the GPU)."""
+    if importlib.util.find_spec("fla") is not None:
+        pytest.skip("FLA installed: transformers' default GDN path is FLA's, which needs CUDA tensors")

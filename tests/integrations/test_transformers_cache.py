@@ -121,7 +121,8 @@ def test_crop_reset_and_growth(hf_transformers, tat, llama):
     assert (teacher_forced(llama, ids, None, cache, steps) - first).abs().max().item() <= 1e-5
 
 
-def test_hybrid_qwen3_next_runs_our_gdn_beside_the_compressed_cache(hf_transformers, tat, monkeypatch):
+def test_hybrid_qwen3_next_runs_our_gdn_beside_the_compressed_cache(hf_transformers, tat, monkeypatch,
+                                                                   transformers_torch_gdn):
     from torch_aura.integrations.transformers import gdn
 
     model = tiny_qwen3_next(hf_transformers)

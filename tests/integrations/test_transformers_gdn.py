@@ -251,7 +251,7 @@ def _run(model, ids, mask):
 
 
 @pytest.mark.parametrize("build", [_qwen3_next, _qwen3_5], ids=["qwen3_next", "qwen3_5"])
-def test_generate_matches_transformers_path(gdn, build, monkeypatch):
+def test_generate_matches_transformers_path(gdn, build, monkeypatch, transformers_torch_gdn):
     torch.manual_seed(0)
     model = build().eval()
     (module_name,) = gdn.modules_of(model)
