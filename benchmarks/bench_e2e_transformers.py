@@ -227,6 +227,33 @@ KV_BUDGET_GB = 64
 FULL_DEPTH_ATTENTION_LAYERS = {"llama3-8b": 32, "qwen3-next": 12}
 
 
+def prefill_profile(model, name: str, T: int, device, top: int = 12) -> list[dict]:
+    """GPU kernel time of one B = 1 prefill, grouped by kernel name: where a model's prefill goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(1, model.config.get_text_config().vocab_size, (1, T), device=device)
+    rows = []
+    for variant in ("default", "aura-attn"):
+        set_variant(model, variant)
+        with torch.inference_mode():
+            model(ids, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1)  # warm-up
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                model(ids, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1)
+                torch.cuda.synchronize()
+        per = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                per[e.name] = per.get(e.name, 0.0) + e.device_time / 1e3
+        total = sum(per.values())
+        print(f"profile {name} {variant} 1x{T}: {total:.1f} ms of kernels")
+        for k, ms in sorted(per.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"   {ms:8.2f} ms  {k[:110]}")
+            rows.append({"kind": "profile", "model": name, "variant": variant, "T": T, "kernel": k[:110],
+                         "ms": ms, "total_ms": total})
+    return rows
+
+
 def strided_copy_cost(device) -> list[dict]:
     """GPU time the GDN adapter spends making transformers' strided q/k/v views contiguous.
 
@@ -265,6 +292,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tiny", action="store_true", help="tiny shapes on any device (smoke test)")
+    p.add_argument("--profile", type=int, default=0, metavar="T",
+                   help="also print the top GPU kernels of one B=1 prefill of T tokens, default vs ours")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     import transformers
@@ -321,7 +350,8 @@ def main(argv=None) -> int:
                     if base is None and variant == "default":
                         base = res
                     if base is not None and variant != "default":
-                        row["prefill_cos"] = cosine(res["prefill_logits"], base["prefill_logits"])
+                        # row 0's prompt is the same whether B or one row was prefilled
+                        row["prefill_cos"] = cosine(res["prefill_logits"][:1], base["prefill_logits"][:1])
                         row["decode_cos"] = cosine(res["decode_logits"], base["decode_logits"])
                         row["correct"] = min(row["prefill_cos"], row["decode_cos"]) >= LOGIT_COSINE_MIN[variant]
                     else:
@@ -330,9 +360,11 @@ def main(argv=None) -> int:
                     row["weights_gb"] = weights_gb
                     rows.append(row)
                     print(f"{name} {variant:9s} B={B} T={T:6d}: prefill {row['prefill_ms']:9.1f} ms, step "
-                          f"{row['step_ms']:7.2f} ms ({row['tok_s']:8.1f} tok/s), cache {row['cache_bytes'] / GB:7.3f} GB"
+                          f"{row['step_ms']:7.2f} ms (GPU {row['step_gpu_ms']:6.2f}; {row['tok_s']:8.1f} tok/s), cache {row['cache_bytes'] / GB:7.3f} GB"
                           + (f", cos {row.get('prefill_cos', 1):.4f}/{row.get('decode_cos', 1):.4f}" if base else "")
                           + ("" if row["correct"] else "  WRONG"))
+        if args.profile and device.type == "cuda":
+            rows += prefill_profile(model, name, args.profile, device)
         tat.disable(model)
         del model
     shared = [r for r in rows if r["kind"] != "e2e"]
@@ -363,6 +395,12 @@ def render(facts, gdn_default, rows, args) -> str:
                   "| tokens | gdn on the views (us) | gdn on contiguous inputs (us) | the three copies alone (us) |",
                   "|---|---|---|---|"]
         lines += [f"| 1x{r['T']} | {r['strided_us']:.1f} | {r['contiguous_us']:.1f} | {r['copy_us']:.1f} |" for r in copies]
+    prof = [r for r in rows if r["kind"] == "profile"]
+    for variant in dict.fromkeys(r["variant"] for r in prof):
+        mine = [r for r in prof if r["variant"] == variant]
+        lines += ["", f"## Where one B = 1 prefill of {mine[0]['T']} tokens goes ({variant}, "
+                  f"{mine[0]['total_ms']:.1f} ms of GPU kernels; top kernels)", "", "| kernel | ms |", "|---|---|"]
+        lines += [f"| `{r['kernel']}` | {r['ms']:.2f} |" for r in mine]
     lines += ["", "## Prefill and decode", "",
               "| model | B | T | variant | prefill ms | vs default | decode step ms (GPU busy) | tok/s | vs default | cache GB | peak GB | logits cos (prefill / decode) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]

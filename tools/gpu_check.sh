@@ -53,7 +53,7 @@ for step in $steps; do
     bench_e2e)
       # E2E_MODELS=llama3-8b,qwen3-next (default both); needs transformers (a wheel under .whl/)
       timeout ${BENCH_TIMEOUT:-540} python3 benchmarks/bench_e2e_transformers.py --models ${E2E_MODELS:-llama3-8b,qwen3-next} \
-        --out "$OUT/results" 2>&1 | tee -a "$OUT/bench_e2e.log" | tail -60 || rc=1 ;;
+        --out "$OUT/results" ${E2E_ARGS:-} 2>&1 | tee -a "$OUT/bench_e2e.log" | tail -60 || rc=1 ;;
     bench_gdn)
       timeout 500 python3 benchmarks/bench_gdn.py --profile --out "$OUT/results" 2>&1 | tee "$OUT/bench_gdn.log" | tail -60 || rc=1 ;;
   esac
