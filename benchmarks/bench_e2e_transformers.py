@@ -329,7 +329,9 @@ def main(argv=None) -> int:
                         continue  # transformers' torch GDN loops take minutes at long contexts
                     row = {"kind": "e2e", "model": name, "variant": variant, "B": B, "T": T}
                     res = None
-                    for rows_prefilled in (B, 1) if B > 1 else (B,):
+                    # every variant prefills as many rows as the default did, so their logits compare
+                    tries = (B, 1) if base is None and B > 1 else ((base or {}).get("prefill_rows", B),)
+                    for rows_prefilled in tries:
                         try:
                             if device.type == "cuda":
                                 torch.cuda.empty_cache()
@@ -348,7 +350,7 @@ def main(argv=None) -> int:
                     if device.type == "cuda":
                         row["peak_gb"] = torch.cuda.max_memory_allocated() / GB
                     if base is None and variant == "default":
-                        base = res
+                        base = {**res, "prefill_rows": row["prefill_rows"]}
                     if base is not None and variant != "default":
                         # row 0's prompt is the same whether B or one row was prefilled
                         row["prefill_cos"] = cosine(res["prefill_logits"][:1], base["prefill_logits"][:1])
@@ -367,7 +369,7 @@ def main(argv=None) -> int:
             rows += prefill_profile(model, name, args.profile, device)
         tat.disable(model)
         del model
-    shared = [r for r in rows if r["kind"] != "e2e"]
+    shared = [r for r in rows if "model" not in r]
     for name in args.models.split(","):
         mine = shared + [r for r in rows if r.get("model") == name]
         md = render(facts, gdn_default, mine, args)
