@@ -291,6 +291,7 @@ def main(argv=None) -> int:
     p.add_argument("--contexts", default="4096,32768,131072")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"a subset of {','.join(VARIANTS)}")
     p.add_argument("--tiny", action="store_true", help="tiny shapes on any device (smoke test)")
     p.add_argument("--profile", type=int, default=0, metavar="T",
                    help="also print the top GPU kernels of one B=1 prefill of T tokens, default vs ours")
@@ -322,7 +323,7 @@ def main(argv=None) -> int:
         for T in contexts:
             for B in batches:
                 base = None
-                for variant in VARIANTS:
+                for variant in args.variants.split(","):
                     if variant == "default-no-cudnn" and device.type != "cuda":
                         continue
                     if variant == "default" and name == "qwen3-next" and gdn_default == "torch" and T > 4096:
