@@ -363,7 +363,8 @@ def main(argv=None) -> int:
                     row["weights_gb"] = weights_gb
                     rows.append(row)
                     print(f"{name} {variant:9s} B={B} T={T:6d}: prefill {row['prefill_ms']:9.1f} ms, step "
-                          f"{row['step_ms']:7.2f} ms (GPU {row['step_gpu_ms']:6.2f}; {row['tok_s']:8.1f} tok/s), cache {row['cache_bytes'] / GB:7.3f} GB"
+                          f"{row['step_ms']:7.2f} ms (GPU {row['step_gpu_ms']:6.2f}; {row['tok_s']:8.1f} tok/s), cache {row['cache_bytes'] / GB:7.3f} GB, "
+                          f"peak {row.get('peak_gb', float('nan')):.1f} GB"
                           + (f", cos {row.get('prefill_cos', 1):.4f}/{row.get('decode_cos', 1):.4f}" if base else "")
                           + ("" if row["correct"] else "  WRONG"))
         if args.profile and device.type == "cuda":
