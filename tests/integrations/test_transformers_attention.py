@@ -102,5 +102,5 @@ def test_unsupported_transformers_version_is_named(monkeypatch, hf_transformers)
 
     # the module object require_transformers will import (transformers may have replaced its own)
     monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.57.1")
-    with pytest.raises(ImportError, match=r"supports transformers >= 5\.20, < 5\.25.*found 4\.57\.1"):
+    with pytest.raises(ImportError, match=r"supports transformers >= 5\.24, < 5\.25.*found 4\.57\.1"):
         _version.require_transformers()
