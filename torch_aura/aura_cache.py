@@ -177,20 +177,17 @@ class AuraCache:
                              "this cache is paged (its rows live in the caller's block_table)")
 
     # ------------------------------------------------------------------------------------ writes
+    def _on_device(self, name: str, t: torch.Tensor) -> None:
+        if t.device != self._dev:
+            _c.fail(name, f"a tensor on the cache's device {self._dev}", t.device)
+
     def _check_tokens(self, name: str, t) -> None:
         """``t`` is ``[B, (L,) Hkv, D]`` floating point on the cache's device, unit last stride."""
-        if not isinstance(t, torch.Tensor) or t.dim() not in (3, 4):
-            _c.fail(name, "a [B, Hkv, D] or [B, L, Hkv, D] tensor",
-                    tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__)
+        _c.tensor(name, t, ndim=(3, 4), dtypes=_c.FLOATS, unit_last_stride=True)
         shape = t.shape
         if shape[0] != self.batch or shape[-2] != self.kv_heads or shape[-1] != self.head_dim:
             _c.fail(name, f"[B={self.batch}, (L,) Hkv={self.kv_heads}, D={self.head_dim}]", tuple(shape))
-        if t.dtype not in _c.FLOATS:
-            _c.fail(name, "dtype float16 / bfloat16 / float32", t.dtype)
-        if t.device != self._dev:
-            _c.fail(name, f"a tensor on the cache's device {self._dev}", t.device)
-        if t.stride(-1) != 1:
-            _c.fail(name, "a unit stride in the last dim", f"strides {tuple(t.stride())}")
+        self._on_device(name, t)
 
     def _slots(self, L: int, n: torch.Tensor | None, left_padded: bool) -> torch.Tensor:
         """int64 ``[B * L]`` slots of a chunk of L tokens per sequence, computed on the device.
@@ -266,13 +263,10 @@ class AuraCache:
                              f"(capacity {self.capacity}, {self._appended} appended), got {L}")
         n = None
         if lengths is not None:
-            if not isinstance(lengths, torch.Tensor) or lengths.dtype not in _c.INDEX_DTYPES \
-                    or lengths.dim() != 1 or lengths.shape[0] != self.batch:
-                got = (f"{str(lengths.dtype).replace('torch.', '')} {tuple(lengths.shape)}"
-                       if isinstance(lengths, torch.Tensor) else type(lengths).__name__)
-                _c.fail("lengths", f"None or an int32 / int64 tensor [B={self.batch}]", got)
-            if lengths.device != self._dev:
-                _c.fail("lengths", f"a tensor on the cache's device {self._dev}", lengths.device)
+            _c.tensor("lengths", lengths, ndim=1, dtypes=_c.INDEX_DTYPES)
+            if lengths.shape[0] != self.batch:
+                _c.fail("lengths", f"one length per sequence, [B={self.batch}]", tuple(lengths.shape))
+            self._on_device("lengths", lengths)
             n = lengths.clamp(0, L)  # out-of-range values cannot be reported without a sync
         if L == 1 and n is None and not self.paged:
             # The decode step: one add for the slots, one masked fill for overflow safety (as in
@@ -317,21 +311,14 @@ class AuraCache:
             >>> out.shape, lse.shape
             (torch.Size([2, 6, 64]), torch.Size([2, 6]))
         """
-        if not isinstance(q, torch.Tensor) or q.dim() not in (3, 4):
-            _c.fail("q", "a [B, Hq, D] or [B, L, Hq, D] tensor",
-                    tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__)
+        _c.tensor("q", q, ndim=(3, 4), dtypes=_c.FLOATS, unit_last_stride=True)
         shape = q.shape
         if shape[0] != self.batch or shape[-1] != self.head_dim:
             _c.fail("q", f"[B={self.batch}, (L,) Hq, D={self.head_dim}]", tuple(shape))
         if shape[-2] < 1 or shape[-2] % self.kv_heads:
             _c.fail("q", f"query heads (shape[-2]) a positive multiple of KV heads ({self.kv_heads})",
                     tuple(shape))
-        if q.dtype not in _c.FLOATS:
-            _c.fail("q", "dtype float16 / bfloat16 / float32", q.dtype)
-        if q.device != self._dev:
-            _c.fail("q", f"a tensor on the cache's device {self._dev}", q.device)
-        if q.stride(-1) != 1:
-            _c.fail("q", "a unit stride in the last dim", f"strides {tuple(q.stride())}")
+        self._on_device("q", q)
         return self._decode_op(q, self.k_codes, self.k_norms, self.v_codes, self.v_norms,
                                self.seq_lens, self.k_codebook, self.v_codebook, self.k_sign_mask,
                                self.v_sign_mask, self.key_bits, self.value_bits,
@@ -369,13 +356,10 @@ class AuraCache:
             (3, [1, 1, 3], (3, 1, 8, 8))
         """
         self._contiguous_only("select_rows")
-        if not isinstance(index, torch.Tensor) or index.dtype not in _c.INDEX_DTYPES \
-                or index.dim() != 1 or index.shape[0] < 1:
-            got = (f"{str(index.dtype).replace('torch.', '')} {tuple(index.shape)}"
-                   if isinstance(index, torch.Tensor) else type(index).__name__)
-            _c.fail("index", "a non-empty int64 (or int32) tensor [B'] of row indices", got)
-        if index.device != self._dev:
-            _c.fail("index", f"a tensor on the cache's device {self._dev}", index.device)
+        _c.tensor("index", index, ndim=1, dtypes=_c.INDEX_DTYPES)
+        if index.shape[0] < 1:
+            _c.fail("index", "a non-empty tensor [B'] of row indices", tuple(index.shape))
+        self._on_device("index", index)
         self.k_codes = self.k_codes.index_select(0, index)
         self.v_codes = self.v_codes.index_select(0, index)
         self.k_norms = self.k_norms.index_select(0, index)
