@@ -16,25 +16,17 @@ gets no mask at all, which would silently unmask padded batches). What serves a 
 from __future__ import annotations
 
 import torch
+# the package's __init__ has checked the transformers version before importing this module
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..._checks.decode import SUPPORTED_HEAD_DIMS as DECODE_HEAD_DIMS
 from ...ops.decode import flash_decode
-from ._version import require_transformers
 
 NAME = "aura"
 # Key under which an AuraKVCache layer hands itself to the attention function (kwargs dict).
 LAYER_KEY = "aura_kv_layer"
-
-_sdpa = None
-
-
-def _sdpa_forward():
-    global _sdpa
-    if _sdpa is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        _sdpa = sdpa_attention_forward
-    return _sdpa
 
 
 def head_dim_of(text_config) -> int | None:
@@ -72,14 +64,11 @@ def aura_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
         seq_lens = torch.full((B,), T, dtype=torch.int32, device=query.device)
         out, _ = flash_decode(query[:, :, 0], key, value, seq_lens, scale=scaling)
         return out.unsqueeze(1), None
-    return _sdpa_forward()(module, query, key, value, attention_mask, dropout=dropout,
-                           scaling=scaling, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                  scaling=scaling, **kwargs)
 
 
 def register() -> None:
     """Register ``"aura"`` in transformers' attention and mask registries (idempotent)."""
-    transformers = require_transformers()
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    transformers.AttentionInterface.register(NAME, aura_attention_forward)
+    AttentionInterface.register(NAME, aura_attention_forward)
     AttentionMaskInterface.register(NAME, sdpa_mask)

@@ -24,16 +24,11 @@ apart and runs ~30% slower (benchmarks/results/aura_h100.md).
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
 
 from ...aura_cache import AuraCache, parse_scheme
 from ..._checks.aura import HEAD_DIMS as AURA_HEAD_DIMS
-from ._version import require_transformers
-
-require_transformers()
-
-from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer  # noqa: E402
-
-from .attention import LAYER_KEY, NAME, _sdpa_forward, head_dim_of  # noqa: E402
+from .attention import LAYER_KEY, NAME, head_dim_of, sdpa_attention_forward
 
 _GRANULE = 256  # capacity is a multiple of this many tokens (aura_decode's reference block)
 
@@ -70,9 +65,6 @@ class AuraKVLayer(CacheLayerMixin):
     # ------------------------------------------------------------------------------ Cache API
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B, Hkv, L, D = key_states.shape
-        if D not in AURA_HEAD_DIMS:
-            raise ValueError(f"AuraKVCache: head_dim must be one of {list(AURA_HEAD_DIMS)} (AURA's "
-                             f"Hadamard rotation needs a power of two), layer {self.layer_idx} has {D}")
         capacity = self.max_cache_len or _round_up(max(L, 1) + _GRANULE, _GRANULE)
         self.aura = AuraCache(self.scheme, batch=B, kv_heads=Hkv, head_dim=D, capacity=capacity,
                               seed=self.seed, layer=self.layer_idx, device=key_states.device)
@@ -112,15 +104,15 @@ class AuraKVLayer(CacheLayerMixin):
                 valid = last if last.dtype == torch.bool else last == 0
                 lengths = valid.sum(-1, dtype=torch.int32)
             self.aura.append(k_rows, v_rows, lengths=lengths, left_padded=True)
-            return _sdpa_forward()(module, query, k, v, attention_mask, dropout=dropout,
-                                   scaling=scaling, **kwargs)[0]
+            return sdpa_attention_forward(module, query, k, v, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)[0]
         self.aura.append(k_rows, v_rows)
         q = query[:, :, 0] if L == 1 else query.transpose(1, 2)
         out, _ = self.aura.decode(q, scale=scaling)
         return out.unsqueeze(1) if L == 1 else out
 
     def _reserve(self, L: int) -> None:
-        need = self.aura._appended + L
+        need = self.cumulative_length + L  # the cache's own upper bound moves with it
         if need > self.aura.capacity:
             self.aura.grow(_round_up(max(need, 2 * self.aura.capacity), _GRANULE))
 
@@ -200,9 +192,10 @@ class AuraKVCache(Cache):
         >>> cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64,
         ...     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
         >>> model = transformers.LlamaForCausalLM(cfg).eval()
-        >>> tat.enable(model)
+        >>> _ = tat.enable(model)
         >>> cache = tat.AuraKVCache(model.config, scheme="aura8")
-        >>> out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False, cache=cache)
+        >>> out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, min_new_tokens=4,
+        ...                      do_sample=False, cache=cache)
         >>> out.shape, cache.get_seq_length()
         (torch.Size([1, 7]), 6)
     """
