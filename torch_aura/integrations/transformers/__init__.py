@@ -18,7 +18,7 @@ Example:
     >>> model = transformers.LlamaForCausalLM(cfg).eval()
     >>> tat.enable(model)["attention"]
     'aura'
-    >>> model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False).shape
+    >>> model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, min_new_tokens=3, do_sample=False).shape
     torch.Size([1, 6])
 """
 
