@@ -1,0 +1,102 @@
+"""Tiny random-weight models and a locally built tokenizer saved for vLLM (no hub), and the
+in-process engine runs the vLLM tests share."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+import torch
+
+VOCAB = 256
+# What vLLM needs to start offline on 2 CPU cores (integrations.md §2): no network, in-process.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def save_tokenizer(path: Path) -> None:
+    """A word-level tokenizer over ``t0 .. t255`` (ids are what the tests feed; text is a by-product)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2",
+                            pad_token="t0").save_pretrained(path)
+
+
+def save_llama(path: Path, head_dim: int, init: float = 0.08) -> Path:
+    """2 layers, 4 query / 2 KV heads (GQA 2) of ``head_dim``. ``init`` (the weights' std) sets how
+    varied greedy continuations are: 0.08 gives 7-20 distinct tokens in 40; smaller is smoother
+    (a random model's argmax margins are what quantization noise competes with)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                      max_position_embeddings=1024, initializer_range=init, bos_token_id=1,
+                      eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    save_tokenizer(path)
+    return path
+
+
+def save_qwen3_next(path: Path) -> Path:
+    """3 Gated DeltaNet layers then one full-attention layer (4 / 2 heads of 128), 4 experts."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3NextConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=128, moe_intermediate_size=64,
+        shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+        num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=128, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+        max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        initializer_range=0.08)
+    Qwen3NextForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+    save_tokenizer(path)
+    return path
+
+
+def prompts(lengths=(5, 40, 77, 130), seed=1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def engine(model: Path, backend: str | None, *, dtype="float32", kv_bytes=64 << 20, block_size=32,
+           max_model_len=512, **kwargs):
+    """An in-process ``vllm.LLM``; ``backend="CUSTOM"`` selects torch_aura's."""
+    os.environ.update(OFFLINE_ENV)
+    from vllm import LLM
+
+    attention = {"attention_config": {"backend": backend}} if backend else {}
+    return LLM(model=str(model), tokenizer=str(model), dtype=dtype, enforce_eager=True,
+               block_size=block_size, max_model_len=max_model_len, kv_cache_memory_bytes=kv_bytes,
+               seed=0, max_num_seqs=8, **attention, **kwargs)
+
+
+def close(llm) -> None:
+    from vllm.distributed import cleanup_dist_env_and_memory
+
+    llm.llm_engine.engine_core.shutdown() if hasattr(llm.llm_engine, "engine_core") else None
+    del llm
+    gc.collect()
+    cleanup_dist_env_and_memory()
+
+
+def greedy(llm, token_prompts, max_tokens=40) -> list[list[int]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in token_prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def kv_capacity_tokens(llm) -> int:
+    """Tokens vLLM's KV cache holds (its reported capacity): blocks x block size."""
+    cfg = llm.llm_engine.vllm_config.cache_config
+    return cfg.num_gpu_blocks * cfg.block_size

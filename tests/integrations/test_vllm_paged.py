@@ -1,0 +1,53 @@
+"""The attention torch_aura's vLLM backend runs (``integrations/vllm/_paged.py``, no vLLM needed):
+decode rows, speculative rows and prefill rows of one batch against fp64 attention over the pages;
+padding slots; the AURA page format's capacity. The end-to-end tests through vLLM are tests/vllm."""
+
+import pytest
+import torch
+
+from _vllm_paged import BLOCK, run_batch
+from torch_aura.integrations.vllm._paged import aura_slot_bytes
+
+# (query_lens, context_lens, num_decodes): one-token decodes; speculative verification rows
+# (query length 3 over a cache) then a chunked prefill over history and a fresh prefill whose
+# length crosses block boundaries (BLOCK +- 1).
+BATCHES = {
+    "decode": ([1, 1, 1], [0, BLOCK - 1, 2 * BLOCK + 4], 3),
+    "spec+prefill": ([3, 3, 13, BLOCK + 1], [5, BLOCK, 20, 0], 2),
+    "prefill": ([BLOCK - 1, 1, 2 * BLOCK], [0, 40, BLOCK + 1], 0),
+}
+FORMATS = {"dense": "dense", "aura8": (8, 8), "aura4v2": (4, 2)}
+
+
+@pytest.mark.parametrize("batch", list(BATCHES))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("D", [64, 128])
+def test_batch_matches_attention_over_the_pages(batch, fmt, D):
+    query_lens, context_lens, nd = BATCHES[batch]
+    out, ref, before, after, slots, *_ = run_batch(FORMATS[fmt], D, torch.float32, "cpu",
+                                                    query_lens, context_lens, nd)
+    n = ref.shape[0]
+    torch.testing.assert_close(out[:n].double(), ref, atol=1e-5, rtol=1e-5)
+    assert (out[n:] == 7.0).all(), "padding rows of the output must be left alone"
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_padding_slots_write_nothing_a_request_reads(fmt):
+    # slot -1 rows (vLLM's padding) carry garbage: the dense format parks them in the null block 0,
+    # AURA skips them; no other page may change beyond the step's own slots.
+    _, _, before, after, slots, *_ = run_batch(FORMATS[fmt], 64, torch.float32, "cpu", [2, 5], [3, 9], 1)
+    changed = (before != after).flatten(1).any(1).nonzero().flatten().tolist()
+    allowed = set((slots // BLOCK).tolist()) | ({0} if fmt == "dense" else set())
+    assert changed and set(changed) <= allowed
+
+
+def test_bf16_batch():
+    out, ref, *_ = run_batch("dense", 128, torch.bfloat16, "cpu", [1, 3, 20], [10, 4, 7], 2)
+    torch.testing.assert_close(out[:ref.shape[0]].double(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("scheme,D,ratio", [((8, 8), 128, 1024 / 264), ((4, 2), 128, 1024 / 104),
+                                            ((8, 8), 64, 512 / 136), ((4, 4), 64, 512 / 72)])
+def test_aura_page_bytes(scheme, D, ratio):
+    # the capacity gain vLLM sees over an fp32 cache (2 * D * 4 bytes per token and head)
+    assert 2 * D * 4 / aura_slot_bytes(D, *scheme) == pytest.approx(ratio)

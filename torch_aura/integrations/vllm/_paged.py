@@ -1,0 +1,258 @@
+"""Paged attention over vLLM's KV pages with torch_aura's ops: the batch plan, the dense and the AURA
+page formats. Imports nothing from vLLM, so the GPU tests drive it where vLLM cannot be installed;
+``backend.py`` adapts it to vLLM's backend API.
+
+A batch (decodes first, as vLLM orders it) is split into
+
+* **decode rows**: every query token of the first ``num_decodes`` requests (query length at most
+  vLLM's ``reorder_batch_threshold``: 1, or ``1 + num_speculative_tokens``) is one row of a single
+  ``flash_decode_out`` / ``aura_decode`` call and sees the tokens up to its own position
+  (``seq_len - query_len + 1 + i``). One token per request passes vLLM's ``seq_lens`` and block
+  table through untouched: no host sync, and no allocation on the dense path;
+* **prefill rows**: the remaining requests, padded to ``[P, max_query_len]`` on the device (no host
+  sync either: only vLLM's host-side ``max_query_len`` / ``max_seq_len`` size the padding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..._checks.aura import packed_words
+from . import STATS
+
+_flash_decode_out = torch.ops.aura.flash_decode_out.default
+_flash_decode = torch.ops.aura.flash_decode.default
+_aura_decode = torch.ops.aura.aura_decode.default
+_aura_write_cache = torch.ops.aura.aura_write_cache.default
+_aura_dequantize = torch.ops.aura.aura_dequantize.default
+
+
+# ---------------------------------------------------------------------------------- the plan
+@dataclass
+class PrefillBatch:
+    """The prefill requests of a batch, padded to ``[P, max_query_len]`` on the device."""
+
+    seq_lens: torch.Tensor  # [P] int32: tokens in the cache after this step (prefix + new)
+    query_lens: torch.Tensor  # [P] int64: new tokens
+    block_table: torch.Tensor  # [P, W] int32, W pages cover max_seq_len
+    token_row: torch.Tensor  # [num_prefill_tokens] int64: the request of each token
+    token_index: torch.Tensor  # [num_prefill_tokens] int64: its index among the request's queries
+    max_query_len: int  # host ints: the padded sizes
+    max_seq_len: int
+
+
+@dataclass
+class BatchPlan:
+    """What one forward needs; built once per step and shared by every layer."""
+
+    num_actual_tokens: int
+    num_decode_tokens: int  # the batch's first tokens, one row each of the decode call
+    decode_seq_lens: torch.Tensor  # [num_decode_tokens] int32: tokens each decode row sees
+    decode_block_table: torch.Tensor  # [num_decode_tokens, max_blocks] int32
+    prefill: PrefillBatch | None
+
+
+def _token_rows(query_start_loc: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(request, index within the request) of each of ``num_tokens`` packed query tokens."""
+    starts = query_start_loc.long()
+    lens = starts[1:] - starts[:-1]
+    rows = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens,
+                                   output_size=num_tokens)  # output_size: no host sync
+    return rows, torch.arange(num_tokens, device=lens.device) - starts[rows]
+
+
+def plan_batch(*, seq_lens, block_table, query_start_loc, num_decodes: int, num_decode_tokens: int,
+               num_prefills: int, num_prefill_tokens: int, num_actual_tokens: int,
+               max_query_len: int, max_seq_len: int, block_size: int) -> BatchPlan:
+    """The plan of a batch from vLLM's per-step metadata (``seq_lens [R]`` int32, ``block_table
+    [R, max_blocks]`` int32, ``query_start_loc [R + 1]``, and the decode / prefill split)."""
+    starts = query_start_loc
+    if num_decode_tokens == num_decodes:  # one token per request: vLLM's tensors as they are
+        decode_seq_lens, decode_block_table = seq_lens[:num_decodes], block_table[:num_decodes]
+    else:  # speculative verification: one row per query token, each with its causal length
+        rows, index = _token_rows(starts[:num_decodes + 1], num_decode_tokens)
+        query_lens = (starts[1:num_decodes + 1] - starts[:num_decodes]).long()
+        decode_seq_lens = (seq_lens.long()[rows] - query_lens[rows] + 1 + index).to(torch.int32)
+        decode_block_table = block_table[rows]
+    prefill = None
+    if num_prefills:
+        end = num_decodes + num_prefills
+        local = starts[num_decodes:end + 1] - starts[num_decodes]
+        rows, index = _token_rows(local, num_prefill_tokens)
+        pages = min(block_table.shape[1], -(-max_seq_len // block_size))
+        prefill = PrefillBatch(
+            seq_lens=seq_lens[num_decodes:end], query_lens=(local[1:] - local[:-1]).long(),
+            block_table=block_table[num_decodes:end, :pages], token_row=rows, token_index=index,
+            max_query_len=max_query_len, max_seq_len=max_seq_len)
+    return BatchPlan(num_actual_tokens, num_decode_tokens, decode_seq_lens, decode_block_table, prefill)
+
+
+class PagedAttention:
+    """One layer's attention over its pages: ``write`` the step's K/V, then ``forward``."""
+
+    def forward(self, q: torch.Tensor, pages: torch.Tensor, plan: BatchPlan, out: torch.Tensor) -> torch.Tensor:
+        """``q [T, Hq, D]`` (T >= plan.num_actual_tokens; padding rows are left alone) into ``out``."""
+        n, nd = plan.num_actual_tokens, plan.num_decode_tokens
+        if nd:
+            self.decode(q[:nd], pages, plan.decode_seq_lens, plan.decode_block_table, out[:nd])
+        if plan.prefill is not None:
+            self.prefill(q[nd:n], pages, plan.prefill, out[nd:n])
+        return out
+
+
+# -------------------------------------------------------------------------------- dense pages
+class DensePages(PagedAttention):
+    """Pages in the model dtype: vLLM's LBNHC view ``[num_blocks, Hkv, block_size, 2D]`` (K then V
+    per token and head) read as ``[num_blocks, block_size, Hkv, D]`` K and V, ``flash_decode``'s
+    paged layout, in place."""
+
+    def __init__(self, num_heads: int, head_dim: int, scale: float, max_rows: int = 8192):
+        self.num_heads, self.head_dim, self.scale, self.max_rows = num_heads, head_dim, scale, max_rows
+        self._lse = None  # fp32 [max_rows, Hq] at a fixed address, allocated on the first decode
+
+    def kv(self, pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        D = self.head_dim
+        return pages[..., :D].transpose(1, 2), pages[..., D:].transpose(1, 2)
+
+    def write(self, key, value, pages, slot_mapping) -> None:
+        k_pages, v_pages = self.kv(pages)
+        n = slot_mapping.shape[0]  # key / value may be padded past the real tokens
+        # Padding slots (-1) land in vLLM's null block 0, which no request reads.
+        slots = slot_mapping.clamp(min=0)
+        block, offset = slots // k_pages.shape[1], slots % k_pages.shape[1]
+        k_pages[block, offset] = key[:n]
+        v_pages[block, offset] = value[:n]
+
+    def decode(self, q, pages, seq_lens, block_table, out) -> None:
+        k_pages, v_pages = self.kv(pages)
+        rows = q.shape[0]
+        if self._lse is None or self._lse.shape[0] < rows or self._lse.device != q.device:
+            self._lse = torch.empty(max(rows, self.max_rows), self.num_heads, dtype=torch.float32,
+                                    device=q.device)
+        _flash_decode_out(q, k_pages, v_pages, seq_lens, block_table, self.scale, 0, out, self._lse[:rows])
+        STATS["dense_decode"] += 1
+
+    def prefill(self, q, pages, pf: PrefillBatch, out) -> None:
+        k_pages, v_pages = self.kv(pages)
+        out.copy_(prefill_sdpa(q, k_pages, v_pages, pf, self.scale))
+        STATS["dense_prefill"] += 1
+
+
+def prefill_sdpa(q, k_pages, v_pages, pf: PrefillBatch, scale: float) -> torch.Tensor:
+    """Causal attention of the packed prefill tokens ``q [N, Hq, D]`` over their requests' pages."""
+    P, L = pf.seq_lens.shape[0], pf.max_query_len
+    N, Hq, D = q.shape
+    block_size, Hkv = k_pages.shape[1], k_pages.shape[2]
+    S = pf.block_table.shape[1] * block_size
+    # fp32 math off the GPU (the CPU's SDPA would round its bf16 intermediates); the GPU's fused
+    # kernels accumulate in fp32 already.
+    dtype = q.dtype if q.is_cuda else torch.float32
+    table = pf.block_table.long()
+    k = k_pages[table].reshape(P, S, Hkv, D).transpose(1, 2).to(dtype)  # [P, Hkv, S, D]
+    v = v_pages[table].reshape(P, S, Hkv, D).transpose(1, 2).to(dtype)
+    qp = q.new_zeros(P, L, Hq, D, dtype=dtype)
+    qp[pf.token_row, pf.token_index] = q.to(dtype)
+    seq = pf.seq_lens.long()[:, None, None]
+    first = seq - pf.query_lens[:, None, None]  # position of each request's first query
+    t = torch.arange(S, device=q.device)[None, None, :]
+    i = torch.arange(L, device=q.device)[None, :, None]
+    mask = (t < seq) & (t <= first + i)  # [P, L, S]; padded rows still see token 0: no NaN
+    o = F.scaled_dot_product_attention(qp.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale,
+                                       enable_gqa=Hq != Hkv)
+    return o.transpose(1, 2)[pf.token_row, pf.token_index].to(q.dtype)
+
+
+# --------------------------------------------------------------------------------- AURA pages
+def aura_slot_bytes(head_dim: int, key_bits: int, value_bits: int) -> int:
+    """Bytes per (token, KV head) of an AURA page: codes of K and V plus one fp32 norm each."""
+    return 4 * (packed_words(head_dim, key_bits) + packed_words(head_dim, value_bits) + 2)
+
+
+class AuraPages(PagedAttention):
+    """AURA-compressed pages. vLLM hands each layer uint8 pages ``[num_blocks, Hkv, N, C]`` with
+    ``C = aura_slot_bytes``; a page's bytes are read as int32 words laid out as ``[N, Hkv, PWk]`` key
+    codes, ``[N, Hkv]`` key norms, ``[N, Hkv, PWv]`` value codes, ``[N, Hkv]`` value norms, which
+    are ``aura_decode``'s paged layouts (each with a unit last stride). Decode and prefill rows run
+    in the compressed domain; prefill rows are right-aligned in ``q [P, L, Hq, D]`` so the op's
+    causal rule (query i at ``seq_len - L + i``) holds for every request length."""
+
+    def __init__(self, num_heads: int, head_dim: int, scale: float, key_bits: int, value_bits: int,
+                 layer: int, seed: int = 0, verify: bool = False):
+        self.num_heads, self.head_dim, self.scale = num_heads, head_dim, scale
+        self.key_bits, self.value_bits, self.layer, self.seed = key_bits, value_bits, layer, seed
+        self.pwk, self.pwv = packed_words(head_dim, key_bits), packed_words(head_dim, value_bits)
+        self.verify = verify
+        self._tables = None
+
+    def tables(self, device):
+        """(k_codebook, k_boundaries, v_codebook, v_boundaries, k_sign_mask, v_sign_mask)."""
+        if self._tables is None or self._tables[0].device != device:
+            from ...ops.aura import aura_codebook, aura_sign_mask
+
+            D = self.head_dim
+            self._tables = (*aura_codebook(self.key_bits, D, device), *aura_codebook(self.value_bits, D, device),
+                            aura_sign_mask(D, self.seed, self.layer, "k", device),
+                            aura_sign_mask(D, self.seed, self.layer, "v", device))
+        return self._tables
+
+    def kv(self, pages: torch.Tensor):
+        """(k_codes, k_norms, v_codes, v_norms) views of the uint8 pages."""
+        nb, H, N, C = pages.shape
+        words = pages.as_strided((nb, N * H * C), (pages.stride(0), 1)).view(torch.int32)
+        parts, start = [], 0
+        for width in (self.pwk, 0, self.pwv, 0):  # codes (PW words), then norms (one fp32)
+            size = N * H * max(width, 1)
+            region = words[:, start:start + size]
+            parts.append(region.view(nb, N, H, width) if width else region.view(torch.float32).view(nb, N, H))
+            start += size
+        return tuple(parts)
+
+    def write(self, key, value, pages, slot_mapping) -> None:
+        k_codes, k_norms, v_codes, v_norms = self.kv(pages)
+        kc, kb, vc, vb, ks, vs = self.tables(pages.device)
+        n = slot_mapping.shape[0]
+        slots = slot_mapping.long()  # slot < 0 (padding) is skipped by the op
+        _aura_write_cache(key[:n], k_codes, k_norms, slots, kc, kb, self.key_bits, ks, True)
+        _aura_write_cache(value[:n], v_codes, v_norms, slots, vc, vb, self.value_bits, vs, True)
+
+    def attend(self, q, pages, seq_lens, block_table) -> torch.Tensor:
+        k_codes, k_norms, v_codes, v_norms = self.kv(pages)
+        kc, _, vc, _, ks, vs = self.tables(pages.device)
+        out, _ = _aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, kc, vc, ks, vs,
+                              self.key_bits, self.value_bits, block_table, self.scale, 0)
+        return out
+
+    def decode(self, q, pages, seq_lens, block_table, out) -> None:
+        out.copy_(self.attend(q, pages, seq_lens, block_table))
+        STATS["aura_decode"] += 1
+        if self.verify:
+            ref = self.dense_decode(q, pages, seq_lens, block_table)
+            diff = float((out.float() - ref).abs().max()) if out.numel() else 0.0
+            STATS["verify_max_abs"] = max(STATS["verify_max_abs"], diff)
+            STATS["verify_steps"] += 1
+
+    def prefill(self, q, pages, pf: PrefillBatch, out) -> None:
+        P, L = pf.seq_lens.shape[0], pf.max_query_len
+        col = L - pf.query_lens[pf.token_row] + pf.token_index
+        qp = q.new_zeros(P, L, q.shape[1], q.shape[2])
+        qp[pf.token_row, col] = q
+        out.copy_(self.attend(qp, pages, pf.seq_lens, pf.block_table)[pf.token_row, col])
+        STATS["aura_prefill"] += 1
+
+    def dense_decode(self, q, pages, seq_lens, block_table) -> torch.Tensor:
+        """fp32 ``flash_decode`` over the dequantized pages each row may read (verify mode, tests)."""
+        k_codes, k_norms, v_codes, v_norms = self.kv(pages)
+        kc, _, vc, _, ks, vs = self.tables(pages.device)
+        table = block_table.long()
+        rows, W, N = table.shape[0], table.shape[1], k_codes.shape[1]
+
+        def dense(codes, norms, codebook, bits, signs):  # -> [rows, Hkv, W * N, D]
+            x = _aura_dequantize(codes[table], norms[table], codebook, bits, signs, None)
+            return x.reshape(rows, W * N, x.shape[-2], x.shape[-1]).transpose(1, 2)
+
+        k = dense(k_codes, k_norms, kc, self.key_bits, ks)
+        v = dense(v_codes, v_norms, vc, self.value_bits, vs)
+        return _flash_decode(q.float(), k, v, seq_lens, None, self.scale, 0)[0]
