@@ -3,9 +3,9 @@
 # opcheck on CUDA, compute-sanitizer memcheck + racecheck on the small cases, then the benchmarks.
 # Everything is teed under $OUT so the logs come back even if a step times out. No -x: one device
 # run must report every failure.
-#   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_aura|bench_gdn|bench_e2e]...
+#   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_aura|bench_gdn|bench_e2e|bench_vllm]...
 #   (default: all but bench_e2e)
-#   FAMILY=decode|aura|gdn|transformers|all (default all) narrows the tests and sanitizer runs to one family.
+#   FAMILY=decode|aura|gdn|transformers|vllm|all (default all) narrows the tests and sanitizer runs to one family.
 #   AURA_BUILD_CUDA=0 skips the CUDA C++ build (Triton-only runs).
 #   Wheels under .whl/ (e.g. fla-core, the GDN peer) are installed first when present.
 set -uo pipefail
@@ -29,6 +29,7 @@ case $FAMILY in
   aura) test_paths="tests/cuda/test_aura_cuda.py"; opcheck_k="cuda and (aura or hadamard)" ;;
   gdn) test_paths="tests/cuda/test_gdn_cuda.py"; opcheck_k="cuda and gdn" ;;
   transformers) test_paths="tests/cuda/test_transformers_cuda.py tests/integrations"; opcheck_k="cuda and aura_decode" ;;
+  vllm) test_paths="tests/cuda/test_vllm_paged_cuda.py"; opcheck_k="cuda and (flash_decode_out or aura_decode or aura_write)" ;;
   *) test_paths="tests/cuda"; opcheck_k="cuda" ;;
 esac
 rc=0
@@ -54,6 +55,9 @@ for step in $steps; do
       # E2E_MODELS=llama3-8b,qwen3-next (default both); needs transformers (a wheel under .whl/)
       timeout ${BENCH_TIMEOUT:-540} python3 benchmarks/bench_e2e_transformers.py --models ${E2E_MODELS:-llama3-8b,qwen3-next} \
         --out "$OUT/results" ${E2E_ARGS:-} 2>&1 | tee -a "$OUT/bench_e2e.log" | tail -60 || rc=1 ;;
+    bench_vllm)
+      timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/bench_vllm_paged.py --out "$OUT/results" 2>&1 | tee "$OUT/bench_vllm.log" \
+        | tail -30 || rc=1 ;;
     bench_gdn)
       timeout 500 python3 benchmarks/bench_gdn.py --profile --out "$OUT/results" 2>&1 | tee "$OUT/bench_gdn.log" | tail -60 || rc=1 ;;
   esac
