@@ -1,6 +1,6 @@
 """The attention torch_aura's vLLM backend runs (``integrations/vllm/_paged.py``, no vLLM needed):
 decode rows, speculative rows and prefill rows of one batch against fp64 attention over the pages;
-padding slots; the AURA page format's capacity. The end-to-end tests through vLLM are tests/vllm."""
+padding slots; the AURA page format's capacity. The end-to-end tests through vLLM are tests/vllm_plugin."""
 
 import pytest
 import torch

