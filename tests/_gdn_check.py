@@ -222,3 +222,53 @@ def check_w_u_copies_match_pointer_loads(chunk, device, B, T, H, HV, K, V, dtype
     for name in ("w", "u", "a_qk"):
         assert torch.equal(runs[0][name], runs[1][name]), f"w/u {name}: tensor-memory copies vs pointer loads"
     return decided[0]
+
+
+def decay_domain_inputs(device, dtype, B=1, T=150, H=1, HV=2, K=16, V=16, seed=3):
+    """Inputs whose g leaves the usual range: -inf (a full forget) at a chunk start, a chunk end,
+    twice in a row and on every head of one token, and g > 0 on a head and on a whole token."""
+    q, k, v, g, beta = make_inputs(device, B, T, H, HV, K, V, dtype, seed=seed)
+    g = g.clone()
+    for t, h in ((5, 0), (63, 1), (100, 0), (101, 0), (149, 1)):
+        g[:, t, h] = float("-inf")
+    g[:, 64, :] = float("-inf")
+    g[:, 20, :] = 0.7
+    g[:, 120, 1] = 3.0
+    return q, k, v, g, beta
+
+
+def _exact_recurrence(q, k, v, g, beta):
+    """fp64 loop written from gdn.md §1 with g as given (exp(-inf) = 0 exactly), fixed length."""
+    q, k, v, g, beta = (x.detach().double().cpu() for x in (q, k, v, g, beta))
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    S = torch.zeros(B, HV, K, V, dtype=torch.float64)
+    o = torch.zeros(B, T, HV, V, dtype=torch.float64)
+    for t in range(T):
+        for hv in range(HV):
+            h = hv // (HV // H)
+            kt, qt = k[:, t, h], q[:, t, h]
+            S[:, hv] *= torch.exp(g[:, t, hv])[:, None, None]
+            r = v[:, t, hv] - torch.einsum("bk,bkv->bv", kt, S[:, hv])
+            S[:, hv] += kt[:, :, None] * (beta[:, t, hv, None] * r)[:, None, :]
+            o[:, t, hv] = K ** -0.5 * torch.einsum("bk,bkv->bv", qt, S[:, hv])
+    return o, S
+
+
+def check_decay_domain(impl, device, dtype):
+    """``gdn_chunk`` and ``gdn_recurrent`` read g as clamp(g, G_MIN, 0): both equal the fp64
+    recurrence with g = -inf as an exact forget and g > 0 as 0, and nothing is NaN."""
+    q, k, v, g, beta = decay_domain_inputs(device, dtype)
+    B, HV, K, V = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
+    o, fin = impl.gdn_chunk(q, k, v, g, beta, None, None, None, None, False, False)
+    pool = torch.zeros(B, HV, K, V, device=device)
+    o_rec = impl.gdn_recurrent(q, k, v, g, beta, pool, None, None, None, False, False)
+    for name, x in (("gdn_chunk.o", o), ("gdn_chunk.final_state", fin), ("gdn_recurrent.o", o_rec),
+                    ("gdn_recurrent.state", pool)):
+        assert torch.isfinite(x).all(), f"{name}: non-finite values with g = -inf / g > 0"
+    o64, fin64 = _exact_recurrence(q, k, v, g.clamp(max=0.0), beta)
+    assert_close("gdn_chunk.o vs fp64 recurrence (g in [-inf, 0], g > 0 read as 0)", o.double().cpu(), o64,
+                 CHUNK_RATIO[dtype])
+    assert_close("gdn_chunk.final_state vs fp64 recurrence", fin.double().cpu(), fin64, CHUNK_RATIO[dtype])
+    assert_close("gdn_recurrent.o vs fp64 recurrence", o_rec.double().cpu(), o64, RECURRENT_RATIO[dtype])
+    assert_close("gdn_recurrent.state vs fp64 recurrence", pool.double().cpu(), fin64, RECURRENT_RATIO[dtype])

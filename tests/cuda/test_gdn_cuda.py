@@ -7,7 +7,7 @@ never writes fails the comparison.
 
 import pytest
 import torch
-from _gdn_check import (check_chunk, check_pass_ignores_rows_outside_sequences, check_recurrent, check_stages,
+from _gdn_check import (check_chunk, check_decay_domain, check_pass_ignores_rows_outside_sequences, check_recurrent, check_stages,
                         check_w_u_copies_match_pointer_loads,
                         make_inputs, recurrence64)
 from _util import GDN_CHUNK_RATIO, assert_close, dtype_id
@@ -404,3 +404,9 @@ def test_every_tuner_config_is_correct(monkeypatch, tuner, index):
         except AssertionError as e:
             raise AssertionError(f"{tuner} config {cfg}: {e}") from e
     assert ran, f"{tuner} config {cfg} fits none of the test shapes"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16], ids=["fp32", "bf16"])
+def test_g_outside_the_usual_range(dtype):
+    # -inf (full forget) and g > 0 (read as 0): finite, and equal to the fp64 recurrence
+    check_decay_domain(torch_aura, DEV, dtype)

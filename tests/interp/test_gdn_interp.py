@@ -5,7 +5,7 @@ zero-length sequences, strong decay and g == 0, both state layouts)."""
 
 import pytest
 import torch
-from _gdn_check import (check_chunk, check_pass_ignores_rows_outside_sequences, check_recurrent, check_stages,
+from _gdn_check import (check_chunk, check_decay_domain, check_pass_ignores_rows_outside_sequences, check_recurrent, check_stages,
                         check_w_u_copies_match_pointer_loads)
 from _util import dtype_id
 
@@ -85,3 +85,9 @@ def test_w_u_copies_match_pointer_loads(gdn_kernels, B, T, K, V, dtype):
     from torch_aura.triton_kernels.gdn import chunk
 
     assert check_w_u_copies_match_pointer_loads(chunk, "cpu", B, T, 1, 2, K, V, dtype), "the TMA path did not run"
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=dtype_id)
+def test_g_outside_the_usual_range(gdn_kernels, dtype):
+    # -inf (full forget) and g > 0 (read as 0): finite, and equal to the fp64 recurrence
+    check_decay_domain(gdn_kernels, "cpu", dtype)

@@ -72,7 +72,8 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
         q: ``[B, T, H, K]`` fp16, bf16 or fp32, unit last stride.
         k: ``[B, T, H, K]``, dtype of q. Should be L2-normalised (or set ``use_qk_l2norm``).
         v: ``[B, T, HV, V]``, dtype of q, ``HV % H == 0``.
-        g: ``[B, T, HV]`` float, log decay (``<= 0``), used in fp32.
+        g: ``[B, T, HV]`` float, log decay, used in fp32 and read as ``clamp(g, -20, 0)``:
+            ``-inf`` is a full forget (no NaN), ``g > 0`` is read as 0.
         beta: ``[B, T, HV]`` float, write strength, used in fp32.
         scale: output scale; None means ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]`` (``[N, HV, V, K]`` if ``state_v_first``) float, or None
@@ -114,7 +115,7 @@ def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
     ``exp(G)`` never underflows over long sequences.
 
     Args:
-        g: ``[B, T, HV]`` fp16, bf16 or fp32 log decay.
+        g: ``[B, T, HV]`` fp16, bf16 or fp32 log decay, read as ``clamp(g, -20, 0)``.
         cu_seqlens: ``[N+1]`` int32/int64 sequence offsets (``B == 1``), or None.
         chunk_indices: ``[NT_total, 2]`` int32 from :func:`gdn_chunk_indices`, or None.
 
@@ -285,7 +286,7 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
         q: ``[B, T, H, K]`` fp16, bf16 or fp32.
         k: ``[B, T, H, K]``, dtype of q.
         v: ``[B, T, HV, V]``, dtype of q, ``HV % H == 0``.
-        g: ``[B, T, HV]`` float log decay.
+        g: ``[B, T, HV]`` float log decay, read as ``clamp(g, -20, 0)`` (as in ``gdn_chunk``).
         beta: ``[B, T, HV]`` float.
         state: the pool ``[P, HV, K, V]`` (``[P, HV, V, K]`` if ``state_v_first``), fp32 (or
             fp16/bf16), updated in place.

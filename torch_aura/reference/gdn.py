@@ -197,6 +197,19 @@ def _solve_unit_lower(A: torch.Tensor) -> torch.Tensor:
     return blocks[0][1]
 
 
+# ---------------------------------------------------------------------------- the gate domain
+# g is a log decay. Every backend reads it as clamp(g, G_MIN, 0) (gdn.md §1): below G_MIN the decay
+# e^g < 2.1e-9 is a full forget at fp32 precision, and -inf must not turn a chunk's cumsum into
+# (-inf) - (-inf) = NaN; above 0 it would be growth, not decay, so it is read as 0 (no decay).
+# The Triton (_jit.G_MIN) and Metal (GDN_G_MIN) kernels carry the same literal; a test keeps them equal.
+G_MIN = -20.0
+
+
+def decay_log(g: torch.Tensor) -> torch.Tensor:
+    """``g`` as every GDN op reads it: ``clamp(g, G_MIN, 0)``."""
+    return g.clamp(G_MIN, 0.0)
+
+
 # ------------------------------------------------------------------------------ stage ops
 def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
     """Inclusive cumsum of ``g [B, T, HV]`` within each 64-token chunk -> ``g_cum`` fp32 (§3.1).
@@ -208,7 +221,7 @@ def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
     B, T, HV = g.shape
     g_cum = torch.empty((B, T, HV), dtype=cd, device=g.device)
     for cb in _batches(_chunks(T, cu_seqlens, chunk_indices), g.device):
-        _save(g_cum, cb, _load(g, cb, cd).cumsum(dim=-1))  # [B, NC, HV, BT]; zeros past the end
+        _save(g_cum, cb, decay_log(_load(g, cb, cd)).cumsum(dim=-1))  # [B, NC, HV, BT]; zeros past the end
     return g_cum
 
 
@@ -401,7 +414,7 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
         qh, kh = _l2norm(qh), _l2norm(kh)  # fp32 "registers", never rounded (unlike gdn_chunk)
     G = HV // H
     qh, kh = qh.repeat_interleave(G, dim=2), kh.repeat_interleave(G, dim=2)  # [B, T, HV, K]
-    vh, gh, bh = v.to(cd), g.to(cd), beta.to(cd)
+    vh, gh, bh = v.to(cd), decay_log(g.to(cd)), beta.to(cd)
 
     # fixed length: all B sequences step together (batch row b = sequence b);
     # varlen: B == 1 and sequence n is rows [bos, eos) of batch row 0

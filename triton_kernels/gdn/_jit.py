@@ -20,6 +20,13 @@ import triton.language as tl
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * log2(e))
 CHUNK = 64  # chunk length (rows of every chunk tile), for the Python launchers
 BT = tl.constexpr(CHUNK)  # the same, readable inside kernels (globals must be constexpr there)
+G_MIN = tl.constexpr(-20.0)  # g is read as clamp(g, G_MIN, 0): reference.gdn.G_MIN says why
+
+
+@triton.jit
+def decay_log(g):
+    """``g`` as every GDN op reads it (a log decay; -inf and g > 0 included), fp32."""
+    return tl.minimum(tl.maximum(g.to(tl.float32), G_MIN), 0.0)
 
 
 @triton.jit

@@ -38,7 +38,7 @@ import triton.language as tl
 from ..._checks import gdn as _checks
 from .._tune import (Config, Tuner, cdiv, cuda_capability, descriptor_workspace, has_tma, interpreting, next_pow2,
                      sm_count)
-from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, dot_f32, fixed_tile, gate_causal, inv_unit_lower16,
+from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, decay_log, dot_f32, fixed_tile, gate_causal, inv_unit_lower16,
                    load_rows, load_tile, load_tile_t, rows_desc, seq_span, store_fixed_tile, store_tile, store_tile_t,
                    v_tile_head_row)
 
@@ -49,7 +49,7 @@ def _cumsum_head(g, g_cum, b, start, eos, i_hv, s_gb, s_gt, s_gh, s_cb, s_ct, s_
     """Inclusive cumsum of one chunk of one head's g, stored fp32 (natural log units)."""
     rows = start + tl.arange(0, BT)
     ok = rows < eos
-    x = load_rows(g, b, rows, ok, i_hv, s_gb, s_gt, s_gh)
+    x = decay_log(load_rows(g, b, rows, ok, i_hv, s_gb, s_gt, s_gh))
     tl.store(g_cum + b * s_cb + i_hv * s_ch + rows * s_ct, tl.cumsum(x, axis=0), mask=ok)
 
 
@@ -206,7 +206,7 @@ def _gdn_chunk_cumsum_kernel(g, g_cum, cu_seqlens, chunk_indices, T, NT, HV,
     mask = (rows < eos)[:, None] & (heads < HV)[None, :]
     x = tl.load(g + b * s_gb + rows[:, None] * s_gt + heads[None, :], mask=mask, other=0.0)
     tl.store(g_cum + b * s_cb + rows[:, None] * s_ct + heads[None, :],
-             tl.cumsum(x.to(tl.float32), axis=0), mask=mask)
+             tl.cumsum(decay_log(x), axis=0), mask=mask)
 
 
 @triton.jit

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ..._checks import gdn as _checks
 from .._tune import cdiv, next_pow2, sm_count
-from ._jit import seq_span, v_tile_head_row
+from ._jit import decay_log, seq_span, v_tile_head_row
 
 
 @triton.jit
@@ -50,7 +50,7 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
         q_t = tl.load(q + b * s_qb + t * s_qt + i_h * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
         k_t = tl.load(k + b * s_kb + t * s_kt + i_h * s_kh + kk, mask=k_ok, other=0.0).to(tl.float32)
         v_t = tl.load(v + b * s_vb + t * s_vt + i_hv * s_vh + vv, mask=v_ok, other=0.0).to(tl.float32)
-        g_t = tl.load(g + b * s_gb + t * s_gt + i_hv * s_gh).to(tl.float32)
+        g_t = decay_log(tl.load(g + b * s_gb + t * s_gt + i_hv * s_gh))
         b_t = tl.load(beta + b * s_bb + t * s_bt + i_hv * s_bh).to(tl.float32)
         if L2NORM:
             q_t = q_t / tl.sqrt(tl.sum(q_t * q_t) + 1e-6)

@@ -7,6 +7,11 @@
 #include "aura_params.h"
 
 constant constexpr int BT = kGdnChunk;
+// g is read as clamp(g, GDN_G_MIN, 0): reference/gdn.py G_MIN says why (-inf: full forget, no NaN)
+constant constexpr float GDN_G_MIN = -20.0f;
+
+// g as every GDN op reads it: a log decay clamped to [GDN_G_MIN, 0] (-inf and g > 0 included).
+inline float gdn_decay_log(float g) { return min(max(g, GDN_G_MIN), 0.0f); }
 
 // Rounds x to T and back: a 16-bit store and reload, the identity for float.
 template <typename T>
@@ -106,7 +111,7 @@ kernel void gdn_chunk_cumsum(device const Tg* g [[buffer(0)]],
   for (int hv = int(tid); hv < p.v_heads; hv += 64) {
     float acc = 0.0f;
     for (int r = 0; r < len; ++r) {
-      acc += float(g[gdn_at(p.g, b, bos + r, hv, 0)]);
+      acc += gdn_decay_log(float(g[gdn_at(p.g, b, bos + r, hv, 0)]));
       g_cum[gdn_at(p.o, b, bos + r, hv, 0)] = acc;
     }
   }
@@ -523,7 +528,7 @@ kernel void gdn_recurrent(device const T* q [[buffer(0)]],
       const float nk = sqrt(tot.x + 1e-6f), nq = sqrt(tot.y + 1e-6f);
       for (int i = 0; i < ROWS; ++i) kv[i] /= nk, qv[i] /= nq;
     }
-    const float decay = exp(g[gdn_at(p.g, b, t, hv, 0)]), bt = beta[gdn_at(p.beta, b, t, hv, 0)];
+    const float decay = exp(gdn_decay_log(float(g[gdn_at(p.g, b, t, hv, 0)]))), bt = beta[gdn_at(p.beta, b, t, hv, 0)];
     float4 part = float4{0.0f, 0.0f, 0.0f, 0.0f};
     for (int i = 0; i < ROWS; ++i)
       for (int c = 0; c < COLS; ++c) {

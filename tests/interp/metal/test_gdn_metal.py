@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from _compare import check_op
+from _gdn_check import check_decay_domain
 from _samples.gdn import SAMPLES
 from _util import GDN_CHUNK_RATIO, GDN_RECURRENT_RATIO, dtype_id
 from torch_aura.reference import gdn as ref
@@ -91,3 +92,13 @@ def test_bad_pool_rows_and_offsets_never_fault(emu):
                    torch.tensor([0, 3, 10**6], dtype=torch.int32))
     assert torch.equal(o[0, :3], torch.zeros(3, 1, 8)) and torch.equal(pool[0], before[0])
     assert not torch.equal(pool[1], before[1])  # the valid sequence (clamped to end at T) ran
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_g_outside_the_usual_range(emu, dtype):
+    # -inf (full forget) and g > 0 (read as 0): finite, and equal to the fp64 recurrence
+    from types import SimpleNamespace
+
+    impl = SimpleNamespace(gdn_chunk=lambda *a: emu.run_op("gdn_chunk", *a),
+                           gdn_recurrent=lambda *a: emu.run_op("gdn_recurrent", *a))
+    check_decay_domain(impl, "cpu", dtype)
