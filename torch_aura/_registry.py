@@ -69,8 +69,23 @@ def _make_reference(name: str):
     return impl
 
 
+def _make_no_backward(name: str):
+    """The ops are forward-only (inference kernels): outputs of inputs that require grad get a
+    grad_fn whose backward raises this, instead of PyTorch's "autograd kernel was not registered"
+    warning on CPU and a silent missing graph elsewhere."""
+
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            f"torch.ops.aura.{name} is forward-only (an inference kernel): it has no backward. Run it "
+            "under torch.no_grad() / torch.inference_mode(), or detach its inputs")
+
+    return backward
+
+
 def define_and_register() -> None:
     for name, op in OPS.items():
         LIB.define(op.schema, tags=TAGS)
         torch.library.register_fake(f"aura::{name}", _make_fake(name), lib=LIB)
         LIB.impl(name, _make_reference(name), "CompositeExplicitAutograd")
+        if "!" not in op.schema:  # mutating ops write caller buffers and return nothing to differentiate
+            torch.library.register_autograd(f"aura::{name}", _make_no_backward(name), lib=LIB)
