@@ -8,6 +8,7 @@ tensors, and the device-side ``seq_lens``. A model needs three calls: construct,
 
 from __future__ import annotations
 
+import numbers
 import re
 
 import torch
@@ -28,6 +29,11 @@ def parse_scheme(scheme: str) -> tuple[int, int]:
         raise ValueError(f"scheme: expected 'aura{{kb}}v{{vb}}' or 'aura{{b}}' with bits in {list(BITS)} "
                          f"(e.g. 'aura4v2', 'aura8v4'), got {scheme!r}")
     return kb, vb
+
+
+def _as_int(v):
+    """NumPy (or any numbers.Integral) integers as Python ints; anything else unchanged for the checks."""
+    return int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
 
 
 class AuraCache:
@@ -102,6 +108,8 @@ class AuraCache:
         self.key_bits, self.value_bits = parse_scheme(scheme)
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim: expected one of {list(HEAD_DIMS)}, got {head_dim}")
+        batch, kv_heads, head_dim, capacity, num_blocks, page_size, seed, layer = (
+            _as_int(v) for v in (batch, kv_heads, head_dim, capacity, num_blocks, page_size, seed, layer))
         for name, v in (("batch", batch), ("kv_heads", kv_heads)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
@@ -390,6 +398,7 @@ class AuraCache:
             [2, 0]
         """
         self._contiguous_only("crop")
+        n = _as_int(n)
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             _c.fail("n", "an int >= 0 (tokens to drop)", repr(n))
         if n:
@@ -420,6 +429,7 @@ class AuraCache:
             (16, [5], (1, 1, 16, 8))
         """
         self._contiguous_only("grow")
+        capacity = _as_int(capacity)
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             _c.fail("capacity", "a positive int", repr(capacity))
         old = self.capacity

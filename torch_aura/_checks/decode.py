@@ -56,8 +56,11 @@ def _decode_inputs(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits
     c.divides("q", Hq, Hkv, "query heads Hq", f"KV heads Hkv = k_cache.shape[{hkv_dim}]")
 
     # Sym* types: under torch.compile scalars may arrive symbolic.
-    if scale is not None and not isinstance(scale, (int, float, torch.SymInt, torch.SymFloat)):
-        c.fail("scale", "a float or None", type(scale).__name__)
+    # a 0-D tensor too: the dispatcher turns one into the schema's float, so torch.ops accepts it
+    if scale is not None and not isinstance(scale, (int, float, torch.SymInt, torch.SymFloat)) \
+            and not (isinstance(scale, torch.Tensor) and scale.dim() == 0):
+        c.fail("scale", "a float, a 0-D tensor or None", type(scale).__name__ if not isinstance(scale, torch.Tensor)
+               else f"a tensor of shape {tuple(scale.shape)}")
     if not isinstance(num_splits, (int, torch.SymInt)) or isinstance(num_splits, bool):
         c.fail("num_splits", "an int", type(num_splits).__name__)
     if num_splits < 0:

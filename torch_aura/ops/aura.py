@@ -175,7 +175,9 @@ def aura_write_cache(x: torch.Tensor, codes_cache: torch.Tensor, norms_cache: to
             (paged), PW = D * bits // 32; unit last stride, other strides free. Written in place.
         norms_cache: fp32 ``[B, Hkv, T_cap]`` or ``[num_blocks, page_size, Hkv]``. Written in place.
         slot_mapping: int64 ``[N]``: ``b * T_cap + t`` (contiguous) or ``page * page_size + offset``
-            (paged); a negative slot skips its row (padding).
+            (paged); a negative slot skips its row (padding). Slots must be distinct (-1 may
+            repeat): the reference raises on a duplicate, the kernels do not check (two rows into
+            one slot race).
         codebook, boundaries: fp32 ``[2**bits]``, ``[2**bits - 1]`` from :func:`aura_codebook`.
         bits: 2, 3, 4 or 8.
         sign_mask: int32 ``[D // 32]`` or None.
@@ -185,7 +187,8 @@ def aura_write_cache(x: torch.Tensor, codes_cache: torch.Tensor, norms_cache: to
         None: ``codes_cache`` and ``norms_cache`` are updated in place.
 
     Raises:
-        ValueError: bad dtype/shape/device, or a slot past the end of the cache.
+        ValueError: bad dtype/shape/device, a slot past the end of the cache, or a duplicate slot
+            (reference).
 
     Example:
         >>> import torch, torch_aura

@@ -207,6 +207,10 @@ def aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, bounda
     if slots.numel() and int(slots.max()) >= n_slots:  # data check: only the reference reads values
         raise ValueError(f"slot_mapping: expected slots < {what} = {n_slots} (or < 0 to skip), "
                          f"got max {int(slots.max())}")
+    values, counts = slots[slots >= 0].unique(return_counts=True)
+    if (counts > 1).any():  # two rows into one slot: which one lands would be a race in a kernel
+        raise ValueError("slot_mapping: expected distinct slots (-1 may repeat), got duplicates "
+                         f"{values[counts > 1].tolist()[:8]}")
     keep = slots >= 0
     rows, slots = x[keep], slots[keep]
     if rows.shape[0] == 0:
