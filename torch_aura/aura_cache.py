@@ -31,6 +31,10 @@ def parse_scheme(scheme: str) -> tuple[int, int]:
     return kb, vb
 
 
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _as_int(v):
     """NumPy (or any numbers.Integral) integers as Python ints; anything else unchanged for the checks."""
     return int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
@@ -41,9 +45,10 @@ class AuraCache:
 
     Keys use ``key_bits`` and values ``value_bits`` per coordinate plus one fp32 norm per
     token-head; each has its own codebook and sign mask (K: ``kind="k"``, V: ``kind="v"`` of
-    ``(seed, layer)``). Tensors live on ``device``; ``append`` and ``decode`` never synchronise
-    with the host (slots are computed on the device from ``seq_lens``), so both can be captured in
-    a CUDA graph.
+    ``(seed, layer)``). Tensors live on ``device``; ``decode`` and a contiguous cache's ``append``
+    never synchronise with the host (slots are computed on the device from ``seq_lens``), so both
+    can be captured in a CUDA graph. A paged ``append`` reads the pages it writes once on the host
+    to refuse an unallocated (-1) page before anything changes (skipped under graph capture).
 
     Sequences may hold different lengths: ``append(k, v, lengths)`` appends ``lengths[b]`` tokens
     of a padded chunk to row b (right- or left-padded). A contiguous cache also serves a
@@ -217,6 +222,8 @@ class AuraCache:
             # one past the table; both are replaced below.
             page_idx = (pos.clamp(min=0) // self.page_size).clamp_(max=self.block_table.shape[1] - 1)
             page = self.block_table.gather(1, page_idx).to(torch.int64)
+            if not _capturing(page):
+                self._check_pages(page, pos, None if n is None else valid)
             slots = page * self.page_size + pos % self.page_size
         else:
             slots = self._row_base[:, None] + pos
@@ -226,6 +233,18 @@ class AuraCache:
         if n is not None:
             slots = torch.where(valid, slots, -1)
         return slots.reshape(-1)
+
+    def _check_pages(self, page: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """Raise before anything is written if a token of this append has no page: a block-table
+        entry outside ``[0, num_blocks)`` (e.g. -1, unallocated). One host read of a ``[B, L]``
+        mask; skipped under CUDA-graph capture, where it cannot run."""
+        used = pos < self.capacity if valid is None else valid & (pos < self.capacity)
+        missing = used & ((page < 0) | (page >= self.k_codes.shape[0]))
+        if bool(missing.any()):
+            rows = missing.any(1).nonzero().flatten().tolist()
+            raise ValueError(f"block_table: rows {rows[:8]} have no valid page (an entry outside [0, "
+                             f"{self.k_codes.shape[0]}), e.g. -1) for tokens this append writes; "
+                             "allocate the pages first (nothing was written)")
 
     def append(self, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None = None,
                left_padded: bool = False) -> None:
@@ -249,7 +268,10 @@ class AuraCache:
         Raises:
             ValueError: shapes, dtypes or devices that do not match the cache, bad ``lengths``, or
                 more tokens than the capacity. The capacity check counts L tokens per call even
-                with ``lengths`` (an upper bound: see the class docstring).
+                with ``lengths`` (an upper bound: see the class docstring). Paged: a token whose
+                block-table entry is not a page (-1: unallocated), found by one host read of the
+                pages this call writes, before anything changes (not under CUDA-graph capture,
+                where such tokens would be skipped: allocate pages before capturing).
 
         Example:
             >>> import torch, torch_aura

@@ -244,11 +244,12 @@ def test_kkt_solve_properties_and_vs_solve_triangular(dtype):
 
 
 def test_kkt_strong_decay_no_nan():
-    # gate_norm 0.01: g in -69..-31 per token, G_i - G_j above the diagonal overflows exp();
-    # the select (not a 0/1 multiply) keeps NaN out, also in the padded rows of a partial chunk
+    # gate_norm 0.01: g in -69..-31 per token, read as -20 (G_MIN); G_i - G_j above the diagonal
+    # still overflows exp() (|G| up to 1280 in a chunk); the select (not a 0/1 multiply) keeps NaN
+    # out, also in the padded rows of a partial chunk
     q, k, v, g, beta = make_inputs(1, 77, 1, 1, 16, 16, torch.float32, gate_norm=0.01, seed=1)
     g_cum = ref.gdn_chunk_cumsum(g)
-    assert g_cum.min() < -2000  # e^{-G_j} is inf in fp32 within a chunk
+    assert g_cum.min() < -1000  # e^{-G_j} is inf in fp32 within a chunk
     Ai = ref.gdn_kkt_solve(k, g_cum, beta)
     assert torch.isfinite(Ai).all()
     # with such decay consecutive tokens barely interact: Ai ~ I

@@ -42,3 +42,22 @@ def test_aura_write_cache_refuses_duplicate_slots_as_gdn_recurrent_refuses_dupli
     assert not norms.any(), "nothing may be written before the error"
     torch_aura.aura_write_cache(torch.randn(3, 2, 64), codes, norms, torch.tensor([1, -1, -1]), cb, bd, 4)
     assert (norms[0, :, 1] > 0).all() and int((norms > 0).sum()) == 2
+
+
+@pytest.mark.parametrize("chunk", ["one token", "prefill chunk", "ragged chunk"])
+def test_paged_append_into_an_unallocated_page_raises_before_anything_changes(chunk):
+    bt = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)  # row 1's second page is not allocated
+    cache = torch_aura.AuraCache("aura4", batch=2, kv_heads=1, head_dim=64, num_blocks=4, page_size=4,
+                                 block_table=bt)
+    cache.append(torch.randn(2, 4, 1, 64), torch.randn(2, 4, 1, 64))  # fills page 0 of each row
+    state = [t.clone() for t in (cache.k_codes, cache.k_norms, cache.v_codes, cache.v_norms, cache.seq_lens)]
+    k = {"one token": torch.randn(2, 1, 64), "prefill chunk": torch.randn(2, 3, 1, 64),
+         "ragged chunk": torch.randn(2, 3, 1, 64)}[chunk]
+    lengths = torch.tensor([3, 1]) if chunk == "ragged chunk" else None
+    with pytest.raises(ValueError, match=r"block_table: rows \[1\] have no valid page"):
+        cache.append(k, k.clone(), lengths=lengths)
+    after = (cache.k_codes, cache.k_norms, cache.v_codes, cache.v_norms, cache.seq_lens)
+    assert all(torch.equal(a, b) for a, b in zip(state, after)), "nothing may change before the error"
+    # a row that writes nothing needs no page: row 1 appends 0 tokens
+    cache.append(k, k.clone(), lengths=torch.tensor([k.shape[1] if k.dim() == 4 else 1, 0]))
+    assert cache.seq_lens.tolist() == [4 + (k.shape[1] if k.dim() == 4 else 1), 4]
