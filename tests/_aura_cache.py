@@ -82,3 +82,26 @@ class EncodedCache:
         table[~live] = 10**6  # pages with no live token are never dereferenced
         self.block_table = table
         return pages
+
+
+def check_non_finite_propagation(device):
+    """A NaN in one token's K (an Inf in V) makes the rows that read it NaN, in aura_decode as in
+    flash_decode; other sequences, and the same one before the token arrives, stay finite."""
+    B, Hkv, Hq, D, T = 2, 2, 4, 64, 12
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(B, Hkv, T, D, generator=g)
+    v = torch.randn(B, Hkv, T, D, generator=g)
+    k[0, 1, 5, 3] = float("nan")
+    v[0, 0, 7, 0] = float("inf")
+    q = torch.randn(B, Hq, D, generator=g)
+    k, v, q = k.to(device), v.to(device), q.to(device)
+    cache = ta.AuraCache("aura8", batch=B, kv_heads=Hkv, head_dim=D, capacity=T, device=device)
+    cache.append(k.transpose(1, 2), v.transpose(1, 2))
+    for seq, expect_nan in ((5, False), (T, True)):  # token 5 (NaN K) is the 6th: unseen at seq 5
+        seq_lens = torch.tensor([seq, T], dtype=torch.int32, device=device)
+        cache.seq_lens.copy_(seq_lens)
+        dense, _ = ta.flash_decode(q, k, v, seq_lens)
+        out, _ = cache.decode(q)
+        for name, o in (("flash_decode", dense), ("aura_decode", out)):
+            assert bool(o[0].isnan().any()) == expect_nan, name
+            assert bool(torch.isfinite(o[1]).all()), name

@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kAuraThreads) aura_encode_kernel(const AuraEnc
 #pragma unroll
   for (int i = 0; i < 32; ++i) sq = fmaf(v[i], v[i], sq);
   const float r = sqrtf(row_sum<CR::kLanes>(sq));
-  const bool degenerate = !(r > 0.f) || isinf(r);  // zero, or a NaN/Inf element: codes 2^(b-1), norm 0
+  const bool degenerate = !(r > 0.f) || isinf(r);  // zero, or a NaN/Inf element: codes 2^(b-1)
   // u = x / r as x * (1 / r): one division per row instead of 32 per lane; u may differ from the
   // reference's quotient by one ulp, which moves a code only for a value within ~1e-7 of a boundary
   // (the tests allow 1e-5 / sqrt(D))
@@ -345,7 +345,8 @@ __global__ void __launch_bounds__(kAuraThreads) aura_encode_kernel(const AuraEnc
     words[bit >> 5] |= k << (bit & 31);
     if ((bit & 31) + BITS > 32) words[(bit >> 5) + 1] |= k >> (32 - (bit & 31));
   }
-  const float norm = degenerate ? 0.f : r / sqrtf(row_sum<CR::kLanes>(cc));  // |x_hat| = |x| (§5)
+  // |x_hat| = |x| (§5); a zero row has norm 0, a NaN/Inf one norm NaN (propagates like dense attention)
+  const float norm = degenerate ? (r == 0.f ? 0.f : __int_as_float(0x7fc00000)) : r / sqrtf(row_sum<CR::kLanes>(cc));
   if (!live) return;
   store_words<BITS>(p.codes + codes_off + c * BITS, words, p.codes_vec);
   if (c == 0) p.norms[norm_off] = norm;

@@ -17,7 +17,7 @@ import torch_aura as ta
 from torch_aura import backends
 from torch_aura.reference import aura as R
 
-from _aura_cache import EncodedCache, synthetic_attention
+from _aura_cache import EncodedCache, check_non_finite_propagation, synthetic_attention
 from _util import assert_max_rel, dtype_id, max_rel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -75,9 +75,11 @@ def _check_codes_near_boundaries(x, codes, norms, ref_codes, ref_norms, bits, ma
     diff = idx != ref_idx
     assert bool((gap[diff] <= 1e-5 / math.sqrt(D)).all()), "a code differs away from a boundary"
     assert bool(((idx - ref_idx).abs() <= 1).all())
-    same = ~diff.any(-1)
+    finite = torch.isfinite(ref_norms)  # NaN/Inf rows: NaN norm on both sides (propagation)
+    assert torch.equal(norms.isnan(), ~finite), "non-finite rows must get NaN norms, finite rows finite ones"
+    same = ~diff.any(-1) & finite
     assert_max_rel("norms (equal codes)", norms[same], ref_norms[same], 1e-5)
-    assert_max_rel("norms (all)", norms, ref_norms, 1e-4)
+    assert_max_rel("norms (all)", norms[finite], ref_norms[finite], 1e-4)
 
 
 @pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])
@@ -93,9 +95,9 @@ def test_encode_matches_reference(D, bits):
     assert codes.shape == (5, 67, D * bits // 32) and codes.dtype == torch.int32 and norms.dtype == torch.float32
     ref_codes, ref_norms = R.aura_encode(x, cb, bd, bits, mask)
     _check_codes_near_boundaries(x, codes.cpu(), norms.cpu(), ref_codes, ref_norms, bits, mask)
-    # zero and non-finite rows: codes 2^(b-1), norm 0, exactly
+    # zero and non-finite rows: codes 2^(b-1); norm 0 (zero row) or NaN (propagates, as dense attention)
+    assert norms[0, 3].item() == 0.0 and bool(norms[1, 4].isnan()) and bool(norms[2, 5].isnan())
     for b_, t_ in ((0, 3), (1, 4), (2, 5)):
-        assert norms[b_, t_].item() == 0.0
         assert bool((R.unpack_codes(codes[b_, t_].cpu(), bits, D) == 2 ** (bits - 1)).all())
 
 
@@ -561,3 +563,7 @@ def test_aura_cache_ragged_rows_crop_grow_match_the_cpu_cache(scheme, D):
     out, ref = both("decode", torch.randn(4, 2, Hq, D))
     assert_max_rel("causal decode", out[0].cpu(), ref[0], 1e-3)
     assert gpu.seq_lens.tolist() == cpu.seq_lens.tolist() == [8, 15, 16, 9]
+
+
+def test_non_finite_keys_and_values_propagate_as_in_dense_attention():
+    check_non_finite_propagation(DEV)

@@ -18,7 +18,7 @@ import torch_aura as ta
 from torch_aura.reference import aura as R
 from torch_aura.reference import aura_codebooks as AC
 
-from _aura_cache import EncodedCache, synthetic_attention
+from _aura_cache import EncodedCache, check_non_finite_propagation, synthetic_attention
 from _util import assert_max_rel, dtype_id, max_rel
 
 HEAD_DIMS = (64, 128, 256, 512)
@@ -396,16 +396,22 @@ def test_zero_nan_inf_rows(bits):
     x[2, 7] = float("nan")
     x[3, 0] = float("inf")
     x[4, 5] = -float("inf")
-    x[5] = 3e30  # squares overflow fp32: r = inf, stored as zero like a non-finite row
+    x[5] = 3e30  # squares overflow fp32: r = inf, treated as a non-finite row
     cb, bd = ta.aura_codebook(bits, D)
     codes, norms = ta.aura_encode(x, cb, bd, bits, ta.aura_sign_mask(D))
     idx = R.unpack_codes(codes, bits, D)
     for r in (1, 2, 3, 4, 5):
-        assert bool((idx[r] == 2 ** (bits - 1)).all()) and norms[r].item() == 0.0
+        assert bool((idx[r] == 2 ** (bits - 1)).all())
+    # one policy for every op: a zero row is a vector of norm 0; NaN / Inf propagate (norm NaN)
+    assert norms[1].item() == 0.0 and bool(norms[2:].isnan().all())
     good_codes, good_norms = ta.aura_encode(x[:1], cb, bd, bits, ta.aura_sign_mask(D))
     assert torch.equal(codes[:1], good_codes) and torch.equal(norms[:1], good_norms)
     out = ta.aura_dequantize(codes, norms, cb, bits, ta.aura_sign_mask(D))
-    assert bool((out[1:] == 0).all()), "a zero/non-finite row must decode to exact zeros"
+    assert bool((out[1] == 0).all()) and bool(out[2:].isnan().all())
+
+
+def test_non_finite_keys_and_values_propagate_as_in_dense_attention():
+    check_non_finite_propagation("cpu")
 
 
 @pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])

@@ -136,7 +136,8 @@ def aura_encode(x: torch.Tensor, codebook: torch.Tensor, boundaries: torch.Tenso
     """Quantise vectors to AURA codes: norm/direction split, rotation, Lloyd-Max, bit packing.
 
     Per vector (aura-format.md §5): r = |x|; zero or non-finite rows give codes 2**(bits-1) and
-    norm 0; else y = rotate(x / r), idx_j = #{k : y_j > boundaries[k]}, norm = r / |codebook[idx]|
+    norm 0 (zero row) or NaN (a NaN/Inf element: non-finite input propagates to the attention that
+    reads it, as dense attention propagates it); else y = rotate(x / r), idx_j = #{k : y_j > boundaries[k]}, norm = r / |codebook[idx]|
     (the corrected norm, so the decoded vector keeps |x|), codes packed LSB first (§6).
 
     Args:

@@ -173,7 +173,7 @@ def encode_indices(x: torch.Tensor, codebook_d: torch.Tensor, boundaries_d: torc
     x = x.to(torch.float32)
     r = _row_norm(x)
     bad = (r == 0) | ~torch.isfinite(r)  # any NaN/Inf element makes r NaN or inf
-    # Divide good rows only; bad rows become 0 so nothing downstream sees NaN.
+    # Divide good rows only: the codes of a bad row are fixed (2^(b-1)), its norm says what it was.
     u = torch.where(bad[..., None], torch.zeros_like(x), x / torch.where(bad, 1.0, r)[..., None])
     y = hadamard_rotate(u, sign_mask)
     # idx_j = #{k : y_j > boundaries[k]}, strict: a tie takes the lower index. searchsorted with
@@ -184,7 +184,9 @@ def encode_indices(x: torch.Tensor, codebook_d: torch.Tensor, boundaries_d: torc
     # Corrected norm: the decoded vector norm * Pi^T c_hat keeps |x|, since |c_hat| != 1.
     norms = r / _row_norm(c_hat)
     idx = torch.where(bad[..., None], torch.full_like(idx, 1 << (bits - 1)), idx)
-    norms = torch.where(bad, torch.zeros_like(norms), norms)
+    # NaN / Inf propagate, as dense attention propagates them: the row's norm is NaN, so every
+    # logit (K) or output (V) that reads it is NaN. A zero row is a valid vector of norm 0.
+    norms = torch.where(r == 0, torch.zeros_like(norms), torch.where(bad, torch.full_like(norms, float("nan")), norms))
     return idx, norms.to(torch.float32)
 
 

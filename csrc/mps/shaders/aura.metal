@@ -78,7 +78,7 @@ kernel void aura_rotate(device const Tin* x [[buffer(0)]],
 
 // ------------------------------------------------------------------------ encode and write
 // Per vector (aura-format.md §5): r = |x|; u = x / r; y = Pi u; idx_j = #{k: y_j > bound_k};
-// norm = r / |codebook[idx]|; zero / non-finite rows get codes 2^(b-1) and norm 0. Grid (rows),
+// norm = r / |codebook[idx]|; zero / non-finite rows get codes 2^(b-1) and norm 0 / NaN. Grid (rows),
 // 32 threads. write_mode 0 stores rows like x's; 1 / 2 scatter row (n, h) of x [N, Hkv, D] to
 // slot_mapping[n] of a contiguous / paged cache (slot < 0 or out of range: skipped).
 template <typename T, int D>
@@ -144,7 +144,8 @@ kernel void aura_encode(device const T* x [[buffer(0)]],
     cs += cb[idx] * cb[idx];
   }
   const float c_norm = sqrt(simd_sum(cs));
-  if (lane == 0) norms[norm_at] = bad ? 0.0f : r / c_norm;  // corrected norm keeps |x_hat| = |x|
+  // corrected norm keeps |x_hat| = |x|; zero row: 0; NaN/Inf row: NaN (propagates like dense attention)
+  if (lane == 0) norms[norm_at] = bad ? (r == 0.0f ? 0.0f : NAN) : r / c_norm;
   threadgroup_barrier(mem_flags::mem_threadgroup);
   const int words = D * p.bits / 32;
   for (int w = int(lane); w < words; w += 32) {
