@@ -1552,12 +1552,21 @@ __global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP
   load_ml(lane, m0, l0);
   if (p.NB > 0) load_group(0, 0, min(32, p.NB));
   float M = l0 > 0.f ? m0 : -INFINITY;
+  // pass 1 writes l = 0 for an empty block; a non-empty one with a NaN l or m holds NaN/Inf data
+  bool poisoned = l0 != 0.f && (l0 != l0 || m0 != m0);
   for (int n = 32 + lane; n < p.NB; n += 32) {  // later rounds (NB > 32)
     float mv, lv;
     load_ml(n, mv, lv);
     if (lv > 0.f) M = fmaxf(M, mv);
+    poisoned |= lv != 0.f && (lv != lv || mv != mv);
   }
   M = warp_max(M);
+  if (__any_sync(0xffffffffu, poisoned)) {  // propagate, as dense attention does (warp-uniform)
+#pragma unroll
+    for (int i = 0; i < V; ++i) store_float(p.out, row * D + lane + 32 * i, p.kind, __int_as_float(0x7fc00000));
+    if (lane == 0) p.lse[row] = __int_as_float(0x7fc00000);
+    return;
+  }
   const bool any_live = M > -INFINITY;
   float acc[V];
 #pragma unroll

@@ -759,7 +759,8 @@ __device__ __forceinline__ float4 load4_merge(const TI* x) {
 // the whole merge is one round trip). Dims in chunks of their own CTAs: with a CTA per (b, head)
 // walking all of D = 512, B = 1 (16 CTAs, 109 splits of 2 KB each) took 7.7 us after its dependency
 // resolved (tools/decode_timeline.cu, H100): a few SMs' bandwidth.
-// A split with lse = -inf has weight 0 and its partial, possibly stale or NaN, is dropped by a select
+// A split with lse = -inf has weight 0 and its partial, possibly stale or NaN, is dropped by a select;
+// a NaN lse (NaN/Inf in the data) makes the whole row NaN, as one split would
 // (past each warp's first U splits it is not even loaded). With no live split out = 0, lse = -inf
 // (exp(-inf - -inf) would be NaN).
 template <typename TI, typename TO, bool VEC>
@@ -793,8 +794,19 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
     load_group(0, warp, live, first);
   }
   float M = -INFINITY;
-  for (int s = lane; s < p.S; s += 32) M = fmaxf(M, lse_in[s * p.pl_s]);
+  bool nan_split = false;  // a NaN lse comes from NaN/Inf data (empty splits write -inf): propagate it
+  for (int s = lane; s < p.S; s += 32) {
+    const float l = lse_in[s * p.pl_s];
+    M = fmaxf(M, l);
+    nan_split |= l != l;
+  }
   M = warp_max(M);  // the same value in every warp
+  if (__any_sync(0xffffffffu, nan_split)) {  // warp-uniform, and the same in every warp
+    for (int d = d0 + threadIdx.x; d < min(p.D, d0 + kMergeChunk); d += kMergeThreads)
+      out[d] = from_float<TO>(__int_as_float(0x7fc00000));
+    if (threadIdx.x == 0 && blockIdx.y == 0) p.lse[b * p.lse_b + h * p.lse_h] = __int_as_float(0x7fc00000);
+    return;
+  }
   if (M == -INFINITY) {
     for (int d = d0 + threadIdx.x; d < min(p.D, d0 + kMergeChunk); d += kMergeThreads) out[d] = from_float<TO>(0.f);
     if (threadIdx.x == 0 && blockIdx.y == 0) p.lse[b * p.lse_b + h * p.lse_h] = -INFINITY;

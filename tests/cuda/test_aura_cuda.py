@@ -334,19 +334,26 @@ def test_single_token_decode_path(kb, vb, D, dtype):
         assert bool((err <= tol * want.double().abs().amax(-1, keepdim=True)).all()), f"{name}: some output dim is off"
 
 
-def test_p2_skips_nan_poisoned_empty_partials():
+def test_p2_skips_empty_partials_and_propagates_nan_data():
     cache = Cache(B=3, Hkv=2, cap=40, D=128, kb=4, vb=2, seq_lens=[40, 7, 0], seed=6)
     q_rot = _randn(3, 2, 4, 128, seed=2)
     o, m, l = cache.p1(q_rot, 8, DEV)
     dead = l == 0
     assert int(dead.sum()) > 0
     nan = float("nan")
-    for ob, mb, lb in ((torch.where(dead[..., None], nan, o), m, l),
-                       (torch.where(dead[..., None], nan, o), torch.where(dead, nan, m), torch.where(dead, nan, l))):
+    # empty = l == 0, whatever its o and m hold
+    for ob, mb in ((torch.where(dead[..., None], nan, o), m),
+                   (torch.where(dead[..., None], nan, o), torch.where(dead, nan, m))):
         for mask in (None, cache.v_mask.to(DEV)):
-            got, lse = ta.aura_flash_p2(ob, mb, lb, mask)
+            got, lse = ta.aura_flash_p2(ob, mb, l, mask)
             want, want_lse = ta.aura_flash_p2(o, m, l, mask)
             assert torch.equal(got, want) and torch.equal(lse, want_lse) and bool(torch.isfinite(got).all())
+    # a NaN l in a block pass 1 filled comes from NaN/Inf data: that row is NaN, the rest not
+    l_nan = l.clone()
+    l_nan[0, 0, 1, 0] = nan
+    got, lse = ta.aura_flash_p2(o, m, l_nan, cache.v_mask.to(DEV))
+    row_nan = got.isnan().any(-1)
+    assert bool(row_nan[0, 0, 1]) and bool(lse[0, 0, 1].isnan()) and int(row_nan.sum()) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)

@@ -691,7 +691,7 @@ def test_p1_block_partials_equal_per_block_oracle():
             assert_max_rel("o block", o[0, h, n], p @ cache.V_rot[0, h // G, t0:t1].double())
 
 
-def test_p2_skips_nan_poisoned_empty_partials():
+def test_p2_skips_empty_partials_and_propagates_nan_data():
     cache = Cache(B=3, Hkv=2, cap=40, D=128, kb=4, vb=2, seq_lens=[40, 7, 0], seed=6)
     q_rot = _randn(3, 2, 4, 128, seed=2, dtype=torch.float32)  # causal, L = 2
     o, m, l = cache.p1(q_rot, 8)
@@ -699,13 +699,18 @@ def test_p2_skips_nan_poisoned_empty_partials():
     assert int(dead.sum()) > 0
     o_bad = torch.where(dead[..., None], torch.full_like(o, float("nan")), o)
     m_bad = torch.where(dead, torch.full_like(m, float("nan")), m)
-    l_bad = torch.where(dead, torch.full_like(l, float("nan")), l)  # NaN l also reads as empty
-    for ob, mb, lb in ((o_bad, m, l), (o_bad, m_bad, l), (o_bad, m_bad, l_bad)):
+    for ob, mb in ((o_bad, m), (o_bad, m_bad)):  # empty = l == 0, whatever its o and m hold
         for mask in (None, cache.v_mask):
-            got, lse = ta.aura_flash_p2(ob, mb, lb, mask)
+            got, lse = ta.aura_flash_p2(ob, mb, l, mask)
             want, want_lse = ta.aura_flash_p2(o, m, l, mask)
             assert torch.equal(got, want) and torch.equal(lse, want_lse)
             assert bool(torch.isfinite(got).all())
+    # a NaN l or m in a block pass 1 did fill comes from NaN/Inf data: that row is NaN, the rest not
+    l_nan = l.clone()
+    l_nan[0, 0, 1, 0] = float("nan")  # batch 0, query 0, head 1, block 0 (live: seq_len 40)
+    got, lse = ta.aura_flash_p2(o, m, l_nan, cache.v_mask)
+    row_nan = got.isnan().any(-1)
+    assert bool(row_nan[0, 0, 1]) and bool(lse[0, 0, 1].isnan()) and int(row_nan.sum()) == 1
 
 
 @pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])

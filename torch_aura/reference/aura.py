@@ -342,10 +342,13 @@ def aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codeboo
 def aura_flash_p2(o, m, l, v_sign_mask=None, out_dtype=None):
     """Pass 2: log-sum-exp merge of the block partials, then (given the V mask) the inverse rotation.
 
-    Blocks with l == 0 are skipped, not weighted by 0: a stale or poisoned partial may hold NaN and
-    0 * NaN is NaN (decode.md §5). With no live block: out = 0, lse = -inf.
+    Blocks with l == 0 are empty (pass 1 writes l = 0, m = -inf, o = 0 for them) and skipped, not
+    weighted by 0: 0 * NaN is NaN (decode.md §5). With no live block: out = 0, lse = -inf. A live
+    block whose l or m is NaN came from NaN / Inf data: the row is NaN, as dense attention gives.
     """
-    live = l > 0  # NaN l compares False: a poisoned slot counts as empty
+    nonempty = l != 0
+    poisoned = (nonempty & (l.isnan() | m.isnan())).any(-1)  # [...]: NaN/Inf in the data
+    live = nonempty & (l > 0)
     m_live = torch.where(live, m, -math.inf)
     M = m_live.amax(-1) if m.shape[-1] else torch.full(m.shape[:-1], -math.inf, device=m.device)
     any_live = torch.isfinite(M)
@@ -356,6 +359,8 @@ def aura_flash_p2(o, m, l, v_sign_mask=None, out_dtype=None):
     denom = torch.where(any_live, l_sum, 1.0)
     o_rot = torch.where(any_live[..., None], o_sum / denom[..., None], 0.0)
     lse = torch.where(any_live, M_safe + torch.log(denom), -math.inf)
+    o_rot = torch.where(poisoned[..., None], math.nan, o_rot)
+    lse = torch.where(poisoned, math.nan, lse)
     if v_sign_mask is not None:
         # The fused reduce + un-rotation: out = s_V * H(o_rot) / sqrt(D), a butterfly, not a matmul.
         o_rot = hadamard_rotate(o_rot, v_sign_mask, inverse=True)

@@ -315,8 +315,8 @@ kernel void aura_flash_p1(device const Tq* q [[buffer(0)]],
 }
 
 // ------------------------------------------------------------------------------------ pass 2
-// Log-sum-exp merge of the block partials over blocks with l > 0 (a stale or poisoned partial is
-// skipped, never weighted by 0), then, given the V mask, the fused un-rotation
+// Log-sum-exp merge of the block partials over blocks with l > 0 (an empty one is skipped, never
+// weighted by 0; a non-empty one with NaN l or m, from NaN/Inf data, makes the row NaN), then, given the V mask, the fused un-rotation
 // out = s_V * H(o_rot) / sqrt(D) as the in-register butterfly. No live block: out 0, lse -inf.
 // Grid (rows of [B, (L,) Hq]), 32 threads. Rows: o in `in`, m in `norms`, l in `aux`, out in
 // `out`, lse in `out2`.
@@ -335,9 +335,11 @@ kernel void aura_flash_p2(device const float* o [[buffer(0)]],
   device const float* mrow = m + aura_row(p.norms, p.lead_dims, row);
   device const float* lrow = l + aura_row(p.aux, p.lead_dims, row);
   float M = -INFINITY;
+  bool poisoned = false;  // pass 1 writes l = 0 for an empty block; NaN l or m there is NaN/Inf data
   for (int n = 0; n < p.blocks; ++n) {
-    const float ln = lrow[n * p.block_stride[2]];
-    if (ln > 0.0f) M = max(M, mrow[n * p.block_stride[1]]);  // NaN l compares false: skipped
+    const float ln = lrow[n * p.block_stride[2]], mn = mrow[n * p.block_stride[1]];
+    if (ln > 0.0f) M = max(M, mn);
+    poisoned = poisoned || (ln != 0.0f && (isnan(ln) || isnan(mn)));
   }
   float v[PER];
   float lsum = 0.0f;
@@ -351,14 +353,14 @@ kernel void aura_flash_p2(device const float* o [[buffer(0)]],
     for (int i = 0; i < PER; ++i) v[i] += w * orow[n * p.block_stride[0] + lane + 32 * i];
   }
   const float denom = any_live ? lsum : 1.0f;
-  for (int i = 0; i < PER; ++i) v[i] = any_live ? v[i] / denom : 0.0f;
+  for (int i = 0; i < PER; ++i) v[i] = poisoned ? NAN : any_live ? v[i] / denom : 0.0f;
   if (p.has_mask) {
     aura_fwht<D>(v, lane);
     for (int i = 0; i < PER; ++i) v[i] = aura_sign(mask, i, lane) * v[i] * p.factor;
   }
   device Tout* orow_out = out + aura_row(p.out, p.lead_dims, row);
   for (int i = 0; i < PER; ++i) orow_out[lane + 32 * i] = Tout(v[i]);
-  if (lane == 0) lse[aura_row(p.out2, p.lead_dims, row)] = any_live ? M + log(denom) : -INFINITY;
+  if (lane == 0) lse[aura_row(p.out2, p.lead_dims, row)] = poisoned ? NAN : any_live ? M + log(denom) : -INFINITY;
 }
 
 #define AURA_ROTATE(Tin, tin, Tout, tout, D) \
