@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _debug
 from .._checks import aura as _check
 from .._checks.aura import BITS, HEAD_DIMS
 from ..aura_cache import AuraCache
@@ -100,6 +101,7 @@ def aura_sign_mask(dim: int, seed: int = 0, layer: int = 0, kind: str = "k", dev
     return _ref.to_int32_bits(words).to(device)
 
 
+@_debug.validated
 def hadamard_rotate(x: torch.Tensor, sign_mask: torch.Tensor | None = None, scale: float = 1.0,
                     inverse: bool = False) -> torch.Tensor:
     """Signed Walsh-Hadamard rotation of the last dim: ``scale * H diag(s) x / sqrt(D)``.
@@ -131,6 +133,7 @@ def hadamard_rotate(x: torch.Tensor, sign_mask: torch.Tensor | None = None, scal
     return torch.ops.aura.hadamard_rotate(x, sign_mask, scale, inverse)
 
 
+@_debug.validated
 def aura_encode(x: torch.Tensor, codebook: torch.Tensor, boundaries: torch.Tensor, bits: int,
                 sign_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise vectors to AURA codes: norm/direction split, rotation, Lloyd-Max, bit packing.
@@ -165,6 +168,7 @@ def aura_encode(x: torch.Tensor, codebook: torch.Tensor, boundaries: torch.Tenso
     return torch.ops.aura.aura_encode(x, codebook, boundaries, bits, sign_mask)
 
 
+@_debug.validated
 def aura_write_cache(x: torch.Tensor, codes_cache: torch.Tensor, norms_cache: torch.Tensor,
                      slot_mapping: torch.Tensor, codebook: torch.Tensor, boundaries: torch.Tensor,
                      bits: int, sign_mask: torch.Tensor | None = None, paged: bool = False) -> None:
@@ -188,8 +192,10 @@ def aura_write_cache(x: torch.Tensor, codes_cache: torch.Tensor, norms_cache: to
         None: ``codes_cache`` and ``norms_cache`` are updated in place.
 
     Raises:
-        ValueError: bad dtype/shape/device, a slot past the end of the cache, or a duplicate slot
-            (reference).
+        ValueError: bad dtype/shape/device, a slot past the end of the cache, or a duplicate slot.
+            Data errors (values, not shapes) are raised on CPU always and on CUDA / MPS under
+            ``TORCH_AURA_DEBUG=1``; otherwise the kernels clamp or skip them (README,
+            "Out-of-range data").
 
     Example:
         >>> import torch, torch_aura
@@ -207,6 +213,7 @@ def aura_write_cache(x: torch.Tensor, codes_cache: torch.Tensor, norms_cache: to
                                     bits, sign_mask, paged)
 
 
+@_debug.validated
 def aura_dequantize(codes: torch.Tensor, norms: torch.Tensor, codebook: torch.Tensor, bits: int,
                     sign_mask: torch.Tensor | None = None,
                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -239,6 +246,7 @@ def aura_dequantize(codes: torch.Tensor, norms: torch.Tensor, codebook: torch.Te
     return torch.ops.aura.aura_dequantize(codes, norms, codebook, bits, sign_mask, out_dtype)
 
 
+@_debug.validated
 def aura_flash_p1(q_rot: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Tensor,
                   v_codes: torch.Tensor, v_norms: torch.Tensor, seq_lens: torch.Tensor,
                   k_codebook: torch.Tensor, v_codebook: torch.Tensor, key_bits: int,
@@ -274,6 +282,9 @@ def aura_flash_p1(q_rot: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Ten
     Raises:
         ValueError: bad shapes/dtypes/devices, Hq not a multiple of Hkv, ``seq_lens`` past the
             cache, page indices out of range for live tokens.
+            Data errors (values, not shapes) are raised on CPU always and on CUDA / MPS under
+            ``TORCH_AURA_DEBUG=1``; otherwise the kernels clamp or skip them (README,
+            "Out-of-range data").
 
     Example:
         >>> import torch, torch_aura
@@ -291,6 +302,7 @@ def aura_flash_p1(q_rot: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Ten
                                         block_size)
 
 
+@_debug.validated
 def aura_flash_p2(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
                   v_sign_mask: torch.Tensor | None = None,
                   out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,6 +335,7 @@ def aura_flash_p2(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
     return torch.ops.aura.aura_flash_p2(o, m, l, v_sign_mask, out_dtype)
 
 
+@_debug.validated
 def aura_decode(q: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Tensor,
                 v_codes: torch.Tensor, v_norms: torch.Tensor, seq_lens: torch.Tensor,
                 k_codebook: torch.Tensor, v_codebook: torch.Tensor, k_sign_mask: torch.Tensor,
@@ -359,6 +372,9 @@ def aura_decode(q: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Tensor,
     Raises:
         ValueError: bad shapes/dtypes/devices, unsupported head dim or bits, Hq not a multiple of
             Hkv, ``seq_lens`` past the cache.
+            Data errors (values, not shapes) are raised on CPU always and on CUDA / MPS under
+            ``TORCH_AURA_DEBUG=1``; otherwise the kernels clamp or skip them (README,
+            "Out-of-range data").
 
     Example:
         >>> import torch, torch_aura

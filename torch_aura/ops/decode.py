@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from .. import _debug
 from .._checks import decode as _check
 from ..reference import decode as _ref
 
 __all__ = ["flash_decode", "flash_decode_out", "merge_attn_states", "decode_num_splits"]
 
 
+@_debug.validated
 def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, num_splits=0):
     """Attend one query token per sequence to its KV cache (split-K on CUDA).
 
@@ -45,6 +47,9 @@ def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, nu
             unsupported ``head_dim``, a ``Hq`` not divisible by ``Hkv``, shapes that disagree,
             ``num_splits < 0``, ``seq_lens`` outside ``[0, capacity]`` or a used page index
             outside ``[0, num_blocks)``.
+            Data errors (values, not shapes) are raised on CPU always and on CUDA / MPS under
+            ``TORCH_AURA_DEBUG=1``; otherwise the kernels clamp or skip them (README,
+            "Out-of-range data").
 
     Example:
         >>> import torch, torch_aura
@@ -64,6 +69,7 @@ def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, nu
     return torch.ops.aura.flash_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits)
 
 
+@_debug.validated
 def flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse):
     """:func:`flash_decode` writing into caller-owned buffers, in place (serving engines, CUDA graphs).
 
@@ -93,6 +99,7 @@ def flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_spli
     torch.ops.aura.flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse)
 
 
+@_debug.validated
 def merge_attn_states(partial_out, partial_lse):
     """Log-sum-exp merge of attention partials over disjoint key sets (split-K, cascade, CP).
 

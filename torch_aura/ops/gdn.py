@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _debug
 from .._checks import common as _common
 from .._checks import gdn as _checks
 from ..reference import gdn as _ref
@@ -59,6 +60,7 @@ def gdn_chunk_indices(cu_seqlens: torch.Tensor, chunk_size: int = 64) -> torch.T
     return _ref.chunk_indices_from_cu_seqlens(cu_seqlens, chunk_size)
 
 
+@_debug.validated
 def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
               use_qk_l2norm=False, state_v_first=False):
     """Chunked gated delta rule forward (prefill), 64-token chunks (gdn.md §2-3).
@@ -92,6 +94,9 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     Raises:
         ValueError: bad dtype, rank, device, last-dim stride, K or V outside 1..256, ``HV % H != 0``,
             shape mismatch, or inconsistent ``cu_seqlens`` / ``chunk_indices``; names the argument.
+            Data errors (values, not shapes) are raised on CPU always and on CUDA / MPS under
+            ``TORCH_AURA_DEBUG=1``; otherwise the kernels clamp or skip them (README,
+            "Out-of-range data").
 
     Example:
         >>> import torch, torch_aura
@@ -108,6 +113,7 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
                                     use_qk_l2norm, state_v_first)
 
 
+@_debug.validated
 def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
     """Inclusive cumsum of the log decay within each 64-token chunk (gdn.md §3.1).
 
@@ -135,6 +141,7 @@ def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
     return torch.ops.aura.gdn_chunk_cumsum(g, cu_seqlens, chunk_indices)
 
 
+@_debug.validated
 def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
     """Per chunk, ``(I + A)^-1`` of the gated strictly lower ``A = beta K K^T`` (gdn.md §3.2).
 
@@ -165,6 +172,7 @@ def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
     return torch.ops.aura.gdn_kkt_solve(k, g_cum, beta, cu_seqlens, chunk_indices)
 
 
+@_debug.validated
 def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None):
     """WY representation: ``w = Ai (beta exp(G) k)``, ``u = Ai (beta v)`` per chunk (gdn.md §3.3).
 
@@ -196,6 +204,7 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     return torch.ops.aura.gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens, chunk_indices)
 
 
+@_debug.validated
 def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices=None,
               state_v_first=False):
     """The sequential state pass over the chunks (gdn.md §3.4).
@@ -237,6 +246,7 @@ def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices
                                     state_v_first)
 
 
+@_debug.validated
 def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=None,
               state_v_first=False):
     """Chunk outputs from the entering states and the intra-chunk part (gdn.md §3.5).
@@ -273,6 +283,7 @@ def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=
                                     state_v_first)
 
 
+@_debug.validated
 def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
                   use_qk_l2norm=False, state_v_first=False):
     """Token-by-token gated delta rule (decode) over an in-place state pool (gdn.md §4).
@@ -302,6 +313,9 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     Raises:
         ValueError: bad dtype, rank, device, stride, sizes or shapes; ``state_indices`` out of
             range or duplicated; inconsistent ``cu_seqlens``.
+            Data errors (values, not shapes) are raised on CPU always and on CUDA / MPS under
+            ``TORCH_AURA_DEBUG=1``; otherwise the kernels clamp or skip them (README,
+            "Out-of-range data").
 
     Example:
         >>> import torch, torch_aura
