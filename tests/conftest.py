@@ -61,3 +61,15 @@ def nan_poisoned_allocations():
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running test (deselect with -m 'not slow')")
     config.addinivalue_line("markers", "sanitize: small GPU cases run under compute-sanitizer")
+
+
+# The compile checks (nvcc, Triton's sm_90 compiler, clang for the Metal host units) are what make
+# the CPU suite long where the toolchains exist; the developer loop `bash tests/run.sh -m "not slow"`
+# leaves them to CI, which runs everything.
+_SLOW_FILES = ("test_cuda_compile.py", "test_triton_compile.py", "test_mps_host.py", "test_metal_lint.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in _SLOW_FILES:
+            item.add_marker(pytest.mark.slow)

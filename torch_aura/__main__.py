@@ -1,16 +1,18 @@
 """``python -m torch_aura``: the main job.
 
-Prints which backend serves each op, then runs the three families on the default device (CUDA,
-else MPS, else CPU) with embedded default shapes, checks every result against an independent
-oracle (SDPA-style exact attention for decode and AURA, the token-by-token recurrence for chunked
-GDN) and, where a kernel serves the op, against the pure-PyTorch reference on the same inputs, and prints error,
-time and, for AURA, the memory saved. Exits 1 if any check fails. CPU shapes are small enough to
-finish in well under a minute on two cores; GPU shapes are the decode/prefill shapes of targets.md.
+Runs the three families on the default device (CUDA, else MPS, else CPU) with embedded shapes and
+prints one line per family: the checks (against an independent oracle: exact fp64 attention for
+decode and AURA, the fp64 token-by-token recurrence for GDN; and, where a kernel serves the op,
+against the pure-PyTorch reference), our time beside the peer a user already has on the same
+device and inputs (SDPA; FLA's or transformers' GDN when importable), and the bandwidth or memory
+saved. Exits 1 if any check fails. CPU shapes finish in under 30 s on two cores; GPU shapes are the
+decode/prefill shapes of targets.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 import time
@@ -70,24 +72,54 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(a.double().flatten(1), b.double().flatten(1), dim=-1).mean().item()
 
 
+# --------------------------------------------------------------------------------------- peers
+def sdpa_decode(q, k, v):
+    """The attention a user already has: SDPA over the same contiguous cache, one query token."""
+    return torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)[:, :, 0]
+
+
+def gdn_peer():
+    """``(name, fn(q, k, v, g, beta) -> o)``: FLA's chunk kernel on CUDA when importable, else
+    transformers' torch implementation when importable, else None."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        return "FLA chunk_gated_delta_rule", lambda q, k, v, g, b: chunk_gated_delta_rule(q, k, v, g, b)[0], "cuda"
+    except Exception:
+        pass
+    try:
+        import transformers
+        from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
+
+        transformers.logging.set_verbosity_error()  # its "FLA is not installed" notice is not ours
+
+        return ("transformers torch_chunk_gated_delta_rule",
+                lambda q, k, v, g, b: torch_chunk_gated_delta_rule(q, k, v, g, b)[0], None)
+    except Exception:
+        return None
+
+
 # --------------------------------------------------------------------------------------- families
+# Each runner returns a Row: the op, the shape, its checks, our time, the peer's (name, time) on the
+# same device and inputs, and a note (memory saved, bandwidth).
 def run_decode(device, s, repeats):
     g = torch.Generator(device="cpu").manual_seed(0)
     q = torch.randn(s["B"], s["Hq"], s["D"], generator=g).to(device, s["dtype"])
     k = torch.randn(s["B"], s["Hkv"], s["T"], s["D"], generator=g).to(device, s["dtype"])
     v = torch.randn(s["B"], s["Hkv"], s["T"], s["D"], generator=g).to(device, s["dtype"])
-    seq_lens = torch.randint(s["T"] // 2, s["T"] + 1, (s["B"],), generator=g, dtype=torch.int32).to(device)
-    scale = s["D"] ** -0.5
+    seq_lens = torch.full((s["B"],), s["T"], dtype=torch.int32, device=device)
     out, lse = torch_aura.flash_decode(q, k, v, seq_lens)
-    checks = {"max rel err vs exact fp64 attention": (max_rel(out, exact_decode_attention(q, k, v, seq_lens, scale=scale)[0]),
-                                                       1e-4 if s["dtype"] == torch.float32 else 2e-2)}
+    tol = 1e-4 if s["dtype"] == torch.float32 else 2e-2
+    exact = exact_decode_attention(q, k, v, seq_lens, scale=s["D"] ** -0.5)[0]
+    checks = {"err vs exact": (max_rel(out, exact), tol)}
     if served_by_kernel("flash_decode", device):
-        ref_out, _ = reference.decode.flash_decode(q, k, v, seq_lens)
-        checks["max rel err vs reference"] = (max_rel(out, ref_out), 1e-4 if s["dtype"] == torch.float32 else 2e-2)
+        checks["err vs reference"] = (max_rel(out, reference.decode.flash_decode(q, k, v, seq_lens)[0]), tol)
+    checks["SDPA agrees"] = (max_rel(sdpa_decode(q, k, v), exact), tol)
     t = timed(lambda: torch_aura.flash_decode(q, k, v, seq_lens), device, repeats)
-    kv_bytes = 2 * int(seq_lens.sum()) * s["Hkv"] * s["D"] * k.element_size()
-    shape = f"B={s['B']} Hq={s['Hq']} Hkv={s['Hkv']} D={s['D']} T={s['T']} {str(s['dtype'])[6:]}"
-    return "flash_decode", shape, checks, t, f"{kv_bytes / t / 1e9:.1f} GB/s of KV"
+    t_peer = timed(lambda: sdpa_decode(q, k, v), device, repeats)
+    kv_bytes = 2 * s["B"] * s["T"] * s["Hkv"] * s["D"] * k.element_size()
+    shape = f"B{s['B']} {s['Hq']}/{s['Hkv']} heads D{s['D']} T{s['T']} {_dt(s['dtype'])}"
+    return "flash_decode", shape, checks, t, ("SDPA", t_peer), f"{kv_bytes / t / 1e9:.1f} GB/s of KV"
 
 
 def run_aura(device, s, repeats):
@@ -100,15 +132,18 @@ def run_aura(device, s, repeats):
     cache.append(k, v)
     out, lse = cache.decode(q)
     seq_lens = torch.full((B,), T, dtype=torch.int32, device=device)
-    exact, _ = exact_decode_attention(q, k.transpose(1, 2), v.transpose(1, 2), seq_lens)
+    kd, vd = k.transpose(1, 2), v.transpose(1, 2)
+    exact, _ = exact_decode_attention(q, kd, vd, seq_lens)
     # Random isotropic data is the hard case for quantized attention (targets.md gates use
     # channel-structured data); the gate here only catches a broken pipeline.
-    checks = {"cosine vs exact attention": (cosine(out, exact), None, 0.80)}
+    checks = {"cosine vs exact": (cosine(out, exact), None, 0.80)}
     t = timed(lambda: cache.decode(q), device, repeats)
+    kd, vd = kd.contiguous(), vd.contiguous()
+    t_peer = timed(lambda: sdpa_decode(q, kd, vd), device, repeats)
     saved = cache.dense_bytes(torch.bfloat16) / cache.memory_bytes()
-    shape = f"{s['scheme']} B={B} Hq={Hq} Hkv={Hkv} D={D} T={T}"
-    return "aura_decode", shape, checks, t, (f"cache {cache.memory_bytes() / 2**20:.1f} MiB vs "
-                                             f"{cache.dense_bytes(torch.bfloat16) / 2**20:.1f} MiB bf16 ({saved:.2f}x smaller)")
+    shape = f"{s['scheme']} B{B} {Hq}/{Hkv} heads D{D} T{T}"
+    return ("aura_decode", shape, checks, t, (f"SDPA on the {_dt(s['dtype'])} cache", t_peer),
+            f"KV {cache.memory_bytes() / 2**20:.1f} MiB, {saved:.2f}x smaller than bf16")
 
 
 def run_gdn(device, s, repeats):
@@ -124,44 +159,114 @@ def run_gdn(device, s, repeats):
     o_rec = reference.gdn.gdn_recurrent(q.double(), k.double(), v.double(), g.double(), beta.double(),
                                         state.double())
     tol = 5e-3
-    checks = {"rel RMS vs fp64 recurrence": (rel_rms(o, o_rec), tol)}
+    checks = {"rms vs recurrence": (rel_rms(o, o_rec), tol)}
     if served_by_kernel("gdn_chunk", device):
-        o_ref, _ = reference.gdn.gdn_chunk(q, k, v, g, beta)
-        checks["rel RMS vs reference"] = (rel_rms(o, o_ref), tol)
+        checks["rms vs reference"] = (rel_rms(o, reference.gdn.gdn_chunk(q, k, v, g, beta)[0]), tol)
     t = timed(lambda: torch_aura.gdn_chunk(q, k, v, g, beta), device, repeats)
-    shape = f"B={B} T={T} H={H} HV={HV} K={K} V={V} {str(s['dtype'])[6:]}"
-    return "gdn_chunk", shape, checks, t, f"{B * T / t / 1e6:.2f} M tokens/s"
+    peer = gdn_peer()
+    if peer is not None and (peer[2] is None or peer[2] == device.type):
+        name, fn, _ = peer
+        rep = HV // H  # the peers take as many q/k heads as v heads (models repeat them first)
+        qp, kp = q.repeat_interleave(rep, 2), k.repeat_interleave(rep, 2)
+        checks[f"{name.split()[0]} agrees"] = (rel_rms(fn(qp, kp, v, g, beta), o_rec), tol)
+        peer_row = (name, timed(lambda: fn(qp, kp, v, g, beta), device, repeats))
+    else:
+        peer_row = ("FLA / transformers not installed", None)
+    shape = f"B{B} T{T} {H}/{HV} heads K{K} V{V} {_dt(s['dtype'])}"
+    return "gdn_chunk", shape, checks, t, peer_row, f"{_rate(B * T / t)} tokens/s"
 
 
 RUNNERS = {"decode": run_decode, "aura": run_aura, "gdn": run_gdn}
 
 
+def _dt(dtype) -> str:
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+
+
+def _rate(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} us"
+
+
+def backend_summary() -> list[str]:
+    """One line per device: what serves the ops there (the full table: --status)."""
+    table = torch_aura.backends.status()
+    lines = []
+    for dev in ("cpu", "cuda", "mps"):
+        labels = [row[dev] for row in table.values()]
+        kernels = collections.Counter(lb for lb in labels if lb.startswith("kernel"))
+        reasons = sorted({lb[len("reference ("):-1] for lb in labels if lb.startswith("reference (")})
+        n_ref = sum(1 for lb in labels if lb.startswith("reference"))
+        parts = [f"{label} for {n} ops" for label, n in kernels.items()]
+        if n_ref:
+            parts.append(f"reference for {n_ref} ops" + (f" ({'; '.join(reasons)})" if reasons else ""))
+        lines.append(f"  {dev:<4} {', '.join(parts)}")
+    return lines
+
+
+def _device(text: str) -> torch.device:
+    """argparse type: a device torch knows and this machine has."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (cpu, cuda, cuda:N or mps)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise argparse.ArgumentTypeError(f"{text!r}: {why} (torch {torch.__version__})")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{text!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise argparse.ArgumentTypeError(f"{text!r}: MPS is not available on this machine")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"{text!r}: torch_aura runs on cpu, cuda and mps")
+    return device
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_aura", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
+    parser.add_argument("--device", type=_device, default=None,
+                        help="cpu, cuda[:N] or mps (default: the best available)")
     parser.add_argument("--family", action="append", choices=list(RUNNERS),
                         help="run only this family (repeatable; default: all)")
+    parser.add_argument("--status", action="store_true", help="print which backend serves each op, then exit")
     args = parser.parse_args(argv)
-    device = torch.device(args.device) if args.device else default_device()
+    if args.status:
+        print(torch_aura.backends.format_status())
+        return 0
+    device = args.device or default_device()
     on_gpu = device.type != "cpu"
-    repeats = 20 if on_gpu else 3
+    repeats = 20 if on_gpu else 2
 
-    print(f"torch_aura {torch_aura.__version__} | torch {torch.__version__} | device {device}")
-    print(torch_aura.backends.format_status())
+    threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    print(f"torch_aura {torch_aura.__version__} | torch {torch.__version__} | device {device}{threads}")
+    print("backends (python -m torch_aura --status for every op):")
+    print("\n".join(backend_summary()))
     print()
-    failed = False
+    header = ("family", "op", "shape", "checks", "ours", "peer (same device, same inputs)", "ours vs peer", "note")
+    rows, failed = [], False
     for family in args.family or list(RUNNERS):
-        shapes = SHAPES[family][1 if on_gpu else 0]
-        op, shape, checks, seconds, rate = RUNNERS[family](device, shapes, repeats)
-        print(f"[{family}] {op} {shape}")
+        op, shape, checks, seconds, (peer, peer_s), note = RUNNERS[family](device, SHAPES[family][on_gpu], repeats)
+        marks = []
         for what, (value, *gate) in checks.items():
             hi, lo = (gate + [None, None])[:2]
             ok = (hi is None or value <= hi) and (lo is None or value >= lo)
             failed |= not ok
-            bound = f"<= {hi:.0e}" if hi is not None else f">= {lo}"
-            print(f"    {what}: {value:.3e} ({'ok' if ok else 'FAIL'}, gate {bound})")
-        print(f"    time {seconds * 1e3:.3f} ms (median of {repeats}), {rate}")
-    print("\nall checks passed" if not failed else "\nSOME CHECKS FAILED")
+            marks.append(f"{what} {value:.1e} {'ok' if ok else 'FAIL'}")
+        speed = "-" if peer_s is None else f"{peer_s / seconds:.2f}x {'faster' if peer_s > seconds else 'slower'}"
+        rows.append((family, op, shape, "; ".join(marks), _ms(seconds),
+                     peer if peer_s is None else f"{peer} {_ms(peer_s)}", speed, note))
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    for r in [header] + rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    print(f"\n(median of {repeats} calls each, after a warm-up; ours on CPU is the pure-PyTorch reference)"
+          if not on_gpu else f"\n(median of {repeats} calls each, after a warm-up)")
+    print("all checks passed" if not failed else "SOME CHECKS FAILED")
     return 1 if failed else 0
 
 
