@@ -27,7 +27,31 @@ class TensorSpec(NamedTuple):
 
 
 def fail(arg: str, expected: str, got) -> None:
-    raise ValueError(f"{arg}: expected {expected}, got {got}")
+    message = f"{arg}: expected {expected}, got {got}"
+    if torch.compiler.is_compiling():
+        raise compiled_input_error()(message)
+    raise ValueError(message)
+
+
+_COMPILED_INPUT_ERROR = None
+
+
+def compiled_input_error() -> type:
+    """The ``ValueError`` the checks raise while ``torch.compile`` / ``torch.export`` trace an op's
+    fake: also a ``torch._dynamo.exc.Unsupported``, the one exception dynamo lets out of fake
+    propagation unwrapped (others become ``TorchRuntimeError``), so ``except ValueError`` works
+    compiled, ``fullgraph=True`` included, as it does eagerly. (The public wrappers leave the check
+    to the fake while compiling: a ``raise`` in traced Python would be dynamo's own Unsupported.)"""
+    global _COMPILED_INPUT_ERROR
+    if _COMPILED_INPUT_ERROR is None:
+        from torch._dynamo.exc import Unsupported
+
+        class CompiledInputError(ValueError, Unsupported):
+            def __init__(self, message: str):
+                Unsupported.__init__(self, message)
+
+        _COMPILED_INPUT_ERROR = CompiledInputError
+    return _COMPILED_INPUT_ERROR
 
 
 def _dtype_name(dtypes: Iterable[torch.dtype]) -> str:

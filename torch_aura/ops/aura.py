@@ -129,7 +129,8 @@ def hadamard_rotate(x: torch.Tensor, sign_mask: torch.Tensor | None = None, scal
         >>> torch.allclose(torch_aura.hadamard_rotate(y, s, inverse=True), x, atol=1e-5)
         True
     """
-    _check.hadamard_rotate(x, sign_mask, scale, inverse)
+    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
+        _check.hadamard_rotate(x, sign_mask, scale, inverse)
     return torch.ops.aura.hadamard_rotate(x, sign_mask, scale, inverse)
 
 
@@ -164,7 +165,8 @@ def aura_encode(x: torch.Tensor, codebook: torch.Tensor, boundaries: torch.Tenso
         >>> codes.shape, codes.dtype, norms.shape
         (torch.Size([5, 16]), torch.int32, torch.Size([5]))
     """
-    _check.aura_encode(x, codebook, boundaries, bits, sign_mask)
+    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
+        _check.aura_encode(x, codebook, boundaries, bits, sign_mask)
     return torch.ops.aura.aura_encode(x, codebook, boundaries, bits, sign_mask)
 
 
@@ -207,8 +209,9 @@ def aura_write_cache(x: torch.Tensor, codes_cache: torch.Tensor, norms_cache: to
         >>> (norms[0, :, 4] > 0).all().item(), (norms[1, :, 7] > 0).all().item(), int((norms > 0).sum())
         (True, True, 6)
     """
-    _check.aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits,
-                            sign_mask, paged)
+    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
+        _check.aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits,
+                                sign_mask, paged)
     torch.ops.aura.aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, boundaries,
                                     bits, sign_mask, paged)
 
@@ -242,7 +245,8 @@ def aura_dequantize(codes: torch.Tensor, norms: torch.Tensor, codebook: torch.Te
         >>> bool(torch.nn.functional.cosine_similarity(x, x_hat).min() > 0.999)
         True
     """
-    _check.aura_dequantize(codes, norms, codebook, bits, sign_mask, out_dtype)
+    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
+        _check.aura_dequantize(codes, norms, codebook, bits, sign_mask, out_dtype)
     return torch.ops.aura.aura_dequantize(codes, norms, codebook, bits, sign_mask, out_dtype)
 
 
@@ -295,8 +299,9 @@ def aura_flash_p1(q_rot: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Ten
         >>> o.shape, m.shape, l[0, 0].gt(0).tolist()
         (torch.Size([1, 4, 3, 64]), torch.Size([1, 4, 3]), [True, True, False])
     """
-    _check.aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
-                         v_codebook, key_bits, value_bits, block_table, block_size)
+    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
+        _check.aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
+                             v_codebook, key_bits, value_bits, block_table, block_size)
     return torch.ops.aura.aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens,
                                         k_codebook, v_codebook, key_bits, value_bits, block_table,
                                         block_size)
@@ -331,7 +336,8 @@ def aura_flash_p2(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
         >>> out[0, 0, :3].tolist(), round(lse[0, 0].item(), 4)
         ([0.5, 0.5, 0.5], 1.3863)
     """
-    _check.aura_flash_p2(o, m, l, v_sign_mask, out_dtype)
+    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
+        _check.aura_flash_p2(o, m, l, v_sign_mask, out_dtype)
     return torch.ops.aura.aura_flash_p2(o, m, l, v_sign_mask, out_dtype)
 
 
@@ -386,8 +392,9 @@ def aura_decode(q: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Tensor,
         >>> out.shape, lse.shape
         (torch.Size([1, 4, 64]), torch.Size([1, 4]))
     """
-    _check.aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook,
-                       k_sign_mask, v_sign_mask, key_bits, value_bits, block_table, scale, num_splits)
+    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
+        _check.aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook,
+                           k_sign_mask, v_sign_mask, key_bits, value_bits, block_table, scale, num_splits)
     return torch.ops.aura.aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
                                       v_codebook, k_sign_mask, v_sign_mask, key_bits, value_bits,
                                       block_table, scale, num_splits)
