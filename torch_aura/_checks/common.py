@@ -28,9 +28,15 @@ class TensorSpec(NamedTuple):
 
 def fail(arg: str, expected: str, got) -> None:
     message = f"{arg}: expected {expected}, got {got}"
-    if torch.compiler.is_compiling():
+    if _tracing():
         raise compiled_input_error()(message)
     raise ValueError(message)
+
+
+def _tracing() -> bool:
+    """Inside torch.compile / torch.export, or a fake run (the fake of an op being traced): torch
+    2.13 reports is_compiling() there, torch 2.11 only has the fake mode active."""
+    return torch.compiler.is_compiling() or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
 
 
 _COMPILED_INPUT_ERROR = None
