@@ -176,10 +176,11 @@ def encode_indices(x: torch.Tensor, codebook_d: torch.Tensor, boundaries_d: torc
     # Divide good rows only: the codes of a bad row are fixed (2^(b-1)), its norm says what it was.
     u = torch.where(bad[..., None], torch.zeros_like(x), x / torch.where(bad, 1.0, r)[..., None])
     y = hadamard_rotate(u, sign_mask)
-    # idx_j = #{k : y_j > boundaries[k]}, strict: a tie takes the lower index. searchsorted with
+    # idx_j = #{k : y_j > boundaries[k]}, strict: a tie takes the lower index. bucketize with
     # right=False returns the count of boundaries strictly below y, i.e. exactly that count, and
-    # equals nearest-centroid search because boundaries are the centroid midpoints.
-    idx = torch.searchsorted(boundaries_d.contiguous(), y.contiguous(), right=False)
+    # equals nearest-centroid search because boundaries are the centroid midpoints. (Same answer
+    # as searchsorted, which costs ~0.4 ms per call on small inputs on 2 cores: 12x bucketize.)
+    idx = torch.bucketize(y, boundaries_d.contiguous(), right=False)
     c_hat = codebook_d[idx]
     # Corrected norm: the decoded vector norm * Pi^T c_hat keeps |x|, since |c_hat| != 1.
     norms = r / _row_norm(c_hat)
