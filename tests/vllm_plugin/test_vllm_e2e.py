@@ -92,6 +92,9 @@ def test_bad_configuration_is_refused_by_name(monkeypatch):
 
     with pytest.raises(NotImplementedError, match="sliding_window"):
         AuraAttentionImpl(4, 64, 0.125, 2, sliding_window=128)
+    with pytest.raises(NotImplementedError, match="use_irope"):
+        AuraAttentionImpl(4, 64, 0.125, 2, use_irope=True)  # a flag we do not implement, asked for
+    AuraAttentionImpl(4, 64, 0.125, 2, use_irope=False, logits_soft_cap=0.0)  # flags left off: fine
     with pytest.raises(NotImplementedError, match="kv-cache-dtype"):
         AuraAttentionImpl(4, 64, 0.125, 2, kv_cache_dtype="fp8")
     monkeypatch.setenv("TORCH_AURA_VLLM_KV_CACHE", "aura5")

@@ -76,7 +76,10 @@ class AuraAttentionImpl(AttentionImpl):
                  kv_sharing_target_layer_name=None, sinks=None, **unsupported) -> None:
         refused = {"alibi_slopes": alibi_slopes, "sliding_window": sliding_window,
                    "logits_soft_cap": logits_soft_cap or None, "sinks": sinks, **unsupported}
-        refused = sorted(k for k, v in refused.items() if v is not None)
+        # a feature is asked for by a value other than None / False / 0 (other backends' impls get
+        # extra keyword flags that default to False, e.g. for sinks or iRoPE)
+        refused = sorted(k for k, v in refused.items() if v is not None and v is not False and not (
+            isinstance(v, (int, float)) and v == 0))
         if refused:
             raise NotImplementedError(f"torch_aura's vLLM backend does not support {refused} "
                                       "(sliding windows, ALiBi, soft-capping and sinks are not implemented)")
