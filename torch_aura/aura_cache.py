@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 import re
+from typing import NamedTuple
 
 import torch
 
@@ -29,6 +30,27 @@ def parse_scheme(scheme: str) -> tuple[int, int]:
         raise ValueError(f"scheme: expected 'aura{{kb}}v{{vb}}' or 'aura{{b}}' with bits in {list(BITS)} "
                          f"(e.g. 'aura4v2', 'aura8v4'), got {scheme!r}")
     return kb, vb
+
+
+class AuraTables(NamedTuple):
+    """What encoding and attention need besides the codes: per-bits codebooks and boundaries, and
+    the layer's K and V sign masks."""
+
+    k_codebook: torch.Tensor
+    k_boundaries: torch.Tensor
+    v_codebook: torch.Tensor
+    v_boundaries: torch.Tensor
+    k_sign_mask: torch.Tensor
+    v_sign_mask: torch.Tensor
+
+
+def aura_tables(key_bits: int, value_bits: int, head_dim: int, seed: int, layer: int, device) -> AuraTables:
+    """The tables of one layer (sign masks of ``(seed, layer)``), on ``device``."""
+    from .ops.aura import aura_codebook, aura_sign_mask
+
+    return AuraTables(*aura_codebook(key_bits, head_dim, device), *aura_codebook(value_bits, head_dim, device),
+                      aura_sign_mask(head_dim, seed, layer, "k", device),
+                      aura_sign_mask(head_dim, seed, layer, "v", device))
 
 
 def _capturing(t: torch.Tensor) -> bool:
@@ -107,8 +129,6 @@ class AuraCache:
                  capacity: int | None = None, num_blocks: int | None = None,
                  page_size: int | None = None, block_table: torch.Tensor | None = None,
                  seed: int = 0, layer: int = 0, device=None):
-        from .ops.aura import aura_codebook, aura_sign_mask
-
         self.scheme = scheme
         self.key_bits, self.value_bits = parse_scheme(scheme)
         if head_dim not in HEAD_DIMS:
@@ -151,10 +171,8 @@ class AuraCache:
             rows = (batch, kv_heads, capacity)  # [B, Hkv, T_cap(, PW)]
         self.device = device
         self.block_table = block_table
-        self.k_codebook, self.k_boundaries = aura_codebook(self.key_bits, head_dim, device)
-        self.v_codebook, self.v_boundaries = aura_codebook(self.value_bits, head_dim, device)
-        self.k_sign_mask = aura_sign_mask(head_dim, seed, layer, "k", device)
-        self.v_sign_mask = aura_sign_mask(head_dim, seed, layer, "v", device)
+        (self.k_codebook, self.k_boundaries, self.v_codebook, self.v_boundaries, self.k_sign_mask,
+         self.v_sign_mask) = aura_tables(self.key_bits, self.value_bits, head_dim, seed, layer, device)
         # Zeros, not empty: a zero row is a valid AURA vector (codes decode, norm 0), so even a
         # stray read of an unwritten slot cannot produce NaN.
         pwk, pwv = packed_words(head_dim, self.key_bits), packed_words(head_dim, self.value_bits)

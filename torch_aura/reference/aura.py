@@ -347,9 +347,8 @@ def aura_flash_p2(o, m, l, v_sign_mask=None, out_dtype=None):
     weighted by 0: 0 * NaN is NaN (decode.md §5). With no live block: out = 0, lse = -inf. A live
     block whose l or m is NaN came from NaN / Inf data: the row is NaN, as dense attention gives.
     """
-    nonempty = l != 0
-    poisoned = (nonempty & (l.isnan() | m.isnan())).any(-1)  # [...]: NaN/Inf in the data
-    live = nonempty & (l > 0)
+    poisoned = ((l != 0) & (l.isnan() | m.isnan())).any(-1)  # [...]: NaN/Inf in the data
+    live = l > 0
     m_live = torch.where(live, m, -math.inf)
     M = m_live.amax(-1) if m.shape[-1] else torch.full(m.shape[:-1], -math.inf, device=m.device)
     any_live = torch.isfinite(M)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._checks.aura import packed_words
+from ...aura_cache import AuraTables, aura_tables
 from . import STATS
 
 _flash_decode_out = torch.ops.aura.flash_decode_out.default
@@ -187,15 +188,9 @@ class AuraPages(PagedAttention):
         self.verify = verify
         self._tables = None
 
-    def tables(self, device):
-        """(k_codebook, k_boundaries, v_codebook, v_boundaries, k_sign_mask, v_sign_mask)."""
-        if self._tables is None or self._tables[0].device != device:
-            from ...ops.aura import aura_codebook, aura_sign_mask
-
-            D = self.head_dim
-            self._tables = (*aura_codebook(self.key_bits, D, device), *aura_codebook(self.value_bits, D, device),
-                            aura_sign_mask(D, self.seed, self.layer, "k", device),
-                            aura_sign_mask(D, self.seed, self.layer, "v", device))
+    def tables(self, device) -> AuraTables:
+        if self._tables is None or self._tables.k_codebook.device != device:
+            self._tables = aura_tables(self.key_bits, self.value_bits, self.head_dim, self.seed, self.layer, device)
         return self._tables
 
     def kv(self, pages: torch.Tensor):
