@@ -67,6 +67,12 @@ class AuraMetadataBuilder(AttentionMetadataBuilder[BatchPlan]):
                           block_size=self.block_size)
 
 
+def _asked(value) -> bool:
+    """A feature argument asks for the feature unless it is None, False or 0 (vLLM passes other
+    backends' flags, e.g. for iRoPE, as False, and no soft-cap as 0)."""
+    return value is not None and value is not False and not (isinstance(value, (int, float)) and value == 0)
+
+
 class AuraAttentionImpl(AttentionImpl):
     """One layer: checks what vLLM asks for, then hands the pages to ``DensePages`` / ``AuraPages``."""
 
@@ -74,12 +80,9 @@ class AuraAttentionImpl(AttentionImpl):
                  alibi_slopes=None, sliding_window=None, kv_cache_dtype: str = "auto",
                  logits_soft_cap=None, attn_type: str = AttentionType.DECODER,
                  kv_sharing_target_layer_name=None, sinks=None, **unsupported) -> None:
-        refused = {"alibi_slopes": alibi_slopes, "sliding_window": sliding_window,
-                   "logits_soft_cap": logits_soft_cap or None, "sinks": sinks, **unsupported}
-        # a feature is asked for by a value other than None / False / 0 (other backends' impls get
-        # extra keyword flags that default to False, e.g. for sinks or iRoPE)
-        refused = sorted(k for k, v in refused.items() if v is not None and v is not False and not (
-            isinstance(v, (int, float)) and v == 0))
+        features = {"alibi_slopes": alibi_slopes, "sliding_window": sliding_window,
+                    "logits_soft_cap": logits_soft_cap, "sinks": sinks, **unsupported}
+        refused = sorted(k for k, v in features.items() if _asked(v))
         if refused:
             raise NotImplementedError(f"torch_aura's vLLM backend does not support {refused} "
                                       "(sliding windows, ALiBi, soft-capping and sinks are not implemented)")
