@@ -4,6 +4,9 @@
   built when CUDA sources exist and either ``AURA_BUILD_CUDA=1`` or (nvcc is found and the torch
   in this environment is a CUDA build). ``torch.cuda.is_available()`` is deliberately not asked:
   it is False on a GPU-less build box that has nvcc.
+* ``torch_aura._C_cpu`` (``csrc/cpu``, plain C++ reached through ctypes: no torch headers, so it
+  builds without torch and serves any torch version): always attempted, ``optional`` so a machine
+  without a C++ compiler still installs (the CPU ops then run the reference).
 * ``torch_aura._C_mps`` (``csrc/mps``, Objective-C++): macOS with an MPS-enabled torch only, as its
   own extension so Objective-C flags never reach ``.cpp``/``.cu`` sources.
 * ``triton_kernels/`` installs as ``torch_aura.triton_kernels`` and never as a top-level package.
@@ -59,6 +62,18 @@ def _cuda_extension(torch):
         })
 
 
+def _cpu_extension():
+    sources = _sources("csrc/cpu/*.cpp")
+    if not sources or os.environ.get("AURA_BUILD_CPU", "") == "0":
+        return None
+    from setuptools import Extension
+
+    flags = ["/O2", "/std:c++17"] if sys.platform == "win32" else ["-O3", "-std=c++17", "-fopenmp-simd", "-pthread"]
+    return Extension("torch_aura._C_cpu", sources, language="c++", optional=True, py_limited_api=True,
+                     define_macros=[("Py_LIMITED_API", "0x03090000")], extra_compile_args=flags,
+                     extra_link_args=[] if sys.platform == "win32" else ["-pthread"])
+
+
 def _mps_extension(torch):
     """The Objective-C++ host (csrc/mps/*.mm) with the portable launch plans (csrc/mps/plan) and
     the shaders embedded as source (tools/embed_metal.py, compiled by Metal at first use)."""
@@ -92,7 +107,7 @@ def _triton_packages():
 
 
 torch = _torch()
-ext_modules = [e for e in (_cuda_extension(torch), _mps_extension(torch)) if e is not None]
+ext_modules = [e for e in (_cpu_extension(), _cuda_extension(torch), _mps_extension(torch)) if e is not None]
 cmdclass = {}
 if ext_modules:
     from torch.utils.cpp_extension import BuildExtension

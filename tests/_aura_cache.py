@@ -10,9 +10,14 @@ never be dereferenced.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 import torch_aura as ta
+from torch_aura.reference import aura as R
+
+from _util import assert_max_rel
 
 
 def generator(seed: int) -> torch.Generator:
@@ -50,8 +55,8 @@ class EncodedCache:
         self.k_mask, self.v_mask = ta.aura_sign_mask(D, seed, 0, "k"), ta.aura_sign_mask(D, seed, 0, "v")
         self.k_cb, k_bd = ta.aura_codebook(kb, D)
         self.v_cb, v_bd = ta.aura_codebook(vb, D)
-        kc, kn = ta.aura_encode(randn(B, Hkv, cap, D, seed=seed + 1), self.k_cb, k_bd, kb, self.k_mask)
-        vc, vn = ta.aura_encode(randn(B, Hkv, cap, D, seed=seed + 2), self.v_cb, v_bd, vb, self.v_mask)
+        kc, kn = R.aura_encode(randn(B, Hkv, cap, D, seed=seed + 1), self.k_cb, k_bd, kb, self.k_mask)
+        vc, vn = R.aura_encode(randn(B, Hkv, cap, D, seed=seed + 2), self.v_cb, v_bd, vb, self.v_mask)
         self.clean = tuple(t.clone() for t in (kc, kn, vc, vn))
         dead = (torch.arange(cap)[None, :] >= self.seq_lens[:, None].long())[:, None, :].expand(B, Hkv, cap)
         g = generator(seed + 3)
@@ -105,3 +110,26 @@ def check_non_finite_propagation(device):
         for name, o in (("flash_decode", dense), ("aura_decode", out)):
             assert bool(o[0].isnan().any()) == expect_nan, name
             assert bool(torch.isfinite(o[1]).all()), name
+
+
+def check_codes_near_boundaries(x, codes, norms, ref_codes, ref_norms, bits, mask):
+    """Equal codes except where y_j is within 1e-5/sqrt(D) of a boundary, and there by one index;
+    norms equal to the reference's, or (rows with a flipped code) to |x| / |c_hat| of their codes."""
+    D = x.shape[-1]
+    idx, ref_idx = R.unpack_codes(codes, bits, D), R.unpack_codes(ref_codes, bits, D)
+    xf = x.float()
+    r = xf.norm(dim=-1, keepdim=True)
+    y = R.hadamard_rotate(torch.where(r > 0, xf / r.clamp_min(1e-30), 0.0), mask)
+    cb, bd = ta.aura_codebook(bits, D)
+    gap = (y[..., None] - bd).abs().amin(-1)
+    diff = idx != ref_idx
+    assert bool((gap[diff] <= 1e-5 / math.sqrt(D)).all()), "a code differs away from a boundary"
+    assert bool(((idx - ref_idx).abs() <= 1).all())
+    finite = torch.isfinite(ref_norms)  # NaN/Inf rows: NaN norm on both sides (propagation)
+    assert torch.equal(norms.isnan(), ~finite), "non-finite rows must get NaN norms, finite rows finite ones"
+    same = ~diff.any(-1) & finite
+    assert_max_rel("norms (equal codes)", norms[same], ref_norms[same], 1e-5)
+    # A row with a flipped code keeps |x| through its own codes: norm = |x| / |c_hat(own codes)|.
+    flipped = diff.any(-1) & finite
+    own = r[..., 0] / cb[idx].norm(dim=-1)
+    assert_max_rel("norms (flipped codes)", norms[flipped], own[flipped], 1e-5)

@@ -52,11 +52,13 @@ def _first_device(args) -> torch.device:
     return torch.device("cpu")
 
 
-def _make_reference(name: str):
+def make_checked(name: str, math=None, label: str = "reference"):
+    """``check(*args)`` then ``math`` (default: the reference function of the same name). Serves
+    the reference registration and the CPU fast paths (torch_aura.cpu), so both raise alike."""
     from . import backends
 
     check = _checks.for_op(name)
-    math = getattr(reference.FAMILIES[OPS[name].family], name)
+    math = math or getattr(reference.FAMILIES[OPS[name].family], name)
 
     def impl(*args, **kwargs):
         check(*args, **kwargs)
@@ -65,7 +67,7 @@ def _make_reference(name: str):
             backends.note_reference_fallback(name, device)
         return math(*args, **kwargs)
 
-    impl.__name__ = f"{name}_reference"
+    impl.__name__ = f"{name}_{label}"
     return impl
 
 
@@ -86,6 +88,6 @@ def define_and_register() -> None:
     for name, op in OPS.items():
         LIB.define(op.schema, tags=TAGS)
         torch.library.register_fake(f"aura::{name}", _make_fake(name), lib=LIB)
-        LIB.impl(name, _make_reference(name), "CompositeExplicitAutograd")
+        LIB.impl(name, make_checked(name), "CompositeExplicitAutograd")
         if "!" not in op.schema:  # mutating ops write caller buffers and return nothing to differentiate
             torch.library.register_autograd(f"aura::{name}", _make_no_backward(name), lib=LIB)

@@ -17,7 +17,7 @@ import torch_aura as ta
 from torch_aura import backends
 from torch_aura.reference import aura as R
 
-from _aura_cache import EncodedCache, check_non_finite_propagation, synthetic_attention
+from _aura_cache import EncodedCache, check_codes_near_boundaries, check_non_finite_propagation, synthetic_attention
 from _util import assert_max_rel, dtype_id, max_rel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -63,25 +63,6 @@ def test_hadamard_rotate_matches_reference(D, dtype):
 
 
 # ================================================================================== encode
-def _check_codes_near_boundaries(x, codes, norms, ref_codes, ref_norms, bits, mask):
-    """Equal codes except where y_j is within 1e-5/sqrt(D) of a boundary, and there by one index."""
-    D = x.shape[-1]
-    idx, ref_idx = R.unpack_codes(codes, bits, D), R.unpack_codes(ref_codes, bits, D)
-    xf = x.float()
-    r = xf.norm(dim=-1, keepdim=True)
-    y = R.hadamard_rotate(torch.where(r > 0, xf / r.clamp_min(1e-30), 0.0), mask)
-    _, bd = ta.aura_codebook(bits, D)
-    gap = (y[..., None] - bd).abs().amin(-1)
-    diff = idx != ref_idx
-    assert bool((gap[diff] <= 1e-5 / math.sqrt(D)).all()), "a code differs away from a boundary"
-    assert bool(((idx - ref_idx).abs() <= 1).all())
-    finite = torch.isfinite(ref_norms)  # NaN/Inf rows: NaN norm on both sides (propagation)
-    assert torch.equal(norms.isnan(), ~finite), "non-finite rows must get NaN norms, finite rows finite ones"
-    same = ~diff.any(-1) & finite
-    assert_max_rel("norms (equal codes)", norms[same], ref_norms[same], 1e-5)
-    assert_max_rel("norms (all)", norms[finite], ref_norms[finite], 1e-4)
-
-
 @pytest.mark.parametrize("bits", BITS, ids=[f"b{b}" for b in BITS])
 @pytest.mark.parametrize("D", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
 def test_encode_matches_reference(D, bits):
@@ -94,7 +75,7 @@ def test_encode_matches_reference(D, bits):
     codes, norms = ta.aura_encode(x.to(DEV), cb.to(DEV), bd.to(DEV), bits, mask.to(DEV))
     assert codes.shape == (5, 67, D * bits // 32) and codes.dtype == torch.int32 and norms.dtype == torch.float32
     ref_codes, ref_norms = R.aura_encode(x, cb, bd, bits, mask)
-    _check_codes_near_boundaries(x, codes.cpu(), norms.cpu(), ref_codes, ref_norms, bits, mask)
+    check_codes_near_boundaries(x, codes.cpu(), norms.cpu(), ref_codes, ref_norms, bits, mask)
     # zero and non-finite rows: codes 2^(b-1); norm 0 (zero row) or NaN (propagates, as dense attention)
     assert norms[0, 3].item() == 0.0 and bool(norms[1, 4].isnan()) and bool(norms[2, 5].isnan())
     for b_, t_ in ((0, 3), (1, 4), (2, 5)):
@@ -108,7 +89,7 @@ def test_encode_low_precision_views_and_no_mask(dtype):
     for mask in (ta.aura_sign_mask(128), None):
         got = ta.aura_encode(x.to(DEV), cb.to(DEV), bd.to(DEV), 3, None if mask is None else mask.to(DEV))
         want = R.aura_encode(x, cb, bd, 3, mask)
-        _check_codes_near_boundaries(x, got[0].cpu(), got[1].cpu(), *want, 3, mask)
+        check_codes_near_boundaries(x, got[0].cpu(), got[1].cpu(), *want, 3, mask)
 
 
 @pytest.mark.parametrize("bits,cos", [(2, 0.9406), (3, 0.9831), (4, 0.9954), (8, 0.99998)])

@@ -12,6 +12,7 @@ import torch
 import torch_aura
 from torch_aura import backends
 from torch_aura._schema import OPS
+from torch_aura.cpu import FAST_PATHS
 
 
 def test_status_covers_every_op_and_device():
@@ -19,7 +20,9 @@ def test_status_covers_every_op_and_device():
     assert set(table) == set(OPS)
     for op, row in table.items():
         assert set(row) == {"cpu", "cuda", "mps"}
-        assert row["cpu"] == "reference"
+        # CPU: a fast path of torch_aura.cpu where one exists (_C_cpu builds wherever a C++ compiler
+        # does, CI included), else the reference
+        assert row["cpu"] == ("kernel (cpu)" if op in FAST_PATHS else "reference"), (op, row["cpu"])
         for dev in ("cuda", "mps"):
             # either a kernel, or the reference with a reason in parentheses
             assert row[dev].startswith("kernel (") or (row[dev].startswith("reference (") and len(row[dev]) > 15)
@@ -74,7 +77,8 @@ def _status_in_subprocess(env):
 
 def test_backends_ref_kill_switch():
     table, _ = _status_in_subprocess({"TORCH_AURA_BACKENDS": "ref"})
-    for row in table.values():
+    for op, row in table.items():
+        assert row["cpu"] == ("reference (disabled by TORCH_AURA_BACKENDS=ref)" if op in FAST_PATHS else "reference")
         assert row["cuda"] == "reference (disabled by TORCH_AURA_BACKENDS=ref)"
         assert row["mps"] == "reference (disabled by TORCH_AURA_BACKENDS=ref)"
 

@@ -27,6 +27,7 @@ from .._schema import CUDA_PROVIDER, OPS
 
 # Backend name -> why it is not serving (None once it loaded). Filled by autoload().
 _REASONS: dict[str, str | None] = {
+    "cpu": "not loaded yet",
     "cuda": "not loaded yet",
     "triton": "not loaded yet",
     "mps": "not loaded yet",
@@ -34,7 +35,7 @@ _REASONS: dict[str, str | None] = {
 _FORCED_REF = False
 _WARNED: set[tuple[str, str]] = set()
 
-KNOWN_BACKENDS = ("cuda", "triton", "mps")
+KNOWN_BACKENDS = ("cpu", "cuda", "triton", "mps")
 
 
 def _requested_backends() -> tuple[set[str], str | None]:
@@ -50,6 +51,16 @@ def _requested_backends() -> tuple[set[str], str | None]:
         warnings.warn(f"TORCH_AURA_BACKENDS: ignoring unknown backend(s) {sorted(unknown)}; "
                       f"known: ref, all, {', '.join(KNOWN_BACKENDS)}", stacklevel=2)
     return wanted & set(KNOWN_BACKENDS), f"excluded by TORCH_AURA_BACKENDS={raw}"
+
+
+def _load_cpu() -> str | None:
+    try:
+        from .. import cpu
+        from .._registry import LIB
+
+        return cpu.register(LIB)
+    except Exception as e:  # the reference still serves the CPU
+        return f"cpu fast paths failed to register: {type(e).__name__}: {e}"
 
 
 def _load_cuda_ext() -> str | None:
@@ -106,7 +117,7 @@ def _load_mps_ext() -> str | None:
     return None
 
 
-_LOADERS = {"cuda": _load_cuda_ext, "triton": _load_triton, "mps": _load_mps_ext}
+_LOADERS = {"cpu": _load_cpu, "cuda": _load_cuda_ext, "triton": _load_triton, "mps": _load_mps_ext}
 
 
 def autoload() -> None:
@@ -127,6 +138,12 @@ def has_kernel(op: str, device_type: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"aura::{op}", _dispatch_key(device_type))
 
 
+def _cpu_fast_paths() -> dict[str, str]:
+    from ..cpu import FAST_PATHS
+
+    return FAST_PATHS
+
+
 def provider(op: str, device_type: str) -> str:
     """The backend expected to serve ``op`` on ``device_type`` ("cuda", "triton" or "mps")."""
     return CUDA_PROVIDER[OPS[op].family] if device_type == "cuda" else device_type
@@ -135,7 +152,9 @@ def provider(op: str, device_type: str) -> str:
 def why_reference(op: str, device_type: str) -> str:
     """Why the reference (and not a kernel) serves ``op`` on ``device_type``."""
     if device_type == "cpu":
-        return "the reference is the CPU backend"
+        reason = _REASONS.get("cpu")
+        fast = op in _cpu_fast_paths()
+        return reason if fast and reason else "no CPU fast path for this op: the reference serves it"
     backend = provider(op, device_type)
     reason = _REASONS.get(backend)
     if reason:
@@ -144,7 +163,8 @@ def why_reference(op: str, device_type: str) -> str:
 
 
 def status() -> dict[str, dict[str, str]]:
-    """Which backend serves each (op, device) and, where the reference does, why.
+    """Which backend serves each (op, device) and, where the reference does, why (on the CPU,
+    "kernel (cpu)" is a fast path of torch_aura.cpu; the other CPU ops run the reference).
 
     Returns:
         ``{op: {"cpu": ..., "cuda": ..., "mps": ...}}``, e.g.
@@ -158,7 +178,10 @@ def status() -> dict[str, dict[str, str]]:
     """
     table = {}
     for op in OPS:
-        row = {"cpu": "reference"}
+        if has_kernel(op, "cpu"):
+            row = {"cpu": "kernel (cpu)"}
+        else:  # the reason only where a fast path exists but is not serving
+            row = {"cpu": f"reference ({why_reference(op, 'cpu')})" if op in _cpu_fast_paths() else "reference"}
         for dev in ("cuda", "mps"):
             if has_kernel(op, dev):
                 label = provider(op, dev)
@@ -173,10 +196,11 @@ def format_status() -> str:
     """``status()`` as an aligned text table (what ``python -m torch_aura`` prints)."""
     rows = status()
     width = max(map(len, rows))
-    lines = [f"{'op':<{width}}  cpu        cuda / mps"]
+    cpu_w = max(len(row["cpu"]) for row in rows.values())
+    lines = [f"{'op':<{width}}  {'cpu':<{cpu_w}}  cuda / mps"]
     for op, row in rows.items():
-        lines.append(f"{op:<{width}}  {row['cpu']:<9}  cuda: {row['cuda']}")
-        lines.append(f"{'':<{width}}  {'':<9}  mps:  {row['mps']}")
+        lines.append(f"{op:<{width}}  {row['cpu']:<{cpu_w}}  cuda: {row['cuda']}")
+        lines.append(f"{'':<{width}}  {'':<{cpu_w}}  mps:  {row['mps']}")
     return "\n".join(lines)
 
 

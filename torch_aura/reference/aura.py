@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import torch
 
@@ -200,6 +201,13 @@ def aura_encode(x, codebook, boundaries, bits, sign_mask=None):
 def aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits,
                      sign_mask=None, paged=False):
     """Encode ``x [N, Hkv, D]`` and scatter row n to ``slot_mapping[n]``; slot < 0 skips the row."""
+    return write_cache_with(sys.modules[__name__], x, codes_cache, norms_cache, slot_mapping, codebook,
+                            boundaries, bits, sign_mask, paged)
+
+
+def write_cache_with(ops, x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits,
+                     sign_mask=None, paged=False):
+    """``aura_write_cache`` with the ``aura_encode`` of ``ops`` (see ``decode_with``)."""
     if paged:
         num_blocks, page_size = codes_cache.shape[0], codes_cache.shape[1]
         n_slots, what = num_blocks * page_size, "num_blocks * page_size"
@@ -218,7 +226,7 @@ def aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, bounda
     rows, slots = x[keep], slots[keep]
     if rows.shape[0] == 0:
         return None
-    codes, norms = aura_encode(rows, codebook, boundaries, bits, sign_mask)  # [n, Hkv, PW], [n, Hkv]
+    codes, norms = ops.aura_encode(rows, codebook, boundaries, bits, sign_mask)  # [n, Hkv, PW], [n, Hkv]
     if paged:
         block, offset = slots // page_size, slots % page_size
         codes_cache[block, offset] = codes  # codes_cache[block, offset, :, :]
@@ -393,15 +401,26 @@ def aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_c
                 k_sign_mask, v_sign_mask, key_bits, value_bits, block_table=None, scale=None,
                 num_splits=0):
     """Rotate q with Pi_K (softmax scale folded in), pass 1, pass 2 with the fused un-rotation."""
+    return decode_with(sys.modules[__name__], q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
+                       v_codebook, k_sign_mask, v_sign_mask, key_bits, value_bits, block_table, scale,
+                       num_splits)
+
+
+def decode_with(ops, q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook,
+                k_sign_mask, v_sign_mask, key_bits, value_bits, block_table=None, scale=None,
+                num_splits=0):
+    """``aura_decode`` over the ``hadamard_rotate``, ``aura_flash_p1`` and ``aura_flash_p2`` of
+    ``ops`` (a module with this module's signatures): the CPU fast path (torch_aura.cpu.aura)
+    reuses this plan with its native kernels."""
     D = q.shape[-1]
     scale = D ** -0.5 if scale is None else float(scale)
     # q_rot . (Pi_K k) = scale * q . k: attention never leaves the rotated domain until the output.
-    q_rot = hadamard_rotate(q.to(torch.float32), k_sign_mask, scale=scale)
+    q_rot = ops.hadamard_rotate(q.to(torch.float32), k_sign_mask, scale=scale)
     if block_table is None:
         capacity, page_size = k_codes.shape[2], None
     else:
         capacity, page_size = block_table.shape[1] * k_codes.shape[1], k_codes.shape[1]
     bs = decode_block_size(capacity, page_size, num_splits)
-    o, m, l = aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
-                            v_codebook, key_bits, value_bits, block_table, bs)
-    return aura_flash_p2(o, m, l, v_sign_mask, q.dtype)
+    o, m, l = ops.aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
+                                v_codebook, key_bits, value_bits, block_table, bs)
+    return ops.aura_flash_p2(o, m, l, v_sign_mask, q.dtype)

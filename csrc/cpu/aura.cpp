@@ -1,0 +1,360 @@
+// AURA on the CPU: the encode, rotation, pass 1 and pass 2 of torch_aura/reference/aura.py
+// (docs/aura-format.md §5-8) as plain C++ with C entry points, loaded with ctypes by
+// torch_aura/cpu/native.py: no torch headers, so one build serves every torch version.
+//
+// Pass 1 work item = (sequence b, KV head, block n). Inside an item, tiles of TILE tokens are
+// dequantised once (a 256-entry table maps a code byte to its 8 / b coordinates) and shared by the
+// G query heads of the group and the L causal queries; scores and the V accumulation run an online
+// softmax over the tiles, which gives the reference's (max, sum, weighted sum) up to fp32 rounding
+// (the reference unpacks every code into int64 tensors instead).
+#include <Python.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the code stream is read as little-endian bytes (aura-format.md §6)"
+#endif
+
+// x86-64: one baseline build plus an AVX2/FMA clone picked at load time (ifunc), so a binary built
+// on one machine runs on any x86-64 and still uses the wide units where they exist.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__)
+#define AURA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define AURA_CLONES
+#endif
+
+namespace {
+
+// Floats of work under which starting another thread (~20-50 us) costs more than it saves.
+constexpr int64_t MIN_THREAD_WORK = int64_t(1) << 16;
+constexpr int TILE = 32;  // a multiple of 4 (dot4); tokens dequantised together: K and V tiles of TILE x D floats stay in L1/L2
+
+// Mirrors torch_aura/cpu/native.py's _P1Args field for field (ctypes.Structure).
+struct P1Args {
+  const float* q;  // [B, L, Hq, D] contiguous fp32, already rotated and scaled
+  const uint8_t* k_codes;
+  const uint8_t* v_codes;
+  const float* k_norms;
+  const float* v_norms;
+  int64_t k_code_stride[3], v_code_stride[3];  // bytes: contiguous (b, h, t) | paged (page, row, h)
+  int64_t k_norm_stride[3], v_norm_stride[3];  // floats, same roles
+  const int32_t* seq_lens;  // [B] contiguous
+  const int32_t* block_table;  // [B, max_pages] or null (contiguous cache)
+  int64_t bt_stride[2];
+  const float* k_codebook;
+  const float* v_codebook;
+  int64_t key_bits, value_bits;
+  int64_t B, L, Hq, Hkv, D, capacity, page_size, block_size, num_blocks;
+  float* o;  // [B, L, Hq, NB, D]
+  float* m;  // [B, L, Hq, NB]
+  float* l;
+  int64_t threads;
+};
+
+// Byte -> its 8 / bits codebook values (bits 2, 4, 8), built once per call.
+struct ByteTable {
+  int bits;
+  int per_byte;
+  std::vector<float> values;  // [256][per_byte]
+  const float* codebook;
+
+  ByteTable(const float* cb, int b) : bits(b), per_byte(b == 3 ? 0 : 8 / b), codebook(cb) {
+    if (!per_byte) return;
+    values.resize(256 * per_byte);
+    for (int byte = 0; byte < 256; ++byte)
+      for (int j = 0; j < per_byte; ++j) values[byte * per_byte + j] = cb[(byte >> (j * b)) & ((1 << b) - 1)];
+  }
+};
+
+template <int W>  // W = codes per byte: one fixed-size copy per byte, no call
+static inline void expand_bytes(const float* table, const uint8_t* src, int64_t bytes, float* dst) {
+  for (int64_t i = 0; i < bytes; ++i) std::memcpy(dst + i * W, table + src[i] * W, sizeof(float) * W);
+}
+
+// Codes of one vector (a little-endian bit stream, code j at bits [j b, j b + b)) -> D floats.
+static inline void dequantise(const ByteTable& t, const uint8_t* src, int64_t D, float* dst) {
+  switch (t.bits) {
+    case 8: for (int64_t j = 0; j < D; ++j) dst[j] = t.codebook[src[j]]; break;
+    case 4: expand_bytes<2>(t.values.data(), src, D / 2, dst); break;
+    case 2: expand_bytes<4>(t.values.data(), src, D / 4, dst); break;
+    default:  // 3 bits: 8 codes in every 3 bytes (D is a multiple of 8)
+      for (int64_t i = 0; i < D / 8; ++i) {
+        const uint32_t v = src[3 * i] | (uint32_t(src[3 * i + 1]) << 8) | (uint32_t(src[3 * i + 2]) << 16);
+        for (int j = 0; j < 8; ++j) dst[8 * i + j] = t.codebook[(v >> (3 * j)) & 7];
+      }
+  }
+}
+
+// s[i] = q . k[i] for 4 rows at once: four independent accumulators hide the FMA latency.
+static inline void dot4(const float* q, const float* k, int64_t D, float* s) {
+  const float *k0 = k, *k1 = k + D, *k2 = k + 2 * D, *k3 = k + 3 * D;
+  float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+#pragma omp simd reduction(+ : d0, d1, d2, d3)
+  for (int64_t j = 0; j < D; ++j) {
+    d0 += q[j] * k0[j];
+    d1 += q[j] * k1[j];
+    d2 += q[j] * k2[j];
+    d3 += q[j] * k3[j];
+  }
+  s[0] = d0, s[1] = d1, s[2] = d2, s[3] = d3;
+}
+
+// Runs fn(first, step) on `threads` threads (the caller included): item i goes to thread i % threads.
+template <class F>
+static int parallel(int64_t items, int64_t threads, const F& fn) {
+  threads = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  try {
+    std::vector<std::thread> pool;
+    for (int64_t t = 1; t < threads; ++t) pool.emplace_back(fn, t, threads);
+    fn(0, threads);
+    for (auto& th : pool) th.join();
+  } catch (...) {  // no thread or no memory: reported as an error code, never thrown across C
+    return 1;
+  }
+  return 0;
+}
+
+struct Scratch {
+  std::vector<float> k, v, kn, vn, s, acc, run_m, run_l;
+  std::vector<uint8_t> poisoned;
+};
+
+AURA_CLONES void run_item(const P1Args& a, const ByteTable& kt, const ByteTable& vt, int64_t item, Scratch& w) {
+  const int64_t NB = a.num_blocks, D = a.D, G = a.Hq / a.Hkv, L = a.L;
+  const int64_t n = item % NB, h = (item / NB) % a.Hkv, b = item / (NB * a.Hkv);
+  const int64_t seq = a.seq_lens[b];
+  const int64_t t0 = n * a.block_size, t1 = std::min(t0 + a.block_size, a.capacity);
+  const int64_t t_end = std::min(t1, seq);
+  const int64_t R = L * G;  // query rows of this item: (l, g)
+  const float NEG_INF = -std::numeric_limits<float>::infinity();
+  std::fill(w.acc.begin(), w.acc.begin() + R * D, 0.0f);
+  std::fill(w.run_m.begin(), w.run_m.begin() + R, NEG_INF);
+  std::fill(w.run_l.begin(), w.run_l.begin() + R, 0.0f);
+  std::fill(w.poisoned.begin(), w.poisoned.begin() + R, 0);
+
+  for (int64_t ts = t0; ts < t_end; ts += TILE) {
+    const int64_t nt = std::min<int64_t>(TILE, t_end - ts);
+    for (int64_t i = 0; i < nt; ++i) {
+      const int64_t t = ts + i;
+      int64_t c0, c1, c2;  // (b, h, t) or (page, row, h)
+      if (a.block_table) {
+        c0 = a.block_table[b * a.bt_stride[0] + (t / a.page_size) * a.bt_stride[1]];
+        c1 = t % a.page_size;
+        c2 = h;
+      } else {
+        c0 = b, c1 = h, c2 = t;
+      }
+      auto at = [&](const int64_t* st) { return c0 * st[0] + c1 * st[1] + c2 * st[2]; };
+      dequantise(kt, a.k_codes + at(a.k_code_stride), D, &w.k[i * D]);
+      dequantise(vt, a.v_codes + at(a.v_code_stride), D, &w.v[i * D]);
+      w.kn[i] = a.k_norms[at(a.k_norm_stride)];
+      w.vn[i] = a.v_norms[at(a.v_norm_stride)];
+    }
+    std::fill(w.k.begin() + nt * D, w.k.end(), 0.0f);  // dot4 reads whole groups of 4 rows
+    for (int64_t lq = 0; lq < L; ++lq) {
+      const int64_t last = seq - L + lq;  // causal query lq sees t <= last (L = 1: every live token)
+      const int64_t seen = std::min<int64_t>(nt, last - ts + 1);
+      if (seen <= 0) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t r = lq * G + g;
+        const float* q = a.q + ((b * L + lq) * a.Hq + h * G + g) * D;
+        float* s = &w.s[0];
+        float tile_max = NEG_INF;
+        for (int64_t i = 0; i < seen; i += 4) dot4(q, &w.k[i * D], D, s + i);  // rows past nt are zeros
+        for (int64_t i = 0; i < seen; ++i) {
+          s[i] *= w.kn[i];
+          if (std::isnan(s[i])) w.poisoned[r] = 1;
+          tile_max = std::max(tile_max, s[i]);
+        }
+        if (w.poisoned[r]) continue;  // the row's partial is NaN whatever comes next
+        const float m_new = std::max(w.run_m[r], tile_max);
+        if (m_new == NEG_INF) continue;  // every score -inf: nothing to add
+        const float rescale = w.run_m[r] == NEG_INF ? 0.0f : std::exp(w.run_m[r] - m_new);
+        float* acc = &w.acc[r * D];
+        if (rescale != 1.0f) {
+          for (int64_t j = 0; j < D; ++j) acc[j] *= rescale;
+        }
+        float l_sum = w.run_l[r] * rescale;
+        for (int64_t i = 0; i < seen; ++i) {
+          const float p = std::exp(s[i] - m_new);
+          l_sum += p;
+          const float pv = p * w.vn[i];
+          const float* v = &w.v[i * D];
+          for (int64_t j = 0; j < D; ++j) acc[j] += pv * v[j];
+        }
+        w.run_m[r] = m_new;
+        w.run_l[r] = l_sum;
+      }
+    }
+  }
+  const float NaN = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t lq = 0; lq < L; ++lq) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r = lq * G + g;
+      const int64_t row = ((b * L + lq) * a.Hq + h * G + g) * NB + n;  // index into m / l
+      float* o = a.o + row * D;
+      if (w.poisoned[r]) {  // NaN / Inf data: the reference's partial is NaN, so is ours
+        std::fill(o, o + D, NaN);
+        a.m[row] = NaN;
+        a.l[row] = NaN;
+      } else {
+        std::memcpy(o, &w.acc[r * D], sizeof(float) * D);
+        a.m[row] = w.run_m[r];
+        a.l[row] = w.run_l[r];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int aura_cpu_flash_p1(const P1Args* a) {
+  const ByteTable kt(a->k_codebook, int(a->key_bits)), vt(a->v_codebook, int(a->value_bits));
+  const int64_t items = a->B * a->Hkv * a->num_blocks;
+  const int64_t rows = a->L * (a->Hq / a->Hkv);
+  auto work = [&](int64_t first, int64_t step) {
+    Scratch w;
+    w.k.resize(TILE * a->D);
+    w.v.resize(TILE * a->D);
+    w.kn.resize(TILE);
+    w.vn.resize(TILE);
+    w.s.resize(TILE);
+    w.acc.resize(rows * a->D);
+    w.run_m.resize(rows);
+    w.run_l.resize(rows);
+    w.poisoned.resize(rows);
+    for (int64_t item = first; item < items; item += step) run_item(*a, kt, vt, item, w);
+  };
+  const bool big = a->B * a->L * a->Hq * a->capacity * a->D >= 2 * MIN_THREAD_WORK;
+  return parallel(items, big ? a->threads : 1, work);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotation and pass 2, so a CPU decode is three native calls instead of ~90 small tensor ops.
+
+// Unnormalised Walsh-Hadamard transform in place, in the reference's butterfly order (strides
+// 1, 2, ..., D/2; (a + b, a - b)), so the sums round exactly as torch_aura.reference.fwht's do.
+static void fwht(float* x, int64_t D) {
+  for (int64_t h = 1; h < D; h *= 2)
+    for (int64_t blk = 0; blk < D; blk += 2 * h)
+      for (int64_t i = blk; i < blk + h; ++i) {
+        const float a = x[i], b = x[i + h];
+        x[i] = a + b;
+        x[i + h] = a - b;
+      }
+}
+
+static inline float sign_of(const int32_t* mask, int64_t j) {  // -1 where bit j of the mask is set
+  return mask && ((uint32_t(mask[j / 32]) >> (j % 32)) & 1u) ? -1.0f : 1.0f;
+}
+
+// rows x D fp32 in place: forward y = factor H(s x), inverse x = factor s (H y) (aura-format.md §2).
+extern "C" int aura_cpu_rotate(float* x, int64_t rows, int64_t D, const int32_t* sign_mask, double factor,
+                               int32_t inverse) {
+  const float f = float(factor);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * D;
+    if (!inverse)
+      for (int64_t j = 0; j < D; ++j) v[j] *= sign_of(sign_mask, j);
+    fwht(v, D);
+    for (int64_t j = 0; j < D; ++j) v[j] = inverse ? sign_of(sign_mask, j) * v[j] * f : v[j] * f;
+  }
+  return 0;
+}
+
+// Log-sum-exp merge of the NB block partials of each row (reference aura_flash_p2): empty blocks
+// (l == 0) are skipped, never weighted by 0; a live NaN partial makes the row NaN. Then, given the
+// V mask, the inverse rotation. o [rows, NB, D], m / l [rows, NB] -> out [rows, D], lse [rows].
+static void merge_row(const float* o, const float* m, const float* l, int64_t r, int64_t NB, int64_t D,
+                      const int32_t* v_sign_mask, float* out, float* lse) {
+  const float NEG_INF = -std::numeric_limits<float>::infinity(), NaN = std::numeric_limits<float>::quiet_NaN();
+  {
+    const float *mr = m + r * NB, *lr = l + r * NB;
+    float* y = out + r * D;
+    bool poisoned = false;
+    float M = NEG_INF;
+    for (int64_t n = 0; n < NB; ++n) {
+      poisoned |= lr[n] != 0.0f && (std::isnan(lr[n]) || std::isnan(mr[n]));
+      if (lr[n] > 0.0f) M = std::max(M, mr[n]);
+    }
+    if (poisoned) {
+      std::fill(y, y + D, NaN);
+      lse[r] = NaN;
+      return;
+    }
+    std::fill(y, y + D, 0.0f);
+    if (!std::isfinite(M)) {  // no live block: out = 0, lse = -inf
+      lse[r] = NEG_INF;
+    } else {
+      float l_sum = 0.0f;
+      for (int64_t n = 0; n < NB; ++n) {
+        if (!(lr[n] > 0.0f)) continue;
+        const float w = std::exp(mr[n] - M);
+        l_sum += w * lr[n];
+        const float* on = o + (r * NB + n) * D;
+        for (int64_t j = 0; j < D; ++j) y[j] += w * on[j];
+      }
+      for (int64_t j = 0; j < D; ++j) y[j] /= l_sum;
+      lse[r] = M + std::log(l_sum);
+    }
+    if (v_sign_mask) aura_cpu_rotate(y, 1, D, v_sign_mask, 1.0 / std::sqrt(double(D)), 1);
+  }
+}
+
+extern "C" int aura_cpu_flash_p2(const float* o, const float* m, const float* l, int64_t rows, int64_t NB,
+                                 int64_t D, const int32_t* v_sign_mask, float* out, float* lse, int64_t threads) {
+  const bool big = rows * NB * D >= 2 * MIN_THREAD_WORK;
+  return parallel(rows, big ? threads : 1, [&](int64_t first, int64_t step) {
+    for (int64_t r = first; r < rows; r += step) merge_row(o, m, l, r, NB, D, v_sign_mask, out, lse);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encode (aura-format.md §5-6, reference encode_indices + pack_codes): norm, unit direction,
+// rotation, nearest centroid (count of boundaries strictly below y), corrected norm, bit packing.
+static void encode_row(const float* x, int64_t D, const int32_t* mask, const float* codebook,
+                       const float* boundaries, int64_t bits, float* y, int32_t* words, float* norm) {
+  float r2 = 0.0f;
+  for (int64_t j = 0; j < D; ++j) r2 += x[j] * x[j];
+  const float r = std::sqrt(r2);
+  const bool bad = r == 0.0f || !std::isfinite(r);  // zero, or any NaN / Inf element
+  for (int64_t j = 0; j < D; ++j) y[j] = bad ? 0.0f : x[j] / r;
+  aura_cpu_rotate(y, 1, D, mask, 1.0 / std::sqrt(double(D)), 0);
+  const int64_t n_bounds = (int64_t(1) << bits) - 1, PW = D * bits / 32;
+  std::fill(words, words + PW, 0);
+  float c2 = 0.0f;
+  for (int64_t j = 0; j < D; ++j) {
+    uint32_t code = uint32_t(std::lower_bound(boundaries, boundaries + n_bounds, y[j]) - boundaries);
+    c2 += codebook[code] * codebook[code];
+    if (bad) code = 1u << (bits - 1);  // a bad row's codes are fixed; its norm says what it was
+    const int64_t bit = j * bits, w = bit >> 5, sh = bit & 31;
+    words[w] = int32_t(uint32_t(words[w]) | (code << sh));
+    if (sh + bits > 32) words[w + 1] = int32_t(uint32_t(words[w + 1]) | (code >> (32 - sh)));
+  }
+  *norm = r == 0.0f ? 0.0f : bad ? std::numeric_limits<float>::quiet_NaN() : r / std::sqrt(c2);
+}
+
+// x [rows, D] fp32 -> codes int32 [rows, D * bits / 32], norms fp32 [rows].
+extern "C" int aura_cpu_encode(const float* x, int64_t rows, int64_t D, const int32_t* mask, const float* codebook,
+                               const float* boundaries, int64_t bits, int32_t* codes, float* norms, int64_t threads) {
+  const int64_t PW = D * bits / 32;
+  return parallel(rows, rows * D >= 2 * MIN_THREAD_WORK ? threads : 1, [&](int64_t first, int64_t step) {
+    std::vector<float> y(D);
+    for (int64_t r = first; r < rows; r += step)
+      encode_row(x + r * D, D, mask, codebook, boundaries, bits, y.data(), codes + r * PW, norms + r);
+  });
+}
+
+// A loadable module so setuptools builds it like any extension; Python reaches the C entry
+// points through ctypes (torch_aura/cpu/native.py), not through this module object.
+extern "C" PyObject* PyInit__C_cpu(void) {
+  static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C_cpu", "torch_aura CPU kernels (ctypes entry points)", -1,
+                            nullptr};
+  return PyModule_Create(&def);
+}

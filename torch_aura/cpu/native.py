@@ -1,0 +1,124 @@
+"""ctypes bridge to ``torch_aura._C_cpu`` (``csrc/cpu``): plain C entry points taking raw pointers.
+
+The library has no torch headers, so it is independent of the torch version. Every tensor passed
+here was made contiguous (or its strides passed) by the caller and stays alive for the call;
+ctypes releases the GIL while the C++ threads run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+
+import torch
+
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+
+
+class _P1Args(ctypes.Structure):
+    """Field for field the ``P1Args`` struct of csrc/cpu/aura.cpp."""
+    _fields_ = [
+        ("q", _ptr), ("k_codes", _ptr), ("v_codes", _ptr), ("k_norms", _ptr), ("v_norms", _ptr),
+        ("k_code_stride", _i64 * 3), ("v_code_stride", _i64 * 3),
+        ("k_norm_stride", _i64 * 3), ("v_norm_stride", _i64 * 3),
+        ("seq_lens", _ptr), ("block_table", _ptr), ("bt_stride", _i64 * 2),
+        ("k_codebook", _ptr), ("v_codebook", _ptr), ("key_bits", _i64), ("value_bits", _i64),
+        ("B", _i64), ("L", _i64), ("Hq", _i64), ("Hkv", _i64), ("D", _i64), ("capacity", _i64),
+        ("page_size", _i64), ("block_size", _i64), ("num_blocks", _i64),
+        ("o", _ptr), ("m", _ptr), ("l", _ptr), ("threads", _i64),
+    ]
+
+
+def _load():
+    spec = importlib.util.find_spec("torch_aura._C_cpu")
+    if spec is None or not spec.origin:
+        return None, ("cpu extension not built (torch_aura._C_cpu missing: the install found no C++ "
+                      "compiler or the build failed; see pip's log)")
+    try:
+        lib = ctypes.CDLL(spec.origin)
+        lib.aura_cpu_flash_p1.argtypes = [ctypes.POINTER(_P1Args)]
+        lib.aura_cpu_flash_p1.restype = ctypes.c_int
+        lib.aura_cpu_rotate.argtypes = [_ptr, _i64, _i64, _ptr, ctypes.c_double, ctypes.c_int32]
+        lib.aura_cpu_rotate.restype = ctypes.c_int
+        lib.aura_cpu_flash_p2.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64]
+        lib.aura_cpu_flash_p2.restype = ctypes.c_int
+        lib.aura_cpu_encode.argtypes = [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64]
+        lib.aura_cpu_encode.restype = ctypes.c_int
+    except (OSError, AttributeError) as e:
+        return None, f"cpu extension failed to load: {type(e).__name__}: {e}"
+    return lib, None
+
+
+LIB, REASON = _load()
+
+
+def flash_p1(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook, key_bits,
+             value_bits, block_table, block_size, o, m, l) -> None:
+    """Fill ``o [B, L, Hq, NB, D]``, ``m``, ``l [B, L, Hq, NB]`` (fp32, contiguous) in place.
+
+    ``q`` is fp32 contiguous ``[B, L, Hq, D]``, ``seq_lens`` int32 contiguous; codes int32 and
+    norms fp32 (any strides, unit last stride for codes) in the contiguous ``[B, Hkv, T, .]`` or
+    paged ``[pages, page_size, Hkv, .]`` layout; codebooks fp32 contiguous.
+    """
+    B, L, Hq, D = q.shape
+    paged = block_table is not None
+    if paged:
+        capacity, page_size, Hkv = block_table.shape[1] * k_codes.shape[1], k_codes.shape[1], k_codes.shape[2]
+    else:
+        capacity, page_size, Hkv = k_codes.shape[2], 0, k_codes.shape[1]
+    a = _P1Args()
+    a.q, a.k_codes, a.v_codes = q.data_ptr(), k_codes.data_ptr(), v_codes.data_ptr()
+    a.k_norms, a.v_norms = k_norms.data_ptr(), v_norms.data_ptr()
+    a.k_code_stride[:] = [s * 4 for s in k_codes.stride()[:3]]  # int32 words -> bytes
+    a.v_code_stride[:] = [s * 4 for s in v_codes.stride()[:3]]
+    a.k_norm_stride[:], a.v_norm_stride[:] = list(k_norms.stride()), list(v_norms.stride())
+    a.seq_lens = seq_lens.data_ptr()
+    a.block_table = block_table.data_ptr() if paged else None
+    a.bt_stride[:] = list(block_table.stride()) if paged else [0, 0]
+    a.k_codebook, a.v_codebook = k_codebook.data_ptr(), v_codebook.data_ptr()
+    a.key_bits, a.value_bits = key_bits, value_bits
+    a.B, a.L, a.Hq, a.Hkv, a.D, a.capacity = B, L, Hq, Hkv, D, capacity
+    a.page_size, a.block_size, a.num_blocks = page_size, block_size, o.shape[3]
+    a.o, a.m, a.l = o.data_ptr(), m.data_ptr(), l.data_ptr()
+    a.threads = torch.get_num_threads()
+    if LIB.aura_cpu_flash_p1(ctypes.byref(a)) != 0:
+        raise RuntimeError("aura_flash_p1 (cpu): the native kernel could not start its threads")
+
+
+def _mask_ptr(mask):
+    """int32 contiguous sign mask (the caller keeps it alive) -> pointer, or None."""
+    return None if mask is None else mask.data_ptr()
+
+
+def rotate_(x, sign_mask, factor: float, inverse: bool) -> None:
+    """In place on fp32 contiguous ``x [..., D]``: the reference's hadamard_rotate arithmetic."""
+    if x.numel():
+        LIB.aura_cpu_rotate(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], _mask_ptr(sign_mask),
+                            factor, int(inverse))
+
+
+def flash_p2(o, m, l, v_sign_mask):
+    """``o [..., NB, D]``, ``m``, ``l [..., NB]`` fp32 contiguous -> (out fp32 [..., D], lse [...])."""
+    lead, NB, D = o.shape[:-2], o.shape[-2], o.shape[-1]
+    out = torch.empty(*lead, D)
+    lse = torch.empty(lead)
+    rows = lse.numel()
+    if rows:
+        mask = None if v_sign_mask is None else v_sign_mask.contiguous()  # alive for the call
+        if LIB.aura_cpu_flash_p2(o.data_ptr(), m.data_ptr(), l.data_ptr(), rows, NB, D, _mask_ptr(mask),
+                                 out.data_ptr(), lse.data_ptr(), torch.get_num_threads()) != 0:
+            raise RuntimeError("aura_flash_p2 (cpu): the native kernel could not start its threads")
+    return out, lse
+
+
+def encode(x, sign_mask, codebook, boundaries, bits: int):
+    """fp32 contiguous ``x [..., D]`` -> (codes int32 [..., D * bits / 32], norms fp32 [...])."""
+    D = x.shape[-1]
+    codes = torch.empty(*x.shape[:-1], D * bits // 32, dtype=torch.int32)
+    norms = torch.empty(x.shape[:-1])
+    if norms.numel():
+        if LIB.aura_cpu_encode(x.data_ptr(), norms.numel(), D, _mask_ptr(sign_mask), codebook.data_ptr(),
+                               boundaries.data_ptr(), bits, codes.data_ptr(), norms.data_ptr(),
+                               torch.get_num_threads()) != 0:
+            raise RuntimeError("aura_encode (cpu): the native kernel could not start its threads")
+    return codes, norms
