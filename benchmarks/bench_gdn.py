@@ -8,13 +8,17 @@ the L2 norm applied inside the op, fp32 g = logsigmoid(randn) / 16 with 25% of t
 checked against the reference before it is timed; eager (L2 flushed) and CUDA-graph times are
 both reported, with tokens/s and FLA/ours ratios, and the targets.md gates as PASS / MISS.
 
-    python benchmarks/bench_gdn.py [--out DIR] [--profile]
+    python benchmarks/bench_gdn.py [--out DIR] [--profile] [--tp]
 
-Writes ``gdn_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL rows.
+Writes ``gdn_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL rows. ``--tp`` instead
+runs the tensor-parallel shard sweep (``TP_HEADS`` x ``TP_CASES``: what one GPU of a TP2/4/8
+Qwen3-Next deployment sees, where the sequence-parallel state pass applies) and writes
+``gdn_tp_<gpu>.md``; with ``--profile`` it adds the kernel breakdown at 2/4 heads, 1x32k.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import sys
 from pathlib import Path
@@ -31,6 +35,14 @@ from torch_aura.reference import gdn as ref  # noqa: E402
 from torch_aura.testing import rel_rms  # noqa: E402
 
 DTYPE = torch.bfloat16
+# Qwen3-Next's 16/32 heads (q/k, v) on one GPU and split over TP2, TP4, TP8; K = V = 128
+TP_HEADS = [(16, 32), (8, 16), (4, 8), (2, 4)]
+TP_CASES = [("1x8k", [8192]), ("1x32k", [32768]), ("1x128k", [131072]), ("4x8k", [8192] * 4),
+            next(c for c in shapes.GDN_CHUNK if c[0].startswith("varlen"))]
+TP_PROFILE = ((2, 4), "1x32k")
+# 16/32 heads at 1x128k (a whole model's heads, not a shard) is left out: the fp32 reference that
+# checks each row before timing does not fit in 80 GB there.
+TP_MAX_TOKEN_HEADS = 131072 * 16
 CHECK_RATIO = 5e-3  # gdn.md §5: chunk vs reference
 PEER_CHECK_RATIO = 1e-2  # FLA rounds at slightly different points (log2 G, tf32 merge)
 
@@ -51,6 +63,15 @@ def make_inputs(lens, H_, HV, K, V, seed=0):
         return (q, k, v, g, beta, h0), None, None
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     return (q, k, v, g, beta, h0), cu, torch_aura.gdn_chunk_indices(cu)
+
+
+def segment_plan(lens, HV, V) -> int:
+    """Chunks per segment of our sequence-parallel state pass at this shape (0: the serial pass)."""
+    from torch_aura.triton_kernels.gdn import chunk
+
+    fixed = len(set(lens)) == 1
+    nt = [-(-n // 64) for n in lens]
+    return chunk._segment_plan(torch.device("cuda"), len(lens), HV, V, nt[0] if fixed else 0, sum(nt), not fixed)
 
 
 def fla_or_none():
@@ -95,46 +116,56 @@ def measure_peer(row: dict, call, refs, ratio: float) -> None:
 
 def bench_chunk(fla_chunk, profile: bool):
     H_, HV, K, V = shapes.GDN_HEADS
-    rows = []
-    for name, lens in shapes.GDN_CHUNK:
-        (q, k, v, g, beta, h0), cu, ci = make_inputs(lens, H_, HV, K, V)
-        tokens = sum(lens)
+    return [chunk_row(fla_chunk, name, lens, H_, HV, K, V, profile and name == "1x32k", name == "1x4k")
+            for name, lens in shapes.GDN_CHUNK]
 
-        def ours():
-            return torch.ops.aura.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)
 
-        o, s = ours()
-        o_ref, s_ref = ref.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)
-        err = max(rel_rms(o, o_ref), rel_rms(s, s_ref))
-        row = {"case": name, "tokens": tokens, "H": H_, "HV": HV, "K": K, "V": V, "err_vs_ref": err,
-               "correct": err < CHECK_RATIO}
-        if row["correct"]:
-            row["ours_us"], row["ours_graph_us"] = time_pair(ours)
-            row["ours_Mtok_s"] = tokens / row["ours_us"]
-        if fla_chunk is not None:
-            cu64 = None if cu is None else cu.long()
-            ci64 = None if ci is None else ci.long()
+def bench_tp(fla_chunk, profile: bool):
+    """The TP shard sweep: every head split of ``TP_HEADS`` at every ``TP_CASES`` length."""
+    return [chunk_row(fla_chunk, name, lens, H_, HV, 128, 128, profile and ((H_, HV), name) == TP_PROFILE, False)
+            for H_, HV in TP_HEADS for name, lens in TP_CASES if sum(lens) * HV <= TP_MAX_TOKEN_HEADS]
 
-            def fla():
-                return fla_chunk(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu64, chunk_indices=ci64)
 
-            measure_peer(row, fla, (o_ref, s_ref), PEER_CHECK_RATIO)
-        if name == "1x4k":
-            row["ref_us"] = H.time_us(lambda: ref.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False))
-        if profile and name == "1x32k":
-            row["ours_kernels"] = kernel_breakdown(ours)
-            if fla_chunk is not None and "fla_us" in row:
-                row["fla_kernels"] = kernel_breakdown(fla)
-        rows.append(row)
-        print(f"{name:>15}: ours {row.get('ours_us', float('nan')):8.1f} us (graph {row.get('ours_graph_us', float('nan')):8.1f})"
-              f" | FLA {row.get('fla_us', float('nan')):8.1f} us (graph {row.get('fla_graph_us', float('nan')):8.1f})"
-              f" | x{row.get('speedup', float('nan')):.2f} / x{row.get('speedup_graph', float('nan')):.2f}"
-              f" | err {err:.1e} FLA err {row.get('fla_err_vs_ref', float('nan')):.1e} {row.get('fla_error', '')}",
-              flush=True)
-        del q, k, v, g, beta, h0
-        torch.cuda.empty_cache()
-    return rows
+def chunk_row(fla_chunk, name, lens, H_, HV, K, V, profile: bool, time_ref: bool) -> dict:
+    """One gdn_chunk case: ours and FLA checked against the reference, then timed eager and as a graph."""
+    (q, k, v, g, beta, h0), cu, ci = make_inputs(lens, H_, HV, K, V)
+    tokens = sum(lens)
+
+    def ours():
+        return torch.ops.aura.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)
+
+    o, s = ours()
+    o_ref, s_ref = ref.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)
+    err = max(rel_rms(o, o_ref), rel_rms(s, s_ref))
+    row = {"case": name, "tokens": tokens, "H": H_, "HV": HV, "K": K, "V": V, "err_vs_ref": err,
+           "correct": err < CHECK_RATIO, "cps": segment_plan(lens, HV, V)}
+    if row["correct"]:
+        row["ours_us"], row["ours_graph_us"] = time_pair(ours)
+        row["ours_Mtok_s"] = tokens / row["ours_us"]
+    if fla_chunk is not None:
+        cu64 = None if cu is None else cu.long()
+        ci64 = None if ci is None else ci.long()
+
+        def fla():
+            return fla_chunk(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                             use_qk_l2norm_in_kernel=True, cu_seqlens=cu64, chunk_indices=ci64)
+
+        measure_peer(row, fla, (o_ref, s_ref), PEER_CHECK_RATIO)
+    if time_ref:
+        row["ref_us"] = H.time_us(lambda: ref.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False))
+    if profile:
+        row["ours_kernels"] = kernel_breakdown(ours)
+        if fla_chunk is not None and "fla_us" in row:
+            row["fla_kernels"] = kernel_breakdown(fla)
+    print(f"{H_:>2}/{HV:<2} {name:>15}: ours {row.get('ours_us', float('nan')):8.1f} us (graph {row.get('ours_graph_us', float('nan')):8.1f})"
+          f" | FLA {row.get('fla_us', float('nan')):8.1f} us (graph {row.get('fla_graph_us', float('nan')):8.1f})"
+          f" | x{row.get('speedup', float('nan')):.2f} / x{row.get('speedup_graph', float('nan')):.2f}"
+          f" | err {err:.1e} FLA err {row.get('fla_err_vs_ref', float('nan')):.1e} {row.get('fla_error', '')}"
+          f" | pass {row['cps'] or 'serial'}", flush=True)
+    del q, k, v, g, beta, h0, o, s, o_ref, s_ref
+    gc.collect()  # captured graphs of this row hold their memory pools until collected
+    torch.cuda.empty_cache()
+    return row
 
 
 def bench_recurrent(fla_rec):
@@ -251,15 +282,72 @@ def render(facts, copy_tbs, fla_version, chunk_rows, rec_rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tp_gates(rows):
+    """issue 26's targets at the TP shard shapes: >= 2x FLA as a graph and >= 1.5x eager at every
+    split of the heads; >= 2.5x at the full 16/32 heads."""
+    out = []
+    for label, sel, eager_min, graph_min in (("TP shards (8/16, 4/8, 2/4)", lambda r: r["HV"] < 32, 1.5, 2.0),
+                                             ("16/32 heads", lambda r: r["HV"] == 32, 2.5, 2.5)):
+        group = [r for r in rows if sel(r)]
+        done = [r for r in group if "speedup" in r]
+        for mode, key, lo in (("eager", "speedup", eager_min), ("CUDA graph", "speedup_graph", graph_min)):
+            ok = done and len(done) == len(group) and min(r[key] for r in done) >= lo
+            worst = min(done, key=lambda r: r[key]) if done else None
+            out.append((f"gdn_chunk {label} >= {lo}x FLA, {mode}", "PASS" if ok else "MISS",
+                        f"min x{worst[key]:.2f} at {worst['H']}/{worst['HV']} {worst['case']}" if worst
+                        else "FLA not measured"))
+    return out
+
+
+def render_tp(facts, copy_tbs, fla_version, rows) -> str:
+    lines = [
+        f"# Gated DeltaNet at tensor-parallel shard shapes on {facts['gpu']}", "",
+        f"torch {facts['torch']}, CUDA {facts['cuda']}, triton {facts['triton']}, FLA {fla_version}, "
+        f"commit `{facts['commit']}`. Generated by `benchmarks/bench_gdn.py --tp` (do not edit by hand).", "",
+        "Heads q/k / v as one GPU of Qwen3-Next's 16/32 sees them at TP1/2/4/8, K = V = 128; bf16 q/k/v, L2 norm "
+        "inside the op, fp32 g (25% of heads at g = 0), beta and initial state; final state returned. Times are "
+        "medians in microseconds: eager = `do_bench` (L2 flushed), graph = `do_bench_cudagraph`. Ratio = FLA time "
+        "/ ours. Every provider was checked against the reference first (rel RMS shown). `pass`: our state pass, "
+        f"serial or sequence-parallel with that many 64-token chunks per segment. Copy ceiling this run: "
+        f"{copy_tbs:.2f} TB/s.", "",
+        "| heads | case | tokens | pass | ours | ours graph | FLA | FLA graph | ratio | ratio graph | err ours / FLA |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['H']}/{r['HV']} | {r['case']} | {r['tokens']} | {r['cps'] or 'serial'} | "
+                     f"{_f(r.get('ours_us'))} | {_f(r.get('ours_graph_us'))} | {_f(r.get('fla_us'))} | "
+                     f"{_f(r.get('fla_graph_us'))} | {_f(r.get('speedup'), '.2f')}x | "
+                     f"{_f(r.get('speedup_graph'), '.2f')}x | {r['err_vs_ref']:.1e} / {_f(r.get('fla_err_vs_ref'), '.1e')} |")
+    for r in rows:
+        for who in ("ours", "fla"):
+            if f"{who}_kernels" in r:
+                lines += ["", f"Kernel breakdown, {who}, {r['H']}/{r['HV']} {r['case']} (us per call):", ""]
+                lines += [f"- `{n}`: {t:.1f}" for n, t in r[f"{who}_kernels"]]
+    lines += ["", "## Targets (issue 26)", "", "| gate | result | measured |", "|---|---|---|"]
+    lines += [f"| {w} | {res} | {vals} |" for w, res, vals in tp_gates(rows)]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
-    started = H.start("bench_gdn", "gdn_chunk", __doc__, argv, extra_args=lambda parser: parser.add_argument(
-        "--profile", action="store_true", help="per-kernel time breakdown at 1x32k"))
+    def extra_args(parser):
+        parser.add_argument("--profile", action="store_true", help="per-kernel time breakdown at 1x32k")
+        parser.add_argument("--tp", action="store_true",
+                            help="the tensor-parallel shard sweep (16/32, 8/16, 4/8, 2/4 heads) instead")
+
+    started = H.start("bench_gdn", "gdn_chunk", __doc__, argv, extra_args=extra_args)
     if started is None:
         return 1
     args, facts, copy_tbs = started
     fla_chunk, fla_rec, fla_version = fla_or_none()
     print(f"{facts['gpu']} | torch {facts['torch']} | triton {facts['triton']} | FLA {fla_version} | "
           f"commit {facts['commit']} | copy {copy_tbs:.2f} TB/s")
+    if args.tp:
+        rows = bench_tp(fla_chunk, args.profile)
+        md = render_tp(facts, copy_tbs, fla_version, rows)
+        path = H.write("gdn_tp", facts, rows, md, args.out)
+        print(f"\nwrote {path}\n")
+        print(md)
+        return 0 if all(r["correct"] for r in rows) else 1
     chunk_rows = bench_chunk(fla_chunk, args.profile)
     rec_rows = bench_recurrent(fla_rec)
     md = render(facts, copy_tbs, fla_version, chunk_rows, rec_rows)

@@ -99,7 +99,7 @@ def _gdn_inputs(dtype, B, T, H, HV, K, V):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-def test_gdn_kernels_compile_for_sm90(compile_only, dtype):
+def test_gdn_kernels_compile_for_sm90(compile_only, monkeypatch, dtype):
     from torch_aura.triton_kernels.gdn import chunk, recurrent
 
     K = V = 128
@@ -117,12 +117,22 @@ def test_gdn_kernels_compile_for_sm90(compile_only, dtype):
     recurrent.gdn_recurrent(q, k, v, g, beta, h0.clone())
     recurrent.gdn_recurrent(qv, kv, vv, gv, bv, torch.randn(3, 4, V, K), torch.tensor([2, -1, 0], dtype=torch.int32),
                             cu, None, True, True)
+    # the sequence-parallel pass (chunk._segment_plan chooses it on a GPU only): summary, scan and the
+    # segmented pass (Triton and Gluon), fixed length and varlen, gdn_chunk and gdn_fwd_h
+    monkeypatch.setattr(chunk, "_segment_plan", lambda *a: 1)
+    chunk.gdn_chunk(q, k, v, g, beta, None, h0, None, None, True, False)
+    chunk.gdn_chunk(qv, kv, vv, gv, bv, None, torch.randn(3, 4, V, K), cu, None, False, True)
+    chunk.gdn_fwd_h(k, w.to(dtype), u.to(dtype), g_cum, None)
     expected = {n for n in (*vars(chunk), *vars(recurrent)) if n.endswith("_kernel")}
     assert expected <= {key[0] for key in compile_only}, "a kernel was never compiled"
     if dtype == torch.bfloat16:
         hopper = {(dict(key[2])["IS_VARLEN"], dict(key[2])["STAGES"]) for key in compile_only
                   if key[0] == "gdn_state_pass_sm90_kernel"}
         assert hopper == {(False, 2), (False, 3), (True, 2), (True, 3)}, f"Hopper pass variants compiled: {hopper}"
+        for kernel in ("gdn_state_pass_sm90_kernel", "_gdn_state_pass_kernel"):
+            segmented = {dict(key[2])["IS_VARLEN"] for key in compile_only
+                         if key[0] == kernel and ("SEGMENTED", True) in key[2]}
+            assert segmented == {False, True}, f"{kernel}: segmented variants compiled (IS_VARLEN): {segmented}"
         for kernel in ("_gdn_state_pass_kernel", "_gdn_recompute_w_u_kernel"):
             assert any(key[0] == kernel and ("TMA", True) in key[2] for key in compile_only), \
                 f"{kernel}'s TMA path was never compiled"

@@ -187,6 +187,143 @@ def test_chunk_overlapped_pass_small_for_sanitizer():
     check_chunk(torch_aura, DEV, 1, 200, 1, 2, 64, 64, BF16, offsets=[0, 70, 70, 200], h0=True)
 
 
+# ------------------------------------------------------------------ the sequence-parallel pass
+# Forced (chunk._segment_plan chooses it only for few heads and sequences): (B, T, H, HV, K, V, dtype,
+# chunks per segment, extra). Weak decay (gate_norm 20, 30% of g at 0) so that a segment's start
+# state still matters at its end. T = 0, 1, 63, 64, 65; 7 / 8 / 9 chunks at 4 per segment (a segment
+# boundary -1, 0, +1 chunk); varlen with empty sequences first, inside and last; the Hopper (Gluon)
+# pass (16-bit, K in {64, 128}) and the Triton one (K = 60, K = 256 pointer loads, fp32).
+SPLIT_CASES = [
+    (1, 0, 1, 2, 128, 128, BF16, 1, {"h0": True}),
+    (2, 1, 1, 2, 128, 128, BF16, 1, {"h0": True}),
+    (1, 63, 2, 4, 128, 128, BF16, 1, {}),
+    (1, 64, 2, 4, 128, 128, BF16, 1, {"h0": True}),
+    (2, 65, 2, 4, 128, 128, BF16, 1, {"h0": True, "state_v_first": True}),
+    (1, 448, 2, 4, 128, 128, BF16, 4, {"h0": True}),
+    (1, 512, 2, 4, 128, 128, BF16, 4, {"h0": True, "l2norm": True}),
+    (1, 570, 2, 4, 128, 128, BF16, 4, {"h0": True}),
+    (1, 1500, 2, 4, 128, 128, BF16, 4, {"offsets": [0, 0, 511, 512, 512, 1100, 1500, 1500], "h0": True}),
+    (1, 2000, 4, 8, 64, 64, F16, 3, {"offsets": [0, 700, 700, 2000], "state_v_first": True, "h0": True}),
+    (1, 1200, 2, 4, 128, 128, BF16, 2, {"offsets": [0, 1200], "pass_ci": False}),
+    (1, 700, 2, 4, 60, 100, BF16, 2, {"h0": True}),
+    (1, 900, 1, 2, 256, 64, BF16, 3, {"h0": True}),
+    (1, 1000, 2, 4, 128, 128, F32, 4, {"h0": True}),
+]
+SPLIT_RATIO = {F32: 1e-5, F16: 5e-3, BF16: 5e-3}
+
+
+def _force_split(monkeypatch, cps):
+    """Every gdn call takes the sequence-parallel pass with ``cps`` chunks per segment (0: the serial
+    pass, overlapped with w/u where it would be); returns the list that records each summary + scan."""
+    from torch_aura.triton_kernels.gdn import chunk
+
+    ran, real = [], chunk._segment_starts
+    monkeypatch.setattr(chunk, "_segment_plan", lambda *a: cps)
+    monkeypatch.setattr(chunk, "_segment_starts", lambda *a, **kw: ran.append(a[-1]) or real(*a, **kw))
+    return ran
+
+
+def _fwd_h(B, T, H, HV, K, V, dtype, offsets=None, h0=False, state_v_first=False, **_):
+    """gdn_fwd_h on reference w, u (its h holds every chunk's entering state: the scanned segment
+    start states themselves)."""
+    from torch_aura.reference import gdn as ref
+
+    q, k, v, g, beta = make_inputs(DEV, B, T, H, HV, K, V, dtype, gate_norm=20.0, mask_p=0.3, seed=7)
+    cu = None if offsets is None else torch.tensor(offsets, dtype=torch.int32, device=DEV)
+    ci = None if cu is None else torch_aura.gdn_chunk_indices(cu)
+    N = B if cu is None else cu.shape[0] - 1
+    sd = (V, K) if state_v_first else (K, V)
+    init = torch.randn(N, HV, *sd, generator=torch.Generator().manual_seed(8)).to(DEV) if h0 else None
+    g_cum = ref.gdn_chunk_cumsum(g, cu, ci)
+    w, u = ref.gdn_recompute_w_u(k, v, beta, ref.gdn_kkt_solve(k, g_cum, beta, cu, ci), g_cum, cu, ci)
+    return torch_aura.gdn_fwd_h(k, w, u, g_cum, init, cu, ci, state_v_first)
+
+
+def _split_id(case):
+    return _id(case[:7] + case[8:]) + f"-cps{case[7]}"
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[_split_id(c) for c in SPLIT_CASES])
+def test_split_pass_matches_serial_and_reference(case, monkeypatch):
+    """The sequence-parallel pass (segment summaries, scan, per-segment pass) against the reference and
+    the fp64 recurrence, and against the serial pass on the same inputs: gdn_chunk's o and final state,
+    gdn_fwd_h's h, v_new and final state."""
+    B, T, H, HV, K, V, dt, cps, extra = case
+    kw = {"gate_norm": 20.0, "mask_p": 0.3, **extra}
+    _force_split(monkeypatch, 0)
+    serial = (*check_chunk(torch_aura, DEV, B, T, H, HV, K, V, dt, **kw), *_fwd_h(B, T, H, HV, K, V, dt, **extra))
+    ran = _force_split(monkeypatch, cps)
+    split = (*check_chunk(torch_aura, DEV, B, T, H, HV, K, V, dt, **kw), *_fwd_h(B, T, H, HV, K, V, dt, **extra))
+    assert ran == [cps, cps], "the sequence-parallel pass did not run"
+    for name, a, b in zip(("gdn_chunk.o", "gdn_chunk.final_state", "gdn_fwd_h.h", "gdn_fwd_h.v_new",
+                           "gdn_fwd_h.final_state"), split, serial):
+        assert_close(f"{name}: sequence-parallel vs serial", a.float(), b.float(), SPLIT_RATIO[dt])
+
+
+# Tensor-parallel shards of Qwen3-Next (16/32 heads over TP2/4/8) at lengths where the plan splits on an
+# H100 / H200 (132 SMs); the last keeps the serial pass (64 pass programs: two segments would not pay).
+TP_CASES = [
+    ("2/4-1x8k", [8192], 2, 4, True),
+    ("2/4-4x4k", [4096] * 4, 2, 4, True),
+    ("4/8-1x8k", [8192], 4, 8, True),
+    ("8/16-1x8k", [8192], 8, 16, True),
+    ("2/4-varlen", [3000, 0, 5000, 700, 4000], 2, 4, True),
+    ("16/32-1x4k", [4096], 16, 32, False),
+]
+
+
+@pytest.mark.parametrize("name,lens,H,HV,splits", TP_CASES, ids=[c[0] for c in TP_CASES])
+def test_tp_shard_shapes_split_as_planned(name, lens, H, HV, splits, monkeypatch):
+    """At the bench's TP shapes the plan (static: SM count, sequences, heads, chunk count) splits where
+    the GPU would idle, and the result equals the reference and the serial pass."""
+    from torch_aura.triton_kernels.gdn import chunk
+
+    if torch.cuda.get_device_properties(0).multi_processor_count < 100:
+        pytest.skip("the plan's expectations assume an H100-class SM count")
+    ran, real = [], chunk._segment_starts
+    monkeypatch.setattr(chunk, "_segment_starts", lambda *a, **kw: ran.append(a[-1]) or real(*a, **kw))
+    varlen = len(set(lens)) > 1
+    offsets = [0, *torch.tensor(lens).cumsum(0).tolist()] if varlen else None
+    B, T = (1, sum(lens)) if varlen else (len(lens), lens[0])
+    extra = {"offsets": offsets} if varlen else {}
+    o1, f1 = check_chunk(torch_aura, DEV, B, T, H, HV, 128, 128, BF16, h0=True, l2norm=True, gate_norm=16.0, **extra)
+    assert bool(ran) == splits, f"{name}: the plan {'did not split' if splits else 'split'}"
+    if splits:
+        _force_split(monkeypatch, 0)
+        o0, f0 = check_chunk(torch_aura, DEV, B, T, H, HV, 128, 128, BF16, h0=True, l2norm=True, gate_norm=16.0,
+                             **extra)
+        assert_close("o: sequence-parallel vs serial", o1.float(), o0.float(), SPLIT_RATIO[BF16])
+        assert_close("final state: sequence-parallel vs serial", f1, f0, SPLIT_RATIO[BF16])
+
+
+def test_split_pass_cuda_graph_replay_is_bitwise_eager(monkeypatch):
+    """The split's segment bookkeeping is device ops on static shapes: capturable, replay == eager."""
+    _force_split(monkeypatch, 2)
+    offsets = [0, 300, 300, 1000]
+    cu = torch.tensor(offsets, dtype=torch.int32, device=DEV)
+    ci = torch_aura.gdn_chunk_indices(cu)
+    q, k, v, g, beta = make_inputs(DEV, 1, 1000, 2, 4, 128, 128, BF16, seed=1, gate_norm=20.0)
+    h0 = torch.randn(3, 4, 128, 128, device=DEV)
+    static = [x.clone() for x in (q, k, v, g, beta)]
+    torch_aura.gdn_chunk(*static, initial_state=h0, cu_seqlens=cu, chunk_indices=ci)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_g, s_g = torch_aura.gdn_chunk(*static, initial_state=h0, cu_seqlens=cu, chunk_indices=ci)
+    new = make_inputs(DEV, 1, 1000, 2, 4, 128, 128, BF16, seed=2, gate_norm=20.0)
+    for dst, src in zip(static, new):
+        dst.copy_(src)
+    graph.replay()
+    o_e, s_e = torch_aura.gdn_chunk(*new, initial_state=h0, cu_seqlens=cu, chunk_indices=ci)
+    assert torch.equal(o_g, o_e) and torch.equal(s_g, s_e)
+
+
+@pytest.mark.sanitize
+def test_split_pass_small_for_sanitizer(monkeypatch):
+    _force_split(monkeypatch, 1)
+    check_chunk(torch_aura, DEV, 1, 330, 1, 2, 64, 64, BF16, offsets=[0, 0, 200, 330], h0=True, gate_norm=20.0)
+    check_chunk(torch_aura, DEV, 2, 150, 1, 2, 60, 40, BF16, h0=True, state_v_first=True, gate_norm=20.0)
+
+
 def test_chunk_thousands_of_short_documents_grid_over_65535():
     """2050 documents of 1-8 tokens x 32 heads: 1-D grids past CUDA's 65535 limit on y/z."""
     gen = torch.Generator().manual_seed(5)
@@ -375,7 +512,8 @@ def _tuner_configs():
     from torch_aura.triton_kernels.gdn import chunk
 
     return [(name, i) for name in ("_SOLVE", "_W_U", "_STATE_PASS") for i in range(len(getattr(chunk, name).configs))] \
-        + [("_STATE_PASS_SM90", i) for i, c in enumerate(chunk._STATE_PASS_SM90.configs) if c.kwargs.get("SM90")]
+        + [("_STATE_PASS_SM90", i) for i, c in enumerate(chunk._STATE_PASS_SM90.configs) if c.kwargs.get("SM90")] \
+        + [("_SEG_SUMMARY", i) for i in range(len(chunk._SEG_SUMMARY.configs))]
 
 
 # one test per config, so xdist spreads their compiles over workers
@@ -390,6 +528,8 @@ def test_every_tuner_config_is_correct(monkeypatch, tuner, index):
     t = getattr(chunk, tuner)
     cfg = t.configs[index]
     monkeypatch.setenv("TORCH_AURA_GDN_OVERLAP", "0")  # the overlapped pass has one fixed config, tested above
+    if tuner == "_SEG_SUMMARY":  # runs only in the sequence-parallel pass
+        monkeypatch.setattr(chunk, "_segment_plan", lambda *a: 2)
     # a Triton pass config serves both pass tuners (the Hopper one lists them after its own)
     for u in (t, chunk._STATE_PASS_SM90) if tuner == "_STATE_PASS" else (t,):
         monkeypatch.setattr(u, "configs", [cfg])

@@ -66,6 +66,40 @@ def seq_span(n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def segment_span(j, seg_table, cu_seqlens, T, NT, NS, CPS, IS_VARLEN: tl.constexpr):
+    """Segment ``j`` of the sequence-parallel pass -> ``(n, b, bos, eos, c_lo, c_hi, last)``: its
+    sequence, batch row and token range, its chunks ``[c_lo, c_hi)`` (numbered within the sequence)
+    and whether it is the sequence's last segment.
+
+    A segment is up to ``CPS`` whole chunks of one sequence. Fixed length: ``NS`` segments per
+    sequence, segment ``j`` is number ``j % NS`` of sequence ``j // NS``. Varlen: ``seg_table[j] =
+    (n, c_lo)``, built on the device from chunk_indices (``chunk._segment_table``); the grid is a
+    static upper bound, and rows past the real count hold ``n = -1``: such a program gets an empty
+    chunk range and ``last = False``, so it reads and writes nothing. Scalar code (Gluon calls it too).
+    """
+    if IS_VARLEN:
+        n = tl.load(seg_table + j * 2).to(tl.int64)
+        c_lo = tl.load(seg_table + j * 2 + 1).to(tl.int64)
+        live = n >= 0
+        n = tl.maximum(n, 0)
+        bos = tl.load(cu_seqlens + n).to(tl.int64)
+        eos = tl.minimum(tl.load(cu_seqlens + n + 1).to(tl.int64), T)
+        b = bos * 0
+        nc = tl.maximum(eos - bos + BT - 1, 0) // BT
+        c_hi = tl.where(live, tl.minimum(c_lo + CPS, nc), c_lo)
+        last = live & (c_hi >= nc)
+    else:
+        n = (j // NS).to(tl.int64)
+        c_lo = (j % NS).to(tl.int64) * CPS
+        c_hi = tl.minimum(c_lo + CPS, NT)
+        b = n
+        bos = n * 0
+        eos = bos + T
+        last = c_hi >= NT
+    return n, b, bos, eos, c_lo, c_hi, last
+
+
+@triton.jit
 def v_tile_head_row(V, BV: tl.constexpr, HV):
     """This program of a 1-D grid over (row, value head, V tile), V tiles fastest:
     ``(i_v, i_hv, row)``; a row is a sequence (state pass, recurrent) or a chunk (fwd_o)."""

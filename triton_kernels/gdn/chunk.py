@@ -21,6 +21,11 @@ intermediate) or ``v_new``:
    same with its warpgroup MMAs overlapped (``_hopper_pass_ready``; gdn.md §6), and for few sequences
    it runs beside step 2 on a side stream, chunk by chunk as w/u publishes them (``_overlap_pass``).
 
+With few heads and sequences (tensor-parallel shards) step 3 is sequence-parallel instead
+(``_segment_plan``): ``_gdn_segment_summary_kernel`` gives each segment of ``cps`` chunks its
+zero-start end state and ``K x K`` transfer matrix, ``_gdn_segment_scan_kernel`` chains them into
+every segment's start state, and the pass (either kernel, ``SEGMENTED``) runs all segments at once.
+
 Every kernel rounds exactly where gdn.md §3.7 does: ``Ai``, the ``beta e^G k`` / ``beta v``
 operands, ``w``, ``u``, the state operand ``rnd(S)``, ``v_new``, the gated ``v_new`` and the
 masked ``q k^T``; G and the states are fp32. ``gdn_chunk`` computes its output in fwd_o's order.
@@ -39,8 +44,8 @@ from ..._checks import gdn as _checks
 from .._tune import (Config, Tuner, cdiv, cuda_capability, descriptor_workspace, has_tma, interpreting, next_pow2,
                      sm_count)
 from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, decay_log, dot_f32, fixed_tile, gate_causal, inv_unit_lower16,
-                   load_rows, load_tile, load_tile_t, rows_desc, seq_span, store_fixed_tile, store_tile, store_tile_t,
-                   v_tile_head_row)
+                   load_rows, load_tile, load_tile_t, rows_desc, segment_span, seq_span, store_fixed_tile, store_tile,
+                   store_tile_t, v_tile_head_row)
 
 
 # ------------------------------------------------------------------------------ stage bodies
@@ -258,13 +263,13 @@ def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, 
 
 @triton.jit
 def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, a_qk, cu_seqlens,
-                           chunk_offsets, scale, T, NT, NT_total, HV, GROUP, K, V,
+                           chunk_offsets, seg_table, scale, T, NT, NT_total, NS, CPS, HV, GROUP, K, V,
                            s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,
                            s_gb, s_gt, s_gh, s_0n, s_0h, s_0k, s_0v, s_hc, s_hh, s_hk, s_hv, s_fn, s_fh, s_fk, s_fv,
                            s_ab, s_at, s_ah, s_qb, s_qt, s_qh,
                            IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, STORE_H: tl.constexpr,
                            WITH_O: tl.constexpr, TMA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                           DOT_PREC: tl.constexpr):
+                           DOT_PREC: tl.constexpr, SEGMENTED: tl.constexpr):
     """The sequential pass over one sequence's chunks for one (V tile, value head).
 
     The program carries its V tile of the state transposed, ``M = S^T [BV, BK]`` in fp32
@@ -292,10 +297,22 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, a_qk, cu_seqlen
     128 programs).
     States use explicit (k, v) strides, so both layouts share this code. ``out`` receives ``o``
     (WITH_O) or ``v_new`` (the fwd_h op, with h).
+
+    ``SEGMENTED`` (the sequence-parallel pass, ``_segment_starts``): a program walks one segment's
+    chunks (``segment_span``) from the start state ``h0[j]`` that ``_gdn_segment_scan_kernel`` left for
+    segment j, and only a sequence's last segment stores its final state.
     """
-    i_v, i_hv, n = v_tile_head_row(V, BV, HV)
+    i_v, i_hv, row = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
-    b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
+    if SEGMENTED:
+        n, b, bos, eos, c_lo, c_hi, seg_last = segment_span(row, seg_table, cu_seqlens, T, NT, NS, CPS, IS_VARLEN)
+        h0_row = row
+    else:
+        n = row
+        b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
+        c_lo = 0
+        c_hi = tl.cdiv(eos - bos, BT)
+        h0_row = n
     w_d, k_d, u_d, q_d, a_d = w, k, u, q, a_qk  # the pointer path ignores these
     if TMA:
         w_d = rows_desc(w, b, i_hv, eos, s_wb, s_wt, s_wh, K, BK)
@@ -312,11 +329,11 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, a_qk, cu_seqlen
     vv = i_v * BV + tl.arange(0, BV)
     vk_ok = (vv < V)[:, None] & (kk < K)[None, :]
     if HAS_H0:
-        M = tl.load(h0 + n * s_0n + i_hv * s_0h + vv[:, None] * s_0v + kk[None, :] * s_0k,
+        M = tl.load(h0 + h0_row * s_0n + i_hv * s_0h + vv[:, None] * s_0v + kk[None, :] * s_0k,
                     mask=vk_ok, other=0.0).to(tl.float32)
     else:
         M = tl.zeros([BV, BK], tl.float32)
-    for c in range(0, tl.cdiv(eos - bos, BT)):
+    for c in range(c_lo, c_hi):
         start = bos + c * BT
         rows = start + tl.arange(0, BT)
         ok = rows < eos
@@ -345,7 +362,143 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, a_qk, cu_seqlen
                 + tl.dot(vT.to(uT.dtype), tl.trans(At), input_precision=DOT_PREC)
             store_tile_t(out, oT * scale, b, rows, ok, i_hv, vv, V, s_ob, s_ot, s_oh)
         M = M_next
+    if SEGMENTED:
+        vk_ok = vk_ok & seg_last  # only a sequence's last segment holds its final state
     tl.store(final + n * s_fn + i_hv * s_fh + vv[:, None] * s_fv + kk[None, :] * s_fk, M, mask=vk_ok)
+
+
+@triton.jit
+def _segment_chain(k, w, u, g_cum, b, bos, eos, c_lo, c_hi, i_h, i_hv, i_v, K, V,
+                   s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_gb, s_gt, s_gh,
+                   TMA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                   TRANSFER: tl.constexpr):
+    """Chunks ``[c_lo, c_hi)`` of the state chain for one ``[BV, BK]`` tile, transposed as in the pass.
+
+    Without ``TRANSFER``: the V tile ``i_v`` of the segment's zero-start end state ``B^T``, exactly the
+    pass's update (``rnd(M)``, ``rnd(gated)``) without the output. With ``TRANSFER``: rows ``i_v * BV ..``
+    of ``A^T``, where ``A`` (``K x K``) maps the state entering the segment to its share of the state
+    leaving it: per chunk ``A <- (e^(G_L) I - k^T diag(e^(G_L - G)) w) A``, i.e. the same update with
+    ``u = 0`` and ``A^T = I`` at the start, kept in fp32 (products at ``PREC``) since every later
+    segment's start state goes through it.
+    """
+    w_d, k_d, u_d = w, k, u  # the pointer path ignores these
+    if TMA:
+        w_d = rows_desc(w, b, i_hv, eos, s_wb, s_wt, s_wh, K, BK)
+        k_d = rows_desc(k, b, i_h, eos, s_kb, s_kt, s_kh, K, BK)
+        if not TRANSFER:
+            u_d = rows_desc(u, b, i_hv, eos, s_ub, s_ut, s_uh, V, BV)
+    kk = tl.arange(0, BK)
+    rr = i_v * BV + tl.arange(0, BV)
+    if TRANSFER:
+        M = tl.where((rr[:, None] == kk[None, :]) & (kk < K)[None, :], 1.0, 0.0)
+    else:
+        M = tl.zeros([BV, BK], tl.float32)
+    for c in range(c_lo, c_hi):
+        start = bos + c * BT
+        rows = start + tl.arange(0, BT)
+        ok = rows < eos
+        wt = chunk_rows(w, w_d, b, start, rows, ok, i_hv, 0, BK, K, s_wb, s_wt, s_wh, TMA)
+        kt = chunk_rows(k, k_d, b, start, rows, ok, i_h, 0, BK, K, s_kb, s_kt, s_kh, TMA)
+        last = tl.minimum(start + BT, eos) - 1
+        G2_L = tl.load(g_cum + b * s_gb + last * s_gt + i_hv * s_gh) * LOG2E
+        G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
+        if TRANSFER:
+            vT = -tl.dot(M, tl.trans(wt.to(tl.float32)), input_precision=PREC)
+            gated = tl.where(ok[None, :], tl.exp2(G2_L - G2)[None, :] * vT, 0.0)
+            M = M * tl.exp2(G2_L) + tl.dot(gated, kt.to(tl.float32), input_precision=PREC)
+        else:
+            if TMA:
+                uT = tl.trans(chunk_rows(u, u_d, b, start, rows, ok, i_hv, i_v * BV, BV, V, s_ub, s_ut, s_uh, TMA))
+            else:
+                uT = load_tile_t(u, b, rows, ok, i_hv, rr, V, s_ub, s_ut, s_uh)
+            vT = uT.to(tl.float32) - tl.dot(M.to(kt.dtype), tl.trans(wt), input_precision=PREC)
+            gated = tl.where(ok[None, :], tl.exp2(G2_L - G2)[None, :] * vT, 0.0).to(kt.dtype)
+            M = M * tl.exp2(G2_L) + tl.dot(gated, kt, input_precision=PREC)
+    return M
+
+
+@triton.jit
+def _gdn_segment_summary_kernel(k, w, u, g_cum, At, Bt, seg_table, cu_seqlens, T, NT, NS, CPS, HV, GROUP, K, V,
+                                s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_gb, s_gt, s_gh,
+                                IS_VARLEN: tl.constexpr, TMA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                                DOT_PREC: tl.constexpr, TRANSFER_PREC: tl.constexpr):
+    """Summary of one segment for one value head: a program per (tile, value head, segment), tiles
+    fastest; tiles ``0 .. cdiv(V, BV) - 1`` write ``B^T`` (``Bt [S, HV, V, K]``), the next ``cdiv(K, BV)``
+    write ``A^T`` (``At [S, HV, K, K]``), both fp32 (``_segment_chain``). A sequence's last segment has
+    no successor to feed: its program skips the chunks (the scan never reads its slot)."""
+    NVB = tl.cdiv(V, BV)
+    n_tiles = NVB + tl.cdiv(K, BV)
+    pid = tl.program_id(0)
+    i_t, rest = pid % n_tiles, pid // n_tiles
+    i_hv, j = rest % HV, (rest // HV).to(tl.int64)
+    n, b, bos, eos, c_lo, c_hi, last = segment_span(j, seg_table, cu_seqlens, T, NT, NS, CPS, IS_VARLEN)
+    c_hi = tl.where(last, c_lo, c_hi)
+    kk = tl.arange(0, BK)
+    if i_t < NVB:
+        M = _segment_chain(k, w, u, g_cum, b, bos, eos, c_lo, c_hi, i_hv // GROUP, i_hv, i_t, K, V,
+                           s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_gb, s_gt, s_gh,
+                           TMA, BK, BV, DOT_PREC, False)
+        vv = i_t * BV + tl.arange(0, BV)
+        tl.store(Bt + ((j * HV + i_hv) * V + vv[:, None]) * K + kk[None, :], M,
+                 mask=(vv < V)[:, None] & (kk < K)[None, :])
+    else:
+        M = _segment_chain(k, w, u, g_cum, b, bos, eos, c_lo, c_hi, i_hv // GROUP, i_hv, i_t - NVB, K, V,
+                           s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_gb, s_gt, s_gh,
+                           TMA, BK, BV, TRANSFER_PREC, True)
+        aa = (i_t - NVB) * BV + tl.arange(0, BV)
+        tl.store(At + ((j * HV + i_hv) * K + aa[:, None]) * K + kk[None, :], M,
+                 mask=(aa < K)[:, None] & (kk < K)[None, :])
+
+
+@triton.jit
+def _gdn_segment_scan_kernel(h0, At, Bt, S0, final, cu_seqlens, seg_first, T, NS, CPS, HV, K, V,
+                             s_0n, s_0h, s_0k, s_0v, s_fn, s_fh, s_fk, s_fv,
+                             IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
+                             PREC: tl.constexpr):
+    """The start state of every segment of one sequence, for one (V tile, value head): ``S0[j0] = h0``,
+    then ``S_(s+1) = A_s S_s + B_s``, kept transposed (``S0 [S, HV, V, K]``, fp32, products at
+    ``PREC``) as ``S0[j+1] = S0[j] A_j^T + B_j^T``, in ``BC``-wide column blocks through memory (a
+    ``K x K`` fp32 tile of A would not fit in registers at K = 256); the CTA barrier makes a step's
+    stores visible to the next step's loads. A sequence without chunks has no segment: its final
+    state is the start state, written here."""
+    i_v, i_hv, n = v_tile_head_row(V, BV, HV)
+    if IS_VARLEN:
+        b, bos, eos = seq_span(n, cu_seqlens, T, True)
+        ns = tl.cdiv(tl.cdiv(tl.maximum(eos - bos, 0), BT), CPS)
+        j0 = tl.load(seg_first + n).to(tl.int64)
+    else:
+        ns = NS
+        j0 = n.to(tl.int64) * NS
+    vv = i_v * BV + tl.arange(0, BV)
+    v_ok = vv < V
+    cc = tl.arange(0, BC)
+    for c0 in range(0, K, BC):
+        cols = c0 + cc
+        mask = v_ok[:, None] & (cols < K)[None, :]
+        if HAS_H0:
+            x = tl.load(h0 + n * s_0n + i_hv * s_0h + vv[:, None] * s_0v + cols[None, :] * s_0k, mask=mask,
+                        other=0.0).to(tl.float32)
+        else:
+            x = tl.zeros([BV, BC], tl.float32)
+        tl.store(S0 + ((j0 * HV + i_hv) * V + vv[:, None]) * K + cols[None, :], x, mask=mask & (ns > 0))
+        tl.store(final + n * s_fn + i_hv * s_fh + vv[:, None] * s_fv + cols[None, :] * s_fk, x,
+                 mask=mask & (ns == 0))
+    for s in range(0, ns - 1):
+        tl.debug_barrier()
+        j = j0 + s
+        row_s = (j * HV + i_hv) * V + vv[:, None]
+        row_a = (j * HV + i_hv) * K
+        for c0 in range(0, K, BC):
+            cols = c0 + cc
+            mask = v_ok[:, None] & (cols < K)[None, :]
+            acc = tl.load(Bt + row_s * K + cols[None, :], mask=mask, other=0.0)
+            for r0 in range(0, K, BC):
+                rr = r0 + cc
+                m = tl.load(S0 + row_s * K + rr[None, :], mask=v_ok[:, None] & (rr < K)[None, :], other=0.0)
+                a = tl.load(At + (row_a + rr[:, None]) * K + cols[None, :],
+                            mask=(rr < K)[:, None] & (cols < K)[None, :], other=0.0)
+                acc += tl.dot(m, a, input_precision=PREC)
+            tl.store(S0 + (row_s + HV * V) * K + cols[None, :], acc, mask=mask)
 
 
 @triton.jit
@@ -622,11 +775,12 @@ def _w_u_descriptors(tma: bool, BK: int, BV: int, k, v, Ai, w, u, q=None, a_qk=N
 
 
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                h=None, v_new=None, q=None, a_qk=None, o=None, scale=1.0, ready=None, w_u=None):
+                h=None, v_new=None, q=None, a_qk=None, o=None, scale=1.0, ready=None, w_u=None, cps=0):
     """Launch ``_gdn_state_pass_kernel``: fwd_h (``h`` and ``v_new`` given) or gdn_chunk's outputs
     (``o``, from q and ``_chunk_prep``'s ``a_qk``). With ``ready`` and ``w_u`` (``_overlap_pass``): the
     Hopper kernel in its fixed config, on the side stream beside the w/u launch ``w_u()``, waiting for
-    its per-chunk flags."""
+    its per-chunk flags. With ``cps`` (``_segment_plan``): the sequence-parallel pass, segments of
+    ``cps`` chunks (``_segment_starts``, then this pass once per segment)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -640,30 +794,40 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
     hs = (h.stride(1), h.stride(2), *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4)))) \
         if h is not None else (0, 0, 0, 0)
     out_rows = o if with_o else v_new  # o and v_new share the [B, T, HV, V] layout
+    segmented = cps > 0 and ready is None
+    if segmented:
+        S0, seg_table, NS, rows = _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, final,
+                                                  state_v_first, cps)
+        if rows == 0:  # no chunks at all: the scan wrote every final state
+            return final
+        h0, h0_strides = S0, _state_strides(S0, True)  # S0 is [segment, HV, V, K]
+    else:
+        seg_table, NS, rows = _dummy(k), 0, N
+        h0, h0_strides = initial_state, _state_strides(initial_state, state_v_first)
 
     def launch(cfg: Config):
         if cfg.kwargs.get("SM90"):
-            return _hopper_pass()[(cdiv(V, 64) * N * HV,)](
-                k, w, u, g_cum, _dummy(k) if initial_state is None else initial_state, o, final, q, a_qk,
+            return _hopper_pass()[(cdiv(V, 64) * rows * HV,)](
+                k, w, u, g_cum, _dummy(k) if h0 is None else h0, o, final, q, a_qk,
                 _dummy(k) if cu_seqlens is None else cu_seqlens, _dummy(k) if ready is None else ready, first,
-                scale, T, NT, HV, HV // H, K, V,
+                seg_table, scale, T, NT, NS, cps, HV, HV // H, K, V,
                 *_s3(k), *_s3(w), *_s3(u), *_s3(o), *_s3(g_cum),
-                *_state_strides(initial_state, state_v_first), *_state_strides(final, state_v_first),
-                *_s3(a_qk), *_s3(q), IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None,
-                BK=K, BV=64, STAGES=cfg.num_stages, WAIT=ready is not None, num_warps=4)
+                *h0_strides, *_state_strides(final, state_v_first),
+                *_s3(a_qk), *_s3(q), IS_VARLEN=cu_seqlens is not None, HAS_H0=h0 is not None,
+                BK=K, BV=64, STAGES=cfg.num_stages, WAIT=ready is not None, SEGMENTED=segmented, num_warps=4)
         BV = min(cfg.kwargs["BV"], _pow2(V))
         tma = tma_ready and cfg.kwargs.get("TMA", True)
-        _gdn_state_pass_kernel[(cdiv(V, BV) * N * HV,)](
-            k, w, u, g_cum, _dummy(k) if initial_state is None else initial_state,
+        _gdn_state_pass_kernel[(cdiv(V, BV) * rows * HV,)](
+            k, w, u, g_cum, _dummy(k) if h0 is None else h0,
             _dummy(k) if h is None else h, out_rows, final,
             _dummy(k) if q is None else q, _dummy(k) if a_qk is None else a_qk,
-            _dummy(k) if cu_seqlens is None else cu_seqlens, first,
-            scale, T, NT, NT_total, HV, HV // H, K, V,
+            _dummy(k) if cu_seqlens is None else cu_seqlens, first, seg_table,
+            scale, T, NT, NT_total, NS, cps, HV, HV // H, K, V,
             *_s3(k), *_s3(w), *_s3(u), *_s3(out_rows), *_s3(g_cum),
-            *_state_strides(initial_state, state_v_first), *hs, *_state_strides(final, state_v_first),
+            *h0_strides, *hs, *_state_strides(final, state_v_first),
             *(_s3(a_qk) if with_o else (0, 0, 0)), *(_s3(q) if with_o else (0, 0, 0)),
-            IS_VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None, STORE_H=h is not None,
-            WITH_O=with_o, TMA=tma, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype),
+            IS_VARLEN=cu_seqlens is not None, HAS_H0=h0 is not None, STORE_H=h is not None,
+            WITH_O=with_o, TMA=tma, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), SEGMENTED=segmented,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     if ready is not None:  # _overlap_pass has checked the Hopper kernel's eligibility; it reads no tma_ready
@@ -672,12 +836,117 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
         return final
     tma_ready = _pass_copies_tiles(k, w, u, q, a_qk)
     hopper = _hopper_pass_ready(k, tma_ready, with_o)
-    one_wave_at_32 = N * HV * cdiv(V, 32) <= sm_count(k.device)
-    key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, initial_state is not None, tma_ready,
-           one_wave_at_32)
+    one_wave_at_32 = rows * HV * cdiv(V, 32) <= sm_count(k.device)
+    key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, h0 is not None, tma_ready,
+           one_wave_at_32, segmented)
     with descriptor_workspace(k.device):
         (_STATE_PASS_SM90 if hopper else _STATE_PASS)(key, launch)
     return final
+
+
+# ------------------------------------------------------------------ the sequence-parallel pass
+# Segments shorter than this many chunks spend more on their summary (two chains: B and A) and the
+# scan than they save; fewer segments than _SEG_MIN_COUNT per sequence save little (the pass's
+# latency is about 2 / count of the serial chain's, plus the scan).
+_SEG_MIN_CHUNKS = 8
+_SEG_MIN_COUNT = 4
+
+
+def _segment_plan(device: torch.device, N: int, HV: int, V: int, NT: int, NT_total: int, varlen: bool) -> int:
+    """Chunks per segment for the sequence-parallel pass, or 0 for the serial pass (gdn.md §6).
+
+    The serial pass has one program per (64-wide V tile, value head, sequence), each a latency-bound
+    chain over all of its sequence's chunks: with few heads and sequences (tensor-parallel shards)
+    most SMs idle. Split each sequence into segments of ``cps`` chunks so that the per-segment pass
+    fills about one wave of SMs. Only static facts decide (SM count, N, heads, V, the chunk count of
+    the shapes: ``NT`` per sequence, or the total ``NT_total``, chunk_indices' length, for varlen), so
+    the plan is the same in eager calls and CUDA-graph replays and needs no host sync. Varlen sizes the
+    segments as if one sequence held every chunk and reserves one partial segment per sequence, so the
+    segment count is bounded by ``cdiv(NT_total, cps) + N`` whatever the lengths are. Shapes that
+    already fill the GPU get 0: the serial path, unchanged.
+    """
+    if device.type != "cuda" or N == 0 or HV == 0:
+        return 0
+    slots = sm_count(device) // (HV * cdiv(V, 64))  # segments whose pass programs fit in one wave
+    segs, chunks = (slots - N, NT_total) if varlen else (slots // N, NT)
+    segs = min(segs, chunks // _SEG_MIN_CHUNKS)
+    return cdiv(chunks, segs) if segs >= _SEG_MIN_COUNT else 0
+
+
+def _segment_table(cu_seqlens: torch.Tensor, ci: torch.Tensor, cps: int, n_seg: int):
+    """Varlen segment bookkeeping from device ops (no host sync): ``seg_table [n_seg, 2]`` int32 rows
+    ``(sequence, first chunk)`` in sequence order, ``-1`` rows past the real count (``n_seg`` is a
+    static bound), and ``seg_first [N]``, each sequence's first segment row. A segment starts at every
+    chunk whose index in its sequence is a multiple of ``cps``; its row is the number of such chunks
+    before it."""
+    starts = ci[:, 1] % cps == 0
+    rank = torch.cumsum(starts, 0) - 1
+    dst = torch.where(starts & (rank < n_seg), rank, n_seg)  # everything else lands in a spare row
+    table = torch.full((n_seg + 1, 2), -1, dtype=torch.int32, device=ci.device)
+    table[dst] = ci
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64).clamp_min(0)
+    n_segs = ((lens + CHUNK - 1) // CHUNK + cps - 1) // cps
+    return table[:n_seg], torch.cumsum(n_segs, 0) - n_segs
+
+
+# A and B chains step like the pass's chain without the output (latency-bound): narrower tiles give more
+# programs where one wave is not full; the last config (pointer loads) fits where two copy stages do not.
+_SEG_SUMMARY = Tuner("gdn_segment_summary", [
+    Config({"BV": 64}, num_warps=4, num_stages=2), Config({"BV": 32}, num_warps=4, num_stages=2),
+    Config({"BV": 64}, num_warps=4, num_stages=3), Config({"BV": 32, "TMA": False}, num_warps=4, num_stages=1),
+])
+
+
+def _transfer_prec(dtype: torch.dtype) -> str:
+    # A is fp32 (gdn.md §6): 16-bit inputs multiply it in tf32 (10 mantissa bits, not the 7 of a bf16
+    # state operand) on the chain and in tf32x3 (~fp32) in the scan; fp32 inputs keep full fp32
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, final, state_v_first, cps):
+    """Summary and scan of the sequence-parallel pass: per segment its zero-start end state B and
+    transfer matrix A (``_gdn_segment_summary_kernel``, all segments in parallel), then per sequence
+    the start state of each segment (``_gdn_segment_scan_kernel``), which also writes the final
+    state of sequences without chunks. Returns ``(S0, seg_table, NS, n_seg)``: the start states
+    ``[n_seg, HV, V, K]`` fp32, the varlen table (``_segment_table``), segments per sequence (fixed
+    length) and the segment count (the pass's grid rows)."""
+    B, T, H, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    dev = k.device
+    varlen = cu_seqlens is not None
+    N = final.shape[0]
+    if varlen:
+        NS, n_seg = 0, min(NT_total, cdiv(NT_total, cps) + N)
+        seg_table, seg_first = _segment_table(cu_seqlens, ci, cps, n_seg)
+    else:
+        NS = cdiv(NT, cps)
+        n_seg = N * NS
+        seg_table = seg_first = _dummy(k)
+    rows = max(n_seg, 1)  # valid pointers without segments (the scan then only writes final states)
+    At = torch.empty((rows, HV, K, K), dtype=torch.float32, device=dev)
+    Bt = torch.empty((rows, HV, V, K), dtype=torch.float32, device=dev)
+    S0 = torch.empty_like(Bt)
+    cu = _dummy(k) if cu_seqlens is None else cu_seqlens
+    if n_seg:
+        tma_ready = _pass_copies_tiles(k, w, u)
+
+        def summary(cfg: Config):
+            BV = min(cfg.kwargs["BV"], _pow2(V))
+            _gdn_segment_summary_kernel[((cdiv(V, BV) + cdiv(K, BV)) * HV * n_seg,)](
+                k, w, u, g_cum, At, Bt, seg_table, cu, T, NT, NS, cps, HV, HV // H, K, V,
+                *_s3(k), *_s3(w), *_s3(u), *_s3(g_cum), IS_VARLEN=varlen,
+                TMA=tma_ready and cfg.kwargs.get("TMA", True), BK=_pow2(K), BV=BV, DOT_PREC=_dot_prec(k.dtype),
+                TRANSFER_PREC=_transfer_prec(k.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+        with descriptor_workspace(dev):
+            _SEG_SUMMARY((K, V, k.dtype, varlen, tma_ready), summary)
+    BV = min(32, _pow2(V))
+    _gdn_segment_scan_kernel[(cdiv(V, BV) * N * HV,)](
+        _dummy(k) if initial_state is None else initial_state, At, Bt, S0, final, cu, seg_first,
+        T, NS, cps, HV, K, V, *_state_strides(initial_state, state_v_first), *_state_strides(final, state_v_first),
+        IS_VARLEN=varlen, HAS_H0=initial_state is not None, BV=BV, BC=min(64, _pow2(K)),
+        PREC="ieee" if k.dtype == torch.float32 else "tf32x3", num_warps=4)
+    return S0, seg_table, NS, n_seg
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
@@ -739,8 +1008,10 @@ def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices
     h = torch.empty((B, NT if cu_seqlens is None else NT_total, HV, *sd), dtype=k.dtype,
                     device=k.device)
     v_new = torch.empty((B, T, HV, V), dtype=u.dtype, device=k.device)
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    cps = _segment_plan(k.device, N, HV, V, NT, NT_total, cu_seqlens is not None)
     final = _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                        h=h, v_new=v_new)
+                        h=h, v_new=v_new, cps=cps)
     return h, v_new, final
 
 
@@ -853,7 +1124,9 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
               use_qk_l2norm=False, state_v_first=False):
     """Three kernels (plus the optional L2 norm): cumsum + kkt + solve, w/u with the output operand
     A_qk, then the sequential pass that emits o and the final state (beside w/u where
-    ``_overlap_pass`` allows). The per-chunk states h and v_new of the stage ops are never materialised."""
+    ``_overlap_pass`` allows). Where ``_segment_plan`` splits the sequences (few heads and sequences),
+    the pass is three kernels instead: segment summaries, the scan over segments, the per-segment pass.
+    The per-chunk states h and v_new of the stage ops are never materialised."""
     _checks.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
                       state_v_first)
     B, T, H, K = q.shape
@@ -862,8 +1135,10 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     if use_qk_l2norm:
         q, k = _l2norm(q, k)
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
-    p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap=True)
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    cps = _segment_plan(k.device, N, HV, V, NT, NT_total, cu_seqlens is not None)
+    p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap=cps == 0)
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
     final = _state_pass(k, p["w"], p["u"], p["g_cum"], initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                        q=q, a_qk=p["a_qk"], o=o, scale=scale, ready=p.get("ready"), w_u=p.get("w_u"))
+                        q=q, a_qk=p["a_qk"], o=o, scale=scale, ready=p.get("ready"), w_u=p.get("w_u"), cps=cps)
     return o, final

@@ -37,7 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from ._jit import seq_span, v_tile_head_row
+from ._jit import segment_span, seq_span, v_tile_head_row
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 BT: gl.constexpr = gl.constexpr(64)  # chunk length, as chunk.CHUNK
@@ -55,10 +55,10 @@ def _wait_published(flag):
 
 
 @gluon.jit
-def _issue_chunk(c, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s, bars, g_row, s_gt, v0,
+def _issue_chunk(c, NC, c_base, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s, bars, g_row, s_gt, v0,
                  ready_row, HV, STAGES: gl.constexpr, NBYTES: gl.constexpr, G_LAYOUT: gl.constexpr,
                  WAIT: gl.constexpr):
-    """Start the copies of chunk ``c``'s tiles into stage ``c % STAGES`` (nothing past the last chunk):
+    """Start the copies of chunk ``c_base + c``'s tiles into stage ``c % STAGES`` (nothing from ``c = NC``):
     five TMA copies completing on the stage's mbarrier, and the chunk's gate cumsum (one fp32 per token,
     a strided column: too narrow for TMA) as a cp.async group of its own, zero past the sequence's end.
     Gates read ahead into registers instead spilled at 255 registers, and each spill store waited for
@@ -69,8 +69,8 @@ def _issue_chunk(c, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s
     bar = bars.index(s)
     if WAIT:
         if live:
-            _wait_published(ready_row + c * HV)
-    row = c * BT
+            _wait_published(ready_row + (c_base + c) * HV)
+    row = (c_base + c) * BT
     mbarrier.expect(bar, NBYTES, pred=live)
     tma.async_copy_global_to_shared(w_d, [row, 0], bar, w_s.index(s), pred=live)
     tma.async_copy_global_to_shared(q_d, [row, 0], bar, q_s.index(s), pred=live)
@@ -78,22 +78,27 @@ def _issue_chunk(c, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s
     tma.async_copy_global_to_shared(u_d, [row, v0], bar, u_s.index(s), pred=live)
     tma.async_copy_global_to_shared(a_d, [row, 0], bar, a_s.index(s), pred=live)
     t = row + gl.arange(0, BT, layout=G_LAYOUT)
-    async_copy.async_copy_global_to_shared(g_s.index(s), g_row + t.to(gl.int64) * s_gt, mask=t < n_rows)
+    # past a segment's last chunk the sequence goes on: ``live`` stops those gates too
+    async_copy.async_copy_global_to_shared(g_s.index(s), g_row + t.to(gl.int64) * s_gt, mask=(t < n_rows) & live)
     async_copy.commit_group()
 
 
 @gluon.jit
-def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqlens, ready, chunk_offsets, scale, T,
-                               NT, HV, GROUP, K, V,
+def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqlens, ready, chunk_offsets, seg_table,
+                               scale, T, NT, NS, CPS, HV, GROUP, K, V,
                                s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,
                                s_gb, s_gt, s_gh, s_0n, s_0h, s_0k, s_0v, s_fn, s_fh, s_fk, s_fv,
                                s_ab, s_at, s_ah, s_qb, s_qt, s_qh,
                                IS_VARLEN: gl.constexpr, HAS_H0: gl.constexpr, BK: gl.constexpr,
-                               BV: gl.constexpr, STAGES: gl.constexpr, WAIT: gl.constexpr):
+                               BV: gl.constexpr, STAGES: gl.constexpr, WAIT: gl.constexpr,
+                               SEGMENTED: gl.constexpr):
     """One program per (V tile of ``BV`` = 64, value head, sequence), V tiles fastest (as the Triton
     pass); 4 warps = one warpgroup. Module docstring: the step and why. ``WAIT``: ``ready`` holds one
     flag per (chunk, value head) in the w/u kernel's program order, the chunks numbered as
-    ``chunk_offsets`` (varlen) or ``n * NT`` do."""
+    ``chunk_offsets`` (varlen) or ``n * NT`` do. ``SEGMENTED`` (the sequence-parallel pass): a program
+    per (V tile, value head, segment) walks the segment's chunks (``segment_span``) from the start
+    state ``h0[j]`` the segment scan left, as the Triton pass does; the chunk index is the
+    sequence's, the pipeline stages count from the segment's first chunk."""
     gl.static_assert(BV == 64, "one warpgroup owns 64 state rows (16 per warp)")
     dt: gl.constexpr = k.dtype.element_ty
     # Accumulator layouts: [BV, BK] (the state) and [BV, BT] (v^T, o^T); register A operands in the
@@ -104,11 +109,20 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
     op_s: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_s, k_width=2)
     tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)  # every tile
 
-    i_v, i_hv, n = v_tile_head_row(V, BV, HV)  # the Triton helpers: scalar code, valid Gluon too
+    i_v, i_hv, row = v_tile_head_row(V, BV, HV)  # the Triton helpers: scalar code, valid Gluon too
     i_h = i_hv // GROUP
-    b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
+    if SEGMENTED:
+        n, b, bos, eos, c_lo, c_hi, seg_last = segment_span(row, seg_table, cu_seqlens, T, NT, NS, CPS, IS_VARLEN)
+        c_base = c_lo.to(gl.int32)
+        NC = (c_hi - c_lo).to(gl.int32)
+        h0_row = row
+    else:
+        n = row
+        b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
+        c_base = 0
+        NC = gl.cdiv((eos - bos).to(gl.int32), BT)
+        h0_row = n
     n_rows = (eos - bos).to(gl.int32)  # this sequence's tokens; rows are counted from bos below
-    NC = gl.cdiv(n_rows, BT)
     v0 = i_v * BV
     rows = gl.maximum(n_rows, 1)  # an empty sequence never copies; keep the descriptor shape valid
     ready_row = ready + i_hv  # the flag of (chunk 0 of this sequence, i_hv)
@@ -144,14 +158,14 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
     g_load: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     g_row = g_cum + b * s_gb + bos * s_gt + i_hv * s_gh
     for i in gl.static_range(STAGES - 1):
-        _issue_chunk(i, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s, bars, g_row, s_gt, v0,
-                     ready_row, HV, STAGES, NBYTES, g_load, WAIT)
+        _issue_chunk(i, NC, c_base, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s, bars, g_row,
+                     s_gt, v0, ready_row, HV, STAGES, NBYTES, g_load, WAIT)
 
     vv = v0 + gl.arange(0, BV, layout=gl.SliceLayout(1, acc_s))
     kk = gl.arange(0, BK, layout=gl.SliceLayout(0, acc_s))
     vk_ok = (vv < V)[:, None] & (kk < K)[None, :]
     if HAS_H0:
-        M = gl.load(h0 + n * s_0n + i_hv * s_0h + vv[:, None] * s_0v + kk[None, :] * s_0k, mask=vk_ok,
+        M = gl.load(h0 + h0_row * s_0n + i_hv * s_0h + vv[:, None] * s_0v + kk[None, :] * s_0k, mask=vk_ok,
                     other=0.0).to(gl.float32)
     else:
         M = gl.zeros([BV, BK], gl.float32, acc_s)
@@ -166,19 +180,20 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
         if not WAIT:
-            _issue_chunk(c + STAGES - 1, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s, bars,
-                         g_row, s_gt, v0, ready_row, HV, STAGES, NBYTES, g_load, WAIT)
-        valid = c * BT + tok < n_rows
+            _issue_chunk(c + STAGES - 1, NC, c_base, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s,
+                         bars, g_row, s_gt, v0, ready_row, HV, STAGES, NBYTES, g_load, WAIT)
+        c_seq = c_base + c  # the chunk's index in its sequence
+        valid = c_seq * BT + tok < n_rows
         G2 = g_s.index(s).load(gl.SliceLayout(0, acc_t)) * LOG2E
-        G2_L = gl.sum(gl.where(tok == gl.minimum(n_rows - c * BT, BT) - 1, G2, 0.0), axis=0)  # the last valid row's
+        G2_L = gl.sum(gl.where(tok == gl.minimum(n_rows - c_seq * BT, BT) - 1, G2, 0.0), axis=0)  # the last valid row's
         mbarrier.wait(bars.index(s), (c // STAGES) & 1)
 
         M_op = gl.convert_layout(M.to(dt), op_t)
         v_tok = warpgroup_mma(M_op, w_s.index(s).permute((1, 0)), zero_t, use_acc=False, is_async=True)
         o1_tok = warpgroup_mma(M_op, q_s.index(s).permute((1, 0)), zero_t, use_acc=False, is_async=True)
         if WAIT:  # the flag's round trip to L2 runs under the first two MMAs, not before them
-            _issue_chunk(c + STAGES - 1, NC, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s, bars,
-                         g_row, s_gt, v0, ready_row, HV, STAGES, NBYTES, g_load, WAIT)
+            _issue_chunk(c + STAGES - 1, NC, c_base, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, q_s, a_s, g_s,
+                         bars, g_row, s_gt, v0, ready_row, HV, STAGES, NBYTES, g_load, WAIT)
         uT = u_s.index(s).permute((1, 0)).load(acc_t)
         vT = warpgroup_mma_wait(num_outstanding=1, deps=(v_tok,))  # MMAs retire in order: v^T, not o1
         vT = uT.to(gl.float32) - vT
@@ -196,8 +211,10 @@ def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqle
         ob = o_s.index(c % 2)
         ob.permute((1, 0)).store(oT.to(dt))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_d, [c * BT, v0], ob)
+        tma.async_copy_shared_to_global(o_d, [c_seq * BT, v0], ob)
     tma.store_wait(pendings=0)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
+    if SEGMENTED:
+        vk_ok = vk_ok & seg_last  # only a sequence's last segment holds its final state
     gl.store(final + n * s_fn + i_hv * s_fh + vv[:, None] * s_fv + kk[None, :] * s_fk, M, mask=vk_ok)
