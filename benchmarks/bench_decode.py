@@ -1,12 +1,13 @@
 """Split-K flash decoding: torch_aura's CUDA kernel vs PyTorch SDPA, side by side in one run.
 
 For every shape of ``shapes.DECODE`` (the decode rows of docs/targets.md, plus paged page-16
-variants): build a bf16 cache with every sequence at full length T, check ours against SDPA and
-(for T <= 32k) the pure-PyTorch reference, then time ours and SDPA eagerly (cold L2) and as
-CUDA-graph replays. Reports microseconds, KV bytes read per second, % of the measured copy
-bandwidth, the ratio to SDPA, paged vs contiguous, and the targets.md gates as PASS / MISS.
+variants) and of ``TP_SHARDS`` (one GPU's heads of a tensor-parallel model): build a bf16 cache with
+every sequence at full length T, check ours against SDPA and (for T <= 32k) the pure-PyTorch
+reference, then time ours and SDPA eagerly (cold L2) and as CUDA-graph replays. Reports
+microseconds, KV bytes read per second, % of the measured copy bandwidth, the ratio to SDPA, paged
+vs contiguous, and the targets.md gates as PASS / MISS.
 
-    python benchmarks/bench_decode.py [--out DIR]
+    python benchmarks/bench_decode.py [--out DIR] [--cases SUBSTRING]
 
 Writes ``decode_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL rows.
 """
@@ -29,6 +30,16 @@ from torch_aura.testing import rel_rms  # noqa: E402
 
 DTYPE = torch.bfloat16
 
+# Large models are served tensor-parallel: each GPU decodes Hq / TP query and Hkv / TP KV heads.
+# name, B, Hq, Hkv, D, T, page (shapes.DECODE's columns)
+TP_SHARDS = [
+    (f"{model}-B{B}-T{T // 1024}k", B, Hq, Hkv, D, T, None)
+    for model, Hq, Hkv, D in (("32/8-TP4", 8, 2, 128),   # a 32 q / 8 kv model (Llama-3-8B-like) on 4 GPUs
+                              ("32/8-TP8", 4, 1, 128),   # ... on 8 GPUs
+                              ("Qwen3N-TP2", 8, 1, 256))  # Qwen3-Next attention, 16 q / 2 kv, D = 256, on 2
+    for B, T in ((1, 4096), (1, 32768), (8, 32768))
+]
+
 
 def make_inputs(B, Hq, Hkv, D, T, page, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -49,14 +60,20 @@ def make_inputs(B, Hq, Hkv, D, T, page, seed=0):
 
 
 def main(argv=None) -> int:
-    started = H.start("bench_decode", "flash_decode", __doc__, argv)
+    def cases_arg(parser):
+        parser.add_argument("--cases", default="", help="run only the cases whose name contains this "
+                            "(a partial table: written only under --out, never over the committed one)")
+
+    started = H.start("bench_decode", "flash_decode", __doc__, argv, cases_arg)
     if started is None:
         return 1
     args, facts, copy_tbs = started
     print(f"{facts['gpu']} | torch {facts['torch']} | CUDA {facts['cuda']} | triton {facts['triton']} | "
           f"commit {facts['commit']} | copy {copy_tbs:.2f} TB/s")
     rows, contiguous_us = [], {}
-    for name, B, Hq, Hkv, D, T, page in shapes.DECODE:
+    for name, B, Hq, Hkv, D, T, page in shapes.DECODE + TP_SHARDS:
+        if args.cases not in name:
+            continue
         q, k, v, sl, table, kc, vc = make_inputs(B, Hq, Hkv, D, T, page)
         ours = lambda: torch.ops.aura.flash_decode(q, k, v, sl, table)  # noqa: E731
         sdpa = lambda: F.scaled_dot_product_attention(q[:, :, None], kc, vc, enable_gqa=True)  # noqa: E731
@@ -85,7 +102,7 @@ def main(argv=None) -> int:
             elif key in contiguous_us:
                 row["paged_vs_contig"] = row["ours_us"] / contiguous_us[key][0]
         rows.append(row)
-        print(f"{name:>17}: ours {row.get('ours_us', float('nan')):8.1f} us (graph {row.get('ours_graph_us', float('nan')):7.1f})"
+        print(f"{name:>22}: ours {row.get('ours_us', float('nan')):8.1f} us (graph {row.get('ours_graph_us', float('nan')):7.1f})"
               f" | sdpa {row.get('sdpa_us', float('nan')):8.1f} us (graph {row.get('sdpa_graph_us', float('nan')):7.1f})"
               f" | {row.get('ours_TBs', float('nan')):.2f} TB/s | x{row.get('speedup', float('nan')):.2f}"
               f" | err {err_sdpa:.1e}{'' if ok else '  WRONG'}", flush=True)
@@ -93,8 +110,10 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
 
     md = render(facts, copy_tbs, rows)
-    path = H.write("decode", facts, rows, md, args.out)
-    print(f"\nwrote {path}\n")
+    if args.cases and args.out is None:
+        print("\n(--cases without --out: nothing written)\n")
+    else:
+        print(f"\nwrote {H.write('decode', facts, rows, md, args.out)}\n")
     print(md)
     return 0 if all(r["correct"] for r in rows) else 1
 

@@ -207,6 +207,159 @@ def test_merge_kernel_matches_reference(dtype):
     assert torch.allclose(lse.cpu()[fin], want_lse[fin], atol=1e-5)
 
 
+# ------------------------------------------------------------------------------- split merge (S > 1)
+# With S > 1 the split kernel's partials are merged by the merge kernel (decode.md §5): the result
+# must be the bits of merge_attn_states over the same partials, in split order, call after call,
+# in graphs and on concurrent streams (an in-kernel, last-CTA merge must keep all of these).
+MERGE_LENS = [0, 1, 63, 64, 65, 127, 128, 129, 700, 1023, 1024, 1025]  # empty, 1 token, chunk edges +-1
+
+
+def partials_by_slices(q, k, v, sl, table, S):
+    """The fp32 partials of the kernel's own split plan for S splits, split s of sequence b computed as
+    an S = 1 call on that split's tokens (a slice of the cache, or of the block table: chunks are whole
+    pages): the same stages and arithmetic as that split's CTA. Empty splits: NaN partial, lse -inf."""
+    B, Hq, D = q.shape
+    tile = k.shape[1] if table is not None else ref.CONTIGUOUS_TILE
+    po = torch.full((S, B, Hq, D), math.nan, device=DEV)
+    pl = torch.full((S, B, Hq), -INF, device=DEV)
+    for b, T in enumerate(sl.tolist()):
+        chunk, live = ref.split_chunk(T, S, tile)
+        for s in range(live):
+            start, end = s * chunk, min((s + 1) * chunk, T)
+            n = torch.tensor([end - start], dtype=torch.int32, device=DEV)
+            if table is None:
+                o, l = torch_aura.flash_decode(q[b:b + 1], k[b:b + 1, :, start:end], v[b:b + 1, :, start:end], n,
+                                               num_splits=1)
+            else:
+                page = k.shape[1]
+                rows = table[b:b + 1, start // page:-(-end // page)]
+                o, l = torch_aura.flash_decode(q[b:b + 1], k, v, n, rows, num_splits=1)
+            po[s, b], pl[s, b] = o[0], l[0]
+    return po, pl
+
+
+@pytest.mark.parametrize("S", (2, 3, 7, 29, 64, 200), ids=lambda s: f"S{s}")
+@pytest.mark.parametrize("layout", ("contig", "page16", "page7"))
+@pytest.mark.parametrize("G,D", ((1, 64), (4, 128), (5, 80), (2, 512)), ids=("G1-D64", "G4-D128", "G5-D80", "G2-D512"))
+def test_split_merge_is_bitwise_merge_attn_states_of_its_partials(G, D, layout, S):
+    """fp32 (whose S = 1 output is the exact split partial): flash_decode with S splits equals
+    merge_attn_states over the partials bit for bit (up to 200 splits). NaN partials of empty splits
+    are skipped."""
+    page = None if layout == "contig" else int(layout[4:])
+    q, k, v, sl, table = make_cache(MERGE_LENS, 2 * G, 2, D, torch.float32, page=page, seed=S + D)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+    want_out, want_lse = torch_aura.merge_attn_states(*partials_by_slices(q, k, v, sl, table, S))
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    check(f"G{G}-D{D}-{layout}-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.float32)
+
+
+@pytest.mark.parametrize("S", (1, 2, 29, 200), ids=lambda s: f"S{s}")
+@pytest.mark.parametrize("layout", ("contig", "page16"))
+@pytest.mark.parametrize("G", (1, 2, 3, 4, 5, 6, 7, 8), ids=lambda g: f"G{g}")
+def test_split_merge_16bit_edges(G, layout, S):
+    """bf16 (tensor-core kernel) at every GQA ratio up to 8, one, two and many splits, on lengths 0, 1
+    and around the split boundaries: equal to the fp64 oracle, and bitwise repeatable."""
+    page = None if layout == "contig" else 16
+    q, k, v, sl, table = make_cache(MERGE_LENS, 2 * G, 2, 128, torch.bfloat16, page=page, seed=G + S)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+    check(f"G{G}-{layout}-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+    again = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+    assert torch.equal(again[0], out) and torch.equal(again[1], lse)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=dtype_id)
+@pytest.mark.parametrize("S", (3, 29, 200), ids=lambda s: f"S{s}")
+def test_split_merge_propagates_nan_and_keeps_empty_rows(S, dtype):
+    """A NaN partial is not an empty split: a NaN key (lse NaN in its split) makes its group's rows NaN
+    with lse NaN, a NaN value row makes them NaN with a finite lse; an empty sequence still gives 0 and
+    -inf, and the untouched rows stay exact."""
+    q, k, v, sl, _ = make_cache([700, 700, 0, 300], 8, 2, 128, dtype, seed=S)
+    k[0, 0, 200] = math.nan  # sequence 0, KV head 0: query heads 0-3
+    v[1, 1, 650] = math.nan  # sequence 1, KV head 1: query heads 4-7
+    out, lse = torch_aura.flash_decode(q, k, v, sl, num_splits=S)
+    want_out, want_lse = oracle(q, k, v, sl, None)
+    assert out[0, :4].isnan().all() and lse[0, :4].isnan().all()
+    assert out[1, 4:].isnan().all() and torch.isfinite(lse[1, 4:]).all()
+    assert torch.equal(out.isnan(), want_out.isnan()) and torch.equal(lse.isnan(), want_lse.isnan())
+    assert not out[2].any() and (lse[2] == -INF).all()
+    check(f"nan-S{S}", out, lse, want_out, want_lse, dtype)
+
+
+def _merge_cases():
+    """Calls of different shapes, dtypes, layouts and split counts (the last one with 320 KB of
+    partials per KV head)."""
+    cases = []
+    for lens, Hq, Hkv, D, dtype, page, S in (([2048, 1, 0, 900], 16, 4, 128, torch.bfloat16, 16, 0),
+                                             ([300, 77, 1500], 6, 2, 64, torch.float16, None, 5),
+                                             ([1000, 0], 8, 8, 96, torch.float32, 7, 29),
+                                             ([4000], 16, 2, 256, torch.bfloat16, None, 11),
+                                             ([600, 3], 8, 2, 512, torch.bfloat16, None, 40)):
+        q, k, v, sl, table = make_cache(lens, Hq, Hkv, D, dtype, page=page, seed=len(cases), poison_tail=False)
+        out = torch.full((len(lens), Hq, D), math.nan, device=DEV, dtype=dtype)
+        lse = torch.full((len(lens), Hq), math.nan, device=DEV)
+        cases.append(((q, k, v, sl, table, None, S), out, lse))
+    return cases
+
+
+def test_split_merge_counters_reset_across_calls_shapes_and_graph_replays():
+    """The same call repeated, calls of other shapes in between, and CUDA-graph replays of all of them
+    (in one graph) give the eager bits: no state survives a call."""
+    cases = _merge_cases()
+    want = []
+    for args, out, lse in cases:
+        torch.ops.aura.flash_decode_out(*args, out, lse)
+        check("first", out, lse, *oracle(*args[:5]), args[0].dtype)
+        want.append((out.clone(), lse.clone()))
+    for _ in range(3):  # repeated, and interleaved with the other shapes
+        for (args, out, lse), (w_out, w_lse) in zip(cases, want):
+            out.fill_(math.nan)
+            torch.ops.aura.flash_decode_out(*args, out, lse)
+            assert torch.equal(out, w_out) and torch.equal(lse, w_lse)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args, out, lse in cases:
+            torch.ops.aura.flash_decode_out(*args, out, lse)
+    for trial in range(4):
+        if trial == 2:  # new data: the replay must follow it
+            g = torch.Generator(device="cpu").manual_seed(7)
+            for i, ((q, k, v, sl, table, *_), _, _) in enumerate(cases):
+                for t in (q, k, v):
+                    t.copy_(torch.randn(t.shape, generator=g))
+                if table is not None:  # every entry a valid page now: any new length is readable
+                    table.copy_(torch.randperm(k.shape[0], generator=g)[: table.numel()].reshape(table.shape))
+                cap = k.shape[2] if table is None else table.shape[1] * k.shape[1]
+                sl.copy_(torch.randint(0, cap + 1, sl.shape, generator=g, dtype=torch.int32))
+                eager = torch.ops.aura.flash_decode(*cases[i][0])
+                want[i] = (eager[0].clone(), eager[1].clone())
+        for _, out, lse in cases:
+            out.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, ((args, out, lse), (w_out, w_lse)) in enumerate(zip(cases, want)):
+            assert torch.equal(out, w_out) and torch.equal(lse, w_lse), f"replay {trial}, case {i} differs from eager"
+
+
+def test_split_merge_on_concurrent_streams():
+    """Calls on two streams at once (shared workspaces would race): both stay exact."""
+    args = _merge_cases()[0][0]
+    want = torch.ops.aura.flash_decode(*args)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = [[] for _ in streams]
+    torch.cuda.synchronize()
+    for st in streams:  # both queues fill behind a busy kernel, then drain side by side
+        with torch.cuda.stream(st):
+            torch.cuda._sleep(1 << 20)
+    for _ in range(20):
+        for st, got in zip(streams, outs):
+            with torch.cuda.stream(st):
+                got.append(torch.ops.aura.flash_decode(*args))
+    torch.cuda.synchronize()
+    for got in outs:
+        for out, lse in got:
+            assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+
+
 # --------------------------------------------------------------- graphs, compile, errors
 def test_cuda_graph_replay_with_new_lengths_tables_and_values_is_bitwise_eager():
     B, Hq, Hkv, D, page, T_cap = 4, 16, 4, 128, 16, 2048
@@ -279,8 +432,8 @@ def test_out_of_range_lengths_and_pages_never_fault():
 
 @pytest.mark.sanitize
 def test_small_cases_for_compute_sanitizer():
-    """A few small launches (every path: empty splits, S = 1, paged, merge, both copy engines) for
-    memcheck/racecheck."""
+    """A few small launches (every path: empty splits, S = 1, paged, the merge in the split kernel and
+    the merge kernel, both copy engines) for memcheck/racecheck."""
     for layout in (None, 7):
         q, k, v, sl, table = make_cache([0, 1, 300, 77], 6, 2, 64, torch.bfloat16, page=layout, seed=1)
         for S in (0, 1, 3):
@@ -290,8 +443,15 @@ def test_small_cases_for_compute_sanitizer():
         q, k, v, sl, table = make_cache([1040, 5, 0], 4, 2, 64, torch.bfloat16, page=layout, T_cap=1040, seed=2)
         out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=1)
         check("san-bulk", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
-        # D = 512: one-warp CTAs staging their partials in shared memory, a merge in 4 dim chunks
-        q, k, v, sl, table = make_cache([300, 0, 17], 4, 2, 512, torch.bfloat16, page=layout, seed=3)
-        out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=3)
-        check("san-D512", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+        # D = 512: one-warp CTAs staging their partials in shared memory; 3 and 64 splits (512 KB of
+        # partials for 4 heads) merged by the merge kernel's dim chunks
+        q, k, v, sl, table = make_cache([300, 0, 17], 8, 2, 512, torch.bfloat16, page=layout, seed=3)
+        for S in (3, 64):
+            out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+            check(f"san-D512-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+        # the CUDA-core kernel (fp32) with 5 splits, twice: nothing survives a call
+        q, k, v, sl, table = make_cache([0, 1, 300, 77], 6, 2, 64, torch.float32, page=layout, seed=4)
+        for _ in range(2):
+            out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=5)
+            check("san-fp32-S5", out, lse, *oracle(q, k, v, sl, table), torch.float32)
     torch.cuda.synchronize()
