@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__  // (MSVC targets are all little-endian)
 #error "the code stream is read as little-endian bytes (aura-format.md §6)"
 #endif
 
@@ -72,15 +72,21 @@ struct ByteTable {
   }
 };
 
-template <int W>  // W = codes per byte: one fixed-size copy per byte, no call
-static inline void expand_bytes(const float* table, const uint8_t* src, int64_t bytes, float* dst) {
-  for (int64_t i = 0; i < bytes; ++i) std::memcpy(dst + i * W, table + src[i] * W, sizeof(float) * W);
+template <int W>  // W = codes per byte: 8 bytes per step, one fixed-size table copy per byte, no call
+static inline void expand_bytes(const float* __restrict table, const uint8_t* __restrict src, int64_t bytes,
+                                float* __restrict dst) {
+  for (int64_t i = 0; i < bytes; i += 8) {  // bytes = D * b / 8 is a multiple of 8 for every D, b
+    uint64_t word;
+    std::memcpy(&word, src + i, sizeof word);
+    for (int k = 0; k < 8; ++k)
+      std::memcpy(dst + (i + k) * W, table + ((word >> (8 * k)) & 0xFF) * W, sizeof(float) * W);
+  }
 }
 
 // Codes of one vector (a little-endian bit stream, code j at bits [j b, j b + b)) -> D floats.
 static inline void dequantise(const ByteTable& t, const uint8_t* src, int64_t D, float* dst) {
   switch (t.bits) {
-    case 8: for (int64_t j = 0; j < D; ++j) dst[j] = t.codebook[src[j]]; break;
+    case 8: expand_bytes<1>(t.values.data(), src, D, dst); break;
     case 4: expand_bytes<2>(t.values.data(), src, D / 2, dst); break;
     case 2: expand_bytes<4>(t.values.data(), src, D / 4, dst); break;
     default:  // 3 bits: 8 codes in every 3 bytes (D is a multiple of 8)
@@ -120,10 +126,57 @@ static int parallel(int64_t items, int64_t threads, const F& fn) {
   return 0;
 }
 
+// exp(x) for x <= 0 (scores minus their running max), written so the compiler vectorises it (libm's
+// expf is a scalar call per token and query). 2^n * e^r with |r| <= ln2 / 2 and a degree-6 Taylor
+// polynomial: relative error ~2.5e-7, about 1 ulp; x below -86 returns 0 (e^-86 < 5e-38 adds
+// nothing next to the max's p = 1, and keeps 2^n * p a normal float).
+static inline float exp_nonpositive(float x) {
+  const float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
+  const float kRound = 12582912.0f;  // 1.5 * 2^23: (v + kRound) - kRound rounds v to the nearest integer
+  const bool tiny = x < -86.0f;
+  x = tiny ? 0.0f : x;
+  const float n = (x * kLog2e + kRound) - kRound;
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  bits += int32_t(n) * (1 << 23);  // times 2^n (n in [-124, 0]: the result stays a normal float)
+  float e;
+  std::memcpy(&e, &bits, sizeof e);
+  return tiny ? 0.0f : e;
+}
+
 struct Scratch {
-  std::vector<float> k, v, kn, vn, s, acc, run_m, run_l;
+  std::vector<float> k, v, kn, vn, s, pv, acc, run_m, run_l;  // pv, acc: rows padded to a multiple of 4
   std::vector<uint8_t> poisoned;
 };
+
+constexpr int RB = 4, JB = 16;  // V accumulation register block: 4 query rows x 16 dims
+
+// acc[r][:] += sum_i pv[r][i] * v[i][:] for rows r0..r0+3: each V load feeds four FMAs and the
+// 4 x 16 accumulators stay in registers over the tile's tokens.
+static inline void accumulate_v(const float* pv, const float* v, int64_t nt, int64_t D, float* acc) {
+  for (int64_t j0 = 0; j0 < D; j0 += JB) {
+    float a[RB][JB];
+    for (int r = 0; r < RB; ++r)
+      for (int j = 0; j < JB; ++j) a[r][j] = acc[r * D + j0 + j];
+    for (int64_t i = 0; i < nt; ++i) {
+      const float* vi = v + i * D + j0;
+      for (int r = 0; r < RB; ++r) {
+        const float p = pv[r * TILE + i];
+        for (int j = 0; j < JB; ++j) a[r][j] += p * vi[j];
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int j = 0; j < JB; ++j) acc[r * D + j0 + j] = a[r][j];
+  }
+}
 
 AURA_CLONES void run_item(const P1Args& a, const ByteTable& kt, const ByteTable& vt, int64_t item, Scratch& w) {
   const int64_t NB = a.num_blocks, D = a.D, G = a.Hq / a.Hkv, L = a.L;
@@ -133,7 +186,7 @@ AURA_CLONES void run_item(const P1Args& a, const ByteTable& kt, const ByteTable&
   const int64_t t_end = std::min(t1, seq);
   const int64_t R = L * G;  // query rows of this item: (l, g)
   const float NEG_INF = -std::numeric_limits<float>::infinity();
-  std::fill(w.acc.begin(), w.acc.begin() + R * D, 0.0f);
+  std::fill(w.acc.begin(), w.acc.end(), 0.0f);
   std::fill(w.run_m.begin(), w.run_m.begin() + R, NEG_INF);
   std::fill(w.run_l.begin(), w.run_l.begin() + R, 0.0f);
   std::fill(w.poisoned.begin(), w.poisoned.begin() + R, 0);
@@ -157,6 +210,9 @@ AURA_CLONES void run_item(const P1Args& a, const ByteTable& kt, const ByteTable&
       w.vn[i] = a.v_norms[at(a.v_norm_stride)];
     }
     std::fill(w.k.begin() + nt * D, w.k.end(), 0.0f);  // dot4 reads whole groups of 4 rows
+    // Scores and the online-softmax update per query row; pv[r][i] = p * norm_V, 0 where row r does
+    // not see token i (never 0 * a NaN norm: unseen tokens add exactly nothing).
+    std::fill(w.pv.begin(), w.pv.end(), 0.0f);
     for (int64_t lq = 0; lq < L; ++lq) {
       const int64_t last = seq - L + lq;  // causal query lq sees t <= last (L = 1: every live token)
       const int64_t seen = std::min<int64_t>(nt, last - ts + 1);
@@ -181,17 +237,18 @@ AURA_CLONES void run_item(const P1Args& a, const ByteTable& kt, const ByteTable&
           for (int64_t j = 0; j < D; ++j) acc[j] *= rescale;
         }
         float l_sum = w.run_l[r] * rescale;
+        float* pv = &w.pv[r * TILE];
+#pragma omp simd reduction(+ : l_sum)
         for (int64_t i = 0; i < seen; ++i) {
-          const float p = std::exp(s[i] - m_new);
+          const float p = exp_nonpositive(s[i] - m_new);
           l_sum += p;
-          const float pv = p * w.vn[i];
-          const float* v = &w.v[i * D];
-          for (int64_t j = 0; j < D; ++j) acc[j] += pv * v[j];
+          pv[i] = p * w.vn[i];
         }
         w.run_m[r] = m_new;
         w.run_l[r] = l_sum;
       }
     }
+    for (int64_t r0 = 0; r0 < R; r0 += RB) accumulate_v(&w.pv[r0 * TILE], w.v.data(), nt, D, &w.acc[r0 * D]);
   }
   const float NaN = std::numeric_limits<float>::quiet_NaN();
   for (int64_t lq = 0; lq < L; ++lq) {
@@ -225,7 +282,9 @@ extern "C" int aura_cpu_flash_p1(const P1Args* a) {
     w.kn.resize(TILE);
     w.vn.resize(TILE);
     w.s.resize(TILE);
-    w.acc.resize(rows * a->D);
+    const int64_t padded = (rows + RB - 1) / RB * RB;
+    w.pv.resize(padded * TILE);
+    w.acc.resize(padded * a->D);
     w.run_m.resize(rows);
     w.run_l.resize(rows);
     w.poisoned.resize(rows);
