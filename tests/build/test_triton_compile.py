@@ -123,6 +123,8 @@ def test_gdn_kernels_compile_for_sm90(compile_only, monkeypatch, dtype):
     chunk.gdn_chunk(q, k, v, g, beta, None, h0, None, None, True, False)
     chunk.gdn_chunk(qv, kv, vv, gv, bv, None, torch.randn(3, 4, V, K), cu, None, False, True)
     chunk.gdn_fwd_h(k, w.to(dtype), u.to(dtype), g_cum, None)
+    scan_paths = {dict(key[2])["IN_REGS"] for key in compile_only if key[0] == "_gdn_segment_scan_kernel"}
+    assert scan_paths == {dtype != torch.float32}, f"segment scan paths compiled (IN_REGS): {scan_paths}"
     expected = {n for n in (*vars(chunk), *vars(recurrent)) if n.endswith("_kernel")}
     assert expected <= {key[0] for key in compile_only}, "a kernel was never compiled"
     if dtype == torch.bfloat16:

@@ -192,7 +192,9 @@ def test_chunk_overlapped_pass_small_for_sanitizer():
 # chunks per segment, extra). Weak decay (gate_norm 20, 30% of g at 0) so that a segment's start
 # state still matters at its end. T = 0, 1, 63, 64, 65; 7 / 8 / 9 chunks at 4 per segment (a segment
 # boundary -1, 0, +1 chunk); varlen with empty sequences first, inside and last; the Hopper (Gluon)
-# pass (16-bit, K in {64, 128}) and the Triton one (K = 60, K = 256 pointer loads, fp32).
+# pass (16-bit, K in {64, 128}) and the Triton one (K = 60, K = 256 pointer loads, fp32). The scan
+# (chunk._scan_in_regs): the register path at 16 bits with K <= 128 (K = 128, 64, 60; 32 segments in
+# one sequence for the pipelined loop's steady state), the column-block path at K = 256 (bf16) and fp32.
 SPLIT_CASES = [
     (1, 0, 1, 2, 128, 128, BF16, 1, {"h0": True}),
     (2, 1, 1, 2, 128, 128, BF16, 1, {"h0": True}),
@@ -208,6 +210,7 @@ SPLIT_CASES = [
     (1, 700, 2, 4, 60, 100, BF16, 2, {"h0": True}),
     (1, 900, 1, 2, 256, 64, BF16, 3, {"h0": True}),
     (1, 1000, 2, 4, 128, 128, F32, 4, {"h0": True}),
+    (1, 2048, 2, 4, 128, 128, BF16, 1, {"h0": True}),
 ]
 SPLIT_RATIO = {F32: 1e-5, F16: 5e-3, BF16: 5e-3}
 

@@ -98,6 +98,7 @@ def test_g_outside_the_usual_range(gdn_kernels, dtype):
 # (B, T, H, HV, K, V, dtype, chunks per segment, extra). Weak decay (gate_norm 20, 30% of g at 0) so a
 # segment's start state still matters at its end. T = 0, 1, 63, 64, 65; 3 / 4 / 5 chunks at 2 per
 # segment (segment boundary -1, 0, +1 chunk); varlen with empty sequences first, inside and last.
+# The scan's register path runs at 16 bits (10 segments in the last case), its column-block path at fp32.
 SPLIT_CASES = [
     (1, 0, 1, 1, 16, 16, F32, 1, {"h0": True}),
     (2, 1, 1, 1, 16, 16, F32, 1, {"h0": True}),
@@ -111,6 +112,7 @@ SPLIT_CASES = [
     (1, 300, 1, 2, 16, 16, F16, 1, {"offsets": [0, 64, 65, 300], "h0": True, "state_v_first": True}),
     (1, 200, 1, 1, 16, 16, F32, 3, {"offsets": [0, 200], "pass_ci": False}),
     (1, 0, 1, 1, 16, 16, F32, 1, {"offsets": [0, 0, 0], "h0": True}),
+    (1, 640, 1, 2, 16, 16, F16, 1, {"h0": True}),
 ]
 SPLIT_RATIO = {F32: 1e-5, F16: 5e-3}
 

@@ -454,13 +454,19 @@ def _gdn_segment_summary_kernel(k, w, u, g_cum, At, Bt, seg_table, cu_seqlens, T
 def _gdn_segment_scan_kernel(h0, At, Bt, S0, final, cu_seqlens, seg_first, T, NS, CPS, HV, K, V,
                              s_0n, s_0h, s_0k, s_0v, s_fn, s_fh, s_fk, s_fv,
                              IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
-                             PREC: tl.constexpr):
+                             PREC: tl.constexpr, IN_REGS: tl.constexpr):
     """The start state of every segment of one sequence, for one (V tile, value head): ``S0[j0] = h0``,
     then ``S_(s+1) = A_s S_s + B_s``, kept transposed (``S0 [S, HV, V, K]``, fp32, products at
-    ``PREC``) as ``S0[j+1] = S0[j] A_j^T + B_j^T``, in ``BC``-wide column blocks through memory (a
-    ``K x K`` fp32 tile of A would not fit in registers at K = 256); the CTA barrier makes a step's
-    stores visible to the next step's loads. A sequence without chunks has no segment: its final
-    state is the start state, written here."""
+    ``PREC``) as ``S0[j+1] = S0[j] A_j^T + B_j^T``. A sequence without chunks has no segment: its
+    final state is the start state, written here.
+
+    ``IN_REGS`` (``_scan_in_regs``; ``BC`` = the padded K, at most 128): the ``[BV, BC]`` state stays
+    in registers across segments as the dot's operand and accumulator; each step loads ``A_j^T`` and
+    ``B_j^T`` straight into the dot (the software pipeline copies step j+1's A into shared memory
+    while step j multiplies) and stores ``S0[j+1]`` once, never reading it back: no CTA barrier or
+    global round trip of the state in the loop. Else (fp32 inputs, or K > 128: the operands of a full
+    ``K x K`` product would not fit) in ``BC``-wide column blocks through memory, the CTA barrier
+    making a step's stores visible to the next step's loads."""
     i_v, i_hv, n = v_tile_head_row(V, BV, HV)
     if IS_VARLEN:
         b, bos, eos = seq_span(n, cu_seqlens, T, True)
@@ -472,33 +478,58 @@ def _gdn_segment_scan_kernel(h0, At, Bt, S0, final, cu_seqlens, seg_first, T, NS
     vv = i_v * BV + tl.arange(0, BV)
     v_ok = vv < V
     cc = tl.arange(0, BC)
-    for c0 in range(0, K, BC):
-        cols = c0 + cc
-        mask = v_ok[:, None] & (cols < K)[None, :]
+    if IN_REGS:
+        mask = v_ok[:, None] & (cc < K)[None, :]
         if HAS_H0:
-            x = tl.load(h0 + n * s_0n + i_hv * s_0h + vv[:, None] * s_0v + cols[None, :] * s_0k, mask=mask,
+            S = tl.load(h0 + n * s_0n + i_hv * s_0h + vv[:, None] * s_0v + cc[None, :] * s_0k, mask=mask,
                         other=0.0).to(tl.float32)
         else:
-            x = tl.zeros([BV, BC], tl.float32)
-        tl.store(S0 + ((j0 * HV + i_hv) * V + vv[:, None]) * K + cols[None, :], x, mask=mask & (ns > 0))
-        tl.store(final + n * s_fn + i_hv * s_fh + vv[:, None] * s_fv + cols[None, :] * s_fk, x,
+            S = tl.zeros([BV, BC], tl.float32)
+        # scalar bases carried through the loop, loop-invariant offsets: no pointer tiles held in registers
+        s_off = vv[:, None] * K + cc[None, :]
+        s_base = S0 + (j0 * HV + i_hv) * V * K
+        tl.store(s_base + s_off, S, mask=mask & (ns > 0))
+        tl.store(final + n * s_fn + i_hv * s_fh + vv[:, None] * s_fv + cc[None, :] * s_fk, S,
                  mask=mask & (ns == 0))
-    for s in range(0, ns - 1):
-        tl.debug_barrier()
-        j = j0 + s
-        row_s = (j * HV + i_hv) * V + vv[:, None]
-        row_a = (j * HV + i_hv) * K
+        a_off = cc[:, None] * K + cc[None, :]
+        a_ok = (cc < K)[:, None] & (cc < K)[None, :]
+        a_base = At + (j0 * HV + i_hv) * K * K
+        b_base = Bt + (j0 * HV + i_hv) * V * K
+        for s in range(0, ns - 1):
+            a = tl.load(a_base + a_off, mask=a_ok, other=0.0)  # zeros past K keep S's padding zero
+            S = tl.dot(S, a, tl.load(b_base + s_off, mask=mask, other=0.0), input_precision=PREC)
+            s_base += HV * V * K
+            tl.store(s_base + s_off, S, mask=mask)
+            a_base += HV * K * K
+            b_base += HV * V * K
+    else:
         for c0 in range(0, K, BC):
             cols = c0 + cc
             mask = v_ok[:, None] & (cols < K)[None, :]
-            acc = tl.load(Bt + row_s * K + cols[None, :], mask=mask, other=0.0)
-            for r0 in range(0, K, BC):
-                rr = r0 + cc
-                m = tl.load(S0 + row_s * K + rr[None, :], mask=v_ok[:, None] & (rr < K)[None, :], other=0.0)
-                a = tl.load(At + (row_a + rr[:, None]) * K + cols[None, :],
-                            mask=(rr < K)[:, None] & (cols < K)[None, :], other=0.0)
-                acc += tl.dot(m, a, input_precision=PREC)
-            tl.store(S0 + (row_s + HV * V) * K + cols[None, :], acc, mask=mask)
+            if HAS_H0:
+                x = tl.load(h0 + n * s_0n + i_hv * s_0h + vv[:, None] * s_0v + cols[None, :] * s_0k, mask=mask,
+                            other=0.0).to(tl.float32)
+            else:
+                x = tl.zeros([BV, BC], tl.float32)
+            tl.store(S0 + ((j0 * HV + i_hv) * V + vv[:, None]) * K + cols[None, :], x, mask=mask & (ns > 0))
+            tl.store(final + n * s_fn + i_hv * s_fh + vv[:, None] * s_fv + cols[None, :] * s_fk, x,
+                     mask=mask & (ns == 0))
+        for s in range(0, ns - 1):
+            tl.debug_barrier()
+            j = j0 + s
+            row_s = (j * HV + i_hv) * V + vv[:, None]
+            row_a = (j * HV + i_hv) * K
+            for c0 in range(0, K, BC):
+                cols = c0 + cc
+                mask = v_ok[:, None] & (cols < K)[None, :]
+                acc = tl.load(Bt + row_s * K + cols[None, :], mask=mask, other=0.0)
+                for r0 in range(0, K, BC):
+                    rr = r0 + cc
+                    m = tl.load(S0 + row_s * K + rr[None, :], mask=v_ok[:, None] & (rr < K)[None, :], other=0.0)
+                    a = tl.load(At + (row_a + rr[:, None]) * K + cols[None, :],
+                                mask=(rr < K)[:, None] & (cols < K)[None, :], other=0.0)
+                    acc += tl.dot(m, a, input_precision=PREC)
+                tl.store(S0 + (row_s + HV * V) * K + cols[None, :], acc, mask=mask)
 
 
 @triton.jit
@@ -897,6 +928,16 @@ _SEG_SUMMARY = Tuner("gdn_segment_summary", [
 ])
 
 
+def _scan_in_regs(K: int, dtype: torch.dtype) -> bool:
+    """Whether the segment scan keeps its state in registers (``IN_REGS``): 16-bit inputs (tf32x3
+    products) at K <= 128. Sized from ptxas's report for sm_90: at BV = 16 and 8 warps (warps split
+    along A's 128 columns, 16 each) the three tf32 products' operands fit in 255 registers with ~100 B
+    of spill and A's fp32 tile (64 KiB) plus its prefetched successor in shared memory; 4 warps spill
+    kilobytes, and so does the fp32 (``ieee``, CUDA-core) product at any width, whose operands all sit
+    in registers: fp32 inputs and K > 128 keep the column-block path."""
+    return _pow2(K) <= 128 and dtype != torch.float32
+
+
 def _transfer_prec(dtype: torch.dtype) -> str:
     # A is fp32 (gdn.md §6): 16-bit inputs multiply it in tf32 (10 mantissa bits, not the 7 of a bf16
     # state operand) on the chain and in tf32x3 (~fp32) in the scan; fp32 inputs keep full fp32
@@ -940,12 +981,15 @@ def _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total,
 
         with descriptor_workspace(dev):
             _SEG_SUMMARY((K, V, k.dtype, varlen, tma_ready), summary)
-    BV = min(32, _pow2(V))
+    # 16-bit inputs at K <= 128: the state in registers (_scan_in_regs); else 64-wide column blocks
+    in_regs = _scan_in_regs(K, k.dtype)
+    BV = min(16 if in_regs else 32, _pow2(V))
     _gdn_segment_scan_kernel[(cdiv(V, BV) * N * HV,)](
         _dummy(k) if initial_state is None else initial_state, At, Bt, S0, final, cu, seg_first,
         T, NS, cps, HV, K, V, *_state_strides(initial_state, state_v_first), *_state_strides(final, state_v_first),
-        IS_VARLEN=varlen, HAS_H0=initial_state is not None, BV=BV, BC=min(64, _pow2(K)),
-        PREC="ieee" if k.dtype == torch.float32 else "tf32x3", num_warps=4)
+        IS_VARLEN=varlen, HAS_H0=initial_state is not None, BV=BV, BC=_pow2(K) if in_regs else min(64, _pow2(K)),
+        PREC="ieee" if k.dtype == torch.float32 else "tf32x3", IN_REGS=in_regs, num_warps=8 if in_regs else 4,
+        **({"num_stages": 2} if in_regs else {}))  # the column-block path keeps Triton's default, as measured
     return S0, seg_table, NS, n_seg
 
 
