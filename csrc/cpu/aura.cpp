@@ -33,7 +33,7 @@ namespace {
 
 // Floats of work under which starting another thread (~20-50 us) costs more than it saves.
 constexpr int64_t MIN_THREAD_WORK = int64_t(1) << 16;
-constexpr int TILE = 32;  // a multiple of 4 (dot4); tokens dequantised together: K and V tiles of TILE x D floats stay in L1/L2
+constexpr int TILE = 32;  // tokens dequantised together (K, V tiles stay in L1/L2); a multiple of 4 (dot4)
 
 // Mirrors torch_aura/cpu/native.py's _P1Args field for field (ctypes.Structure).
 struct P1Args {
@@ -57,15 +57,16 @@ struct P1Args {
   int64_t threads;
 };
 
-// Byte -> its 8 / bits codebook values (bits 2, 4, 8), built once per call.
+// Byte -> its 8 / bits codebook values, built once per call for bits 2 and 4 (an 8-bit code byte
+// indexes the codebook itself; 3-bit codes straddle bytes and are looked up one by one).
 struct ByteTable {
   int bits;
-  int per_byte;
-  std::vector<float> values;  // [256][per_byte]
+  std::vector<float> values;  // [256][8 / bits]
   const float* codebook;
 
-  ByteTable(const float* cb, int b) : bits(b), per_byte(b == 3 ? 0 : 8 / b), codebook(cb) {
-    if (!per_byte) return;
+  ByteTable(const float* cb, int b) : bits(b), codebook(cb) {
+    if (b != 2 && b != 4) return;
+    const int per_byte = 8 / b;
     values.resize(256 * per_byte);
     for (int byte = 0; byte < 256; ++byte)
       for (int j = 0; j < per_byte; ++j) values[byte * per_byte + j] = cb[(byte >> (j * b)) & ((1 << b) - 1)];
@@ -86,7 +87,7 @@ static inline void expand_bytes(const float* __restrict table, const uint8_t* __
 // Codes of one vector (a little-endian bit stream, code j at bits [j b, j b + b)) -> D floats.
 static inline void dequantise(const ByteTable& t, const uint8_t* src, int64_t D, float* dst) {
   switch (t.bits) {
-    case 8: expand_bytes<1>(t.values.data(), src, D, dst); break;
+    case 8: expand_bytes<1>(t.codebook, src, D, dst); break;
     case 4: expand_bytes<2>(t.values.data(), src, D / 2, dst); break;
     case 2: expand_bytes<4>(t.values.data(), src, D / 4, dst); break;
     default:  // 3 bits: 8 codes in every 3 bytes (D is a multiple of 8)
@@ -112,9 +113,10 @@ static inline void dot4(const float* q, const float* k, int64_t D, float* s) {
 }
 
 // Runs fn(first, step) on `threads` threads (the caller included): item i goes to thread i % threads.
+// One thread when the call's work (in floats touched) is too small to pay for starting others.
 template <class F>
-static int parallel(int64_t items, int64_t threads, const F& fn) {
-  threads = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+static int parallel(int64_t items, int64_t threads, int64_t work, const F& fn) {
+  threads = work < 2 * MIN_THREAD_WORK ? 1 : std::max<int64_t>(1, std::min<int64_t>(threads, items));
   try {
     std::vector<std::thread> pool;
     for (int64_t t = 1; t < threads; ++t) pool.emplace_back(fn, t, threads);
@@ -275,7 +277,7 @@ extern "C" int aura_cpu_flash_p1(const P1Args* a) {
   const ByteTable kt(a->k_codebook, int(a->key_bits)), vt(a->v_codebook, int(a->value_bits));
   const int64_t items = a->B * a->Hkv * a->num_blocks;
   const int64_t rows = a->L * (a->Hq / a->Hkv);
-  auto work = [&](int64_t first, int64_t step) {
+  auto run = [&](int64_t first, int64_t step) {
     Scratch w;
     w.k.resize(TILE * a->D);
     w.v.resize(TILE * a->D);
@@ -290,8 +292,7 @@ extern "C" int aura_cpu_flash_p1(const P1Args* a) {
     w.poisoned.resize(rows);
     for (int64_t item = first; item < items; item += step) run_item(*a, kt, vt, item, w);
   };
-  const bool big = a->B * a->L * a->Hq * a->capacity * a->D >= 2 * MIN_THREAD_WORK;
-  return parallel(items, big ? a->threads : 1, work);
+  return parallel(items, a->threads, a->B * a->L * a->Hq * a->capacity * a->D, run);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -368,8 +369,7 @@ static void merge_row(const float* o, const float* m, const float* l, int64_t r,
 
 extern "C" int aura_cpu_flash_p2(const float* o, const float* m, const float* l, int64_t rows, int64_t NB,
                                  int64_t D, const int32_t* v_sign_mask, float* out, float* lse, int64_t threads) {
-  const bool big = rows * NB * D >= 2 * MIN_THREAD_WORK;
-  return parallel(rows, big ? threads : 1, [&](int64_t first, int64_t step) {
+  return parallel(rows, threads, rows * NB * D, [&](int64_t first, int64_t step) {
     for (int64_t r = first; r < rows; r += step) merge_row(o, m, l, r, NB, D, v_sign_mask, out, lse);
   });
 }
@@ -403,7 +403,7 @@ static void encode_row(const float* x, int64_t D, const int32_t* mask, const flo
 extern "C" int aura_cpu_encode(const float* x, int64_t rows, int64_t D, const int32_t* mask, const float* codebook,
                                const float* boundaries, int64_t bits, int32_t* codes, float* norms, int64_t threads) {
   const int64_t PW = D * bits / 32;
-  return parallel(rows, rows * D >= 2 * MIN_THREAD_WORK ? threads : 1, [&](int64_t first, int64_t step) {
+  return parallel(rows, threads, rows * D, [&](int64_t first, int64_t step) {
     std::vector<float> y(D);
     for (int64_t r = first; r < rows; r += step)
       encode_row(x + r * D, D, mask, codebook, boundaries, bits, y.data(), codes + r * PW, norms + r);

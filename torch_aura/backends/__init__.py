@@ -24,6 +24,7 @@ import warnings
 import torch
 
 from .._schema import CUDA_PROVIDER, OPS
+from ..cpu import FAST_PATHS as CPU_FAST_PATHS  # names only: torch_aura.cpu imports nothing at load
 
 # Backend name -> why it is not serving (None once it loaded). Filled by autoload().
 _REASONS: dict[str, str | None] = {
@@ -138,12 +139,6 @@ def has_kernel(op: str, device_type: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"aura::{op}", _dispatch_key(device_type))
 
 
-def _cpu_fast_paths() -> dict[str, str]:
-    from ..cpu import FAST_PATHS
-
-    return FAST_PATHS
-
-
 def provider(op: str, device_type: str) -> str:
     """The backend expected to serve ``op`` on ``device_type`` ("cuda", "triton" or "mps")."""
     return CUDA_PROVIDER[OPS[op].family] if device_type == "cuda" else device_type
@@ -153,7 +148,7 @@ def why_reference(op: str, device_type: str) -> str:
     """Why the reference (and not a kernel) serves ``op`` on ``device_type``."""
     if device_type == "cpu":
         reason = _REASONS.get("cpu")
-        fast = op in _cpu_fast_paths()
+        fast = op in CPU_FAST_PATHS
         return reason if fast and reason else "no CPU fast path for this op: the reference serves it"
     backend = provider(op, device_type)
     reason = _REASONS.get(backend)
@@ -181,7 +176,7 @@ def status() -> dict[str, dict[str, str]]:
         if has_kernel(op, "cpu"):
             row = {"cpu": "kernel (cpu)"}
         else:  # the reason only where a fast path exists but is not serving
-            row = {"cpu": f"reference ({why_reference(op, 'cpu')})" if op in _cpu_fast_paths() else "reference"}
+            row = {"cpu": f"reference ({why_reference(op, 'cpu')})" if op in CPU_FAST_PATHS else "reference"}
         for dev in ("cuda", "mps"):
             if has_kernel(op, dev):
                 label = provider(op, dev)

@@ -6,8 +6,8 @@ dispatch key of the ``aura`` library, each behind the same checks as the referen
 oracle the tests compare against, and what every other op on the CPU runs.
 ``TORCH_AURA_BACKENDS=ref`` (or a list without ``cpu``) leaves the CPU on the reference.
 
-* ``aura``: encode, cache write, rotation, pass 1, pass 2 and the whole decode in C++ (``torch_aura._C_cpu``, built
-  where the install found a C++ compiler).
+* ``aura``: encode, cache write, rotation, pass 1, pass 2 and the whole decode in C++
+  (``torch_aura._C_cpu``, built where the install found a C++ compiler).
 * ``gdn``: ``gdn_chunk`` in pure PyTorch, chunk-parallel matmuls with one state step per chunk.
 """
 

@@ -24,8 +24,7 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
 
 
 def aura_encode(x, codebook, boundaries, bits, sign_mask=None):
-    mask = None if sign_mask is None else sign_mask.contiguous()
-    return native.encode(_f32(x), mask, _f32(codebook), _f32(boundaries), bits)
+    return native.encode(_f32(x), sign_mask, _f32(codebook), _f32(boundaries), bits)
 
 
 def aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits,
@@ -35,9 +34,9 @@ def aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, bounda
 
 
 def hadamard_rotate(x, sign_mask=None, scale=1.0, inverse=False):
-    y = x.to(torch.float32, copy=True).contiguous()  # the kernel works in place on its own copy
-    mask = None if sign_mask is None else sign_mask.contiguous()
-    native.rotate_(y, mask, float(scale) / x.shape[-1] ** 0.5, inverse)
+    # the kernel works in place on its own contiguous copy (one copy whatever x's strides)
+    y = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    native.rotate_(y, sign_mask, float(scale) / x.shape[-1] ** 0.5, inverse)
     return y.to(x.dtype)
 
 
@@ -46,18 +45,14 @@ def aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codeboo
     causal = q_rot.dim() == 4
     q = _f32(q_rot if causal else q_rot[:, None])
     B, L, Hq, D = q.shape
-    if block_table is None:
-        capacity, num_blocks, page_size = k_codes.shape[2], 0, 0
-    else:
-        num_blocks, page_size = k_codes.shape[0], k_codes.shape[1]
-        capacity = block_table.shape[1] * page_size
-    ref._check_seq_lens(seq_lens, block_table, capacity, num_blocks, page_size)
-    NB = -(-capacity // block_size)
+    geo = ref.cache_geometry(k_codes, block_table)
+    ref._check_seq_lens(seq_lens, block_table, geo.capacity, geo.num_blocks, geo.page_size)
+    NB = -(-geo.capacity // block_size)
     o = torch.empty(B, L, Hq, NB, D)
     m, l = torch.empty(B, L, Hq, NB), torch.empty(B, L, Hq, NB)
     if o.numel():
         native.flash_p1(q, k_codes, k_norms, v_codes, v_norms, seq_lens.contiguous(), _f32(k_codebook),
-                        _f32(v_codebook), key_bits, value_bits, block_table, block_size, o, m, l)
+                        _f32(v_codebook), key_bits, value_bits, block_table, geo, block_size, o, m, l)
     if not causal:
         o, m, l = o[:, 0], m[:, 0], l[:, 0]
     return o, m, l

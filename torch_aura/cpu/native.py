@@ -1,8 +1,8 @@
 """ctypes bridge to ``torch_aura._C_cpu`` (``csrc/cpu``): plain C entry points taking raw pointers.
 
 The library has no torch headers, so it is independent of the torch version. Every tensor passed
-here was made contiguous (or its strides passed) by the caller and stays alive for the call;
-ctypes releases the GIL while the C++ threads run.
+here was made contiguous (or its strides passed) by the caller, sign masks by this module, and stays
+alive for the call; ctypes releases the GIL while the C++ threads run.
 """
 
 from __future__ import annotations
@@ -53,19 +53,16 @@ LIB, REASON = _load()
 
 
 def flash_p1(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook, key_bits,
-             value_bits, block_table, block_size, o, m, l) -> None:
+             value_bits, block_table, geometry, block_size, o, m, l) -> None:
     """Fill ``o [B, L, Hq, NB, D]``, ``m``, ``l [B, L, Hq, NB]`` (fp32, contiguous) in place.
 
     ``q`` is fp32 contiguous ``[B, L, Hq, D]``, ``seq_lens`` int32 contiguous; codes int32 and
     norms fp32 (any strides, unit last stride for codes) in the contiguous ``[B, Hkv, T, .]`` or
-    paged ``[pages, page_size, Hkv, .]`` layout; codebooks fp32 contiguous.
+    paged ``[pages, page_size, Hkv, .]`` layout, whose ``reference.aura.cache_geometry`` is
+    ``geometry``; codebooks fp32 contiguous.
     """
     B, L, Hq, D = q.shape
     paged = block_table is not None
-    if paged:
-        capacity, page_size, Hkv = block_table.shape[1] * k_codes.shape[1], k_codes.shape[1], k_codes.shape[2]
-    else:
-        capacity, page_size, Hkv = k_codes.shape[2], 0, k_codes.shape[1]
     a = _P1Args()
     a.q, a.k_codes, a.v_codes = q.data_ptr(), k_codes.data_ptr(), v_codes.data_ptr()
     a.k_norms, a.v_norms = k_norms.data_ptr(), v_norms.data_ptr()
@@ -77,23 +74,29 @@ def flash_p1(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_code
     a.bt_stride[:] = list(block_table.stride()) if paged else [0, 0]
     a.k_codebook, a.v_codebook = k_codebook.data_ptr(), v_codebook.data_ptr()
     a.key_bits, a.value_bits = key_bits, value_bits
-    a.B, a.L, a.Hq, a.Hkv, a.D, a.capacity = B, L, Hq, Hkv, D, capacity
-    a.page_size, a.block_size, a.num_blocks = page_size, block_size, o.shape[3]
+    a.B, a.L, a.Hq, a.Hkv, a.D, a.capacity = B, L, Hq, geometry.Hkv, D, geometry.capacity
+    a.page_size, a.block_size, a.num_blocks = geometry.page_size, block_size, o.shape[3]
     a.o, a.m, a.l = o.data_ptr(), m.data_ptr(), l.data_ptr()
     a.threads = torch.get_num_threads()
     if LIB.aura_cpu_flash_p1(ctypes.byref(a)) != 0:
         raise RuntimeError("aura_flash_p1 (cpu): the native kernel could not start its threads")
 
 
-def _mask_ptr(mask):
-    """int32 contiguous sign mask (the caller keeps it alive) -> pointer, or None."""
+def _contiguous(mask):
+    """The int32 sign mask as the kernels read it (bound to a local by the caller, so the copy, if
+    one was made, outlives the call that reads its pointer), or None."""
+    return None if mask is None else mask.contiguous()
+
+
+def _ptr_or_null(mask):
     return None if mask is None else mask.data_ptr()
 
 
 def rotate_(x, sign_mask, factor: float, inverse: bool) -> None:
     """In place on fp32 contiguous ``x [..., D]``: the reference's hadamard_rotate arithmetic."""
+    mask = _contiguous(sign_mask)
     if x.numel():
-        LIB.aura_cpu_rotate(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], _mask_ptr(sign_mask),
+        LIB.aura_cpu_rotate(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], _ptr_or_null(mask),
                             factor, int(inverse))
 
 
@@ -104,8 +107,8 @@ def flash_p2(o, m, l, v_sign_mask):
     lse = torch.empty(lead)
     rows = lse.numel()
     if rows:
-        mask = None if v_sign_mask is None else v_sign_mask.contiguous()  # alive for the call
-        if LIB.aura_cpu_flash_p2(o.data_ptr(), m.data_ptr(), l.data_ptr(), rows, NB, D, _mask_ptr(mask),
+        mask = _contiguous(v_sign_mask)
+        if LIB.aura_cpu_flash_p2(o.data_ptr(), m.data_ptr(), l.data_ptr(), rows, NB, D, _ptr_or_null(mask),
                                  out.data_ptr(), lse.data_ptr(), torch.get_num_threads()) != 0:
             raise RuntimeError("aura_flash_p2 (cpu): the native kernel could not start its threads")
     return out, lse
@@ -116,8 +119,9 @@ def encode(x, sign_mask, codebook, boundaries, bits: int):
     D = x.shape[-1]
     codes = torch.empty(*x.shape[:-1], D * bits // 32, dtype=torch.int32)
     norms = torch.empty(x.shape[:-1])
+    mask = _contiguous(sign_mask)
     if norms.numel():
-        if LIB.aura_cpu_encode(x.data_ptr(), norms.numel(), D, _mask_ptr(sign_mask), codebook.data_ptr(),
+        if LIB.aura_cpu_encode(x.data_ptr(), norms.numel(), D, _ptr_or_null(mask), codebook.data_ptr(),
                                boundaries.data_ptr(), bits, codes.data_ptr(), norms.data_ptr(),
                                torch.get_num_threads()) != 0:
             raise RuntimeError("aura_encode (cpu): the native kernel could not start its threads")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from typing import NamedTuple
 
 import torch
 
@@ -271,6 +272,23 @@ def _gather_block(codes, norms, seq_lens, block_table, t0: int, t1: int):
     return block_codes.contiguous(), block_norms.contiguous(), valid
 
 
+class CacheGeometry(NamedTuple):
+    """Static shape facts of a codes cache (§7): ``num_blocks`` and ``page_size`` are 0 when contiguous."""
+    Hkv: int
+    capacity: int  # token slots per sequence: T_cap, or max_blocks * page_size
+    num_blocks: int
+    page_size: int
+
+
+def cache_geometry(k_codes: torch.Tensor, block_table: torch.Tensor | None) -> CacheGeometry:
+    """From the layout: contiguous ``[B, Hkv, T_cap, PW]``, or paged ``[num_blocks, page_size, Hkv, PW]``
+    read through ``block_table [B, max_blocks]``."""
+    if block_table is None:
+        return CacheGeometry(k_codes.shape[1], k_codes.shape[2], 0, 0)
+    num_blocks, page_size, Hkv = k_codes.shape[0], k_codes.shape[1], k_codes.shape[2]
+    return CacheGeometry(Hkv, block_table.shape[1] * page_size, num_blocks, page_size)
+
+
 def _check_seq_lens(seq_lens, block_table, capacity: int, num_blocks: int, page_size: int) -> None:
     """Data-dependent checks of pass 1 (the reference is the only place allowed to read values)."""
     if seq_lens.numel() == 0:
@@ -301,11 +319,7 @@ def aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codeboo
     if not causal:
         q = q[:, None]  # L = 1: the causal rule t <= seq_len - 1 is then the plain t < seq_len
     B, L, Hq, D = q.shape
-    if block_table is None:
-        Hkv, capacity, num_blocks, page_size = k_codes.shape[1], k_codes.shape[2], 0, 0
-    else:
-        num_blocks, page_size, Hkv = k_codes.shape[0], k_codes.shape[1], k_codes.shape[2]
-        capacity = block_table.shape[1] * page_size
+    Hkv, capacity, num_blocks, page_size = cache_geometry(k_codes, block_table)
     _check_seq_lens(seq_lens, block_table, capacity, num_blocks, page_size)
     G = Hq // Hkv
     NB = -(-capacity // block_size)  # static: never derived from seq_lens
@@ -416,11 +430,8 @@ def decode_with(ops, q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook
     scale = D ** -0.5 if scale is None else float(scale)
     # q_rot . (Pi_K k) = scale * q . k: attention never leaves the rotated domain until the output.
     q_rot = ops.hadamard_rotate(q.to(torch.float32), k_sign_mask, scale=scale)
-    if block_table is None:
-        capacity, page_size = k_codes.shape[2], None
-    else:
-        capacity, page_size = block_table.shape[1] * k_codes.shape[1], k_codes.shape[1]
-    bs = decode_block_size(capacity, page_size, num_splits)
+    geo = cache_geometry(k_codes, block_table)
+    bs = decode_block_size(geo.capacity, geo.page_size or None, num_splits)
     o, m, l = ops.aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
                                 v_codebook, key_bits, value_bits, block_table, bs)
     return ops.aura_flash_p2(o, m, l, v_sign_mask, q.dtype)
