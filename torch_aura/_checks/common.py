@@ -147,3 +147,28 @@ def divides(arg: str, num, den, num_name: str, den_name: str) -> None:
     if den == 0 or num % den != 0:
         fail(arg, f"{num_name} ({num}) to be a multiple of {den_name} ({den})",
              f"{num_name} % {den_name} = {num % den if den else 'undefined'}")
+
+
+def remembered(check):
+    """``check`` for a launcher's eager calls, which repeat one argument metadata call after call (every
+    layer of a model, every step): a call whose metadata already passed (each tensor's shape, strides,
+    dtype and device; every other argument's value) returns the spec it returned then, without running
+    the Python checks again (host time per eager call). Failures are never remembered. Real tensors
+    only: the fakes, which see symbolic sizes under torch.compile, call ``check`` itself."""
+    passed: dict = {}
+
+    def run(*args):
+        try:
+            key = tuple((a.shape, a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+            return passed[key]
+        except KeyError:
+            spec = check(*args)
+            if len(passed) >= 256:  # bounded: a long-running server sees many shapes
+                passed.clear()
+            passed[key] = spec
+            return spec
+        except TypeError:  # an unhashable argument: check every time
+            return check(*args)
+
+    run.__wrapped__ = check
+    return run

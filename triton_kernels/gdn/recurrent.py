@@ -22,8 +22,11 @@ import triton
 import triton.language as tl
 
 from ..._checks import gdn as _checks
+from ..._checks.common import remembered
 from .._tune import cdiv, next_pow2, sm_count
 from ._jit import decay_log, seq_span, v_tile_head_row
+
+_check_recurrent = remembered(_checks.gdn_recurrent)  # eager calls repeat their metadata: check it once
 
 
 @triton.jit
@@ -86,7 +89,7 @@ def _v_tile(rows: int, V: int, device: torch.device) -> int:
 
 def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
                   use_qk_l2norm=False, state_v_first=False):
-    _checks.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm,
+    _check_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm,
                           state_v_first)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]

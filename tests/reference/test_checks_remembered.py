@@ -1,0 +1,73 @@
+"""``_checks.common.remembered``: the Triton launchers' checks run once per argument metadata."""
+
+import pytest
+import torch
+
+from torch_aura._checks import gdn as gdn_checks
+from torch_aura._checks.common import remembered
+
+
+def _counting(fail_on=None):
+    calls = []
+
+    def check(x, scale):
+        calls.append((tuple(x.shape), x.stride(), x.dtype, scale))
+        if fail_on is not None and fail_on(x, scale):
+            raise ValueError("x: expected something else")
+        return ["spec", x.dtype]
+
+    return check, calls
+
+
+def test_same_metadata_checks_once_and_returns_the_first_spec():
+    check, calls = _counting()
+    run = remembered(check)
+    a, b = torch.zeros(3, 4), torch.ones(3, 4)  # other data, same metadata
+    assert run(a, 1.0) == ["spec", torch.float32]
+    assert run(b, 1.0) == ["spec", torch.float32]
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("other", [
+    lambda: (torch.zeros(3, 5), 1.0),                # shape
+    lambda: (torch.zeros(4, 3).t(), 1.0),            # strides
+    lambda: (torch.zeros(3, 4, dtype=torch.float16), 1.0),  # dtype
+    lambda: (torch.zeros(3, 4), 0.5),                # a non-tensor argument
+])
+def test_any_metadata_change_checks_again(other):
+    check, calls = _counting()
+    run = remembered(check)
+    run(torch.zeros(3, 4), 1.0)
+    run(*other())
+    assert len(calls) == 2
+
+
+def test_failures_are_never_remembered():
+    check, calls = _counting(fail_on=lambda x, s: s < 0)
+    run = remembered(check)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="x: expected"):
+            run(torch.zeros(2), -1.0)
+    assert len(calls) == 2
+
+
+def test_unhashable_arguments_are_checked_every_time():
+    check, calls = _counting()
+    run = remembered(check)
+    run(torch.zeros(2), [1.0])
+    run(torch.zeros(2), [1.0])
+    assert len(calls) == 2
+
+
+def test_gdn_chunk_check_keeps_its_errors():
+    """The remembered gdn_chunk check raises the op's named error on every bad call, also after good ones."""
+    run = remembered(gdn_checks.gdn_chunk)
+    q = k = torch.zeros(1, 8, 2, 16)
+    v = torch.zeros(1, 8, 4, 16)
+    g = beta = torch.zeros(1, 8, 4)
+    good = (q, k, v, g, beta, None, None, None, None, False, False)
+    assert run(*good) == run(*good)
+    bad_v = torch.zeros(1, 8, 3, 16)  # 3 value heads: not a multiple of 2 q/k heads
+    for _ in range(2):
+        with pytest.raises(ValueError, match="v"):
+            run(q, k, bad_v, torch.zeros(1, 8, 3), torch.zeros(1, 8, 3), None, None, None, None, False, False)
