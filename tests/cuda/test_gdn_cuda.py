@@ -161,7 +161,7 @@ def test_chunk_overlapped_pass_matches_reference_and_serial(case, monkeypatch):
 
 def test_overlapped_pass_switches_and_bound(monkeypatch):
     """Eligible at one sequence on sm_90; off with TORCH_AURA_GDN_OVERLAP=0, under an MPS SM limit, and
-    once the pass programs would not leave 4 SMs free (every pass CTA must be resident)."""
+    once the pass programs would take more than half of the SMs (w/u must keep the rest)."""
     from torch_aura.triton_kernels.gdn import chunk
 
     if torch.cuda.get_device_capability()[0] != 9:
@@ -174,7 +174,8 @@ def test_overlapped_pass_switches_and_bound(monkeypatch):
         return chunk._overlap_pass(q, q, torch.empty(N, 64, HV, 128, dtype=BF16, device=DEV), u, a, None)
 
     assert eligible(1)
-    assert eligible((sms - 4) // 8) and not eligible((sms - 4) // 8 + 1)  # 2 V tiles x 4 heads per sequence
+    assert eligible(sms // 2 // 8) and not eligible(sms // 2 // 8 + 1)  # 2 V tiles x 4 heads per sequence
+    assert not eligible(4, HV=16)  # 8/16 heads at 4x8k: 128 pass programs would starve w/u
     monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
     assert not eligible(1)
     monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
