@@ -71,6 +71,24 @@ def time_us(fn, graph: bool = False) -> float:
     return do_bench(fn, warmup=50, rep=200, return_mode="median") * 1e3
 
 
+def host_us(fn, calls: int = 30) -> float:
+    """Host (CPU) time of one eager call in microseconds: ``calls`` calls queued behind a GPU sleep that
+    outlasts them, so the device never waits for the host and the host never waits for the device (the
+    launch queue holds them); the clock stops when the last call returns. Where this exceeds the device
+    time, an eager caller waits for the host, not the GPU."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(calls * 5e-3 * 2e9))  # ~5 ms of device time per call at ~2 GHz: never drained
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def copy_bandwidth_tbs(gib: float = 2.0) -> float:
     """Device-to-device copy, bytes read + written per second: the practical HBM ceiling."""
     n = int(gib * 2**30) // 4

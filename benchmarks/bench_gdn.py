@@ -8,7 +8,7 @@ the L2 norm applied inside the op, fp32 g = logsigmoid(randn) / 16 with 25% of t
 checked against the reference before it is timed; eager (L2 flushed) and CUDA-graph times are
 both reported, with tokens/s and FLA/ours ratios, and the targets.md gates as PASS / MISS.
 
-    python benchmarks/bench_gdn.py [--out DIR] [--profile] [--tp]
+    python benchmarks/bench_gdn.py [--out DIR] [--profile] [--tp [--heads 8/16 ...] [--cases 4x8k ...]]
 
 Writes ``gdn_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL rows. ``--tp`` instead
 runs the tensor-parallel shard sweep (``TP_HEADS`` x ``TP_CASES``: what one GPU of a TP2/4/8
@@ -107,6 +107,7 @@ def measure_peer(row: dict, call, refs, ratio: float) -> None:
         row["fla_err_vs_ref"] = max(rel_rms(o, r) for o, r in zip(outs, refs))
         if row["fla_err_vs_ref"] < ratio:
             row["fla_us"], row["fla_graph_us"] = time_pair(call)
+            row["fla_host_us"] = H.host_us(call)
     except Exception as e:  # noqa: BLE001 - the peer's failure is a result, not a crash
         row["fla_error"] = f"{type(e).__name__}: {str(e)[:160]}"
     if "ours_us" in row and "fla_us" in row:
@@ -120,10 +121,12 @@ def bench_chunk(fla_chunk, profile: bool):
             for name, lens in shapes.GDN_CHUNK]
 
 
-def bench_tp(fla_chunk, profile: bool):
-    """The TP shard sweep: every head split of ``TP_HEADS`` at every ``TP_CASES`` length."""
+def bench_tp(fla_chunk, profile: bool, heads=None, cases=None):
+    """The TP shard sweep: every head split of ``TP_HEADS`` at every ``TP_CASES`` length (or the ones
+    named in ``heads`` ("8/16") and ``cases``)."""
     return [chunk_row(fla_chunk, name, lens, H_, HV, 128, 128, profile and ((H_, HV), name) == TP_PROFILE, False)
-            for H_, HV in TP_HEADS for name, lens in TP_CASES if sum(lens) * HV <= TP_MAX_TOKEN_HEADS]
+            for H_, HV in TP_HEADS for name, lens in TP_CASES if sum(lens) * HV <= TP_MAX_TOKEN_HEADS
+            and (not heads or f"{H_}/{HV}" in heads) and (not cases or name in cases)]
 
 
 def chunk_row(fla_chunk, name, lens, H_, HV, K, V, profile: bool, time_ref: bool) -> dict:
@@ -141,6 +144,7 @@ def chunk_row(fla_chunk, name, lens, H_, HV, K, V, profile: bool, time_ref: bool
            "correct": err < CHECK_RATIO, "cps": segment_plan(lens, HV, V)}
     if row["correct"]:
         row["ours_us"], row["ours_graph_us"] = time_pair(ours)
+        row["ours_host_us"] = H.host_us(ours)
         row["ours_Mtok_s"] = tokens / row["ours_us"]
     if fla_chunk is not None:
         cu64 = None if cu is None else cu.long()
@@ -161,6 +165,7 @@ def chunk_row(fla_chunk, name, lens, H_, HV, K, V, profile: bool, time_ref: bool
           f" | FLA {row.get('fla_us', float('nan')):8.1f} us (graph {row.get('fla_graph_us', float('nan')):8.1f})"
           f" | x{row.get('speedup', float('nan')):.2f} / x{row.get('speedup_graph', float('nan')):.2f}"
           f" | err {err:.1e} FLA err {row.get('fla_err_vs_ref', float('nan')):.1e} {row.get('fla_error', '')}"
+          f" | host {row.get('ours_host_us', float('nan')):.0f} / {row.get('fla_host_us', float('nan')):.0f} us"
           f" | pass {row['cps'] or 'serial'}", flush=True)
     del q, k, v, g, beta, h0, o, s, o_ref, s_ref
     gc.collect()  # captured graphs of this row hold their memory pools until collected
@@ -309,15 +314,18 @@ def render_tp(facts, copy_tbs, fla_version, rows) -> str:
         "medians in microseconds: eager = `do_bench` (L2 flushed), graph = `do_bench_cudagraph`. Ratio = FLA time "
         "/ ours. Every provider was checked against the reference first (rel RMS shown). `pass`: our state pass, "
         f"serial or sequence-parallel with that many 64-token chunks per segment. Copy ceiling this run: "
-        f"{copy_tbs:.2f} TB/s.", "",
-        "| heads | case | tokens | pass | ours | ours graph | FLA | FLA graph | ratio | ratio graph | err ours / FLA |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"{copy_tbs:.2f} TB/s. `host`: host time per eager call, ours / FLA (`_harness.host_us`); where it "
+        "exceeds the graph time, eager calls wait for the host.", "",
+        "| heads | case | tokens | pass | ours | ours graph | FLA | FLA graph | ratio | ratio graph | host ours / FLA "
+        "| err ours / FLA |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['H']}/{r['HV']} | {r['case']} | {r['tokens']} | {r['cps'] or 'serial'} | "
                      f"{_f(r.get('ours_us'))} | {_f(r.get('ours_graph_us'))} | {_f(r.get('fla_us'))} | "
                      f"{_f(r.get('fla_graph_us'))} | {_f(r.get('speedup'), '.2f')}x | "
-                     f"{_f(r.get('speedup_graph'), '.2f')}x | {r['err_vs_ref']:.1e} / {_f(r.get('fla_err_vs_ref'), '.1e')} |")
+                     f"{_f(r.get('speedup_graph'), '.2f')}x | {_f(r.get('ours_host_us'), '.0f')} / "
+                     f"{_f(r.get('fla_host_us'), '.0f')} | {r['err_vs_ref']:.1e} / {_f(r.get('fla_err_vs_ref'), '.1e')} |")
     for r in rows:
         for who in ("ours", "fla"):
             if f"{who}_kernels" in r:
@@ -333,6 +341,8 @@ def main(argv=None) -> int:
         parser.add_argument("--profile", action="store_true", help="per-kernel time breakdown at 1x32k")
         parser.add_argument("--tp", action="store_true",
                             help="the tensor-parallel shard sweep (16/32, 8/16, 4/8, 2/4 heads) instead")
+        parser.add_argument("--heads", nargs="*", help="with --tp: only these head splits, e.g. 8/16 2/4")
+        parser.add_argument("--cases", nargs="*", help="with --tp: only these cases, e.g. 1x8k 4x8k")
 
     started = H.start("bench_gdn", "gdn_chunk", __doc__, argv, extra_args=extra_args)
     if started is None:
@@ -342,7 +352,7 @@ def main(argv=None) -> int:
     print(f"{facts['gpu']} | torch {facts['torch']} | triton {facts['triton']} | FLA {fla_version} | "
           f"commit {facts['commit']} | copy {copy_tbs:.2f} TB/s")
     if args.tp:
-        rows = bench_tp(fla_chunk, args.profile)
+        rows = bench_tp(fla_chunk, args.profile, args.heads, args.cases)
         md = render_tp(facts, copy_tbs, fla_version, rows)
         path = H.write("gdn_tp", facts, rows, md, args.out)
         print(f"\nwrote {path}\n")

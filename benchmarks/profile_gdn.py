@@ -1,45 +1,88 @@
-"""One gdn_chunk call (ours, then FLA 0.6.0 when installed) at 1x32k, 16/32 heads, K = V = 128, bf16,
-for Nsight Compute: the kernels' profile behind bench_gdn.py.
+"""One gdn_chunk shape (ours, then FLA 0.6.0 when installed), profiled three ways: the profile behind
+bench_gdn.py.
 
-    ncu --nvtx --nvtx-include "prof/" --set full python benchmarks/profile_gdn.py
+    python benchmarks/profile_gdn.py [--heads 16/32] [--lens 32768 | 8192x4 | varlen] [--host] [--kernels]
+    ncu --nvtx --nvtx-include "prof/" --set full python benchmarks/profile_gdn.py --ncu
 
-Both are called twice first (Triton compiles and our Tuner picks its configs there, outside the
-profiled range); only the calls inside the NVTX range ``prof`` are meant to be profiled.
+``--host``: host time per eager call (``bench_gdn.host_us``) and a cProfile of 50 calls (the Python
+functions that cost it). ``--kernels``: device time per kernel of one call (torch profiler), eager.
+``--ncu``: one call of each inside the NVTX range ``prof`` for Nsight Compute. K = V = 128, bf16 with
+the L2 norm inside the op, as in bench_gdn.py. Both providers are called twice first, so Triton
+compiles and our Tuner picks its configs outside what is measured. ``TORCH_AURA_GDN_OVERLAP=0``
+compares the serial order where the overlapped pass would run.
 """
 
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+from pathlib import Path
+
 import torch
-import torch.nn.functional as F
 
-import torch_aura  # noqa: F401  (registers torch.ops.aura)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_gdn as B  # noqa: E402
+import shapes  # noqa: E402
 
 
-def main() -> None:
-    B, T, H, HV, K, V = 1, 32768, 16, 32, 128, 128
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(B, T, HV, V, device="cuda", dtype=torch.bfloat16, generator=gen)
-    g = F.logsigmoid(torch.randn(B, T, HV, device="cuda", generator=gen)) / 16
-    beta = torch.rand(B, T, HV, device="cuda", generator=gen).sigmoid()
-    h0 = torch.randn(B, HV, K, V, device="cuda", generator=gen)
-    calls = [lambda: torch.ops.aura.gdn_chunk(q, k, v, g, beta, None, h0, None, None, True, False)]
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+def parse_lens(text: str) -> list[int]:
+    if text == "varlen":
+        return next(c for c in shapes.GDN_CHUNK if c[0].startswith("varlen"))[1]
+    n, _, count = text.partition("x")
+    return [int(n)] * int(count or 1)
 
-        calls.append(lambda: chunk_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=h0,
-                                                    output_final_state=True, use_qk_l2norm_in_kernel=True))
-    except ImportError as e:
-        print(f"FLA not profiled: {e}")
-    for call in calls:
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--heads", default="16/32", help="q/k heads / v heads (default 16/32)")
+    p.add_argument("--lens", default="32768", help="one length, NxCOUNT (fixed length), or 'varlen'")
+    p.add_argument("--host", action="store_true")
+    p.add_argument("--kernels", action="store_true")
+    p.add_argument("--ncu", action="store_true")
+    p.add_argument("--no-fla", action="store_true", help="profile ours only")
+    args = p.parse_args(argv)
+    H_, HV = (int(x) for x in args.heads.split("/"))
+    lens = parse_lens(args.lens)
+    (q, k, v, g, beta, h0), cu, ci = B.make_inputs(lens, H_, HV, 128, 128)
+    calls = {"ours": lambda: torch.ops.aura.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)}
+    fla_chunk, _, version = B.fla_or_none()
+    if fla_chunk is not None and not args.no_fla:
+        cu64, ci64 = (None, None) if cu is None else (cu.long(), ci.long())
+        calls["fla"] = lambda: fla_chunk(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                         use_qk_l2norm_in_kernel=True, cu_seqlens=cu64, chunk_indices=ci64)
+    elif fla_chunk is None:
+        print(f"FLA not profiled: {version}")
+    for call in calls.values():
         call()
         call()
     torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push("prof")
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
+    print(f"{H_}/{HV} {args.lens}: pass {B.segment_plan(lens, HV, 128) or 'serial'}")
+    if args.ncu:
+        torch.cuda.nvtx.range_push("prof")
+        for call in calls.values():
+            call()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+    for who, call in calls.items():
+        if args.host:
+            print(f"  {who}: host {B.H.host_us(call):.1f} us per eager call")
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(50):
+                call()
+            prof.disable()
+            torch.cuda.synchronize()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+            print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:4000])
+        if args.kernels:
+            for name, us in B.kernel_breakdown(call):
+                print(f"  {who} {us:9.1f} us  {name}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
