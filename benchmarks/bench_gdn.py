@@ -121,12 +121,21 @@ def bench_chunk(fla_chunk, profile: bool):
             for name, lens in shapes.GDN_CHUNK]
 
 
-def bench_tp(fla_chunk, profile: bool, heads=None, cases=None):
+def bench_tp(fla_chunk, profile: bool, heads=None, cases=None, done=None):
     """The TP shard sweep: every head split of ``TP_HEADS`` at every ``TP_CASES`` length (or the ones
-    named in ``heads`` ("8/16") and ``cases``)."""
-    return [chunk_row(fla_chunk, name, lens, H_, HV, 128, 128, profile and ((H_, HV), name) == TP_PROFILE, False)
-            for H_, HV in TP_HEADS for name, lens in TP_CASES if sum(lens) * HV <= TP_MAX_TOKEN_HEADS
-            and (not heads or f"{H_}/{HV}" in heads) and (not cases or name in cases)]
+    named in ``heads`` ("8/16") and ``cases``); ``done(rows)`` after each row, so that a run cut short
+    (a device call's time limit) still leaves the rows measured so far."""
+    rows = []
+    for H_, HV in TP_HEADS:
+        for name, lens in TP_CASES:
+            if sum(lens) * HV > TP_MAX_TOKEN_HEADS or (heads and f"{H_}/{HV}" not in heads) \
+                    or (cases and name not in cases):
+                continue
+            rows.append(chunk_row(fla_chunk, name, lens, H_, HV, 128, 128, profile and ((H_, HV), name) == TP_PROFILE,
+                                  False))
+            if done is not None:
+                done(rows)
+    return rows
 
 
 def chunk_row(fla_chunk, name, lens, H_, HV, K, V, profile: bool, time_ref: bool) -> dict:
@@ -352,9 +361,12 @@ def main(argv=None) -> int:
     print(f"{facts['gpu']} | torch {facts['torch']} | triton {facts['triton']} | FLA {fla_version} | "
           f"commit {facts['commit']} | copy {copy_tbs:.2f} TB/s")
     if args.tp:
-        rows = bench_tp(fla_chunk, args.profile, args.heads, args.cases)
+        def save(rows):
+            return H.write("gdn_tp", facts, rows, render_tp(facts, copy_tbs, fla_version, rows), args.out)
+
+        rows = bench_tp(fla_chunk, args.profile, args.heads, args.cases, done=save)
         md = render_tp(facts, copy_tbs, fla_version, rows)
-        path = H.write("gdn_tp", facts, rows, md, args.out)
+        path = save(rows)
         print(f"\nwrote {path}\n")
         print(md)
         return 0 if all(r["correct"] for r in rows) else 1
