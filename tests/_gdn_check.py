@@ -272,3 +272,48 @@ def check_decay_domain(impl, device, dtype):
     assert_close("gdn_chunk.final_state vs fp64 recurrence", fin.double().cpu(), fin64, CHUNK_RATIO[dtype])
     assert_close("gdn_recurrent.o vs fp64 recurrence", o_rec.double().cpu(), o64, RECURRENT_RATIO[dtype])
     assert_close("gdn_recurrent.state vs fp64 recurrence", pool.double().cpu(), fin64, RECURRENT_RATIO[dtype])
+
+
+# ------------------------------------------------------------------ the sequence-parallel pass
+# split vs serial on the same inputs: only the segment scan's association (and A's products) differ
+SPLIT_RATIO = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 5e-3}
+
+
+def force_split(monkeypatch, chunk, cps):
+    """Make every launcher call take the sequence-parallel pass with ``cps`` chunks per segment (0: the
+    serial pass, beside w/u where it would be); returns the list that records each summary + scan."""
+    ran, real = [], chunk._segment_starts
+    monkeypatch.setattr(chunk, "_segment_plan", lambda *a: cps)
+    monkeypatch.setattr(chunk, "_segment_starts", lambda *a, **kw: ran.append(a[-1]) or real(*a, **kw))
+    return ran
+
+
+def fwd_h_inputs(device, B, T, H, HV, K, V, dtype, offsets=None, h0=False, state_v_first=False, **_):
+    """gdn_fwd_h's arguments from the reference stages (its h holds every chunk's entering state: with
+    the split, the scanned segment start states themselves)."""
+    q, k, v, g, beta = make_inputs(device, B, T, H, HV, K, V, dtype, gate_norm=20.0, mask_p=0.3, seed=7)
+    cu = _cu(device, offsets)
+    ci = None if cu is None else ref.chunk_indices_from_cu_seqlens(cu)
+    N = B if cu is None else cu.shape[0] - 1
+    sd = (V, K) if state_v_first else (K, V)
+    init = torch.randn(N, HV, *sd, generator=torch.Generator().manual_seed(8)).to(device) if h0 else None
+    g_cum = ref.gdn_chunk_cumsum(g, cu, ci)
+    w, u = ref.gdn_recompute_w_u(k, v, beta, ref.gdn_kkt_solve(k, g_cum, beta, cu, ci), g_cum, cu, ci)
+    return k, w, u, g_cum, init, cu, ci, state_v_first
+
+
+def check_split(impl, device, monkeypatch, chunk, B, T, H, HV, K, V, dtype, cps, extra):
+    """gdn_chunk with the pass forced sequence-parallel (``cps`` chunks per segment) against the
+    reference and the fp64 recurrence (``check_chunk``), and against the serial pass on the same inputs;
+    gdn_fwd_h's h, v_new and final state likewise. Weak decay (gate_norm 20, 30% of g at 0), so that a
+    segment's start state still matters at its end."""
+    kw = {"gate_norm": 20.0, "mask_p": 0.3, **extra}
+    runs = []
+    for c in (0, cps):
+        ran = force_split(monkeypatch, chunk, c)
+        runs.append((*check_chunk(impl, device, B, T, H, HV, K, V, dtype, **kw),
+                     *impl.gdn_fwd_h(*fwd_h_inputs(device, B, T, H, HV, K, V, dtype, **extra))))
+    assert ran == [cps, cps], "the sequence-parallel pass did not run"
+    for name, a, b in zip(("gdn_chunk.o", "gdn_chunk.final_state", "gdn_fwd_h.h", "gdn_fwd_h.v_new",
+                           "gdn_fwd_h.final_state"), runs[1], runs[0]):
+        assert_close(f"{name}: sequence-parallel vs serial", a.float(), b.float(), SPLIT_RATIO[dtype])

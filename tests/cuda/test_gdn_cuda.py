@@ -7,7 +7,8 @@ never writes fails the comparison.
 
 import pytest
 import torch
-from _gdn_check import (check_chunk, check_decay_domain, check_pass_ignores_rows_outside_sequences, check_recurrent, check_stages,
+from _gdn_check import (SPLIT_RATIO, check_chunk, check_decay_domain, check_pass_ignores_rows_outside_sequences, check_recurrent,
+                        check_split, check_stages, force_split,
                         check_w_u_copies_match_pointer_loads,
                         make_inputs, recurrence64)
 from _util import GDN_CHUNK_RATIO, assert_close, dtype_id
@@ -213,34 +214,10 @@ SPLIT_CASES = [
     (1, 1000, 2, 4, 128, 128, F32, 4, {"h0": True}),
     (1, 2048, 2, 4, 128, 128, BF16, 1, {"h0": True}),
 ]
-SPLIT_RATIO = {F32: 1e-5, F16: 5e-3, BF16: 5e-3}
-
-
 def _force_split(monkeypatch, cps):
-    """Every gdn call takes the sequence-parallel pass with ``cps`` chunks per segment (0: the serial
-    pass, overlapped with w/u where it would be); returns the list that records each summary + scan."""
     from torch_aura.triton_kernels.gdn import chunk
 
-    ran, real = [], chunk._segment_starts
-    monkeypatch.setattr(chunk, "_segment_plan", lambda *a: cps)
-    monkeypatch.setattr(chunk, "_segment_starts", lambda *a, **kw: ran.append(a[-1]) or real(*a, **kw))
-    return ran
-
-
-def _fwd_h(B, T, H, HV, K, V, dtype, offsets=None, h0=False, state_v_first=False, **_):
-    """gdn_fwd_h on reference w, u (its h holds every chunk's entering state: the scanned segment
-    start states themselves)."""
-    from torch_aura.reference import gdn as ref
-
-    q, k, v, g, beta = make_inputs(DEV, B, T, H, HV, K, V, dtype, gate_norm=20.0, mask_p=0.3, seed=7)
-    cu = None if offsets is None else torch.tensor(offsets, dtype=torch.int32, device=DEV)
-    ci = None if cu is None else torch_aura.gdn_chunk_indices(cu)
-    N = B if cu is None else cu.shape[0] - 1
-    sd = (V, K) if state_v_first else (K, V)
-    init = torch.randn(N, HV, *sd, generator=torch.Generator().manual_seed(8)).to(DEV) if h0 else None
-    g_cum = ref.gdn_chunk_cumsum(g, cu, ci)
-    w, u = ref.gdn_recompute_w_u(k, v, beta, ref.gdn_kkt_solve(k, g_cum, beta, cu, ci), g_cum, cu, ci)
-    return torch_aura.gdn_fwd_h(k, w, u, g_cum, init, cu, ci, state_v_first)
+    return force_split(monkeypatch, chunk, cps)
 
 
 def _split_id(case):
@@ -250,18 +227,10 @@ def _split_id(case):
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=[_split_id(c) for c in SPLIT_CASES])
 def test_split_pass_matches_serial_and_reference(case, monkeypatch):
     """The sequence-parallel pass (segment summaries, scan, per-segment pass) against the reference and
-    the fp64 recurrence, and against the serial pass on the same inputs: gdn_chunk's o and final state,
-    gdn_fwd_h's h, v_new and final state."""
-    B, T, H, HV, K, V, dt, cps, extra = case
-    kw = {"gate_norm": 20.0, "mask_p": 0.3, **extra}
-    _force_split(monkeypatch, 0)
-    serial = (*check_chunk(torch_aura, DEV, B, T, H, HV, K, V, dt, **kw), *_fwd_h(B, T, H, HV, K, V, dt, **extra))
-    ran = _force_split(monkeypatch, cps)
-    split = (*check_chunk(torch_aura, DEV, B, T, H, HV, K, V, dt, **kw), *_fwd_h(B, T, H, HV, K, V, dt, **extra))
-    assert ran == [cps, cps], "the sequence-parallel pass did not run"
-    for name, a, b in zip(("gdn_chunk.o", "gdn_chunk.final_state", "gdn_fwd_h.h", "gdn_fwd_h.v_new",
-                           "gdn_fwd_h.final_state"), split, serial):
-        assert_close(f"{name}: sequence-parallel vs serial", a.float(), b.float(), SPLIT_RATIO[dt])
+    the fp64 recurrence, and against the serial pass on the same inputs (``check_split``)."""
+    from torch_aura.triton_kernels.gdn import chunk
+
+    check_split(torch_aura, DEV, monkeypatch, chunk, *case)
 
 
 # Tensor-parallel shards of Qwen3-Next (16/32 heads over TP2/4/8) at lengths where the plan splits on an

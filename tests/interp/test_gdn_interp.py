@@ -5,7 +5,8 @@ zero-length sequences, strong decay and g == 0, both state layouts)."""
 
 import pytest
 import torch
-from _gdn_check import (check_chunk, check_decay_domain, check_pass_ignores_rows_outside_sequences, check_recurrent, check_stages,
+from _gdn_check import (check_chunk, check_decay_domain, check_pass_ignores_rows_outside_sequences, check_recurrent,
+                        check_split, check_stages, force_split,
                         check_w_u_copies_match_pointer_loads)
 from _util import dtype_id
 
@@ -114,62 +115,18 @@ SPLIT_CASES = [
     (1, 0, 1, 1, 16, 16, F32, 1, {"offsets": [0, 0, 0], "h0": True}),
     (1, 640, 1, 2, 16, 16, F16, 1, {"h0": True}),
 ]
-SPLIT_RATIO = {F32: 1e-5, F16: 5e-3}
-
-
 def _split_ids(cases):
     return [f"B{c[0]}-T{c[1]}-H{c[2]}-HV{c[3]}-K{c[4]}-V{c[5]}-{dtype_id(c[6])}-cps{c[7]}-"
             + "-".join(f"{a}{b}" for a, b in c[8].items()) for c in cases]
 
 
-def _force_split(monkeypatch, chunk, cps):
-    """Make every launcher call take the sequence-parallel pass with ``cps`` chunks per segment (0: the
-    serial pass); returns the list that records each run of the segment summary + scan."""
-    ran = []
-    real = chunk._segment_starts
-    monkeypatch.setattr(chunk, "_segment_plan", lambda *a: cps)
-    monkeypatch.setattr(chunk, "_segment_starts", lambda *a, **kw: ran.append(a[-1]) or real(*a, **kw))
-    return ran
-
-
-def _fwd_h_inputs(B, T, H, HV, K, V, dtype, offsets=None, h0=False, state_v_first=False, **_):
-    from _gdn_check import make_inputs
-
-    from torch_aura.reference import gdn as ref
-
-    q, k, v, g, beta = make_inputs("cpu", B, T, H, HV, K, V, dtype, gate_norm=20.0, mask_p=0.3, seed=7)
-    cu = None if offsets is None else torch.tensor(offsets, dtype=torch.int32)
-    ci = None if cu is None else ref.chunk_indices_from_cu_seqlens(cu)
-    N = B if cu is None else cu.shape[0] - 1
-    sd = (V, K) if state_v_first else (K, V)
-    init = torch.randn(N, HV, *sd, generator=torch.Generator().manual_seed(8)) if h0 else None
-    g_cum = ref.gdn_chunk_cumsum(g, cu, ci)
-    w, u = ref.gdn_recompute_w_u(k, v, beta, ref.gdn_kkt_solve(k, g_cum, beta, cu, ci), g_cum, cu, ci)
-    return k, w, u, g_cum, init, cu, ci, state_v_first
-
-
 @pytest.mark.parametrize("B,T,H,HV,K,V,dtype,cps,extra", SPLIT_CASES, ids=_split_ids(SPLIT_CASES))
 def test_split_pass_matches_serial_and_reference(gdn_kernels, monkeypatch, B, T, H, HV, K, V, dtype, cps, extra):
-    """gdn_chunk's sequence-parallel pass against the reference and the fp64 recurrence (check_chunk),
-    and against the serial pass on the same inputs; gdn_fwd_h's h (every chunk's entering state, so the
-    scanned segment start states themselves), v_new and final state likewise."""
-    from _util import assert_close
-
+    """gdn_chunk's sequence-parallel pass against the reference, the fp64 recurrence and the serial pass
+    on the same inputs; gdn_fwd_h likewise (``check_split``)."""
     from torch_aura.triton_kernels.gdn import chunk
 
-    kw = {"gate_norm": 20.0, "mask_p": 0.3, **extra}
-    _force_split(monkeypatch, chunk, 0)
-    serial = check_chunk(gdn_kernels, "cpu", B, T, H, HV, K, V, dtype, **kw)
-    h_serial = gdn_kernels.gdn_fwd_h(*_fwd_h_inputs(B, T, H, HV, K, V, dtype, **extra))
-    ran = _force_split(monkeypatch, chunk, cps)
-    split = check_chunk(gdn_kernels, "cpu", B, T, H, HV, K, V, dtype, **kw)
-    h_split = gdn_kernels.gdn_fwd_h(*_fwd_h_inputs(B, T, H, HV, K, V, dtype, **extra))
-    assert ran == [cps, cps], "the sequence-parallel pass did not run"
-    r = SPLIT_RATIO[dtype]
-    for name, a, b in (("gdn_chunk.o", split[0], serial[0]), ("gdn_chunk.final_state", split[1], serial[1]),
-                       ("gdn_fwd_h.h", h_split[0], h_serial[0]), ("gdn_fwd_h.v_new", h_split[1], h_serial[1]),
-                       ("gdn_fwd_h.final_state", h_split[2], h_serial[2])):
-        assert_close(f"{name}: sequence-parallel vs serial", a.float(), b.float(), r)
+    check_split(gdn_kernels, "cpu", monkeypatch, chunk, B, T, H, HV, K, V, dtype, cps, extra)
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=dtype_id)
@@ -177,7 +134,7 @@ def test_split_pass_stages_match_reference(gdn_kernels, monkeypatch, dtype):
     """The stage ops with the forced split: gdn_fwd_h (and the fwd_o fed from it) against the reference."""
     from torch_aura.triton_kernels.gdn import chunk
 
-    ran = _force_split(monkeypatch, chunk, 1)
+    ran = force_split(monkeypatch, chunk, 1)
     check_stages(gdn_kernels, "cpu", 1, 330, 1, 2, 24, 16, dtype, offsets=[0, 0, 200, 330], h0=True, gate_norm=20.0)
     assert ran, "the sequence-parallel pass did not run"
 
