@@ -1,4 +1,4 @@
-"""One gdn_chunk shape (ours, then FLA 0.6.0 when installed), profiled three ways: the profile behind
+"""One gdn_chunk shape (ours, then FLA 0.6.0 when installed), profiled four ways: the profile behind
 bench_gdn.py.
 
     python benchmarks/profile_gdn.py [--heads 16/32] [--lens 32768 | 8192x4 | varlen] [--host] [--kernels]
@@ -6,7 +6,9 @@ bench_gdn.py.
 
 ``--host``: host time per eager call (``bench_gdn.host_us``) and a cProfile of 50 calls (the Python
 functions that cost it). ``--kernels``: device time per kernel of one call (torch profiler), eager.
-``--ncu``: one call of each inside the NVTX range ``prof`` for Nsight Compute. K = V = 128, bf16 with
+``--ncu``: one call of each inside the NVTX range ``prof`` for Nsight Compute. ``--trace DIR``: a
+Chrome trace (host and device timelines) of five eager calls each, L2 flushed before every call as
+``do_bench`` does, to see where an eager call's time goes between its kernels. K = V = 128, bf16 with
 the L2 norm inside the op, as in bench_gdn.py. Both providers are called twice first, so Triton
 compiles and our Tuner picks its configs outside what is measured. ``TORCH_AURA_GDN_OVERLAP=0``
 compares the serial order where the overlapped pass would run.
@@ -35,6 +37,21 @@ def parse_lens(text: str) -> list[int]:
     return [int(n)] * int(count or 1)
 
 
+def eager_trace(call, path: Path) -> None:
+    """Five eager calls as ``do_bench`` times them (a 256 MB L2 flush before each), host and device."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            flush.zero_()
+            call()
+        torch.cuda.synchronize()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    print(f"  wrote {path}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--heads", default="16/32", help="q/k heads / v heads (default 16/32)")
@@ -43,6 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", action="store_true")
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--no-fla", action="store_true", help="profile ours only")
+    p.add_argument("--trace", metavar="DIR", help="write <DIR>/gdn_<who>_eager.json (torch profiler, CPU + CUDA)")
     args = p.parse_args(argv)
     H_, HV = (int(x) for x in args.heads.split("/"))
     lens = parse_lens(args.lens)
@@ -81,6 +99,8 @@ def main(argv=None) -> int:
         if args.kernels:
             for name, us in B.kernel_breakdown(call):
                 print(f"  {who} {us:9.1f} us  {name}")
+        if args.trace:
+            eager_trace(call, Path(args.trace) / f"gdn_{who}_eager.json")
     return 0
 
 
