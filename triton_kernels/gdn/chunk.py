@@ -926,8 +926,8 @@ def _segment_table(cu_seqlens: torch.Tensor, ci: torch.Tensor, cps: int, n_seg: 
 
 
 # A program carries two fp32 [BV, K] chains (B and A), latency-bound like the pass's: 8 warps hold both at
-# BV = 64 without spilling; narrower tiles give more programs where one wave is not full; the last config
-# (pointer loads) fits where two copy stages do not.
+# BV = 64 (ptxas, sm_90, bf16: 32 B of spill; 4 warps ~1 KB); narrower tiles give more programs where one
+# wave is not full; the last config (pointer loads) fits where two copy stages do not.
 _SEG_SUMMARY = Tuner("gdn_segment_summary", [
     Config({"BV": 64}, num_warps=8, num_stages=2), Config({"BV": 32}, num_warps=4, num_stages=2),
     Config({"BV": 64}, num_warps=8, num_stages=3), Config({"BV": 32, "TMA": False}, num_warps=4, num_stages=1),
