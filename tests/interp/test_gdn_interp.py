@@ -161,3 +161,26 @@ def test_segment_plan_rule(monkeypatch):
         cps = chunk._segment_plan(cuda, N, 4, 128, 0, NT_total, True)
         if cps:
             assert (-(-NT_total // cps) + N) * 4 * 2 <= 132
+
+
+@pytest.mark.parametrize("offsets,T,cps,n_seg", [
+    ([0, 0, 150, 150, 279, 400, 400], 400, 2, 7),   # empty sequences first, inside and last
+    ([0, 64, 65, 300], 300, 1, 9),                   # one chunk, then a one-token sequence, spare rows
+    ([0, 200], 200, 3, 2),
+    ([0, 0, 0], 0, 1, 0),                            # no chunks at all: only seg_first
+    ([0, 500, 700], 650, 4, 4),                      # the last sequence's end past T: clamped, as the pass reads it
+])
+def test_segment_table_kernel(gdn_kernels, offsets, T, cps, n_seg):
+    """The varlen plan (one program) against a plain Python construction: rows (sequence, first chunk) in
+    sequence order, -1 up to the static bound, and each sequence's first row."""
+    from torch_aura.triton_kernels.gdn import chunk
+
+    rows, first = [], []
+    for n in range(len(offsets) - 1):
+        first.append(len(rows))
+        chunks = -(-max(min(offsets[n + 1], T) - offsets[n], 0) // 64)
+        rows += [[n, c] for c in range(0, chunks, cps)]
+    rows = (rows + [[-1, -1]] * n_seg)[:n_seg]
+    table, seg_first = chunk._segment_table(torch.tensor(offsets, dtype=torch.int32), T, cps, n_seg)
+    assert table.tolist() == rows
+    assert seg_first.tolist() == first

@@ -73,7 +73,7 @@ def segment_span(j, seg_table, cu_seqlens, T, NT, NS, CPS, IS_VARLEN: tl.constex
 
     A segment is up to ``CPS`` whole chunks of one sequence. Fixed length: ``NS`` segments per
     sequence, segment ``j`` is number ``j % NS`` of sequence ``j // NS``. Varlen: ``seg_table[j] =
-    (n, c_lo)``, built on the device from chunk_indices (``chunk._segment_table``); the grid is a
+    (n, c_lo)``, built on the device from cu_seqlens (``chunk._segment_table``); the grid is a
     static upper bound, and rows past the real count hold ``n = -1``: such a program gets an empty
     chunk range and ``last = False``, so it reads and writes nothing. Scalar code (Gluon calls it too).
     """

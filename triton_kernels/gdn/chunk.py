@@ -532,6 +532,36 @@ def _gdn_segment_scan_kernel(h0, At, Bt, S0, final, cu_seqlens, seg_first, T, NS
 
 
 @triton.jit
+def _gdn_segment_table_kernel(cu_seqlens, table, seg_first, N, T, CPS, n_seg, BLOCK: tl.constexpr):
+    """The varlen plan of the sequence-parallel pass, one program (``_segment_table``): sequence ``n``
+    has ``cdiv(its chunks, CPS)`` segments (its end clamped to T, as ``segment_span`` reads it); its
+    first row ``seg_first[n]`` is the running count before it, and its segment ``s`` is row
+    ``seg_first[n] + s`` of ``table``: ``(n, s * CPS)``. Rows from the total count up to the static
+    bound ``n_seg`` hold ``-1``; rows past ``n_seg`` are never written. One launch replaces the dozen
+    small torch ops the table took (eager host time, and their kernels in a graph)."""
+    carry = tl.zeros([], tl.int64)
+    for n0 in range(0, N, BLOCK):
+        nn = n0 + tl.arange(0, BLOCK)
+        ok = nn < N
+        bos = tl.load(cu_seqlens + nn, mask=ok, other=0).to(tl.int64)
+        eos = tl.minimum(tl.load(cu_seqlens + nn + 1, mask=ok, other=0).to(tl.int64), T)
+        ns = tl.where(ok, tl.cdiv(tl.cdiv(tl.maximum(eos - bos, 0), BT), CPS), 0)
+        first = carry + tl.cumsum(ns, 0) - ns
+        tl.store(seg_first + nn, first, mask=ok)
+        for s in range(0, tl.max(ns, 0)):
+            row = first + s
+            live = ok & (s < ns) & (row < n_seg)
+            tl.store(table + row * 2, nn.to(tl.int32), mask=live)
+            tl.store(table + row * 2 + 1, (s * CPS).to(tl.int32), mask=live)
+        carry += tl.sum(ns, 0)
+    for j0 in range(0, n_seg, BLOCK):
+        jj = j0 + tl.arange(0, BLOCK)
+        spare = (jj >= carry) & (jj < n_seg)
+        tl.store(table + jj * 2, -1, mask=spare)
+        tl.store(table + jj * 2 + 1, -1, mask=spare)
+
+
+@triton.jit
 def _gdn_fwd_o_kernel(q, k, v_new, h, g_cum, o, cu_seqlens, chunk_indices, scale, T, NT, HV, GROUP, K, V,
                       s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
                       s_hb, s_hc, s_hh, s_hk, s_hv, s_ob, s_ot, s_oh,
@@ -909,20 +939,15 @@ def _segment_plan(device: torch.device, N: int, HV: int, V: int, NT: int, NT_tot
     return cdiv(chunks, segs) if segs >= _SEG_MIN_COUNT else 0
 
 
-def _segment_table(cu_seqlens: torch.Tensor, ci: torch.Tensor, cps: int, n_seg: int):
-    """Varlen segment bookkeeping from device ops (no host sync): ``seg_table [n_seg, 2]`` int32 rows
-    ``(sequence, first chunk)`` in sequence order, ``-1`` rows past the real count (``n_seg`` is a
-    static bound), and ``seg_first [N]``, each sequence's first segment row. A segment starts at every
-    chunk whose index in its sequence is a multiple of ``cps``; its row is the number of such chunks
-    before it."""
-    starts = ci[:, 1] % cps == 0
-    rank = torch.cumsum(starts, 0) - 1
-    dst = torch.where(starts & (rank < n_seg), rank, n_seg)  # everything else lands in a spare row
-    table = torch.full((n_seg + 1, 2), -1, dtype=torch.int32, device=ci.device)
-    table[dst] = ci
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64).clamp_min(0)
-    n_segs = ((lens + CHUNK - 1) // CHUNK + cps - 1) // cps
-    return table[:n_seg], torch.cumsum(n_segs, 0) - n_segs
+def _segment_table(cu_seqlens: torch.Tensor, T: int, cps: int, n_seg: int):
+    """Varlen segment bookkeeping in one launch (``_gdn_segment_table_kernel``; no host sync):
+    ``seg_table [n_seg, 2]`` int32 rows ``(sequence, first chunk)`` in sequence order, ``-1`` rows past
+    the real count (``n_seg`` is a static bound), and ``seg_first [N]``, each sequence's first row."""
+    N = cu_seqlens.shape[0] - 1
+    table = torch.empty((max(n_seg, 1), 2), dtype=torch.int32, device=cu_seqlens.device)
+    seg_first = torch.empty(max(N, 1), dtype=torch.int64, device=cu_seqlens.device)
+    _gdn_segment_table_kernel[(1,)](cu_seqlens, table, seg_first, N, T, cps, n_seg, BLOCK=1024, num_warps=4)
+    return table[:n_seg], seg_first[:N]
 
 
 # A program carries two fp32 [BV, K] chains (B and A), latency-bound like the pass's: 8 warps hold both at
@@ -966,7 +991,7 @@ def _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total,
     N = final.shape[0]
     if varlen:
         NS, n_seg = 0, min(NT_total, cdiv(NT_total, cps) + N)
-        seg_table, seg_first = _segment_table(cu_seqlens, ci, cps, n_seg)
+        seg_table, seg_first = _segment_table(cu_seqlens, T, cps, n_seg)
     else:
         NS = cdiv(NT, cps)
         n_seg = N * NS
