@@ -862,7 +862,7 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
     out_rows = o if with_o else v_new  # o and v_new share the [B, T, HV, V] layout
     segmented = cps > 0 and ready is None
     if segmented:
-        S0, seg_table, NS, rows = _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, final,
+        S0, seg_table, NS, rows = _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, NT, NT_total, final,
                                                   state_v_first, cps)
         if rows == 0:  # no chunks at all: the scan wrote every final state
             return final
@@ -977,7 +977,7 @@ def _transfer_prec(dtype: torch.dtype) -> str:
     return {torch.float32: "ieee", torch.bfloat16: "bf16x2"}.get(dtype, "tf32")
 
 
-def _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, final, state_v_first, cps):
+def _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, NT, NT_total, final, state_v_first, cps):
     """Summary and scan of the sequence-parallel pass: per segment its zero-start end state B and
     transfer matrix A (``_gdn_segment_summary_kernel``, all segments in parallel), then per sequence
     the start state of each segment (``_gdn_segment_scan_kernel``), which also writes the final
