@@ -450,6 +450,20 @@ def _gdn_segment_summary_kernel(k, w, u, g_cum, At, Bt, seg_table, cu_seqlens, T
 
 
 @triton.jit
+def _scan_start(h0, final, n, i_hv, vv, cols, mask, ns, s_0n, s_0h, s_0k, s_0v, s_fn, s_fh, s_fk, s_fv,
+                HAS_H0: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr):
+    """The scan's start tile ``S^T[vv, cols]`` of sequence ``n`` (h0, or zeros), fp32; a sequence without
+    chunks (``ns == 0``) has no segment, so its final state is this tile, stored here."""
+    if HAS_H0:
+        x = tl.load(h0 + n * s_0n + i_hv * s_0h + vv[:, None] * s_0v + cols[None, :] * s_0k, mask=mask,
+                    other=0.0).to(tl.float32)
+    else:
+        x = tl.zeros([BV, BC], tl.float32)
+    tl.store(final + n * s_fn + i_hv * s_fh + vv[:, None] * s_fv + cols[None, :] * s_fk, x, mask=mask & (ns == 0))
+    return x
+
+
+@triton.jit
 def _gdn_segment_scan_kernel(h0, At, Bt, S0, final, cu_seqlens, seg_first, T, NS, CPS, HV, K, V,
                              s_0n, s_0h, s_0k, s_0v, s_fn, s_fh, s_fk, s_fv,
                              IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
@@ -479,17 +493,12 @@ def _gdn_segment_scan_kernel(h0, At, Bt, S0, final, cu_seqlens, seg_first, T, NS
     cc = tl.arange(0, BC)
     if IN_REGS:
         mask = v_ok[:, None] & (cc < K)[None, :]
-        if HAS_H0:
-            S = tl.load(h0 + n * s_0n + i_hv * s_0h + vv[:, None] * s_0v + cc[None, :] * s_0k, mask=mask,
-                        other=0.0).to(tl.float32)
-        else:
-            S = tl.zeros([BV, BC], tl.float32)
+        S = _scan_start(h0, final, n, i_hv, vv, cc, mask, ns, s_0n, s_0h, s_0k, s_0v, s_fn, s_fh, s_fk, s_fv,
+                        HAS_H0, BV, BC)
         # scalar bases carried through the loop, loop-invariant offsets: no pointer tiles held in registers
         s_off = vv[:, None] * K + cc[None, :]
         s_base = S0 + (j0 * HV + i_hv) * V * K
         tl.store(s_base + s_off, S, mask=mask & (ns > 0))
-        tl.store(final + n * s_fn + i_hv * s_fh + vv[:, None] * s_fv + cc[None, :] * s_fk, S,
-                 mask=mask & (ns == 0))
         a_off = cc[:, None] * K + cc[None, :]
         a_ok = (cc < K)[:, None] & (cc < K)[None, :]
         a_base = At + (j0 * HV + i_hv) * K * K
@@ -505,14 +514,9 @@ def _gdn_segment_scan_kernel(h0, At, Bt, S0, final, cu_seqlens, seg_first, T, NS
         for c0 in range(0, K, BC):
             cols = c0 + cc
             mask = v_ok[:, None] & (cols < K)[None, :]
-            if HAS_H0:
-                x = tl.load(h0 + n * s_0n + i_hv * s_0h + vv[:, None] * s_0v + cols[None, :] * s_0k, mask=mask,
-                            other=0.0).to(tl.float32)
-            else:
-                x = tl.zeros([BV, BC], tl.float32)
+            x = _scan_start(h0, final, n, i_hv, vv, cols, mask, ns, s_0n, s_0h, s_0k, s_0v, s_fn, s_fh, s_fk, s_fv,
+                            HAS_H0, BV, BC)
             tl.store(S0 + ((j0 * HV + i_hv) * V + vv[:, None]) * K + cols[None, :], x, mask=mask & (ns > 0))
-            tl.store(final + n * s_fn + i_hv * s_fh + vv[:, None] * s_fv + cols[None, :] * s_fk, x,
-                     mask=mask & (ns == 0))
         for s in range(0, ns - 1):
             tl.debug_barrier()
             j = j0 + s
