@@ -13,13 +13,17 @@ both reported, with tokens/s and FLA/ours ratios, and the targets.md gates as PA
 Writes ``gdn_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL rows. ``--tp`` instead
 runs the tensor-parallel shard sweep (``TP_HEADS`` x ``TP_CASES``: what one GPU of a TP2/4/8
 Qwen3-Next deployment sees, where the sequence-parallel state pass applies) and writes
-``gdn_tp_<gpu>.md``; with ``--profile`` it adds the kernel breakdown at 2/4 heads, 1x32k.
+``gdn_tp_<gpu>.md``; with ``--profile`` it adds the kernel breakdown at 2/4 heads, 1x32k. A sweep
+split over several GPUs of one host (``CUDA_VISIBLE_DEVICES`` and ``--heads`` per process) becomes
+one table with ``--render-from A/raw/gdn_tp_<gpu>.jsonl B/raw/gdn_tp_<gpu>.jsonl [--out DIR]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -345,7 +349,35 @@ def render_tp(facts, copy_tbs, fla_version, rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_tp_from(paths, out_dir) -> int:
+    """One TP table from the raw rows of several ``--tp`` runs at one commit on one GPU model (a sweep
+    split over the GPUs of one host: each GPU times its own head splits), rows in sweep order."""
+    rows = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
+    if not rows:
+        print("--render-from: no rows in", *paths)
+        return 1
+    runs = {(r["commit"], r["gpu"], r["fla_version"]) for r in rows}
+    if len(runs) != 1:
+        print("--render-from: rows from different commits, GPUs or FLA versions:", sorted(runs))
+        return 1
+    order = [(h, hv, name) for h, hv in TP_HEADS for name, _ in TP_CASES]
+    rows.sort(key=lambda r: order.index((r["H"], r["HV"], r["case"])))
+    facts = {k: rows[0][k] for k in ("gpu", "torch", "cuda", "triton", "commit")}
+    copy_tbs = min(r["copy_tbs"] for r in rows)
+    md = render_tp(facts, copy_tbs, rows[0]["fla_version"], rows)
+    print(f"wrote {H.write('gdn_tp', facts, rows, md, out_dir)}\n\n{md}")
+    return 0 if all(r["correct"] for r in rows) else 1
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--render-from" in argv:
+        p = argparse.ArgumentParser(description="merge the raw rows of several --tp runs into one table")
+        p.add_argument("--render-from", nargs="+", required=True, metavar="JSONL")
+        p.add_argument("--out", type=Path, default=None)
+        args = p.parse_args(argv)
+        return render_tp_from(args.render_from, args.out)
+
     def extra_args(parser):
         parser.add_argument("--profile", action="store_true", help="per-kernel time breakdown at 1x32k")
         parser.add_argument("--tp", action="store_true",
@@ -361,8 +393,9 @@ def main(argv=None) -> int:
     print(f"{facts['gpu']} | torch {facts['torch']} | triton {facts['triton']} | FLA {fla_version} | "
           f"commit {facts['commit']} | copy {copy_tbs:.2f} TB/s")
     if args.tp:
-        def save(rows):
-            return H.write("gdn_tp", facts, rows, render_tp(facts, copy_tbs, fla_version, rows), args.out)
+        def save(rows):  # the run's copy ceiling and FLA version ride along for --render-from
+            run = {**facts, "copy_tbs": copy_tbs, "fla_version": fla_version}
+            return H.write("gdn_tp", run, rows, render_tp(facts, copy_tbs, fla_version, rows), args.out)
 
         rows = bench_tp(fla_chunk, args.profile, args.heads, args.cases, done=save)
         md = render_tp(facts, copy_tbs, fla_version, rows)

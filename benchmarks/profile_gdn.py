@@ -4,8 +4,8 @@ bench_gdn.py.
     python benchmarks/profile_gdn.py [--heads 16/32] [--lens 32768 | 8192x4 | varlen] [--host] [--kernels]
     ncu --nvtx --nvtx-include "prof/" --set full python benchmarks/profile_gdn.py --ncu
 
-``--host``: host time per eager call (``bench_gdn.host_us``) and a cProfile of 50 calls (the Python
-functions that cost it). ``--kernels``: device time per kernel of one call (torch profiler), eager.
+``--host``: host time per eager call (``bench_gdn.host_us``), host and event time per call inside
+``do_bench``'s eager loop, and a cProfile of 50 calls (the Python functions that cost it). ``--kernels``: device time per kernel of one call (torch profiler), eager.
 ``--ncu``: one call of each inside the NVTX range ``prof`` for Nsight Compute. ``--trace DIR``: a
 Chrome trace (host and device timelines) of five eager calls each, L2 flushed before every call as
 ``do_bench`` does, to see where an eager call's time goes between its kernels. K = V = 128, bf16 with
@@ -52,6 +52,29 @@ def eager_trace(call, path: Path) -> None:
     print(f"  wrote {path}")
 
 
+def eager_loop_split(call, reps: int = 40) -> tuple[float, float]:
+    """``do_bench``'s eager loop (an L2 flush before each call, events around it), with the host's own
+    clock around each call as well: median host us per call and median event us. When the host is the
+    bound the two agree; an event time well above the host time means the device waited on something
+    other than our launches."""
+    import statistics
+    import time
+
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    host, ev = [], []
+    for _ in range(reps):
+        flush.zero_()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        t0 = time.perf_counter()
+        call()
+        host.append((time.perf_counter() - t0) * 1e6)
+        e1.record()
+        ev.append((e0, e1))
+    torch.cuda.synchronize()
+    return statistics.median(host), statistics.median(a.elapsed_time(b) * 1e3 for a, b in ev)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--heads", default="16/32", help="q/k heads / v heads (default 16/32)")
@@ -86,7 +109,9 @@ def main(argv=None) -> int:
         torch.cuda.nvtx.range_pop()
     for who, call in calls.items():
         if args.host:
-            print(f"  {who}: host {B.H.host_us(call):.1f} us per eager call")
+            print(f"  {who}: host {B.H.host_us(call):.1f} us per eager call (queued behind a GPU sleep)")
+            h, e = eager_loop_split(call)
+            print(f"  {who}: in do_bench's eager loop: host {h:.1f} us per call, events {e:.1f} us")
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(50):
