@@ -161,6 +161,8 @@ def test_segment_plan_rule(monkeypatch):
         cps = chunk._segment_plan(cuda, N, 4, 128, 0, NT_total, True)
         if cps:
             assert (-(-NT_total // cps) + N) * 4 * 2 <= 132
+    assert chunk._segment_plan(cuda, 3, 4, 128, 0, 400, True) > 0  # 13 spare slots for 3 sequences
+    assert chunk._segment_plan(cuda, 9, 4, 128, 0, 390, True) == 0  # bench's varlen mix: 7 for 9
 
 
 @pytest.mark.parametrize("offsets,T,cps,n_seg", [

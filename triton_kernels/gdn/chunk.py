@@ -932,15 +932,19 @@ def _segment_plan(device: torch.device, N: int, HV: int, V: int, NT: int, NT_tot
     the shapes: ``NT`` per sequence, or the total ``NT_total``, chunk_indices' length, for varlen), so
     the plan is the same in eager calls and CUDA-graph replays and needs no host sync. Varlen sizes the
     segments as if one sequence held every chunk and reserves one partial segment per sequence, so the
-    segment count is bounded by ``cdiv(NT_total, cps) + N`` whatever the lengths are. Shapes that
-    already fill the GPU get 0: the serial path, unchanged.
+    segment count is bounded by ``cdiv(NT_total, cps) + N`` whatever the lengths are; it splits only
+    where the spare slots give at least one segment per sequence. Shapes that already fill the GPU
+    get 0: the serial path, unchanged.
     """
     if device.type != "cuda" or N == 0 or HV == 0:
         return 0
     slots = sm_count(device) // (HV * cdiv(V, 64))  # segments whose pass programs fit in one wave
     segs, chunks = (slots - N, NT_total) if varlen else (slots // N, NT)
     segs = min(segs, chunks // _SEG_MIN_CHUNKS)
-    return cdiv(chunks, segs) if segs >= _SEG_MIN_COUNT else 0
+    # varlen needs at least one split segment per sequence: 2/4 heads with 9 sequences (7 spare slots)
+    # ran 410 us as a graph against FLA's 307 (H200, benchmarks/results/gdn_tp_h200.md)
+    enough = segs >= _SEG_MIN_COUNT and (not varlen or segs >= N)
+    return cdiv(chunks, segs) if enough else 0
 
 
 def _segment_table(cu_seqlens: torch.Tensor, T: int, cps: int, n_seg: int):
