@@ -7,13 +7,17 @@ reference, then time ours and SDPA eagerly (cold L2) and as CUDA-graph replays. 
 microseconds, KV bytes read per second, % of the measured copy bandwidth, the ratio to SDPA, paged
 vs contiguous, and the targets.md gates as PASS / MISS.
 
-    python benchmarks/bench_decode.py [--out DIR] [--cases SUBSTRING]
+    python benchmarks/bench_decode.py [--out DIR] [--cases SUBSTRING] [--schedules]
+
+``--schedules`` also times ours under each schedule (``TORCH_AURA_DECODE_SCHEDULE=static`` and
+``balanced``, docs/decode.md §4), each checked first, in the same run as the automatic choice.
 
 Writes ``decode_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL rows.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -61,8 +65,11 @@ def make_inputs(B, Hq, Hkv, D, T, page, seed=0):
 
 def main(argv=None) -> int:
     def cases_arg(parser):
-        parser.add_argument("--cases", default="", help="run only the cases whose name contains this "
-                            "(a partial table: written only under --out, never over the committed one)")
+        parser.add_argument("--cases", default="", help="run only the cases whose name contains one of these "
+                            "comma-separated strings (a partial table: written only under --out, never over the "
+                            "committed one)")
+        parser.add_argument("--schedules", action="store_true", help="also time the static and the balanced "
+                            "schedule (TORCH_AURA_DECODE_SCHEDULE), each checked against SDPA first")
 
     started = H.start("bench_decode", "flash_decode", __doc__, argv, cases_arg)
     if started is None:
@@ -72,7 +79,7 @@ def main(argv=None) -> int:
           f"commit {facts['commit']} | copy {copy_tbs:.2f} TB/s")
     rows, contiguous_us = [], {}
     for name, B, Hq, Hkv, D, T, page in shapes.DECODE + TP_SHARDS:
-        if args.cases not in name:
+        if args.cases and not any(c in name for c in args.cases.split(",")):
             continue
         q, k, v, sl, table, kc, vc = make_inputs(B, Hq, Hkv, D, T, page)
         ours = lambda: torch.ops.aura.flash_decode(q, k, v, sl, table)  # noqa: E731
@@ -97,27 +104,55 @@ def main(argv=None) -> int:
             row["pct_copy"] = 100 * row["ours_TBs"] / copy_tbs
             row["speedup"] = row["sdpa_us"] / row["ours_us"]
             row["speedup_graph"] = row["sdpa_graph_us"] / row["ours_graph_us"]
+            if args.schedules:
+                time_schedules(row, ours, want)
             key = (B, Hq, Hkv, D, T)
             if page is None:
                 contiguous_us[key] = (row["ours_us"], row["ours_graph_us"])
             elif key in contiguous_us:
                 row["paged_vs_contig"] = row["ours_us"] / contiguous_us[key][0]
         rows.append(row)
+        sched_text = "".join(f" | {s} {row[s + '_us']:.1f} / {row[s + '_graph_us']:.1f}"
+                             for s in SCHEDULES if s + "_us" in row)
         print(f"{name:>22}: ours {row.get('ours_us', float('nan')):8.1f} us (graph {row.get('ours_graph_us', float('nan')):7.1f})"
               f" | sdpa {row.get('sdpa_us', float('nan')):8.1f} us (graph {row.get('sdpa_graph_us', float('nan')):7.1f})"
               f" | {row.get('ours_TBs', float('nan')):.2f} TB/s | x{row.get('speedup', float('nan')):.2f}"
               f" | host {row.get('ours_host_us', float('nan')):.1f} / {row.get('sdpa_host_us', float('nan')):.1f} us"
+              f"{sched_text}"
               f" | err {err_sdpa:.1e}{'' if ok else '  WRONG'}", flush=True)
         del q, k, v, kc, vc
         torch.cuda.empty_cache()
+        if not args.cases or args.out is not None:  # after every row: a run cut short keeps what it measured
+            path = H.write("decode", facts, rows, render(facts, copy_tbs, rows), args.out)
 
     md = render(facts, copy_tbs, rows)
     if args.cases and args.out is None:
         print("\n(--cases without --out: nothing written)\n")
-    else:
-        print(f"\nwrote {H.write('decode', facts, rows, md, args.out)}\n")
+    elif rows:
+        print(f"\nwrote {path}\n")
     print(md)
     return 0 if all(r["correct"] for r in rows) else 1
+
+
+SCHEDULES = ("static", "balanced")
+
+
+def time_schedules(row: dict, ours, want) -> None:
+    """Ours under each schedule forced by TORCH_AURA_DECODE_SCHEDULE (read per call, captured with
+    the graph): checked against SDPA, then timed eager and as a graph."""
+    saved = os.environ.get("TORCH_AURA_DECODE_SCHEDULE")
+    try:
+        for sched in SCHEDULES:
+            os.environ["TORCH_AURA_DECODE_SCHEDULE"] = sched
+            err = rel_rms(ours()[0], want)
+            row[f"{sched}_err"] = err
+            if err < 5e-3:
+                row[f"{sched}_us"], row[f"{sched}_graph_us"] = H.time_us(ours), H.time_us(ours, graph=True)
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_AURA_DECODE_SCHEDULE", None)
+        else:
+            os.environ["TORCH_AURA_DECODE_SCHEDULE"] = saved
 
 
 def gates(rows):
@@ -177,6 +212,17 @@ def render(facts, copy_tbs, rows) -> str:
             f"{'page ' + str(r['page']) if r['page'] else 'contiguous'} | {r['ours_us']:.1f} | {r['ours_graph_us']:.1f} | "
             f"{r['sdpa_us']:.1f} | {r['sdpa_graph_us']:.1f} | {r['speedup']:.2f}x | {r['speedup_graph']:.2f}x | "
             f"{r['ours_TBs']:.2f} | {r['pct_copy']:.0f}% | {pc} | {r['ours_host_us']:.1f} / {r['sdpa_host_us']:.1f} |")
+    timed = [r for r in rows if any(s + "_us" in r for s in SCHEDULES)]
+    if timed:
+        lines += ["", "Ours under each schedule (`--schedules`, `TORCH_AURA_DECODE_SCHEDULE`; the table above is "
+                  "the automatic choice), eager / graph us:", "",
+                  "| case | static | balanced | balanced vs static, graph |", "|---|---|---|---|"]
+        for r in timed:
+            cells = [f"{r[s + '_us']:.1f} / {r[s + '_graph_us']:.1f}" if s + "_us" in r
+                     else f"WRONG (rel RMS {r[s + '_err']:.1e})" for s in SCHEDULES]
+            ratio = (f"{r['static_graph_us'] / r['balanced_graph_us']:.2f}x"
+                     if "static_us" in r and "balanced_us" in r else "")
+            lines.append(f"| {r['case']} | {cells[0]} | {cells[1]} | {ratio} |")
     lines += ["", "## Targets (docs/targets.md)", "", "| gate | result | measured |", "|---|---|---|"]
     lines += [f"| {w} | {res} | {vals} |" for w, res, vals in gates(rows)]
     return "\n".join(lines) + "\n"

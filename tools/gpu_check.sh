@@ -6,7 +6,8 @@
 #   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_aura|bench_gdn|bench_e2e|bench_vllm]...
 #   (default: all but bench_e2e)
 #   FAMILY=decode|aura|gdn|transformers|vllm|all (default all) narrows the tests and sanitizer runs to one family.
-#   AURA_BUILD_CUDA=0 skips the CUDA C++ build (Triton-only runs).
+#   AURA_BUILD_CUDA=0 skips the CUDA C++ build (Triton-only runs). TESTS_TIMEOUT, SANITIZE_TIMEOUT (each tool),
+#   BENCH_TIMEOUT bound the steps; BENCH_ARGS go to bench_decode.py (e.g. "--schedules --cases B8,T128k").
 #   Wheels under .whl/ (e.g. fla-core, the GDN peer) are installed first when present.
 set -uo pipefail
 OUT=${OUT:-/tmp/aura_gpu}; mkdir -p "$OUT"
@@ -43,11 +44,11 @@ for step in $steps; do
         | grep -E "passed|failed|FAILED|ERROR|Error" | tail -60 || rc=1 ;;
     sanitize)
       for tool in memcheck racecheck; do
-        PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCH_AURA_TUNE=0 timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCH_AURA_TUNE=0 timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool $tool --error-exitcode 9 \
           python3 -m pytest $test_paths -m sanitize -q -p no:cacheprovider 2>&1 | tee "$OUT/$tool.log" | tail -6 || rc=1
       done ;;
     bench_decode)
-      timeout 400 python3 benchmarks/bench_decode.py --out "$OUT/results" 2>&1 | tee "$OUT/bench_decode.log" | tail -45 || rc=1 ;;
+      timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/bench_decode.py --out "$OUT/results" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" | tail -45 || rc=1 ;;
     bench_aura)
       timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/bench_aura.py --out "$OUT/results" 2>&1 | tee "$OUT/bench_aura.log" \
         | tail -60 || rc=1 ;;

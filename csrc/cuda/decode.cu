@@ -5,44 +5,89 @@
 #include "ops.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 namespace aura {
 namespace {
 
 constexpr int kCtasPerSm = 2;  // same stand-in as torch_aura/reference/decode.py; kSmemBudget keeps it true
+// The balanced schedule (decode.cuh): items per CTA slot the plan aims at (claiming balances to about
+// one item), the shortest item, and when auto picks it (decode.md §4).
+constexpr int kBalancedItemsPerSlot = 8;
+constexpr int kBalancedMinChunk = 256;
+constexpr int64_t kBalancedMinTokensPerSlot = 512;  // B * capacity * units below this per slot: static (latency-bound)
+constexpr int kBalancedMaxUnitsPerSlot = 4;    // B * units above this many per slot: static (partials' memory)
+
+enum class Schedule { kStatic, kBalanced };
+
+// TORCH_AURA_DECODE_SCHEDULE=static|balanced|auto (default auto), read on every call so that a test or a
+// benchmark can compare both in one process. num_splits > 0 always means the static schedule.
+Schedule pick_schedule(bool tensor_cores, int64_t num_splits, int64_t B, int64_t units, int64_t capacity, int slots) {
+  const char* env = std::getenv("TORCH_AURA_DECODE_SCHEDULE");
+  const bool forced_static = env != nullptr && std::strcmp(env, "static") == 0;
+  const bool forced_balanced = env != nullptr && std::strcmp(env, "balanced") == 0;
+  AURA_CHECK(env == nullptr || *env == '\0' || forced_static || forced_balanced || std::strcmp(env, "auto") == 0,
+             "TORCH_AURA_DECODE_SCHEDULE: expected static, balanced or auto, got ", env);
+  if (!tensor_cores || num_splits > 0 || forced_static || B == 0) return Schedule::kStatic;
+  if (forced_balanced) return Schedule::kBalanced;
+  const bool large = B * capacity * units >= kBalancedMinTokensPerSlot * slots;
+  return large && B * units <= int64_t(kBalancedMaxUnitsPerSlot) * slots ? Schedule::kBalanced : Schedule::kStatic;
+}
 
 bool supported_head_dim(int64_t D) {
   return D == 64 || D == 80 || D == 96 || D == 128 || D == 192 || D == 256 || D == 512;
 }
 
+// grid_ctas > 0: the balanced kernel's persistent grid, a programmatic dependent of the plan kernel;
+// else the static grid (S, Hkv * head_tiles, B).
 template <auto Kernel>
-void launch_split_kernel(const DecodeParams& p, int threads, size_t smem, cudaStream_t stream) {
+void launch_split_kernel(const DecodeParams& p, int threads, size_t smem, cudaStream_t stream, int grid_ctas = 0) {
   AURA_CHECK(smem <= kSmemBudget, "flash_decode: shared memory plan exceeds the budget: ", smem);
   // the whole per-CTA budget, whatever this launch needs (the fp32 kernel's need varies per call)
   set_kernel_attribute_once<Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize>(int(kSmemBudget), "flash_decode");
+  if (grid_ctas > 0) {
+    const cudaError_t err = launch_after(Kernel, dim3(grid_ctas), dim3(threads), smem, stream, true, p);
+    AURA_CHECK(err == cudaSuccess, "flash_decode balanced kernel: launch failed: ", cudaGetErrorString(err));
+    return;
+  }
   const dim3 grid(p.S, p.Hkv * p.head_tiles, p.B);
   Kernel<<<grid, threads, smem, stream>>>(p);
   check_launch("flash_decode split kernel");
 }
 
+// heads per CTA of the tensor-core kernels: the whole group up to kMaxHeads, else balanced tiles (each
+// re-reads the split, so only such groups pay for it)
 template <typename T, int D>
-void launch_split(DecodeParams p, cudaStream_t stream) {
+void set_mma_head_tiles(DecodeParams& p) {
+  p.head_tiles = ceil_div(p.G, WarpSplitShape<T, D>::kMaxHeads);
+  p.heads_per_cta = ceil_div(p.G, p.head_tiles);
+}
+
+// grid_ctas > 0: the balanced schedule (p.plan set, p.S == 0) on that many persistent CTAs.
+template <typename T, int D>
+void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
   if constexpr (!std::is_same_v<T, float>) {
-    // Tensor cores: the group's heads are the MMA's n (8 per tile); up to kMaxHeads per CTA, larger
-    // groups take balanced head tiles (each re-reads the split, so only such groups pay for it).
+    // Tensor cores: the group's heads are the MMA's n (8 per tile), head tiles as set_mma_head_tiles.
     using Shape = WarpSplitShape<T, D>;
-    p.head_tiles = ceil_div(p.G, Shape::kMaxHeads);
-    p.heads_per_cta = ceil_div(p.G, p.head_tiles);
+    set_mma_head_tiles<T, D>(p);
     // Copy engine from static values only: bulk copies for a contiguous cache when a full-capacity
     // split gives each warp >= 16 steps (bandwidth-bound: fewest issue instructions; H200 B=8 T=32k
     // 270 -> 262 us), else cp.async (latency-bound short splits: B=1 T=1k 13.0 -> 9.6 us; paged
     // caches, where per-row page lookups cost the bulk engine more). capacity is a shape, not data.
-    const int per_split = ceil_div(std::max(p.capacity, 1), p.S);
-    const bool bulk = p.block_table == nullptr && ceil_div(per_split, 16 * Shape::kWarps) >= 16;
+    // The balanced schedule's items are planned for long reads: bulk for every contiguous cache.
+    const int per_split = ceil_div(std::max(p.capacity, 1), std::max(p.S, 1));
+    const bool bulk = p.block_table == nullptr && (grid_ctas > 0 || ceil_div(per_split, 16 * Shape::kWarps) >= 16);
     auto go = [&](auto nht, auto bulk_tag) {
-      launch_split_kernel<flash_decode_split_mma_kernel<T, D, decltype(nht)::value, decltype(bulk_tag)::value>>(
-          p, Shape::kWarps * 32, Shape::kSmem, stream);
+      constexpr int nht_v = decltype(nht)::value;
+      constexpr bool bulk_v = decltype(bulk_tag)::value;
+      if (grid_ctas > 0)
+        launch_split_kernel<flash_decode_balanced_mma_kernel<T, D, nht_v, bulk_v>>(p, Shape::kWarps * 32, Shape::kSmem,
+                                                                                  stream, grid_ctas);
+      else
+        launch_split_kernel<flash_decode_split_mma_kernel<T, D, nht_v, bulk_v>>(p, Shape::kWarps * 32, Shape::kSmem,
+                                                                               stream);
     };
     auto with_engine = [&](auto nht) {
       if (bulk) go(nht, std::true_type{});
@@ -65,18 +110,24 @@ void launch_split(DecodeParams p, cudaStream_t stream) {
   }
 }
 
-template <typename T>
-void launch_split_any_dim(int64_t D, const DecodeParams& p, cudaStream_t stream) {
+// f(std::integral_constant<int, D>) for the supported head dims
+template <typename F>
+void with_head_dim(int64_t D, F&& f) {
   switch (D) {
-    case 64: return launch_split<T, 64>(p, stream);
-    case 80: return launch_split<T, 80>(p, stream);
-    case 96: return launch_split<T, 96>(p, stream);
-    case 128: return launch_split<T, 128>(p, stream);
-    case 192: return launch_split<T, 192>(p, stream);
-    case 256: return launch_split<T, 256>(p, stream);
-    case 512: return launch_split<T, 512>(p, stream);
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 80: return f(std::integral_constant<int, 80>{});
+    case 96: return f(std::integral_constant<int, 96>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 192: return f(std::integral_constant<int, 192>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+    case 512: return f(std::integral_constant<int, 512>{});
     default: AURA_CHECK(false, "head_dim: expected one of 64, 80, 96, 128, 192, 256, 512, got ", D);
   }
+}
+
+template <typename T>
+void launch_split_any_dim(int64_t D, const DecodeParams& p, cudaStream_t stream, int grid_ctas) {
+  with_head_dim(D, [&](auto d) { launch_split<T, decltype(d)::value>(p, stream, grid_ctas); });
 }
 
 // after_split: a programmatic dependent launch behind the split kernel (same stream), so the
@@ -163,8 +214,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
 
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(q);
-  const int S = num_splits > 0 ? static_cast<int>(num_splits)
-                               : auto_splits(B, Hkv, sm_count(q.get_device_index()), kCtasPerSm);
+  const int slots = sm_count(q.get_device_index()) * kCtasPerSm;
   if (B == 0 || Hq == 0) return;
 
   DecodeParams p{};
@@ -181,7 +231,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   p.out_sb = out.stride(0), p.out_sh = out.stride(1);
   p.lse_sb = lse.stride(0), p.lse_sh = lse.stride(1);
   p.bt_sb = paged ? block_table->stride(0) : 0;
-  p.B = int(B), p.Hq = int(Hq), p.Hkv = int(Hkv), p.G = int(Hq / Hkv), p.S = S;
+  p.B = int(B), p.Hq = int(Hq), p.Hkv = int(Hkv), p.G = int(Hq / Hkv);
   p.page_size = paged ? int(k.size(1)) : 0;
   p.num_blocks = paged ? int(k.size(0)) : 0;
   p.capacity = paged ? int(block_table->size(1) * k.size(1)) : int(k.size(2));
@@ -189,30 +239,61 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   p.scale_log2 = float((scale.has_value() ? *scale : 1.0 / std::sqrt(double(D))) * kLog2e);
   p.q_vec16 = row_vector_bytes(q) == 16;  // (q's last stride is 1: check_cuda_tensor)
 
-  Tensor part_out = q, part_lse = q;  // placeholders; real buffers only when S > 1
-  if (S > 1) {
-    // Through torch's caching allocator (graph-pool aware under capture), never cudaMalloc.
-    part_out = torch::stable::new_empty(q, std::vector<int64_t>{S, B, Hq, D}, ScalarType::Float);
-    part_lse = torch::stable::new_empty(q, std::vector<int64_t>{S, B, Hq}, ScalarType::Float);
+  const bool tensor_cores = q.scalar_type() != ScalarType::Float;
+  if (tensor_cores) with_head_dim(D, [&](auto d) { set_mma_head_tiles<__half, decltype(d)::value>(p); });
+  const int64_t units = Hkv * p.head_tiles;  // (sequence-independent) work units per sequence: KV heads x head tiles
+  const Schedule schedule = pick_schedule(tensor_cores, num_splits, B, units, p.capacity, slots);
+
+  // Through torch's caching allocator (graph-pool aware under capture), never cudaMalloc.
+  Tensor part_out = q, part_lse = q, plan = q;  // placeholders; real buffers only where used
+  int grid_ctas = 0;
+  if (schedule == Schedule::kBalanced) {
+    p.S = 0;
+    const int64_t target = int64_t(slots) * kBalancedItemsPerSlot;
+    const int64_t items_max = target + B * units;  // decode_balance_plan_kernel's bound
+    AURA_CHECK(items_max * p.heads_per_cta <= int64_t(INT32_MAX), "flash_decode: too many work items for the "
+               "balanced schedule (", items_max, "); set TORCH_AURA_DECODE_SCHEDULE=static");
+    plan = torch::stable::new_empty(q, std::vector<int64_t>{kPlanPrefix + B + 1}, ScalarType::Int);
+    part_out = torch::stable::new_empty(q, std::vector<int64_t>{items_max * p.heads_per_cta, D}, ScalarType::Float);
+    part_lse = torch::stable::new_empty(q, std::vector<int64_t>{items_max * p.heads_per_cta}, ScalarType::Float);
+    p.plan = static_cast<int*>(plan.data_ptr());
+    grid_ctas = int(std::min<int64_t>(slots, items_max));
+    decode_balance_plan_kernel<<<1, kPlanThreads, 0, stream>>>(
+        p.seq_lens, p.B, p.capacity, paged ? p.page_size : kContiguousTile, int(units), int(target),
+        kBalancedMinChunk, p.plan);
+    check_launch("flash_decode plan kernel");
+  } else {
+    p.S = num_splits > 0 ? static_cast<int>(num_splits) : auto_splits(B, Hkv, slots / kCtasPerSm, kCtasPerSm);
+    if (p.S > 1) {
+      part_out = torch::stable::new_empty(q, std::vector<int64_t>{p.S, B, Hq, D}, ScalarType::Float);
+      part_lse = torch::stable::new_empty(q, std::vector<int64_t>{p.S, B, Hq}, ScalarType::Float);
+    }
+  }
+  if (p.S != 1) {
     p.part_out = static_cast<float*>(part_out.data_ptr());
     p.part_lse = static_cast<float*>(part_lse.data_ptr());
   }
   switch (q.scalar_type()) {
-    case ScalarType::Float: launch_split_any_dim<float>(D, p, stream); break;
-    case ScalarType::Half: launch_split_any_dim<__half>(D, p, stream); break;
-    default: launch_split_any_dim<__nv_bfloat16>(D, p, stream); break;
+    case ScalarType::Float: launch_split_any_dim<float>(D, p, stream, grid_ctas); break;
+    case ScalarType::Half: launch_split_any_dim<__half>(D, p, stream, grid_ctas); break;
+    default: launch_split_any_dim<__nv_bfloat16>(D, p, stream, grid_ctas); break;
   }
-  if (S > 1) {
+  if (p.S != 1) {
     MergeParams m{};
     m.part_out = part_out.data_ptr();
     m.part_lse = p.part_lse;
     m.out = out.data_ptr();
     m.lse = p.lse;
-    m.po_s = B * Hq * D, m.po_b = Hq * D, m.po_h = D;
-    m.pl_s = B * Hq, m.pl_b = Hq, m.pl_h = 1;
+    if (p.plan != nullptr) {  // rows (item, head in tile) of D; the merge finds each row's items in the plan
+      m.plan = p.plan, m.G = p.G, m.heads_per_cta = p.heads_per_cta, m.head_tiles = p.head_tiles, m.Hkv = p.Hkv;
+      m.po_s = int64_t(p.heads_per_cta) * D, m.pl_s = p.heads_per_cta;
+    } else {
+      m.po_s = B * Hq * D, m.po_b = Hq * D, m.po_h = D;
+      m.pl_s = B * Hq, m.pl_b = Hq, m.pl_h = 1;
+    }
     m.out_b = out.stride(0), m.out_h = out.stride(1);
     m.lse_b = lse.stride(0), m.lse_h = lse.stride(1);
-    m.S = S, m.B = int(B), m.Hq = int(Hq), m.D = int(D);
+    m.S = p.S, m.B = int(B), m.Hq = int(Hq), m.D = int(D);
     switch (q.scalar_type()) {
       case ScalarType::Float: launch_merge<float, float>(m, stream, true); break;
       case ScalarType::Half: launch_merge<float, __half>(m, stream, true); break;

@@ -37,16 +37,17 @@ struct DecodeParams {
   const void* v;
   void* out;          // [B, Hq, D] q's dtype, written when S == 1
   float* lse;         // [B, Hq] fp32, written when S == 1
-  float* part_out;    // [S, B, Hq, D] fp32 contiguous, written when S > 1
-  float* part_lse;    // [S, B, Hq] fp32 contiguous, written when S > 1
+  float* part_out;    // fp32 partial rows of D, written when S != 1: [S, B, Hq] rows, or [items, heads_per_cta] (balanced)
+  float* part_lse;    // fp32, one per partial row
   const int* seq_lens;
   const int* block_table;  // nullptr: contiguous layout
+  int* plan;               // balanced schedule (S == 0): decode_balance_plan_kernel's work list; nullptr: static
   int64_t q_sb, q_sh;
   int64_t k_s0, k_s1, k_s2;  // contiguous: (b, h, t); paged: (block, row, h)
   int64_t v_s0, v_s1, v_s2;
   int64_t out_sb, out_sh, lse_sb, lse_sh;
   int64_t bt_sb;
-  int B, Hq, Hkv, G, S;
+  int B, Hq, Hkv, G, S;  // S: splits per sequence of the static schedule; 0: the balanced schedule
   int heads_per_cta, head_tiles;
   int capacity;        // T_cap, or max_blocks * page_size
   int page_size;       // paged only
@@ -85,9 +86,10 @@ __device__ __forceinline__ void split_rule(int T, int S, int tile, int& chunk, i
 }
 
 // What one CTA owns: split s of sequence b, KV head kvh, query heads [hq0, hq0 + nh), and the
-// live token range [start, end) of that split.
+// live token range [start, end) of that split; part_row is the partial row of head hq0 (S != 1).
 struct SplitWork {
   int s, b, kvh, nh, hq0, start, end;
+  int64_t part_row;
 };
 
 // Common prologue of both split kernels. Returns false for an empty split after writing what an
@@ -102,6 +104,7 @@ __device__ __forceinline__ void plan_split_heads(const DecodeParams& p, SplitWor
   w.nh = min(p.heads_per_cta, p.G - g0);
   w.hq0 = w.kvh * p.G + g0;
   w.b = blockIdx.z;
+  w.part_row = (int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0;
 }
 template <typename T>
 __device__ __forceinline__ bool plan_split_tokens(const DecodeParams& p, SplitWork& w) {
@@ -118,7 +121,7 @@ __device__ __forceinline__ bool plan_split_tokens(const DecodeParams& p, SplitWo
   }
   for (int g = threadIdx.x; g < w.nh; g += blockDim.x) {
     if (p.S == 1) p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] = -INFINITY;
-    else p.part_lse[(int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0 + g] = -INFINITY;
+    else p.part_lse[w.part_row + g] = -INFINITY;
   }
   return false;
 }
@@ -207,7 +210,7 @@ __device__ __forceinline__ void softmax_stage(float* s_rows, float* ms, float* l
 template <typename T>
 __device__ __forceinline__ void store_value(const DecodeParams& p, const SplitWork& w, int g, int d, float val) {
   if (p.S == 1) static_cast<T*>(p.out)[w.b * p.out_sb + (w.hq0 + g) * p.out_sh + d] = from_float<T>(val);
-  else p.part_out[((int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0 + g) * p.D_runtime + d] = val;
+  else p.part_out[(w.part_row + g) * p.D_runtime + d] = val;
 }
 
 template <int THREADS>
@@ -215,7 +218,7 @@ __device__ __forceinline__ void store_lse(const DecodeParams& p, const SplitWork
   for (int g = threadIdx.x; g < w.nh; g += THREADS) {
     const float lse = (ms[g] + log2f(ls[g])) * kLn2;  // natural log, scale included; l >= 1
     if (p.S == 1) p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] = lse;
-    else p.part_lse[(int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0 + g] = lse;
+    else p.part_lse[w.part_row + g] = lse;
   }
 }
 
@@ -395,42 +398,76 @@ constexpr bool split_merge_conflict_free() {
   return true;
 }
 
+// Shared memory of the tensor-core kernels: [W][NS][K, V][16][ROW] rings, [kMaxHeads][ROW] q, and
+// [W][NS] bulk-copy barriers (one per ring slot of each warp).
+template <typename T, int D>
+struct MmaSmem {
+  using Shape = WarpSplitShape<T, D>;
+  static constexpr int kTile = 16 * Shape::kRow;  // elements of one 16-token K or V tile
+  T* ring;
+  T* qs;
+  uint64_t* bars;
+  __device__ explicit MmaSmem(unsigned char* raw)
+      : ring(reinterpret_cast<T*>(raw)),
+        qs(ring + Shape::kWarps * Shape::kStages * 2 * kTile),
+        bars(reinterpret_cast<uint64_t*>(qs + Shape::kMaxHeads * Shape::kRow)) {}
+};
+
+// q of the CTA's heads as one cp.async group, the CTA's first request: staged after seq_lens and the
+// ring's copies it queued behind the whole grid's prefetch (tools/decode_timeline.cu: 2.5 us at B=1
+// T=4k, 6.5 us at T=32k, 19 us at D=512 before the main loop could start). A q view the 16-byte
+// copies cannot move is copied element by element later (run_split_mma).
+template <typename T, int D, int NHT>
+__device__ __forceinline__ void stage_q_async(const DecodeParams& p, const SplitWork& w, T* qs) {
+  using Shape = WarpSplitShape<T, D>;
+  constexpr int ROW = Shape::kRow, CPR = D * int(sizeof(T)) / 16, VEC = 16 / int(sizeof(T));
+  if (!p.q_vec16) return;
+  const T* qg = static_cast<const T*>(p.q);
+  for (int i = threadIdx.x; i < 8 * NHT * CPR; i += Shape::kWarps * 32) {
+    const int g = i / CPR, c = (i % CPR) * VEC;
+    cp_async16(qs + g * ROW + c, g < w.nh ? qg + w.b * p.q_sb + (w.hq0 + g) * p.q_sh + c : qg, g < w.nh);
+  }
+  cp_async_commit();
+}
+
+// Bulk copies complete on one mbarrier per ring slot and warp, initialised once per CTA: phases carry
+// over from one split to the next (run_split_mma's `uses`), so a barrier is never re-initialised.
+template <typename T, int D, bool BULK>
+__device__ __forceinline__ void init_ring_barriers(uint64_t* bars) {
+  if constexpr (BULK) {
+    constexpr int NS = WarpSplitShape<T, D>::kStages;
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+      for (int j = 0; j < NS; ++j) mbar_init(bars + (threadIdx.x >> 5) * NS + j, 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
+}
+
+// One split: tokens [w.start, w.end) (>= 1) of sequence w.b, KV head w.kvh, query heads
+// [w.hq0, w.hq0 + w.nh), whose q copies stage_q_async issued. Writes out and lse (S == 1) or the
+// heads' partial rows w.part_row + g. `uses`: this warp's ring steps before this split (bulk barrier
+// phases); `trigger`: release the programmatic dependent (the merge) at the end of the main loop.
 template <typename T, int D, int NHT, bool BULK>
-__global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
-    flash_decode_split_mma_kernel(const DecodeParams p) {
+__device__ __forceinline__ void run_split_mma(const DecodeParams& p, const SplitWork& w, unsigned char* smem_raw,
+                                              int& uses, bool trigger) {
   using Shape = WarpSplitShape<T, D>;
   constexpr int W = Shape::kWarps, NS = Shape::kStages, ROW = Shape::kRow;
   constexpr int KS = D / 16;                          // QK k-steps = PV m-tiles
   constexpr int CPR = D * int(sizeof(T)) / 16;        // 16-byte chunks per row
   constexpr int CPL = 16 * CPR / 32;                  // chunks per lane per 16-row tile
   constexpr int VEC = 16 / int(sizeof(T));            // elements per 16-byte chunk
-  constexpr int TILE = 16 * ROW;                      // elements of one 16-token K or V tile
+  constexpr int TILE = MmaSmem<T, D>::kTile;
   constexpr bool kQInRegs = KS * NHT <= 16;           // B fragments of q held for the whole split
   static_assert(D % 16 == 0 && (16 * CPR) % 32 == 0, "tile shapes");
   static_assert(8 * NHT <= Shape::kMaxHeads, "head tile");
 
-  AURA_PHASE(0);
-  SplitWork w;
-  plan_split_heads(p, w);
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* ring = reinterpret_cast<T*>(smem_raw);           // [W][NS][K, V][16][ROW]
-  T* qs = ring + W * NS * 2 * TILE;                   // [8 * NHT][ROW] raw q, rows >= nh zero
+  const MmaSmem<T, D> sm(smem_raw);
+  T* ring = sm.ring;
+  T* qs = sm.qs;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nh = w.nh;
-  // q is the CTA's first request, ahead of seq_lens and of the ring's copies: staged after them it
-  // queued behind the whole grid's prefetch (tools/decode_timeline.cu: 2.5 us at B=1 T=4k, 6.5 us at
-  // T=32k, 19 us at D=512 before the main loop could start). One cp.async group, committed first.
   const T* qg = static_cast<const T*>(p.q);
-  if (p.q_vec16) {
-    for (int i = threadIdx.x; i < 8 * NHT * CPR; i += W * 32) {
-      const int g = i / CPR, c = (i % CPR) * VEC;
-      cp_async16(qs + g * ROW + c, g < nh ? qg + w.b * p.q_sb + (w.hq0 + g) * p.q_sh + c : qg, g < nh);
-    }
-    cp_async_commit();
-  }
-  if (!plan_split_tokens<T>(p, w)) {
-    cp_async_wait<0>();  // q's copies land before the shared memory is handed on
-    return;
-  }
   AURA_PHASE(1);
   T* my_ring = ring + warp * NS * 2 * TILE;
 
@@ -468,21 +505,15 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
   };
   int next_page, next_row;
   locate(0, next_page, next_row);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(qs + Shape::kMaxHeads * ROW) + warp * NS;  // [W][NS], BULK
-  if constexpr (BULK) {
-    if (lane == 0) {
-#pragma unroll
-      for (int j = 0; j < NS; ++j) mbar_init(bars + j, 1);
-      mbar_init_fence();
-    }
-    __syncwarp();
-  }
-  auto issue = [&](int i) {  // step i into ring slot i % NS
+  uint64_t* bars = sm.bars + warp * NS;  // this warp's, BULK
+  const int u0 = uses;  // bulk barriers: step i of this split is the warp's step u0 + i through its ring
+  auto slot = [&](int i) { return (u0 + i) % NS; };
+  auto issue = [&](int i) {  // step i into ring slot slot(i)
     if (i < my_n) {
       const int t0 = step_t0(i), n_rows = w.end - t0;
       const int page = next_page, row = next_row;
       locate(i + 1, next_page, next_row);
-      T* kd = my_ring + (i % NS) * 2 * TILE;
+      T* kd = my_ring + slot(i) * 2 * TILE;
       T* vd = kd + TILE;
       if constexpr (BULK) {
         const bool is_v = lane >= 16, ok = (lane & 15) < n_rows;
@@ -492,10 +523,10 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
         T* dst = (is_v ? vd : kd) + r * ROW;
         fence_proxy_async_shared();  // this lane's ldmatrix reads of the slot come before the refill
         __syncwarp();
-        if (lane == 0) mbar_arrive_expect_tx(bars + i % NS, unsigned(2 * min(16, n_rows) * D * sizeof(T)));
+        if (lane == 0) mbar_arrive_expect_tx(bars + slot(i), unsigned(2 * min(16, n_rows) * D * sizeof(T)));
         __syncwarp();  // the expected bytes are posted before any copy can complete
         if (ok) {
-          bulk_copy_g2s(dst, (is_v ? vg : kg) + off, unsigned(D * sizeof(T)), bars + i % NS);
+          bulk_copy_g2s(dst, (is_v ? vg : kg) + off, unsigned(D * sizeof(T)), bars + slot(i));
         } else {
 #pragma unroll
           for (int c = 0; c < CPR; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
@@ -568,12 +599,12 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
     __syncwarp();  // every lane is done reading the slot the next copy overwrites
     issue(i + NS - 1);
     if constexpr (BULK) {
-      mbar_wait(bars + i % NS, (i / NS) & 1);  // step i's copies have landed
+      mbar_wait(bars + slot(i), ((u0 + i) / NS) & 1);  // step i's copies have landed
     } else {
       cp_async_wait<NS - 1>();  // step i's group has landed (for this lane)
     }
     __syncwarp();  // ... and for the whole warp, with its zeroed tail rows
-    const T* kt = my_ring + (i % NS) * 2 * TILE;
+    const T* kt = my_ring + slot(i) * 2 * TILE;
     const T* vt = kt + TILE;
     const int t0 = step_t0(i);
 
@@ -637,7 +668,8 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
   }
   AURA_PHASE(4);
   if constexpr (!BULK) cp_async_wait<0>();  // only empty groups remain; drain before the ring is reused
-  grid_dependents_launch();  // the merge (programmatic dependent launch) may start its prologue
+  uses = u0 + my_n;
+  if (trigger) grid_dependents_launch();  // the merge (programmatic dependent launch) may start its prologue
 
   // ---- merge the warps' states (decode.md §5 within the CTA), through the drained ring
 #pragma unroll
@@ -651,7 +683,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
   auto store_lse = [&](int g, float M_log2, float L) {
     const float lse = (M_log2 + log2f(L)) * kLn2;  // natural log, scale included
     if (p.S == 1) p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] = lse;
-    else p.part_lse[(int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0 + g] = lse;
+    else p.part_lse[w.part_row + g] = lse;
   };
   // f(head g, dim d, value, l of head g) for every accumulator of this lane's O^T fragments
   auto each_fragment = [&](auto&& f) {
@@ -680,13 +712,13 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
     // directly (8 segments of 32 bytes per instruction) held the epilogue 8 us, staged 5 us, under the
     // other CTAs' streaming (B=1 T=32k, tools/decode_timeline.cu on an H100). S == 1 writes out
     // directly (q's dtype, any strides).
-    if (p.S > 1) {
+    if (p.S != 1) {
       static_assert(D % 32 == 0 && 8 * NHT * D * sizeof(float) <= NS * 2 * TILE * sizeof(T), "staging area");
       float* ow = reinterpret_cast<float*>(smem_raw);  // [8 NHT][D]
       __syncwarp();  // every lane's last ldmatrix reads of the ring come before the staging writes
       each_fragment([&](int g, int d, float v, float l) { ow[g * D + merge_col(g, d)] = v / l; });
       __syncwarp();
-      float* po = p.part_out + ((int64_t(w.s) * p.B + w.b) * p.Hq + w.hq0) * D;  // nh rows of D
+      float* po = p.part_out + w.part_row * D;  // nh rows of D
       for (int idx = 4 * lane; idx < nh * D; idx += 128) {  // 4 aligned dims: merge_col keeps them together
         const int g = idx / D, d = idx % D;
         *reinterpret_cast<float4*>(po + idx) = *reinterpret_cast<const float4*>(ow + g * D + merge_col(g, d));
@@ -724,6 +756,141 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
   AURA_PHASE(6);
 }
 
+// The static schedule: grid (S, Hkv * head_tiles, B), one split per CTA (decode.md §4).
+template <typename T, int D, int NHT, bool BULK>
+__global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
+    flash_decode_split_mma_kernel(const DecodeParams p) {
+  AURA_PHASE(0);
+  SplitWork w;
+  plan_split_heads(p, w);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const MmaSmem<T, D> sm(smem_raw);
+  stage_q_async<T, D, NHT>(p, w, sm.qs);  // before seq_lens: q is the first request
+  if (!plan_split_tokens<T>(p, w)) {
+    cp_async_wait<0>();  // q's copies land before the shared memory is handed on
+    return;
+  }
+  init_ring_barriers<T, D, BULK>(sm.bars);
+  int uses = 0;
+  run_split_mma<T, D, NHT, BULK>(p, w, smem_raw, uses, true);
+}
+
+// ------------------------------------------------------------------------ the balanced schedule
+// decode.md §4: static splits leave SMs idle (CTAs finish at different times under saturation), so
+// the balanced schedule hands out work at run time. decode_balance_plan_kernel reads seq_lens on the
+// device and cuts every (sequence, KV head, head tile) into chunks of one length, sized so that the
+// whole batch makes about kBalancedItemsPerSlot items per CTA slot; a persistent grid of one CTA per
+// slot claims items from a counter until none is left. Each item writes its own partial rows (item
+// * heads_per_cta + g), so which CTA ran an item changes nothing: the result is deterministic, and a
+// graph replay is bitwise eager. The merge finds a row's items from the plan.
+// Int32 slots of the plan (a workspace of kPlanPrefix + B + 1):
+constexpr int kPlanCounter = 0;  // items claimed so far (zeroed by the plan kernel in every call)
+constexpr int kPlanChunk = 1;    // tokens per item
+constexpr int kPlanItems = 2;    // items in all
+constexpr int kPlanPrefix = 4;   // [B + 1]: exclusive prefix over sequences of their chunk counts
+constexpr int kPlanThreads = 1024;
+
+// One CTA. chunk = round_up(max(min_chunk, ceil(tokens * units / target_items)), tile), at most the
+// capacity rounded up to a tile; so items <= target_items + B * units (the host's buffer bound).
+__global__ void __launch_bounds__(kPlanThreads)
+    decode_balance_plan_kernel(const int* seq_lens, int B, int capacity, int tile, int units, int target_items,
+                               int min_chunk, int* plan) {
+  grid_dependents_launch();  // the split kernel may launch; it reads the plan after grid_dependency_wait()
+  __shared__ long long part[kPlanThreads / 32];
+  __shared__ int warp_tot[kPlanThreads / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  auto len = [&](int b) { return min(max(seq_lens[b], 0), capacity); };  // clamped as the split kernels clamp
+  long long tokens = 0;
+  for (int b = tid; b < B; b += kPlanThreads) tokens += len(b);
+  for (int o = 16; o > 0; o >>= 1) tokens += __shfl_xor_sync(0xffffffffu, tokens, o);
+  if (lane == 0) part[warp] = tokens;
+  __syncthreads();
+  tokens = 0;
+  for (int i = 0; i < kPlanThreads / 32; ++i) tokens += part[i];
+  const long long want = (tokens * units + target_items - 1) / target_items;
+  const long long cap = (static_cast<long long>(max(capacity, 1)) + tile - 1) / tile * tile;
+  const long long c = min(cap, max(static_cast<long long>(min_chunk), want));
+  const int chunk = static_cast<int>((c + tile - 1) / tile * tile);
+  int carry = 0;  // chunks of the sequences before this round
+  for (int b0 = 0; b0 < B; b0 += kPlanThreads) {
+    const int b = b0 + tid;
+    const int n = b < B ? ceil_div(len(b), chunk) : 0;
+    int x = n;  // inclusive scan: warps, then the warps' totals
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_tot[warp] = x;
+    __syncthreads();
+    int before = carry;
+    for (int i = 0; i < warp; ++i) before += warp_tot[i];
+    if (b < B) plan[kPlanPrefix + b] = before + x - n;
+    int round = 0;
+    for (int i = 0; i < kPlanThreads / 32; ++i) round += warp_tot[i];
+    carry += round;
+    __syncthreads();  // warp_tot is rewritten by the next round
+  }
+  if (tid == 0) {
+    plan[kPlanPrefix + B] = carry;
+    plan[kPlanCounter] = 0;
+    plan[kPlanChunk] = chunk;
+    plan[kPlanItems] = carry * units;
+  }
+}
+
+// Item -> work. Items run sequence by sequence, then unit (KV head, head tile), then chunk: sequence b
+// owns items [units * P[b], units * P[b + 1]).
+__device__ __forceinline__ SplitWork balanced_item(const DecodeParams& p, int item, int chunk) {
+  const int* P = p.plan + kPlanPrefix;
+  const int units = p.Hkv * p.head_tiles, x = item / units;
+  int lo = 0, hi = p.B;  // the last b with P[b] <= x (a sequence without chunks has P[b] == P[b + 1])
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (P[mid] <= x) lo = mid;
+    else hi = mid;
+  }
+  SplitWork w;
+  w.b = lo;
+  const int n_b = P[lo + 1] - P[lo], r = item - units * P[lo];
+  const int unit = r / n_b;
+  w.s = r % n_b;
+  w.kvh = unit / p.head_tiles;
+  const int g0 = (unit % p.head_tiles) * p.heads_per_cta;
+  w.nh = min(p.heads_per_cta, p.G - g0);
+  w.hq0 = w.kvh * p.G + g0;
+  w.start = w.s * chunk;
+  w.end = min(w.start + chunk, min(max(p.seq_lens[w.b], 0), p.capacity));
+  w.part_row = int64_t(item) * p.heads_per_cta;
+  return w;
+}
+
+// A persistent CTA per slot, launched behind the plan kernel: claim an item, run it, repeat. Two CTAs
+// per SM, as kSmemBudget plans: without the bound ptxas kept D = 256 at 168 registers and spilled.
+template <typename T, int D, int NHT, bool BULK>
+__global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32, 2)
+    flash_decode_balanced_mma_kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const MmaSmem<T, D> sm(smem_raw);
+  __shared__ int claimed;
+  init_ring_barriers<T, D, BULK>(sm.bars);
+  int uses = 0;
+  grid_dependency_wait();  // the plan and its zeroed counter
+  for (;;) {
+    if (threadIdx.x == 0) claimed = atomicAdd(p.plan + kPlanCounter, 1);
+    __syncthreads();
+    const int item = claimed;  // read by all before run_split_mma's barrier lets thread 0 claim again
+    // the plan's totals are re-read per item (cached loads) rather than held across it: at D >= 192
+    // the main loop needs every register
+    if (item >= p.plan[kPlanItems]) break;
+    const SplitWork w = balanced_item(p, item, p.plan[kPlanChunk]);
+    stage_q_async<T, D, NHT>(p, w, sm.qs);
+    run_split_mma<T, D, NHT, BULK>(p, w, smem_raw, uses, false);
+    if constexpr (BULK) fence_proxy_async_shared();  // the epilogue's generic writes to the ring, before bulk refills
+    __syncthreads();  // the next item's copies overwrite the ring and q
+  }
+  grid_dependents_launch();
+}
+
 struct MergeParams {
   const void* part_out;  // [S, B, Hq, D]
   const float* part_lse; // [S, B, Hq]
@@ -733,6 +900,10 @@ struct MergeParams {
   int64_t pl_s, pl_b, pl_h;
   int64_t out_b, out_h, lse_b, lse_h;
   int S, B, Hq, D;
+  // the balanced schedule's partials (plan != nullptr): row (b, h)'s splits are its items, found in
+  // the plan; item rows of heads_per_cta heads, G query heads per KV head in head_tiles tiles
+  const int* plan;
+  int G, heads_per_cta, head_tiles, Hkv;
 };
 
 constexpr int kMergeChunk = 128;    // dims per merge CTA: 4 per lane
@@ -771,32 +942,44 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
   const int b = static_cast<int>(blockIdx.x / p.Hq), h = static_cast<int>(blockIdx.x % p.Hq);
   const int d0 = blockIdx.y * kMergeChunk, dl = d0 + 4 * lane;  // D is a multiple of 4 (checked on the host)
   const bool lane_dims = dl < p.D;
-  const float* lse_in = p.part_lse + b * p.pl_b + h * p.pl_h;
   TO* out = static_cast<TO*>(p.out) + b * p.out_b + h * p.out_h;
-  const TI* po = static_cast<const TI*>(p.part_out) + b * p.po_b + h * p.po_h + dl;
   AURA_PHASE(8);
   grid_dependency_wait();  // launched behind the split kernel: its partials are complete after this
   AURA_PHASE(9);
+  // splits of this row: S at strides (pl_s, po_s) from its first, static or from the balanced plan
+  int S = p.S;
+  int64_t pl_s = p.pl_s, po_s = p.po_s, first_lse = b * p.pl_b + h * p.pl_h, first_po = b * p.po_b + h * p.po_h;
+  if (p.plan != nullptr) {
+    const int* P = p.plan + kPlanPrefix;
+    const int units = p.Hkv * p.head_tiles, gi = h % p.G;
+    const int unit = (h / p.G) * p.head_tiles + gi / p.heads_per_cta;
+    S = P[b + 1] - P[b];
+    const int64_t row0 = (int64_t(units) * P[b] + int64_t(unit) * S) * p.heads_per_cta + gi % p.heads_per_cta;
+    pl_s = p.heads_per_cta, po_s = int64_t(p.heads_per_cta) * p.D;
+    first_lse = row0, first_po = row0 * p.D;
+  }
+  const float* lse_in = p.part_lse + first_lse;
+  const TI* po = static_cast<const TI*>(p.part_out) + first_po + dl;
 
   // splits i0 + u * kMergeWarps (u < U) of round s0: this lane's 4 dims of their partials where
   // live[u], else zeros
   auto load_group = [&](int s0, int i0, const bool (&live)[U], float4 (&v)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      v[u] = live[u] && lane_dims ? load4_merge<TI, VEC>(po + int64_t(s0 + i0 + u * kMergeWarps) * p.po_s)
+      v[u] = live[u] && lane_dims ? load4_merge<TI, VEC>(po + int64_t(s0 + i0 + u * kMergeWarps) * po_s)
                                   : make_float4(0.f, 0.f, 0.f, 0.f);
   };
   float4 first[U];  // the warp's first group, loaded with the lse values (weights unknown yet)
   {
     bool live[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) live[u] = warp + u * kMergeWarps < min(kMergeThreads, p.S);
+    for (int u = 0; u < U; ++u) live[u] = warp + u * kMergeWarps < min(kMergeThreads, S);
     load_group(0, warp, live, first);
   }
   float M = -INFINITY;
   bool nan_split = false;  // a NaN lse comes from NaN/Inf data (empty splits write -inf): propagate it
-  for (int s = lane; s < p.S; s += 32) {
-    const float l = lse_in[s * p.pl_s];
+  for (int s = lane; s < S; s += 32) {
+    const float l = lse_in[s * pl_s];
     M = fmaxf(M, l);
     nan_split |= l != l;
   }
@@ -817,15 +1000,15 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
   __shared__ float wsums[kMergeWarps];
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.f;  // this thread's splits; summed over the CTA at the end
-  for (int s0 = 0; s0 < p.S; s0 += kMergeThreads) {
+  for (int s0 = 0; s0 < S; s0 += kMergeThreads) {
     const int s = s0 + threadIdx.x;
-    const float l = s < p.S ? lse_in[s * p.pl_s] : -INFINITY;
+    const float l = s < S ? lse_in[s * pl_s] : -INFINITY;
     const float wl = l == -INFINITY ? 0.f : expf(l - M);
     wsum += wl;
     __syncthreads();  // the previous round's readers of ws are done
     ws[threadIdx.x] = wl;
     __syncthreads();
-    const int n = min(kMergeThreads, p.S - s0);
+    const int n = min(kMergeThreads, S - s0);
     for (int i0 = warp; i0 < n; i0 += kMergeWarps * U) {
       float wu[U];
       bool live[U];

@@ -4,6 +4,7 @@ Runs only where a CUDA device exists; there, a missing kernel is a failure, not 
 """
 
 import math
+import os
 
 import pytest
 import torch
@@ -430,6 +431,94 @@ def test_out_of_range_lengths_and_pages_never_fault():
     assert out.shape == (2, 4, 64)
 
 
+# ------------------------------------------------------------------ the balanced schedule
+# decode.md §4: a plan kernel cuts the batch into equal items, persistent CTAs claim them from a
+# counter, and the merge finds each row's items in the plan. Forced here; auto picks it for long reads.
+@pytest.fixture
+def balanced(monkeypatch):
+    monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "balanced")
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:], ids=dtype_id)
+@pytest.mark.parametrize("D", DIMS, ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("layout", ("contig", "page16", "page7"))
+def test_balanced_schedule_every_head_dim_and_layout(D, dtype, layout, balanced):
+    page = None if layout == "contig" else int(layout[4:])
+    lens = [0, 1, 255, 256, 257, 1000, 2500]  # item boundaries at 256-token multiples, and an empty row
+    q, k, v, sl, table = make_cache(lens, 8, 2, D, dtype, page=page, seed=D)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, table)
+    check(f"balanced-D{D}-{layout}", out, lse, *oracle(q, k, v, sl, table), dtype)
+
+
+@pytest.mark.parametrize("G", (1, 2, 3, 5, 8, 12, 17), ids=lambda g: f"G{g}")
+@pytest.mark.parametrize("D", (128, 256), ids=lambda d: f"D{d}")
+def test_balanced_schedule_gqa_ratios_and_head_tiles(G, D, balanced):
+    """Groups past one CTA's heads (16 at D <= 128, 8 above) are items of several head tiles."""
+    q, k, v, sl, table = make_cache([700, 0, 1300], 2 * G, 2, D, torch.bfloat16, seed=G)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, table)
+    check(f"balanced-G{G}-D{D}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+
+
+def test_balanced_schedule_claims_many_items_per_cta_deterministically(balanced, monkeypatch):
+    """More items than CTAs (each CTA claims several, in a run-dependent order), empty sequences between
+    long ones: equal to the oracle, to the static schedule within the dtype's tolerance, and the same
+    bits on every call (each item writes its own partial; the merge order is fixed)."""
+    lens = [0, 20000, 1, 0, 17000, 7]  # 2 KV heads: ~300 items of 256 tokens, > 2 CTAs per SM
+    q, k, v, sl, table = make_cache(lens, 8, 2, 64, torch.bfloat16, seed=11)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, table)
+    check("balanced-many", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+    for _ in range(3):
+        again = torch_aura.flash_decode(q, k, v, sl, table)
+        assert torch.equal(again[0], out) and torch.equal(again[1], lse), "balanced schedule is not deterministic"
+    monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "static")
+    s_out, s_lse = torch_aura.flash_decode(q, k, v, sl, table)
+    assert_close("balanced vs static", out.float(), s_out.float(), RATIO[torch.bfloat16])
+    assert (lse - s_lse).abs().max().item() <= 1e-4
+
+
+def test_balanced_schedule_permuted_q_and_out_of_range_lengths(balanced):
+    q, k, v, sl, table = make_cache([300, 900], 8, 2, 128, torch.float16, page=16, poison_tail=False)
+    q_view = q.transpose(0, 1).contiguous().transpose(0, 1)  # [B, Hq, D] with the head stride first
+    out, lse = torch_aura.flash_decode(q_view, k, v, sl, table)
+    check("balanced-permuted-q", out, lse, *oracle(q, k, v, sl, table), torch.float16)
+    sl.copy_(torch.tensor([10**6, -3], dtype=torch.int32))  # the kernel clamps: memory safe, no fault
+    table[0, 0] = 10**6
+    out, lse = torch.ops.aura.flash_decode(q, k, v, sl, table)
+    torch.cuda.synchronize()
+    assert out.shape == (2, 8, 128) and lse[1].isinf().all() and (out[1] == 0).all()
+
+
+def test_balanced_graph_replay_with_new_lengths_is_bitwise_eager(balanced):
+    """The plan kernel zeroes the claim counter inside the graph: every replay claims from 0 and
+    follows new lengths (the item count changes from replay to replay)."""
+    B, Hq, Hkv, D, T_cap = 4, 16, 4, 128, 4096
+    q, k, v, sl, table = make_cache([4096, 1, 0, 900], Hq, Hkv, D, torch.bfloat16, T_cap=T_cap, poison_tail=False)
+    out = torch.empty(B, Hq, D, device=DEV, dtype=torch.bfloat16)
+    lse = torch.empty(B, Hq, device=DEV)
+    torch_aura.flash_decode_out(q, k, v, sl, table, None, 0, out, lse)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.ops.aura.flash_decode_out(q, k, v, sl, table, None, 0, out, lse)
+    for trial in range(4):
+        g = torch.Generator(device="cpu").manual_seed(200 + trial)
+        sl.copy_(torch.randint(0, T_cap + 1, (B,), generator=g, dtype=torch.int32))
+        q.copy_(torch.randn(q.shape, generator=g))
+        out.fill_(math.nan)
+        graph.replay()
+        want_out, want_lse = torch_aura.flash_decode(q, k, v, sl, table)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"replay {trial} differs from eager"
+        check(f"balanced-replay{trial}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+
+
+def test_schedule_variable_is_checked(monkeypatch):
+    q, k, v, sl, table = make_cache([10], 4, 2, 64, torch.bfloat16)
+    monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "fast")
+    with pytest.raises(RuntimeError, match="TORCH_AURA_DECODE_SCHEDULE"):
+        torch.ops.aura.flash_decode(q, k, v, sl, table)
+
+
 @pytest.mark.sanitize
 def test_small_cases_for_compute_sanitizer():
     """A few small launches (every path: empty splits, S = 1, paged, the merge in the split kernel and
@@ -449,6 +538,15 @@ def test_small_cases_for_compute_sanitizer():
         for S in (3, 64):
             out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
             check(f"san-D512-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+        # the balanced schedule: plan kernel, persistent claims (more items than CTAs at D = 64), merge
+        os.environ["TORCH_AURA_DECODE_SCHEDULE"] = "balanced"
+        try:
+            for lens, Hkv, D in (([0, 9000, 1, 9500], 4, 64), ([300, 0, 17], 2, 512)):  # 300 items at D = 64
+                q, k, v, sl, table = make_cache(lens, 2 * Hkv, Hkv, D, torch.bfloat16, page=layout, seed=5)
+                out, lse = torch_aura.flash_decode(q, k, v, sl, table)
+                check(f"san-balanced-D{D}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+        finally:
+            del os.environ["TORCH_AURA_DECODE_SCHEDULE"]
         # the CUDA-core kernel (fp32) with 5 splits, twice: nothing survives a call
         q, k, v, sl, table = make_cache([0, 1, 300, 77], 6, 2, 64, torch.float32, page=layout, seed=4)
         for _ in range(2):
