@@ -22,6 +22,16 @@ constexpr int kBalancedMaxUnitsPerSlot = 4;    // B * units above this many per 
 
 enum class Schedule { kStatic, kBalanced };
 
+// TORCH_AURA_DECODE_ITEMS_PER_SLOT (1-64, default kBalancedItemsPerSlot): the balanced plan's item
+// count per CTA slot, a tuning knob for bench_decode.py --schedules (fewer, longer items or more, shorter).
+int balanced_items_per_slot() {
+  const char* env = std::getenv("TORCH_AURA_DECODE_ITEMS_PER_SLOT");
+  if (env == nullptr || *env == '\0') return kBalancedItemsPerSlot;
+  const int k = std::atoi(env);
+  AURA_CHECK(k >= 1 && k <= 64, "TORCH_AURA_DECODE_ITEMS_PER_SLOT: expected an integer in [1, 64], got ", env);
+  return k;
+}
+
 // TORCH_AURA_DECODE_SCHEDULE=static|balanced|auto (default auto), read on every call so that a test or a
 // benchmark can compare both in one process. num_splits > 0 always means the static schedule.
 Schedule pick_schedule(bool tensor_cores, int64_t num_splits, int64_t B, int64_t units, int64_t capacity, int slots) {
@@ -249,7 +259,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   int grid_ctas = 0;
   if (schedule == Schedule::kBalanced) {
     p.S = 0;
-    const int64_t target = int64_t(slots) * kBalancedItemsPerSlot;
+    const int64_t target = int64_t(slots) * balanced_items_per_slot();
     const int64_t items_max = target + B * units;  // decode_balance_plan_kernel's bound
     AURA_CHECK(items_max * p.heads_per_cta <= int64_t(INT32_MAX), "flash_decode: too many work items for the "
                "balanced schedule (", items_max, "); set TORCH_AURA_DECODE_SCHEDULE=static");
