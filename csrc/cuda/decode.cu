@@ -14,11 +14,10 @@ namespace {
 
 constexpr int kCtasPerSm = 2;  // same stand-in as torch_aura/reference/decode.py; kSmemBudget keeps it true
 // The balanced schedule (decode.cuh): items per CTA slot the plan aims at (claiming balances to about
-// one item), the shortest item, and when auto picks it (decode.md §4).
-constexpr int kBalancedItemsPerSlot = 8;
+// one item; 4 measured best of 1, 2, 4, 8) and the shortest item. Opt-in: it has not beaten the static
+// splits yet (decode.md §4).
+constexpr int kBalancedItemsPerSlot = 4;
 constexpr int kBalancedMinChunk = 256;
-constexpr int64_t kBalancedMinTokensPerSlot = 512;  // B * capacity * units below this per slot: static (latency-bound)
-constexpr int kBalancedMaxUnitsPerSlot = 4;    // B * units above this many per slot: static (partials' memory)
 
 enum class Schedule { kStatic, kBalanced };
 
@@ -32,18 +31,16 @@ int balanced_items_per_slot() {
   return k;
 }
 
-// TORCH_AURA_DECODE_SCHEDULE=static|balanced|auto (default auto), read on every call so that a test or a
-// benchmark can compare both in one process. num_splits > 0 always means the static schedule.
-Schedule pick_schedule(bool tensor_cores, int64_t num_splits, int64_t B, int64_t units, int64_t capacity, int slots) {
+// TORCH_AURA_DECODE_SCHEDULE=static|balanced|auto (default auto = static until the balanced schedule
+// pays), read on every call so that a test or a benchmark can compare both in one process.
+// num_splits > 0 always means the static schedule, and so do fp32 caches (the CUDA-core kernel).
+Schedule pick_schedule(bool tensor_cores, int64_t num_splits) {
   const char* env = std::getenv("TORCH_AURA_DECODE_SCHEDULE");
-  const bool forced_static = env != nullptr && std::strcmp(env, "static") == 0;
   const bool forced_balanced = env != nullptr && std::strcmp(env, "balanced") == 0;
-  AURA_CHECK(env == nullptr || *env == '\0' || forced_static || forced_balanced || std::strcmp(env, "auto") == 0,
+  AURA_CHECK(env == nullptr || *env == '\0' || forced_balanced || std::strcmp(env, "static") == 0 ||
+                 std::strcmp(env, "auto") == 0,
              "TORCH_AURA_DECODE_SCHEDULE: expected static, balanced or auto, got ", env);
-  if (!tensor_cores || num_splits > 0 || forced_static || B == 0) return Schedule::kStatic;
-  if (forced_balanced) return Schedule::kBalanced;
-  const bool large = B * capacity * units >= kBalancedMinTokensPerSlot * slots;
-  return large && B * units <= int64_t(kBalancedMaxUnitsPerSlot) * slots ? Schedule::kBalanced : Schedule::kStatic;
+  return forced_balanced && tensor_cores && num_splits == 0 ? Schedule::kBalanced : Schedule::kStatic;
 }
 
 bool supported_head_dim(int64_t D) {
@@ -252,7 +249,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   const bool tensor_cores = q.scalar_type() != ScalarType::Float;
   if (tensor_cores) with_head_dim(D, [&](auto d) { set_mma_head_tiles<__half, decltype(d)::value>(p); });
   const int64_t units = Hkv * p.head_tiles;  // (sequence-independent) work units per sequence: KV heads x head tiles
-  const Schedule schedule = pick_schedule(tensor_cores, num_splits, B, units, p.capacity, slots);
+  const Schedule schedule = pick_schedule(tensor_cores, num_splits);
 
   // Through torch's caching allocator (graph-pool aware under capture), never cudaMalloc.
   Tensor part_out = q, part_lse = q, plan = q;  // placeholders; real buffers only where used
