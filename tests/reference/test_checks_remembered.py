@@ -1,4 +1,4 @@
-"""``_checks.common.remembered``: the Triton launchers' checks run once per argument metadata."""
+"""``_checks.common.remembered``: launcher checks (GDN, the decode wrappers) run once per metadata."""
 
 import pytest
 import torch
@@ -71,3 +71,22 @@ def test_gdn_chunk_check_keeps_its_errors():
     for _ in range(2):
         with pytest.raises(ValueError, match="v"):
             run(q, k, bad_v, torch.zeros(1, 8, 3), torch.zeros(1, 8, 3), None, None, None, None, False, False)
+
+
+def test_flash_decode_wrappers_keep_their_errors():
+    """The public decode wrappers check once per metadata: a bad call after good ones still raises the
+    op's named error, every time."""
+    import torch_aura
+
+    q = torch.randn(2, 4, 64)
+    k = v = torch.randn(2, 2, 8, 64)
+    sl = torch.tensor([8, 3], dtype=torch.int32)
+    good = torch_aura.flash_decode(q, k, v, sl)
+    assert torch.equal(torch_aura.flash_decode(q, k, v, sl)[0], good[0])
+    out, lse = torch.empty(2, 4, 64), torch.empty(2, 4)
+    torch_aura.flash_decode_out(q, k, v, sl, None, None, 0, out, lse)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="num_splits"):
+            torch_aura.flash_decode(q, k, v, sl, num_splits=-1)
+        with pytest.raises(ValueError, match="lse"):
+            torch_aura.flash_decode_out(q, k, v, sl, None, None, 0, out, torch.empty(2, 5))

@@ -6,7 +6,12 @@ import torch
 
 from .. import _debug
 from .._checks import decode as _check
+from .._checks.common import remembered
 from ..reference import decode as _ref
+
+# eager decode repeats its metadata every step and layer: check it once per metadata (host time per call)
+_check_flash_decode = remembered(_check.flash_decode)
+_check_flash_decode_out = remembered(_check.flash_decode_out)
 
 __all__ = ["flash_decode", "flash_decode_out", "merge_attn_states", "decode_num_splits"]
 
@@ -66,7 +71,7 @@ def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, nu
         True
     """
     if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check.flash_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits)
+        _check_flash_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits)
     return torch.ops.aura.flash_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits)
 
 
@@ -97,7 +102,7 @@ def flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_spli
         True
     """
     if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check.flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse)
+        _check_flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse)
     torch.ops.aura.flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse)
 
 
