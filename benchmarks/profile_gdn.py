@@ -5,7 +5,8 @@ bench_gdn.py.
     ncu --nvtx --nvtx-include "prof/" --set full python benchmarks/profile_gdn.py --ncu
 
 ``--host``: host time per eager call (``bench_gdn.host_us``), host and event time per call inside
-``do_bench``'s eager loop, and a cProfile of 50 calls (the Python functions that cost it). ``--kernels``: device time per kernel of one call (torch profiler), eager.
+``do_bench``'s eager loop, and a cProfile of 50 calls (the Python functions that cost it).
+``--kernels``: device time per kernel of one call (torch profiler), eager.
 ``--ncu``: one call of each inside the NVTX range ``prof`` for Nsight Compute. ``--trace DIR``: a
 Chrome trace (host and device timelines) of five eager calls each, L2 flushed before every call as
 ``do_bench`` does, to see where an eager call's time goes between its kernels. K = V = 128, bf16 with

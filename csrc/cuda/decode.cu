@@ -76,9 +76,9 @@ void set_mma_head_tiles(DecodeParams& p) {
 template <typename T, int D>
 void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
   if constexpr (!std::is_same_v<T, float>) {
-    // Tensor cores: the group's heads are the MMA's n (8 per tile), head tiles as set_mma_head_tiles.
+    // Tensor cores: the group's heads are the MMA's n (8 per tile), in the head tiles the caller set
+    // (set_mma_head_tiles: the balanced plan counts them too).
     using Shape = WarpSplitShape<T, D>;
-    set_mma_head_tiles<T, D>(p);
     // Copy engine from static values only: bulk copies for a contiguous cache when a full-capacity
     // split gives each warp >= 16 steps (bandwidth-bound: fewest issue instructions; H200 B=8 T=32k
     // 270 -> 262 us), else cp.async (latency-bound short splits: B=1 T=1k 13.0 -> 9.6 us; paged
@@ -247,7 +247,9 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   p.q_vec16 = row_vector_bytes(q) == 16;  // (q's last stride is 1: check_cuda_tensor)
 
   const bool tensor_cores = q.scalar_type() != ScalarType::Float;
-  if (tensor_cores) with_head_dim(D, [&](auto d) { set_mma_head_tiles<__half, decltype(d)::value>(p); });
+  if (tensor_cores) {  // kMaxHeads depends on D only: any 16-bit type gives the same tiles
+    with_head_dim(D, [&](auto d) { set_mma_head_tiles<__half, decltype(d)::value>(p); });
+  }
   const int64_t units = Hkv * p.head_tiles;  // (sequence-independent) work units per sequence: KV heads x head tiles
   const Schedule schedule = pick_schedule(tensor_cores, num_splits);
 

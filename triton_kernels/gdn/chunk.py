@@ -941,8 +941,7 @@ def _segment_plan(device: torch.device, N: int, HV: int, V: int, NT: int, NT_tot
     slots = sm_count(device) // (HV * cdiv(V, 64))  # segments whose pass programs fit in one wave
     segs, chunks = (slots - N, NT_total) if varlen else (slots // N, NT)
     segs = min(segs, chunks // _SEG_MIN_CHUNKS)
-    # varlen needs at least one split segment per sequence: 2/4 heads with 9 sequences (7 spare slots)
-    # ran 410 us as a graph against FLA's 307 (H200, benchmarks/results/gdn_tp_h200.md)
+    # varlen: fewer split segments than sequences lost to the serial pass (gdn.md §6)
     enough = segs >= _SEG_MIN_COUNT and (not varlen or segs >= N)
     return cdiv(chunks, segs) if enough else 0
 
