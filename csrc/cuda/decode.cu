@@ -250,7 +250,6 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   if (tensor_cores) {  // kMaxHeads depends on D only: any 16-bit type gives the same tiles
     with_head_dim(D, [&](auto d) { set_mma_head_tiles<__half, decltype(d)::value>(p); });
   }
-  const int64_t units = Hkv * p.head_tiles;  // (sequence-independent) work units per sequence: KV heads x head tiles
   const Schedule schedule = pick_schedule(tensor_cores, num_splits);
 
   // Through torch's caching allocator (graph-pool aware under capture), never cudaMalloc.
@@ -258,6 +257,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   int grid_ctas = 0;
   if (schedule == Schedule::kBalanced) {
     p.S = 0;
+    const int64_t units = Hkv * p.head_tiles;  // work units per sequence: KV heads x head tiles
     const int64_t target = int64_t(slots) * balanced_items_per_slot();
     const int64_t items_max = target + B * units;  // decode_balance_plan_kernel's bound
     AURA_CHECK(items_max * p.heads_per_cta <= int64_t(INT32_MAX), "flash_decode: too many work items for the "
