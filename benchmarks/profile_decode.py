@@ -4,14 +4,19 @@
     python benchmarks/profile_decode.py --sweep [CASE ...]
 
 --splits=N forces the split count of the profiled calls (default: the automatic plan).
+--sdpa profiles SDPA on the contiguous cache instead (the peer's kernels under the same ncu filter:
+run ncu with --nvtx --nvtx-include "profiled/" to catch only the profiled call).
+--kernels lists, without ncu, every kernel one call of ours and of SDPA launches (torch.profiler:
+name, grid, block, registers, shared memory, device time): which kernels the peer picked for a shape.
 --sweep instead times CUDA-graph replays of each case with every sequence empty (the fixed cost of
 the launches), at full length with forced split counts, and split kernel alone (num_splits=1):
 where the small-batch time goes without profiler clock locking or cache flushes.
 
-CASE names a row of shapes.DECODE (default: B1-T1k B1-T32k B8-T32k B1-T32k-D512). Each case runs
+CASE names a row of shapes.DECODE or bench_decode.TP_SHARDS (default: B1-T1k B1-T32k B8-T32k B1-T32k-D512). Each case runs
 once untimed first, so one-time setup (kernel attributes) stays out of the profiled launches.
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -19,14 +24,48 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shapes  # noqa: E402
-from bench_decode import make_inputs  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from bench_decode import TP_SHARDS, make_inputs  # noqa: E402
 
 import torch_aura  # noqa: E402,F401
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 splits = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--splits=")), 0)  # 0: auto
 wanted = args or ["B1-T1k", "B1-T32k", "B8-T32k", "B1-T32k-D512"]
-by_name = {row[0]: row for row in shapes.DECODE}
+by_name = {row[0]: row for row in shapes.DECODE + TP_SHARDS}
+
+
+def calls(name):
+    """(ours, sdpa): one call each of the case's shapes (SDPA on the contiguous copy of the cache)."""
+    _, B, Hq, Hkv, D, T, page = by_name[name]
+    q, k, v, sl, table, kc, vc = make_inputs(B, Hq, Hkv, D, T, page)
+    return (lambda: torch.ops.aura.flash_decode(q, k, v, sl, table, None, splits),
+            lambda: F.scaled_dot_product_attention(q[:, :, None], kc, vc, enable_gqa=True))
+
+
+if "--kernels" in sys.argv:
+    from torch.profiler import ProfilerActivity, profile
+
+    for name in wanted:
+        for who, fn in zip(("ours", "SDPA"), calls(name)):
+            fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    print(f"{name} {who}: {e.name[:110]} {e.device_time:.1f} us", flush=True)
+            # grid, block, registers and shared memory are in the trace's kernel args
+            path = f"/tmp/profile_decode_{who}.json"
+            prof.export_chrome_trace(path)
+            for ev in json.load(open(path))["traceEvents"]:
+                if ev.get("cat") == "kernel":
+                    a = ev.get("args", {})
+                    print(f"    grid {a.get('grid')} block {a.get('block')} regs {a.get('registers per thread')} "
+                          f"smem {a.get('shared memory')} blocks/SM {a.get('blocks per SM')} "
+                          f"occupancy {a.get('est. achieved occupancy %')}", flush=True)
+    sys.exit(0)
 if "--sweep" in sys.argv:
     from _harness import time_us
 
@@ -42,10 +81,12 @@ if "--sweep" in sys.argv:
 
 for name in wanted:
     _, B, Hq, Hkv, D, T, page = by_name[name]
-    q, k, v, sl, table, *_ = make_inputs(B, Hq, Hkv, D, T, page)
-    torch.ops.aura.flash_decode(q, k, v, sl, table, None, splits)  # warm-up (not profiled: see -c / --launch-skip)
+    fn = calls(name)[1 if "--sdpa" in sys.argv else 0]
+    fn()  # warm-up (not profiled: see -c / --launch-skip, or --nvtx-include "profiled/")
     torch.cuda.synchronize()
-    torch.ops.aura.flash_decode(q, k, v, sl, table, None, splits)
+    torch.cuda.nvtx.range_push("profiled")
+    fn()
     torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
     print(f"profiled {name}: B={B} Hq={Hq} Hkv={Hkv} D={D} T={T} page={page}")
 

@@ -1,6 +1,6 @@
 // Where the time of a flash_decode goes: a standalone driver of the real split kernel (tensor-core,
 // bf16) and merge kernel with their phase probes (AURA_PHASE, recorded by tools/timeline_probe.cuh),
-// plus CUDA-graph timings of the pieces, on the launcher's own plan (decode.cu: auto_splits, copy
+// plus CUDA-graph timings of the pieces, on the launcher's own plan (decode.cuh: decode_auto_splits; decode.cu: copy
 // engine). No torch at run time (its headers only):
 //
 //   nvcc -std=c++20 -O3 -DUSE_CUDA --expt-relaxed-constexpr -gencode arch=compute_90,code=sm_90 \
@@ -42,7 +42,7 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   CK(cudaMemcpy(seq, sl.data(), B * 4, cudaMemcpyHostToDevice));
 
   // the launcher's plan (decode.cu)
-  const int S = S_force > 0 ? S_force : auto_splits(B, Hkv, sms, 2);
+  const int S = S_force > 0 ? S_force : decode_auto_splits(B, Hkv, sms, D, T_len, kContiguousTile);
   CK(cudaMalloc(&part_out, size_t(S) * B * Hq * D * 4));
   CK(cudaMalloc(&part_lse, size_t(S) * B * Hq * 4));
   DecodeParams p{};
@@ -103,12 +103,14 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
 int main(int argc, char** argv) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  if (argc >= 4) {  // one case, e.g. under ncu: decode_timeline B T D [S] (the heads of that D's case below)
+  if (argc >= 4) {  // one case, e.g. under ncu: decode_timeline B T D [S [Hq Hkv]] (default: that D's heads below)
     const int B = std::atoi(argv[1]), T_len = std::atoi(argv[2]), D = std::atoi(argv[3]);
     const int S = argc >= 5 ? std::atoi(argv[4]) : 0;
-    if (D == 256) run_case<256>(B, 16, 8, T_len, sms, S);
-    else if (D == 512) run_case<512>(B, 16, 2, T_len, sms, S);
-    else run_case<128>(B, 32, 8, T_len, sms, S);
+    const int Hq = argc >= 7 ? std::atoi(argv[5]) : D == 256 ? 16 : D == 512 ? 16 : 32;
+    const int Hkv = argc >= 7 ? std::atoi(argv[6]) : D == 256 ? 8 : D == 512 ? 2 : 8;
+    if (D == 256) run_case<256>(B, Hq, Hkv, T_len, sms, S);
+    else if (D == 512) run_case<512>(B, Hq, Hkv, T_len, sms, S);
+    else run_case<128>(B, Hq, Hkv, T_len, sms, S);
     return 0;
   }
   for (int T_len : {1024, 4096, 8192, 32768, 131072}) run_case<128>(1, 32, 8, T_len, sms);

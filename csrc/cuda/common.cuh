@@ -254,9 +254,9 @@ inline int sm_count(int device) {
   return sms;
 }
 
-// decode.md §4: the split count from static values only (batch, KV heads, SM count, CTAs per SM),
-// identical arithmetic to reference.decode.auto_splits so both plan the same S. Shared by the dense
-// and the AURA split-K decodes.
+// The wave-efficiency split count (FlashAttention's num_splits_heuristic: the smallest S within 85%
+// of the best last-wave fill), from static values only: AURA's exact kernel. The dense decode plans
+// one wave instead (decode_auto_splits, decode.md §4).
 inline int auto_splits(int64_t batch, int64_t kv_heads, int sms, int ctas_per_sm, int max_splits = 128) {
   const double slots = double(sms) * ctas_per_sm, work = double(batch) * kv_heads;
   if (work == 0 || work >= 0.8 * slots) return 1;

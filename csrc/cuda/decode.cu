@@ -12,7 +12,7 @@
 namespace aura {
 namespace {
 
-constexpr int kCtasPerSm = 2;  // same stand-in as torch_aura/reference/decode.py; kSmemBudget keeps it true
+constexpr int kCtasPerSm = 2;  // resident split CTAs per SM (kSmemBudget keeps it true): the balanced grid's slots
 // The balanced schedule (decode.cuh): items per CTA slot the plan aims at (claiming balances to about
 // one item; 4 measured best of 1, 2, 4, 8) and the shortest item. Opt-in: it has not beaten the static
 // splits yet (decode.md §4).
@@ -221,7 +221,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
 
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(q);
-  const int slots = sm_count(q.get_device_index()) * kCtasPerSm;
+  const int sms = sm_count(q.get_device_index()), slots = sms * kCtasPerSm;
   if (B == 0 || Hq == 0) return;
 
   DecodeParams p{};
@@ -272,7 +272,9 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
         kBalancedMinChunk, p.plan);
     check_launch("flash_decode plan kernel");
   } else {
-    p.S = num_splits > 0 ? static_cast<int>(num_splits) : auto_splits(B, Hkv, slots / kCtasPerSm, kCtasPerSm);
+    p.S = num_splits > 0 ? static_cast<int>(num_splits)
+                         : decode_auto_splits(B, Hkv, sms, int(D), p.capacity,
+                                              paged ? p.page_size : kContiguousTile);
     if (p.S > 1) {
       part_out = torch::stable::new_empty(q, std::vector<int64_t>{p.S, B, Hq, D}, ScalarType::Float);
       part_lse = torch::stable::new_empty(q, std::vector<int64_t>{p.S, B, Hq}, ScalarType::Float);

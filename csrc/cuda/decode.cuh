@@ -78,7 +78,21 @@ constexpr size_t decode_head_smem_bytes() {  // CUDA-core kernel: q, o (D each),
   return sizeof(float) * (2 * D + decode_stage_tokens<T, D>() + 4);
 }
 
-// The per-sequence split rule (reference: split_chunk): chunk = round_up(max(256, ceil(T/S)), tile).
+// The automatic split count of the static schedule (decode.md §4; reference: auto_splits with
+// plan_ctas_per_sm): one wave of CTAs per SM (two of the one-warp D = 512 CTAs), plus one split when
+// that wave leaves a fifth of the slots idle, at most 128, and no more splits than a sequence of
+// `capacity` tokens can fill (a split no sequence reaches is an idle CTA and a merge input).
+inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head_dim, int64_t capacity, int tile) {
+  const int64_t slots = int64_t(sms) * (head_dim == 512 ? 2 : 1), work = batch * kv_heads;
+  if (work == 0 || work >= slots) return 1;
+  int64_t s = slots / work;
+  if (double(work * s) < 0.8 * double(slots)) ++s;
+  const int64_t min_chunk = (kMinChunk + tile - 1) / tile * tile;
+  s = std::min<int64_t>({s, 128, std::max<int64_t>(1, (capacity + min_chunk - 1) / min_chunk)});
+  return int(s);
+}
+
+// The per-sequence split rule (reference: split_chunk): chunk = round_up(max(kMinChunk, ceil(T/S)), tile).
 __device__ __forceinline__ void split_rule(int T, int S, int tile, int& chunk, int& live_splits) {
   const int per_split = max(kMinChunk, ceil_div(T, S));
   chunk = ceil_div(per_split, tile) * tile;

@@ -270,7 +270,8 @@ def test_split_partials_follow_the_documented_rule(layout, S):
         q, k, v, sl, table = make_paged(lens, 4, 2, 64, torch.float32, 7, seed=2)
         tile = 7
     po, pl = ref.split_partials(q, k, v, sl, table, None, S)
-    S_host = S if S > 0 else torch_aura.decode_num_splits(4, 2, ref.STAND_IN_SMS, ref.CTAS_PER_SM)
+    capacity = k.shape[2] if table is None else table.shape[1] * tile
+    S_host = S if S > 0 else ref.plan_num_splits(4, 2, q.device, head_dim=64, capacity=capacity, tile=tile)
     assert po.shape == (S_host, 4, 4, 64) and pl.shape == (S_host, 4, 4)
     assert po.dtype == pl.dtype == torch.float32
     scale = 64 ** -0.5
@@ -299,53 +300,64 @@ def test_auto_split_count_never_reads_seq_lens():
         q, k, v, sl = make_contiguous(lens, 4, 2, 64, torch.float32, T_cap=1000)
         po, pl = ref.split_partials(q, k, v, sl)
         shapes.append(po.shape[0])
-    assert shapes[0] == shapes[1] == shapes[2] == torch_aura.decode_num_splits(3, 2, 132, 2)
+    assert shapes[0] == shapes[1] == shapes[2] == torch_aura.decode_num_splits(3, 2, 132, 1, capacity=1000)
     for fn in (ref.plan_num_splits, ref.auto_splits, torch_aura.decode_num_splits):
         assert "seq_lens" not in inspect.signature(fn).parameters
 
 
-def _eff(work, slots, s):
-    w = work * s / slots
-    return w / math.ceil(w)
-
-
 def test_decode_num_splits_is_one_when_work_fills_the_gpu():
-    slots = 132 * 2
-    assert torch_aura.decode_num_splits(64, 8, 132, 2) == 1
-    assert torch_aura.decode_num_splits(212, 1, 132, 2) == 1  # 212 >= 0.8 * 264 = 211.2
-    assert torch_aura.decode_num_splits(211, 1, 132, 2) > 1
-    assert torch_aura.decode_num_splits(0, 8, 132, 2) == 1  # nothing to do: one (empty) split
-    for work in range(math.ceil(0.8 * slots), 3 * slots, 7):
+    assert torch_aura.decode_num_splits(64, 8, 132, 1) == 1
+    assert torch_aura.decode_num_splits(132, 1, 132, 1) == 1
+    assert torch_aura.decode_num_splits(131, 1, 132, 1) == 1  # 99% of the SMs
+    assert torch_aura.decode_num_splits(100, 1, 132, 1) == 2  # 76%: a second CTA on some SMs instead
+    assert torch_aura.decode_num_splits(0, 8, 132, 1) == 1  # nothing to do: one (empty) split
+    for work in range(132 * 2, 3 * 132 * 2, 7):
         assert torch_aura.decode_num_splits(work, 1, 132, 2) == 1
 
 
-@pytest.mark.parametrize("sms,ctas", ((132, 2), (132, 1), (78, 3), (16, 1)), ids=lambda x: str(x))
-def test_decode_num_splits_efficiency_rule(sms, ctas):
-    """The smallest s whose wave efficiency is within 85% of the best s in [1, cap]."""
+@pytest.mark.parametrize("sms,ctas", ((132, 1), (132, 2), (78, 3), (16, 1)), ids=lambda x: str(x))
+def test_decode_num_splits_fills_one_wave(sms, ctas):
+    """One wave of sms * ctas CTAs: at most one split past it, and a fifth of the slots idle at most
+    unless the cap binds."""
     slots = sms * ctas
-    for batch in (1, 2, 3, 5, 8):
+    for batch in (1, 2, 3, 5, 8, 13):
         for kv in (1, 2, 4, 8):
             for cap in (128, 32, 1):
                 work = batch * kv
                 got = torch_aura.decode_num_splits(batch, kv, sms, ctas, cap)
                 assert 1 <= got <= cap
-                if work >= 0.8 * slots:
+                if work >= slots:
                     assert got == 1
                     continue
-                best = max(_eff(work, slots, s) for s in range(1, cap + 1))
-                assert _eff(work, slots, got) >= 0.85 * best
-                assert all(_eff(work, slots, s) < 0.85 * best for s in range(1, got))
+                assert work * (got - 1) < slots, "never a whole split past the wave"
+                assert got == cap or work * got >= 0.8 * slots, "the wave leaves a fifth idle"
+                if work * got > slots:  # one split past the wave only when the wave itself was thin
+                    assert work * (got - 1) < 0.8 * slots
 
 
 def test_decode_num_splits_known_values():
-    assert torch_aura.decode_num_splits(1, 8, 132, 2) == 29  # 29 * 8 = 232 of 264 slots
-    assert torch_aura.decode_num_splits(1, 1, 132, 1) == 109  # high cap: batch 1 spreads wide
-    assert torch_aura.decode_num_splits(1, 1, 132, 1, cap=32) == 28
+    assert torch_aura.decode_num_splits(1, 8, 132, 1) == 16  # 128 of 132 SMs
+    assert torch_aura.decode_num_splits(8, 8, 132, 1) == 2
+    assert torch_aura.decode_num_splits(1, 2, 132, 1) == 66  # a TP4 shard of a 32/8-head model
+    assert torch_aura.decode_num_splits(1, 1, 132, 1) == 128  # the cap
+    assert torch_aura.decode_num_splits(1, 1, 132, 1, cap=32) == 32
+    assert torch_aura.decode_num_splits(50, 1, 132, 1) == 3  # 2 x 50 = 100 CTAs would idle 32 SMs
+    assert torch_aura.decode_num_splits(1, 2, 132, 2) == 128  # two one-warp CTAs per SM (D = 512)
 
 
-@pytest.mark.parametrize("arg", ("batch", "kv_heads", "sms", "ctas_per_sm", "cap"))
+def test_decode_num_splits_capacity_bounds_the_splits():
+    """A split that no sequence of the cache's capacity can reach is never planned."""
+    assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=4096) == 64  # 64 splits of 64 tokens
+    assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=64) == 1
+    assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=65) == 2
+    assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=1 << 20) == 66
+    assert ref.plan_num_splits(1, 2, torch.device("cpu"), head_dim=128, capacity=4096, tile=7) == 59  # 70-token floor
+    assert ref.plan_num_splits(1, 2, torch.device("cpu"), 5, capacity=64) == 5  # forced counts pass through
+
+
+@pytest.mark.parametrize("arg", ("batch", "kv_heads", "sms", "ctas_per_sm", "cap", "capacity"))
 def test_decode_num_splits_refuses_data_and_bad_values(arg):
-    good = dict(batch=2, kv_heads=2, sms=132, ctas_per_sm=2, cap=128)
+    good = dict(batch=2, kv_heads=2, sms=132, ctas_per_sm=2, cap=128, capacity=4096)
     with pytest.raises(ValueError, match=f"^{arg}: expected a Python int"):
         torch_aura.decode_num_splits(**{**good, arg: torch.tensor(2)})
     with pytest.raises(ValueError, match=f"^{arg}: expected a Python int"):

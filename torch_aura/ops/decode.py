@@ -39,8 +39,9 @@ def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, nu
             Token ``t`` of sequence ``b`` is slot ``t % page_size`` of page
             ``block_table[b, t // page_size]``; any page size.
         scale: softmax scale; None means ``D ** -0.5``.
-        num_splits: 0 chooses the split count from static values only (``B``, ``Hkv`` and the
-            device's SM count, see :func:`decode_num_splits`; never from ``seq_lens``); a
+        num_splits: 0 chooses the split count from static values only (``B``, ``Hkv``, the
+            head dim, the cache capacity and the device's SM count, see
+            :func:`decode_num_splits`; never from ``seq_lens``); a
             positive value forces it. The result does not depend on it beyond fp32 rounding.
 
     Returns:
@@ -143,28 +144,31 @@ def merge_attn_states(partial_out, partial_lse):
     return torch.ops.aura.merge_attn_states(partial_out, partial_lse)
 
 
-def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int = 128) -> int:
+def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int = 128,
+                      capacity: int | None = None) -> int:
     """The split count S of the decode grid ``(S, Hkv, B)``, from static values only.
 
-    The one planning rule every backend shares (decode.md §4), the wave-efficiency idea of
-    FlashAttention's ``num_splits_heuristic`` with one unit of work per (sequence, KV head):
+    The CUDA kernels' automatic plan (decode.md §4), one unit of work per (sequence, KV head):
     with ``slots = sms * ctas_per_sm`` and ``work = batch * kv_heads``,
 
-    * ``work >= 0.8 * slots``: 1 (one wave already fills the GPU);
-    * else, with ``eff(s) = (work*s/slots) / ceil(work*s/slots)`` the fill of the last wave, the
-      smallest ``s`` in ``[1, cap]`` with ``eff(s) >= 0.85 * max(eff)``.
+    * ``work >= slots``: 1 (one wave already fills the GPU);
+    * else one wave, ``s = slots // work``, plus one when ``work * s < 0.8 * slots`` (a second
+      CTA on some SMs beats leaving a fifth of them idle), at most ``cap``;
+    * and at most ``ceil(capacity / 64)`` when ``capacity`` (the cache's tokens per sequence) is
+      given: no sequence could reach a split beyond that.
 
     It never sees ``seq_lens``: the grid of a captured CUDA graph must not depend on data. Each
-    sequence then uses ``S_b <= S`` of the splits, at least 256 tokens each (empty ones write
-    lse = -inf). ``flash_decode`` calls it with the device's SM count, or with 132 SMs x 2 CTAs
-    (an H100 stand-in) on devices without one; ``num_splits > 0`` bypasses it.
+    sequence then uses ``S_b <= S`` of the splits, at least 64 tokens each (empty ones write
+    lse = -inf). ``flash_decode`` calls it with the device's SM count, ``ctas_per_sm`` = 1 (2 at
+    head_dim 512, whose CTAs are one warp) and the cache capacity; ``num_splits > 0`` bypasses it.
 
     Args:
         batch: number of sequences ``B`` (>= 0).
         kv_heads: KV heads ``Hkv`` (>= 1).
         sms: streaming multiprocessors of the GPU (>= 1).
-        ctas_per_sm: resident decode CTAs per SM of the kernel configuration (>= 1).
+        ctas_per_sm: CTAs per SM the wave fills (>= 1).
         cap: largest split count considered (>= 1).
+        capacity: tokens a sequence can hold (>= 1), or None for no such bound.
 
     Returns:
         int in ``[1, cap]``.
@@ -175,16 +179,19 @@ def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap
 
     Example:
         >>> import torch_aura
-        >>> torch_aura.decode_num_splits(64, 8, sms=132, ctas_per_sm=2)  # 512 CTAs fill 264 slots
+        >>> torch_aura.decode_num_splits(64, 8, sms=132, ctas_per_sm=1)  # 512 CTAs fill 132 SMs
         1
-        >>> torch_aura.decode_num_splits(1, 8, sms=132, ctas_per_sm=2)   # 8 CTAs: split 29 ways
-        29
+        >>> torch_aura.decode_num_splits(1, 8, sms=132, ctas_per_sm=1)   # 8 CTAs: split 16 ways
+        16
+        >>> torch_aura.decode_num_splits(1, 2, sms=132, ctas_per_sm=1, capacity=4096)  # 64 x 64 tokens
+        64
     """
     for name, value, low in (("batch", batch, 0), ("kv_heads", kv_heads, 1), ("sms", sms, 1),
-                             ("ctas_per_sm", ctas_per_sm, 1), ("cap", cap, 1)):
+                             ("ctas_per_sm", ctas_per_sm, 1), ("cap", cap, 1),
+                             ("capacity", 1 if capacity is None else capacity, 1)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{name}: expected a Python int (static, never device data), "
                              f"got {type(value).__name__}")
         if value < low:
             raise ValueError(f"{name}: expected >= {low}, got {value}")
-    return _ref.auto_splits(batch, kv_heads, sms, ctas_per_sm, cap)
+    return _ref.auto_splits(batch, kv_heads, sms, ctas_per_sm, cap, capacity)

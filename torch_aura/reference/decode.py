@@ -43,51 +43,59 @@ CONTIGUOUS_TILE = 64
 # KV head can still spread over every SM).
 MAX_AUTO_SPLITS = 128
 
-# Stand-in GPU for devices that have no SM count (CPU, MPS, meta): an H100 SXM, 132 SMs, with 2
-# resident decode CTAs per SM (the D = 512 configuration of decode.md §7, the tightest one). On a
-# CUDA device the real SM count is used, so the reference plans the same grid as the kernel.
+# Stand-in GPU for devices that have no SM count (CPU, MPS, meta): an H100 SXM, 132 SMs. On a CUDA
+# device the real SM count is used, so the reference plans the same grid as the kernel.
 STAND_IN_SMS = 132
-CTAS_PER_SM = 2
 
 
-def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int = MAX_AUTO_SPLITS) -> int:
+def plan_ctas_per_sm(head_dim: int) -> int:
+    """CTAs per SM the automatic plan fills (decode.md §4): one four-warp tensor-core CTA streams
+    an SM's share of HBM by itself (H100: B8-T32k 374 -> 368 us, D256 107 -> 100 us against two),
+    two of the one-warp CTAs of D = 512."""
+    return 2 if head_dim == 512 else 1
+
+
+def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int = MAX_AUTO_SPLITS,
+                capacity: int | None = None, tile: int = CONTIGUOUS_TILE) -> int:
     """The split count for a grid of ``batch * kv_heads`` CTAs per split (decode.md §4).
 
+    One wave: ``S = slots // work`` with ``slots = sms * ctas_per_sm``, plus one split when that
+    wave would leave more than a fifth of the slots idle, at most ``cap``; and never more splits
+    than a ``capacity``-token sequence can fill (``ceil(capacity / round_up(MIN_CHUNK, tile))``:
+    a split that no sequence can reach is an idle CTA and a merge input for nothing).
     Pure integer arithmetic on static values; the public, documented face of this function is
     ``torch_aura.decode_num_splits`` (which validates its arguments and calls this).
     """
     slots, work = sms * ctas_per_sm, batch * kv_heads
-    if work == 0 or work >= 0.8 * slots:
-        return 1  # one wave already fills the GPU (or there is nothing to do)
-
-    def eff(s: int) -> float:
-        # Wave efficiency: the fraction of the last wave's CTA slots that hold work.
-        waves = work * s / slots
-        return waves / math.ceil(waves)
-
-    best = max(eff(s) for s in range(1, cap + 1))
-    # The smallest S within 85% of the best efficiency: more splits only add merge work.
-    return next(s for s in range(1, cap + 1) if eff(s) >= 0.85 * best)
+    if work == 0 or work >= slots:
+        return 1
+    s = slots // work
+    if work * s < 0.8 * slots:
+        s += 1  # a thin wave: a second CTA on some SMs beats leaving a fifth of them idle
+    s = min(s, cap)
+    if capacity is not None:
+        s = min(s, max(1, _ceil_div(capacity, _ceil_div(MIN_CHUNK, tile) * tile)))
+    return s
 
 
-def device_slots(device: torch.device) -> tuple[int, int]:
-    """``(sms, ctas_per_sm)`` the plan uses on ``device``: the real SM count on CUDA, else the
-    H100 stand-in (:data:`STAND_IN_SMS`, :data:`CTAS_PER_SM`)."""
+def device_sms(device: torch.device) -> int:
+    """The SM count the plan uses on ``device``: the real one on CUDA, else :data:`STAND_IN_SMS`."""
     if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(device).multi_processor_count, CTAS_PER_SM
-    return STAND_IN_SMS, CTAS_PER_SM
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return STAND_IN_SMS
 
 
-def plan_num_splits(batch: int, kv_heads: int, device: torch.device, num_splits: int = 0) -> int:
+def plan_num_splits(batch: int, kv_heads: int, device: torch.device, num_splits: int = 0, *,
+                    head_dim: int = 128, capacity: int | None = None, tile: int = CONTIGUOUS_TILE) -> int:
     """Host-side split count S: ``num_splits`` when positive, else :func:`auto_splits`.
 
     Takes no ``seq_lens`` on purpose: the grid must depend only on values fixed for a captured
-    batch shape (decode.md §4, §8 rule 2).
+    batch shape (decode.md §4, §8 rule 2); ``capacity`` (the cache's token capacity) is a shape.
     """
     if num_splits > 0:
         return int(num_splits)
-    sms, ctas = device_slots(device)
-    return auto_splits(batch, kv_heads, sms, ctas)
+    return auto_splits(batch, kv_heads, device_sms(device), plan_ctas_per_sm(head_dim),
+                       capacity=capacity, tile=tile)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -99,13 +107,11 @@ def split_chunk(seq_len: int, num_splits: int, tile: int) -> tuple[int, int]:
 
     Returns ``(chunk, S_b)``: split ``s`` of this sequence covers tokens
     ``[s * chunk, min((s + 1) * chunk, seq_len))``, and exactly the splits ``s < S_b`` are
-    non-empty. ``chunk = round_up(max(256, ceil(T / S)), tile)`` and ``S_b = ceil(T / chunk)``,
+    non-empty. ``chunk = round_up(max(MIN_CHUNK, ceil(T / S)), tile)`` and ``S_b = ceil(T / chunk)``,
     so ``S_b <= S`` and a sequence of 0 tokens has no live split at all.
 
-    The 256-token floor is applied before rounding to whole tiles so that a split never straddles
-    a page, even for page sizes that do not divide 256 (decode.md §6: a CTA resolves each page
-    index once). Where the tile divides 256 this equals decode.md §4's
-    ``max(256, round_up(ceil(T / S), tile))``.
+    The floor is applied before rounding to whole tiles so that a split never straddles a page,
+    even for page sizes that do not divide it (decode.md §6: a CTA resolves each page index once).
     """
     chunk = _ceil_div(max(MIN_CHUNK, _ceil_div(seq_len, num_splits)), tile) * tile
     return chunk, _ceil_div(seq_len, chunk)
@@ -176,7 +182,8 @@ def split_partials(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, 
     tile = k_cache.shape[1] if paged else CONTIGUOUS_TILE
     lens = _validate_data(k_cache, seq_lens, block_table)
 
-    S = plan_num_splits(B, Hkv, q.device, num_splits)
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[2]
+    S = plan_num_splits(B, Hkv, q.device, num_splits, head_dim=D, capacity=capacity, tile=tile)
     # Deliberately torch.empty: empty splits leave their partial as whatever the workspace held
     # (NaN under the test suite's poisoning). Only partial_lse is written everywhere.
     partial_out = torch.empty((S, B, Hq, D), dtype=torch.float32, device=q.device)
