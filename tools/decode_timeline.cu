@@ -13,7 +13,9 @@
 // Then the spread of the loop ends over the CTAs (percentiles, and medians by CTAs per SM: the
 // memory system shares bandwidth per SM under saturation, docs/decode.md §4). Experiment knobs:
 // DT_ENGINE=bulk|cpasync forces a copy engine, DT_SMEM=<bytes> pads the CTA's shared memory (fewer
-// CTAs per SM), -DAURA_DECODE_MAX_STAGES=<n> caps the ring depth.
+// CTAs per SM), DT_PAD=<elements> staggers the (b, h) rows' start addresses, DT_BYSM=1 prints each
+// SM's and each CTA's loop end (GPCs show as runs of SM ids), -DAURA_DECODE_MAX_STAGES=<n> caps the
+// ring depth and -DAURA_DECODE_SMEM_BUDGET=<bytes> raises the CTA's budget (deeper rings).
 #include "timeline_probe.cuh"
 // (defines AURA_PHASE before the kernels are included)
 #include "cuda/decode.cuh"
@@ -25,7 +27,9 @@ template <int D>
 void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  // S_force > 0: that split count
   using Shape = WarpSplitShape<T, D>;
   const int G = Hq / Hkv;
-  const size_t kv = size_t(B) * Hkv * T_len * D;
+  const char* pad_env = std::getenv("DT_PAD");  // elements between (b, h) rows: staggers the rows' start addresses
+  const int64_t row = int64_t(T_len) * D + (pad_env ? std::atoi(pad_env) : 0);
+  const size_t kv = size_t(B) * Hkv * row;
   T *q, *k, *v, *out;
   float *lse, *part_out, *part_lse;
   int* seq;
@@ -42,14 +46,14 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   CK(cudaMemcpy(seq, sl.data(), B * 4, cudaMemcpyHostToDevice));
 
   // the launcher's plan (decode.cu)
-  const int S = S_force > 0 ? S_force : decode_auto_splits(B, Hkv, sms, D, T_len, kContiguousTile);
+  const int S = S_force > 0 ? S_force : decode_auto_splits(B, Hkv, sms, D, false, T_len, kContiguousTile);
   CK(cudaMalloc(&part_out, size_t(S) * B * Hq * D * 4));
   CK(cudaMalloc(&part_lse, size_t(S) * B * Hq * 4));
   DecodeParams p{};
   p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse, p.part_out = part_out, p.part_lse = part_lse;
   p.seq_lens = seq, p.block_table = nullptr;
   p.q_sb = int64_t(Hq) * D, p.q_sh = D;
-  p.k_s0 = p.v_s0 = int64_t(Hkv) * T_len * D, p.k_s1 = p.v_s1 = int64_t(T_len) * D, p.k_s2 = p.v_s2 = D;
+  p.k_s0 = p.v_s0 = int64_t(Hkv) * row, p.k_s1 = p.v_s1 = row, p.k_s2 = p.v_s2 = D;
   p.out_sb = int64_t(Hq) * D, p.out_sh = D, p.lse_sb = Hq, p.lse_sh = 1;
   p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.G = G, p.S = S;
   p.head_tiles = ceil_div(G, Shape::kMaxHeads);

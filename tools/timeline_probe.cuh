@@ -114,6 +114,18 @@ inline void print_spread(int n1, int ph) {
     std::printf(" %d/SM: %zu CTAs median %.1f max %.1f;", k, v.size(), v[v.size() / 2], v.back());
   }
   std::printf("\n");
+  if (std::getenv("DT_BYSM") != nullptr) {  // the latest CTA of each SM, by SM id (GPCs are runs of ids)
+    std::vector<double> sm_end(1024, -1);
+    for (int c = 0; c < n1; ++c)
+      if (st.reached(c, ph)) sm_end[st.sm[c] & 1023] = std::max(sm_end[st.sm[c] & 1023], st.us(c, ph, true));
+    std::printf("   by SM:");
+    for (int i = 0; i < 1024; ++i)
+      if (sm_end[i] >= 0) std::printf(" %d:%.0f", i, sm_end[i]);
+    std::printf("\n   by CTA:");
+    for (int c = 0; c < n1; ++c)
+      if (st.reached(c, ph)) std::printf(" %.0f", st.us(c, ph, true));
+    std::printf("\n");
+  }
 }
 
 // Median microseconds per body() of CUDA-graph replays (20 bodies per graph, 15 replays).

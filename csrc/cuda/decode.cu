@@ -273,7 +273,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
     check_launch("flash_decode plan kernel");
   } else {
     p.S = num_splits > 0 ? static_cast<int>(num_splits)
-                         : decode_auto_splits(B, Hkv, sms, int(D), p.capacity,
+                         : decode_auto_splits(B, Hkv, sms, int(D), paged, p.capacity,
                                               paged ? p.page_size : kContiguousTile);
     if (p.S > 1) {
       part_out = torch::stable::new_empty(q, std::vector<int64_t>{p.S, B, Hq, D}, ScalarType::Float);

@@ -18,7 +18,10 @@ namespace aura {
 
 // Threads per CTA of the CUDA-core fp32 kernel: 4 warps (tuned there, and it spills registers at 8).
 constexpr int kSimtThreads = 128;
-constexpr size_t kSmemBudget = 110 * 1024;  // per CTA: two CTAs share an H100 SM's 228 KB (CTAS_PER_SM = 2)
+#ifndef AURA_DECODE_SMEM_BUDGET
+#define AURA_DECODE_SMEM_BUDGET (110 * 1024)  // (experiments override it: tools/decode_timeline.cu)
+#endif
+constexpr size_t kSmemBudget = AURA_DECODE_SMEM_BUDGET;  // per CTA: two CTAs share an H100 SM's 228 KB (CTAS_PER_SM = 2)
 // decode.md §4: the smallest split, one 16-token step per warp of the tensor-core kernel. 256 cost
 // B = 1 short contexts dearly: at T = 1k only 4 of 29 splits per head were live, each warp walking
 // 4 steps (tools/decode_timeline.cu, H100 graph: 10.25 -> 7.37 us with 64, T = 4k 10.85 -> 10.26).
@@ -79,11 +82,13 @@ constexpr size_t decode_head_smem_bytes() {  // CUDA-core kernel: q, o (D each),
 }
 
 // The automatic split count of the static schedule (decode.md §4; reference: auto_splits with
-// plan_ctas_per_sm): one wave of CTAs per SM (two of the one-warp D = 512 CTAs), plus one split when
-// that wave leaves a fifth of the slots idle, at most 128, and no more splits than a sequence of
-// `capacity` tokens can fill (a split no sequence reaches is an idle CTA and a merge input).
-inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head_dim, int64_t capacity, int tile) {
-  const int64_t slots = int64_t(sms) * (head_dim == 512 ? 2 : 1), work = batch * kv_heads;
+// plan_ctas_per_sm): one wave of one CTA per SM (two of the one-warp D = 512 CTAs, and two on paged
+// caches, whose cp.async copies want the second CTA's warps), plus one split when that wave leaves a
+// fifth of the slots idle, at most 128, and no more splits than a sequence of `capacity` tokens can
+// fill (a split no sequence reaches is an idle CTA and a merge input).
+inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head_dim, bool paged, int64_t capacity,
+                              int tile) {
+  const int64_t slots = int64_t(sms) * (head_dim == 512 || paged ? 2 : 1), work = batch * kv_heads;
   if (work == 0 || work >= slots) return 1;
   int64_t s = slots / work;
   if (double(work * s) < 0.8 * double(slots)) ++s;
@@ -375,7 +380,7 @@ struct WarpSplitShape {
   static constexpr int kWarps = D <= 192 ? 4 : D <= 256 ? 3 : 1;
   static constexpr size_t kStepBytes = size_t(2) * 16 * kRow * sizeof(T);  // K and V of 16 tokens
   static constexpr size_t kQBytes = size_t(kMaxHeads) * kRow * sizeof(T);
-  static constexpr size_t kBarBytes = 4 * 4 * sizeof(uint64_t);  // bulk copies: an mbarrier per slot and warp
+  static constexpr size_t kBarBytes = 4 * AURA_DECODE_MAX_STAGES * sizeof(uint64_t);  // bulk copies: an mbarrier per slot and warp
   static constexpr int kStages =
       std::min<int>(AURA_DECODE_MAX_STAGES, int((kSmemBudget - kQBytes - kBarBytes) / (kWarps * kStepBytes)));
   static constexpr size_t kSmem = kWarps * kStages * kStepBytes + kQBytes + kBarBytes;

@@ -271,7 +271,8 @@ def test_split_partials_follow_the_documented_rule(layout, S):
         tile = 7
     po, pl = ref.split_partials(q, k, v, sl, table, None, S)
     capacity = k.shape[2] if table is None else table.shape[1] * tile
-    S_host = S if S > 0 else ref.plan_num_splits(4, 2, q.device, head_dim=64, capacity=capacity, tile=tile)
+    S_host = S if S > 0 else ref.plan_num_splits(4, 2, q.device, head_dim=64, paged=table is not None,
+                                                  capacity=capacity, tile=tile)
     assert po.shape == (S_host, 4, 4, 64) and pl.shape == (S_host, 4, 4)
     assert po.dtype == pl.dtype == torch.float32
     scale = 64 ** -0.5
@@ -353,6 +354,10 @@ def test_decode_num_splits_capacity_bounds_the_splits():
     assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=1 << 20) == 66
     assert ref.plan_num_splits(1, 2, torch.device("cpu"), head_dim=128, capacity=4096, tile=7) == 59  # 70-token floor
     assert ref.plan_num_splits(1, 2, torch.device("cpu"), 5, capacity=64) == 5  # forced counts pass through
+    # two CTAs per SM where the CTA is one warp (D = 512) or feeds from cp.async (paged)
+    assert ref.plan_num_splits(1, 8, torch.device("cpu"), head_dim=128) == 16
+    assert ref.plan_num_splits(1, 8, torch.device("cpu"), head_dim=512) == 33
+    assert ref.plan_num_splits(1, 8, torch.device("cpu"), head_dim=128, paged=True, tile=16) == 33
 
 
 @pytest.mark.parametrize("arg", ("batch", "kv_heads", "sms", "ctas_per_sm", "cap", "capacity"))

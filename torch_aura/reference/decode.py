@@ -48,11 +48,12 @@ MAX_AUTO_SPLITS = 128
 STAND_IN_SMS = 132
 
 
-def plan_ctas_per_sm(head_dim: int) -> int:
+def plan_ctas_per_sm(head_dim: int, paged: bool = False) -> int:
     """CTAs per SM the automatic plan fills (decode.md §4): one four-warp tensor-core CTA streams
-    an SM's share of HBM by itself (H100: B8-T32k 374 -> 368 us, D256 107 -> 100 us against two),
-    two of the one-warp CTAs of D = 512."""
-    return 2 if head_dim == 512 else 1
+    an SM's share of HBM with bulk copies (H100: B8-T32k 374 -> 367 us, D256 107 -> 100 us against
+    two); two of the one-warp CTAs of D = 512, and two on paged caches, whose cp.async copies need
+    the second CTA's warps in flight (B8-T32k page 16: 381 us with two, 394 with one)."""
+    return 2 if head_dim == 512 or paged else 1
 
 
 def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int = MAX_AUTO_SPLITS,
@@ -86,7 +87,8 @@ def device_sms(device: torch.device) -> int:
 
 
 def plan_num_splits(batch: int, kv_heads: int, device: torch.device, num_splits: int = 0, *,
-                    head_dim: int = 128, capacity: int | None = None, tile: int = CONTIGUOUS_TILE) -> int:
+                    head_dim: int = 128, paged: bool = False, capacity: int | None = None,
+                    tile: int = CONTIGUOUS_TILE) -> int:
     """Host-side split count S: ``num_splits`` when positive, else :func:`auto_splits`.
 
     Takes no ``seq_lens`` on purpose: the grid must depend only on values fixed for a captured
@@ -94,7 +96,7 @@ def plan_num_splits(batch: int, kv_heads: int, device: torch.device, num_splits:
     """
     if num_splits > 0:
         return int(num_splits)
-    return auto_splits(batch, kv_heads, device_sms(device), plan_ctas_per_sm(head_dim),
+    return auto_splits(batch, kv_heads, device_sms(device), plan_ctas_per_sm(head_dim, paged),
                        capacity=capacity, tile=tile)
 
 
@@ -183,7 +185,7 @@ def split_partials(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, 
     lens = _validate_data(k_cache, seq_lens, block_table)
 
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[2]
-    S = plan_num_splits(B, Hkv, q.device, num_splits, head_dim=D, capacity=capacity, tile=tile)
+    S = plan_num_splits(B, Hkv, q.device, num_splits, head_dim=D, paged=paged, capacity=capacity, tile=tile)
     # Deliberately torch.empty: empty splits leave their partial as whatever the workspace held
     # (NaN under the test suite's poisoning). Only partial_lse is written everywhere.
     partial_out = torch.empty((S, B, Hq, D), dtype=torch.float32, device=q.device)
