@@ -6,6 +6,9 @@
 --splits=N forces the split count of the profiled calls (default: the automatic plan).
 --sdpa profiles SDPA on the contiguous cache instead (the peer's kernels under the same ncu filter:
 run ncu with --nvtx --nvtx-include "profiled/" to catch only the profiled call).
+--host times the host side of one eager call (``_harness.host_us``: calls queued behind a GPU sleep)
+for the op as called, under inference_mode (no autograd kernel), as flash_decode_out into
+preallocated buffers, with num_splits=1 (one launch, no workspace) and SDPA: where the host time goes.
 --kernels lists, without ncu, every kernel one call of ours and of SDPA launches (torch.profiler:
 name, grid, block, registers, shared memory, device time): which kernels the peer picked for a shape.
 --sweep instead times CUDA-graph replays of each case with every sequence empty (the fixed cost of
@@ -42,6 +45,28 @@ def calls(name):
     return (lambda: torch.ops.aura.flash_decode(q, k, v, sl, table, None, splits),
             lambda: F.scaled_dot_product_attention(q[:, :, None], kc, vc, enable_gqa=True))
 
+
+if "--host" in sys.argv:
+    from _harness import host_us
+
+    for name in wanted:
+        _, B, Hq, Hkv, D, T, page = by_name[name]
+        q, k, v, sl, table, kc, vc = make_inputs(B, Hq, Hkv, D, T, page)
+        out, lse = torch.ops.aura.flash_decode(q, k, v, sl, table, None, 0)
+        op, op_out = torch.ops.aura.flash_decode.default, torch.ops.aura.flash_decode_out.default
+        rows = {
+            "op": lambda: torch.ops.aura.flash_decode(q, k, v, sl, table, None, 0),
+            "op overload": lambda: op(q, k, v, sl, table, None, 0),
+            "op, 1 split": lambda: op(q, k, v, sl, table, None, 1),
+            "out= op": lambda: op_out(q, k, v, sl, table, None, 0, out, lse),
+            "SDPA": lambda: F.scaled_dot_product_attention(q[:, :, None], kc, vc, enable_gqa=True),
+            "empty x2": lambda: (torch.empty_like(out), torch.empty_like(lse)),
+        }
+        res = {label: host_us(fn, calls=200) for label, fn in rows.items()}
+        with torch.inference_mode():
+            res["op, inference_mode"] = host_us(rows["op"], calls=200)
+        print(name + ": " + " | ".join(f"{k} {v:.1f} us" for k, v in res.items()), flush=True)
+    sys.exit(0)
 
 if "--kernels" in sys.argv:
     from torch.profiler import ProfilerActivity, profile

@@ -12,7 +12,7 @@
 // warp); merge 8 entry, 9 dependency resolved, 10 exit.
 // Then the spread of the loop ends over the CTAs (percentiles, and medians by CTAs per SM: the
 // memory system shares bandwidth per SM under saturation, docs/decode.md §4). Experiment knobs:
-// DT_ENGINE=bulk|cpasync forces a copy engine, DT_SMEM=<bytes> pads the CTA's shared memory (fewer
+// DT_ENGINE=tiles|rows|cpasync forces a copy engine (tiles and rows are the bulk engines), DT_SMEM=<bytes> pads the CTA's shared memory (fewer
 // CTAs per SM), DT_PAD=<elements> staggers the (b, h) rows' start addresses, DT_BYSM=1 prints each
 // SM's and each CTA's loop end (GPCs show as runs of SM ids), -DAURA_DECODE_MAX_STAGES=<n> caps the
 // ring depth and -DAURA_DECODE_SMEM_BUDGET=<bytes> raises the CTA's budget (deeper rings).
@@ -46,7 +46,7 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   CK(cudaMemcpy(seq, sl.data(), B * 4, cudaMemcpyHostToDevice));
 
   // the launcher's plan (decode.cu)
-  const int S = S_force > 0 ? S_force : decode_auto_splits(B, Hkv, sms, D, false, T_len, kContiguousTile);
+  const int S = S_force > 0 ? S_force : decode_auto_splits(B, Hkv, sms, D, 0, T_len, kContiguousTile);
   CK(cudaMalloc(&part_out, size_t(S) * B * Hq * D * 4));
   CK(cudaMalloc(&part_lse, size_t(S) * B * Hq * 4));
   DecodeParams p{};
@@ -62,9 +62,13 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   p.q_vec16 = 1;  // the buffers here are 16-byte aligned
   p.scale_log2 = float(1.0 / std::sqrt(double(D)) * 1.4426950408889634);
   const int per_split = ceil_div(T_len, S);
-  const char* engine = std::getenv("DT_ENGINE");  // bulk / cpasync: force a copy engine
-  const bool bulk = engine ? engine[0] == 'b' : ceil_div(per_split, 16 * Shape::kWarps) >= 16;
-  auto split = bulk ? flash_decode_split_mma_kernel<T, D, 1, true> : flash_decode_split_mma_kernel<T, D, 1, false>;
+  const char* engine = std::getenv("DT_ENGINE");  // tiles / rows / cpasync: force a copy engine
+  const bool bulk = engine ? engine[0] != 'c' : ceil_div(per_split, 16 * Shape::kWarps) >= 16;
+  TileMaps maps{};
+  const bool tiles = bulk && !(engine && engine[0] == 'r') && make_tile_maps(p, true, D, maps);  // as the launcher
+  auto split = tiles  ? flash_decode_split_mma_kernel<T, D, 1, true, D % 64 == 0>
+               : bulk ? flash_decode_split_mma_kernel<T, D, 1, true>
+                      : flash_decode_split_mma_kernel<T, D, 1, false>;
   CK(cudaFuncSetAttribute(split, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBudget)));
   const char* smem_env = std::getenv("DT_SMEM");  // bytes of dynamic shared memory (pads the CTA: occupancy)
   const size_t smem = smem_env ? size_t(std::atoi(smem_env)) : Shape::kSmem;
@@ -81,7 +85,7 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   auto decode = [&](bool with_merge) {
-    split<<<grid, Shape::kWarps * 32, smem, st>>>(p);
+    split<<<grid, Shape::kWarps * 32, smem, st>>>(p, maps);
     if (with_merge && S > 1)
       CK(launch_after(merge, dim3(unsigned(B * Hq), unsigned(ceil_div(D, kMergeChunk))), dim3(kMergeThreads), 0, st, true, m));
   };
@@ -91,7 +95,7 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   tl::reset();
   decode(true);
   CK(cudaStreamSynchronize(st));
-  std::printf("D%d B%d %d/%d T%-6d S %3d (%s, %d warps, ring %d) |", D, B, Hq, Hkv, T_len, S, bulk ? "bulk" : "cp.async",
+  std::printf("D%d B%d %d/%d T%-6d S %3d (%s, %d warps, ring %d) |", D, B, Hq, Hkv, T_len, S, tiles ? "tiles" : bulk ? "bulk rows" : "cp.async",
               Shape::kWarps, Shape::kStages);
   tl::print_phases(S * Hkv * p.head_tiles * B, B * Hq * ceil_div(D, kMergeChunk), {1, 2, 4, 5, 6, 8, 9, 10}, {4, 6});
   std::printf("\n");

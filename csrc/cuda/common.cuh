@@ -398,6 +398,15 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, unsi
                "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 }
+// One box of a 4-D tensor map (coordinates innermost first) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tensor_copy_g2s_4d(void* smem, const void* tmap, int c0, int c1, int c2, int c3,
+                                                   uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(smem_addr(smem)),
+      "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+}
 // Orders this thread's earlier generic-proxy shared-memory accesses (ldmatrix reads of a ring slot)
 // before later async-proxy writes to the same bytes (the bulk copy refilling that slot).
 __device__ __forceinline__ void fence_proxy_async_shared() {

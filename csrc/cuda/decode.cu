@@ -47,20 +47,36 @@ bool supported_head_dim(int64_t D) {
   return D == 64 || D == 80 || D == 96 || D == 128 || D == 192 || D == 256 || D == 512;
 }
 
+// TORCH_AURA_DECODE_COPY=rows (read per call, for comparisons): K/V go row by row (1-D bulk copies
+// for long contiguous splits, cp.async otherwise) instead of as 2-D tensor-map tiles (decode.md §3).
+bool tile_copies_allowed() {
+  const char* env = std::getenv("TORCH_AURA_DECODE_COPY");
+  const bool rows = env != nullptr && std::strcmp(env, "rows") == 0;
+  AURA_CHECK(env == nullptr || *env == '\0' || rows || std::strcmp(env, "tiles") == 0 || std::strcmp(env, "auto") == 0,
+             "TORCH_AURA_DECODE_COPY: expected auto, tiles or rows, got ", env);
+  return !rows;
+}
+
 // grid_ctas > 0: the balanced kernel's persistent grid, a programmatic dependent of the plan kernel;
-// else the static grid (S, Hkv * head_tiles, B).
+// else the static grid (S, Hkv * head_tiles, B), with the tile copies' tensor maps where the kernel
+// takes them.
 template <auto Kernel>
-void launch_split_kernel(const DecodeParams& p, int threads, size_t smem, cudaStream_t stream, int grid_ctas = 0) {
+void launch_split_kernel(const DecodeParams& p, int threads, size_t smem, cudaStream_t stream, int grid_ctas = 0,
+                         const TileMaps& maps = TileMaps{}) {
   AURA_CHECK(smem <= kSmemBudget, "flash_decode: shared memory plan exceeds the budget: ", smem);
   // the whole per-CTA budget, whatever this launch needs (the fp32 kernel's need varies per call)
   set_kernel_attribute_once<Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize>(int(kSmemBudget), "flash_decode");
-  if (grid_ctas > 0) {
-    const cudaError_t err = launch_after(Kernel, dim3(grid_ctas), dim3(threads), smem, stream, true, p);
-    AURA_CHECK(err == cudaSuccess, "flash_decode balanced kernel: launch failed: ", cudaGetErrorString(err));
-    return;
-  }
   const dim3 grid(p.S, p.Hkv * p.head_tiles, p.B);
-  Kernel<<<grid, threads, smem, stream>>>(p);
+  if constexpr (std::is_invocable_v<decltype(Kernel), DecodeParams, TileMaps>) {  // the static tensor-core kernel
+    Kernel<<<grid, threads, smem, stream>>>(p, maps);
+  } else {
+    if (grid_ctas > 0) {
+      const cudaError_t err = launch_after(Kernel, dim3(grid_ctas), dim3(threads), smem, stream, true, p);
+      AURA_CHECK(err == cudaSuccess, "flash_decode balanced kernel: launch failed: ", cudaGetErrorString(err));
+      return;
+    }
+    Kernel<<<grid, threads, smem, stream>>>(p);
+  }
   check_launch("flash_decode split kernel");
 }
 
@@ -86,19 +102,29 @@ void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
     // The balanced schedule's items are planned for long reads: bulk for every contiguous cache.
     const int per_split = ceil_div(std::max(p.capacity, 1), std::max(p.S, 1));
     const bool bulk = p.block_table == nullptr && (grid_ctas > 0 || ceil_div(per_split, 16 * Shape::kWarps) >= 16);
-    auto go = [&](auto nht, auto bulk_tag) {
+    // Swizzled 2-D tiles through tensor maps wherever the layout allows (D a multiple of 64, pages of
+    // 16k tokens), for long and short splits alike: H100, B8-T32k 372 -> 354 us, B32-T8k 370 -> 351,
+    // TP4 B1-T32k 14.6 (cp.async) -> 13.0, B1-T4k 9.9 -> 8.8 (decode.md §3). Static values too: the
+    // maps hold shapes and base pointers only.
+    TileMaps maps{};
+    const bool tiles = grid_ctas == 0 && tile_copies_fit(p, D) && tile_copies_allowed() &&
+                       make_tile_maps(p, std::is_same_v<T, __nv_bfloat16>, D, maps);
+    auto go = [&](auto nht, auto bulk_tag, auto tiles_tag) {
       constexpr int nht_v = decltype(nht)::value;
       constexpr bool bulk_v = decltype(bulk_tag)::value;
       if (grid_ctas > 0)
         launch_split_kernel<flash_decode_balanced_mma_kernel<T, D, nht_v, bulk_v>>(p, Shape::kWarps * 32, Shape::kSmem,
                                                                                   stream, grid_ctas);
       else
-        launch_split_kernel<flash_decode_split_mma_kernel<T, D, nht_v, bulk_v>>(p, Shape::kWarps * 32, Shape::kSmem,
-                                                                               stream);
+        launch_split_kernel<flash_decode_split_mma_kernel<T, D, nht_v, bulk_v, decltype(tiles_tag)::value>>(
+            p, Shape::kWarps * 32, Shape::kSmem, stream, 0, maps);
     };
     auto with_engine = [&](auto nht) {
-      if (bulk) go(nht, std::true_type{});
-      else go(nht, std::false_type{});
+      if constexpr (D % 64 == 0) {
+        if (tiles) return go(nht, std::true_type{}, std::true_type{});
+      }
+      if (bulk) go(nht, std::true_type{}, std::false_type{});
+      else go(nht, std::false_type{}, std::false_type{});
     };
     if (p.heads_per_cta <= 8) {
       with_engine(std::integral_constant<int, 1>{});
@@ -273,7 +299,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
     check_launch("flash_decode plan kernel");
   } else {
     p.S = num_splits > 0 ? static_cast<int>(num_splits)
-                         : decode_auto_splits(B, Hkv, sms, int(D), paged, p.capacity,
+                         : decode_auto_splits(B, Hkv, sms, int(D), p.page_size, p.capacity,
                                               paged ? p.page_size : kContiguousTile);
     if (p.S > 1) {
       part_out = torch::stable::new_empty(q, std::vector<int64_t>{p.S, B, Hq, D}, ScalarType::Float);

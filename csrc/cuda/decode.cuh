@@ -14,6 +14,8 @@
 
 #include "common.cuh"
 
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (driver entry point: no libcuda link)
+
 namespace aura {
 
 // Threads per CTA of the CUDA-core fp32 kernel: 4 warps (tuned there, and it spills registers at 8).
@@ -83,12 +85,13 @@ constexpr size_t decode_head_smem_bytes() {  // CUDA-core kernel: q, o (D each),
 
 // The automatic split count of the static schedule (decode.md §4; reference: auto_splits with
 // plan_ctas_per_sm): one wave of one CTA per SM (two of the one-warp D = 512 CTAs, and two on paged
-// caches, whose cp.async copies want the second CTA's warps), plus one split when that wave leaves a
-// fifth of the slots idle, at most 128, and no more splits than a sequence of `capacity` tokens can
-// fill (a split no sequence reaches is an idle CTA and a merge input).
-inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head_dim, bool paged, int64_t capacity,
-                              int tile) {
-  const int64_t slots = int64_t(sms) * (head_dim == 512 || paged ? 2 : 1), work = batch * kv_heads;
+// caches without tile copies, whose cp.async copies want the second CTA's warps), plus one split when
+// that wave leaves a fifth of the slots idle, at most 128, and no more splits than a sequence of
+// `capacity` tokens can fill (a split no sequence reaches is an idle CTA and a merge input).
+inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head_dim, int page_size, int64_t capacity,
+                              int tile) {  // page_size 0: contiguous
+  const bool cpasync_paged = page_size > 0 && (head_dim % 64 != 0 || page_size % 16 != 0);
+  const int64_t slots = int64_t(sms) * (head_dim == 512 || cpasync_paged ? 2 : 1), work = batch * kv_heads;
   if (work == 0 || work >= slots) return 1;
   int64_t s = slots / work;
   if (double(work * s) < 0.8 * double(slots)) ++s;
@@ -417,6 +420,57 @@ constexpr bool split_merge_conflict_free() {
   return true;
 }
 
+// Tile copies (D a multiple of 64; contiguous caches, or paged ones whose pages hold a multiple of 16
+// tokens, so a 16-token step never crosses a page): one TMA box of 16 tokens x 64 dims per copy,
+// landed with the 128-byte swizzle: [D / 64][16 rows][64] elements per K or V tile, the 16-byte
+// unit u of row r stored at unit u ^ (r % 8), so the 8 rows an ldmatrix reads hit 8 distinct bank
+// groups without padding. Two copies per 16-token step at D = 64, four at 128, against 32 row copies.
+struct TileMaps {  // (CUtensorMap carries its own 64-byte alignment)
+  CUtensorMap k, v;
+};
+__host__ __device__ constexpr int tile_off(int r, int c) {  // element offset of (row r, dim c) in a tile
+  return (c >> 6) * (16 * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
+}
+
+// Encodes the K and V maps of a 16-bit cache as 4-D tensors with 16-token x 64-dim boxes: contiguous
+// [B, Hkv, T_cap, D] as (D, T_cap, Hkv, B), paged [num_blocks, page_size, Hkv, D] as (D, Hkv,
+// page_size, num_blocks). False when the layout does not qualify (D not a multiple of 64, pages not
+// a multiple of 16 tokens, a stride that is not a multiple of 16 bytes, or the driver refuses it).
+inline bool tile_copies_fit(const DecodeParams& p, int D) {
+  return D % 64 == 0 && (p.block_table == nullptr || p.page_size % 16 == 0);
+}
+inline bool make_tile_maps(const DecodeParams& p, bool bf16, int D, TileMaps& maps) {
+  if (!tile_copies_fit(p, D)) return false;
+  const bool paged = p.block_table != nullptr;
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return false;
+  auto one = [&](CUtensorMap& m, const void* base, int64_t s0, int64_t s1, int64_t s2) {
+    for (int64_t st : {s0, s1, s2})
+      if (st <= 0 || (st * 2) % 16 != 0 || st * 2 >= (int64_t(1) << 40)) return false;
+    const cuuint64_t dims_c[4] = {cuuint64_t(D), cuuint64_t(p.capacity), cuuint64_t(p.Hkv), cuuint64_t(p.B)};
+    const cuuint64_t dims_p[4] = {cuuint64_t(D), cuuint64_t(p.Hkv), cuuint64_t(p.page_size), cuuint64_t(p.num_blocks)};
+    // byte strides of dims 1-3: contiguous (t, h, b) = (s2, s1, s0); paged (h, row, block) = (s2, s1, s0)
+    const cuuint64_t strides[3] = {cuuint64_t(s2 * 2), cuuint64_t(s1 * 2), cuuint64_t(s0 * 2)};
+    const cuuint32_t box_c[4] = {64, 16, 1, 1}, box_p[4] = {64, 1, 16, 1}, unit[4] = {1, 1, 1, 1};
+    const cuuint64_t* dims = paged ? dims_p : dims_c;
+    const cuuint32_t* box = paged ? box_p : box_c;
+    return encode(&m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                  const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;  // rows past T_cap land as zeros
+  };
+  return p.capacity > 0 && (!paged || p.num_blocks > 0) && one(maps.k, p.k, p.k_s0, p.k_s1, p.k_s2) &&
+         one(maps.v, p.v, p.v_s0, p.v_s1, p.v_s2);
+}
+
 // Shared memory of the tensor-core kernels: [W][NS][K, V][16][ROW] rings, [kMaxHeads][ROW] q, and
 // [W][NS] bulk-copy barriers (one per ring slot of each warp).
 template <typename T, int D>
@@ -424,10 +478,12 @@ struct MmaSmem {
   using Shape = WarpSplitShape<T, D>;
   static constexpr int kTile = 16 * Shape::kRow;  // elements of one 16-token K or V tile
   T* ring;
+  T* tiles;  // the tile-copy ring, [W][NS][K, V][16 * D] swizzled, 1024-byte aligned inside `ring`'s bytes
   T* qs;
   uint64_t* bars;
   __device__ explicit MmaSmem(unsigned char* raw)
       : ring(reinterpret_cast<T*>(raw)),
+        tiles(reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023))),
         qs(ring + Shape::kWarps * Shape::kStages * 2 * kTile),
         bars(reinterpret_cast<uint64_t*>(qs + Shape::kMaxHeads * Shape::kRow)) {}
 };
@@ -468,9 +524,9 @@ __device__ __forceinline__ void init_ring_barriers(uint64_t* bars) {
 // [w.hq0, w.hq0 + w.nh), whose q copies stage_q_async issued. Writes out and lse (S == 1) or the
 // heads' partial rows w.part_row + g. `uses`: this warp's ring steps before this split (bulk barrier
 // phases); `trigger`: release the programmatic dependent (the merge) at the end of the main loop.
-template <typename T, int D, int NHT, bool BULK>
+template <typename T, int D, int NHT, bool BULK, bool TILES = false>
 __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const SplitWork& w, unsigned char* smem_raw,
-                                              int& uses, bool trigger) {
+                                              int& uses, bool trigger, const TileMaps* maps = nullptr) {
   using Shape = WarpSplitShape<T, D>;
   constexpr int W = Shape::kWarps, NS = Shape::kStages, ROW = Shape::kRow;
   constexpr int KS = D / 16;                          // QK k-steps = PV m-tiles
@@ -481,6 +537,12 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
   constexpr bool kQInRegs = KS * NHT <= 16;           // B fragments of q held for the whole split
   static_assert(D % 16 == 0 && (16 * CPR) % 32 == 0, "tile shapes");
   static_assert(8 * NHT <= Shape::kMaxHeads, "head tile");
+  static_assert(!TILES || (BULK && D % 64 == 0 && size_t(W) * NS * 2 * 16 * D * sizeof(T) + 1024 <=
+                                                       size_t(W) * NS * 2 * TILE * sizeof(T)),
+                "tile copies: whole 64-dim boxes, and the aligned tile ring inside the padded ring's bytes");
+  constexpr int STILE = TILES ? 16 * D : TILE;      // elements of one K or V tile in the ring
+  // element offset of (token row r, dim c) in a K or V tile
+  auto at = [](int r, int c) { return TILES ? tile_off(r, c) : r * ROW + c; };
 
   const MmaSmem<T, D> sm(smem_raw);
   T* ring = sm.ring;
@@ -488,7 +550,7 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nh = w.nh;
   const T* qg = static_cast<const T*>(p.q);
   AURA_PHASE(1);
-  T* my_ring = ring + warp * NS * 2 * TILE;
+  T* my_ring = (TILES ? sm.tiles : ring) + warp * NS * 2 * STILE;
 
   // ---- this warp's steps: s = warp, warp + W, ... of the split's ceil(len / 16)
   const int n_steps = ceil_div(w.end - w.start, 16);
@@ -532,9 +594,24 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
       const int t0 = step_t0(i), n_rows = w.end - t0;
       const int page = next_page, row = next_row;
       locate(i + 1, next_page, next_row);
-      T* kd = my_ring + slot(i) * 2 * TILE;
-      T* vd = kd + TILE;
-      if constexpr (BULK) {
+      T* kd = my_ring + slot(i) * 2 * STILE;
+      T* vd = kd + STILE;
+      if constexpr (TILES) {
+        // whole boxes: rows past T_cap land as zeros, rows in [w.end, T_cap) are zeroed in V after
+        // they land (the main loop): P = 0 must meet finite V
+        fence_proxy_async_shared();
+        __syncwarp();
+        if (lane == 0) {
+          mbar_arrive_expect_tx(bars + slot(i), unsigned(2 * 16 * D * sizeof(T)));
+          // box coordinates, innermost first: contiguous (d, t, h, b), paged (d, h, row in page, page)
+          const int c1 = paged ? w.kvh : t0, c2 = paged ? row : w.kvh, c3 = paged ? page : w.b;
+#pragma unroll
+          for (int c = 0; c < D / 64; ++c) {
+            tensor_copy_g2s_4d(kd + c * 16 * 64, &maps->k, c * 64, c1, c2, c3, bars + slot(i));
+            tensor_copy_g2s_4d(vd + c * 16 * 64, &maps->v, c * 64, c1, c2, c3, bars + slot(i));
+          }
+        }
+      } else if constexpr (BULK) {
         const bool is_v = lane >= 16, ok = (lane & 15) < n_rows;
         const int r = lane & 15;
         // contiguous caches only (the launcher never pairs BULK with a block table)
@@ -622,17 +699,27 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
     } else {
       cp_async_wait<NS - 1>();  // step i's group has landed (for this lane)
     }
-    __syncwarp();  // ... and for the whole warp, with its zeroed tail rows
-    const T* kt = my_ring + slot(i) * 2 * TILE;
-    const T* vt = kt + TILE;
     const int t0 = step_t0(i);
+    if constexpr (TILES) {
+      const int n_rows = w.end - t0;
+      if (n_rows < 16) {  // the split's last step: V rows past the end hold other tokens (or garbage)
+        T* vz = my_ring + slot(i) * 2 * STILE + STILE;
+        for (int idx = lane; idx < (16 - n_rows) * (D / 8); idx += 32) {
+          const int r = n_rows + idx / (D / 8), c = (idx % (D / 8)) * 8;
+          *reinterpret_cast<uint4*>(vz + tile_off(r, c)) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    __syncwarp();  // ... and for the whole warp, with its zeroed tail rows
+    const T* kt = my_ring + slot(i) * 2 * STILE;
+    const T* vt = kt + STILE;
 
     // QK, two accumulator chains per head tile so consecutive MMAs do not wait on each other
     float s[NHT][2][4] = {};
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       uint32_t a[4];
-      ldmatrix_x4(a, kt + a_row * ROW + ks * 16 + a_col);
+      ldmatrix_x4(a, kt + at(a_row, ks * 16 + a_col));
 #pragma unroll
       for (int n = 0; n < NHT; ++n) {
         uint32_t b0, b1;
@@ -680,7 +767,7 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
 #pragma unroll
     for (int mt = 0; mt < KS; ++mt) {
       uint32_t a[4];
-      ldmatrix_x4_trans(a, vt + v_row * ROW + mt * 16 + v_col);
+      ldmatrix_x4_trans(a, vt + at(v_row, mt * 16 + v_col));
 #pragma unroll
       for (int n = 0; n < NHT; ++n) mma_16816<T>(o[mt][n], a, pb[n][0], pb[n][1]);
     }
@@ -776,9 +863,9 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
 }
 
 // The static schedule: grid (S, Hkv * head_tiles, B), one split per CTA (decode.md §4).
-template <typename T, int D, int NHT, bool BULK>
+template <typename T, int D, int NHT, bool BULK, bool TILES = false>
 __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
-    flash_decode_split_mma_kernel(const DecodeParams p) {
+    flash_decode_split_mma_kernel(const DecodeParams p, const __grid_constant__ TileMaps maps) {
   AURA_PHASE(0);
   SplitWork w;
   plan_split_heads(p, w);
@@ -791,7 +878,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
   }
   init_ring_barriers<T, D, BULK>(sm.bars);
   int uses = 0;
-  run_split_mma<T, D, NHT, BULK>(p, w, smem_raw, uses, true);
+  run_split_mma<T, D, NHT, BULK, TILES>(p, w, smem_raw, uses, true, &maps);
 }
 
 // ------------------------------------------------------------------------ the balanced schedule

@@ -100,12 +100,17 @@ def test_every_gqa_ratio_and_layout(G, layout):
 
 
 @pytest.mark.parametrize("D", DIMS, ids=lambda d: f"D{d}")
-@pytest.mark.parametrize("layout", ("contig", "page16", "page7"))
-def test_both_copy_engines(D, layout):
-    """16-bit caches pick the copy engine from static values: bulk copies for a contiguous cache when
-    a full-capacity split gives every warp >= 16 steps (one split over 1100 tokens), cp.async
-    otherwise (paged, or the automatic plan here). Each must agree with the oracle on ragged
-    lengths, tails and empty sequences."""
+@pytest.mark.parametrize("layout", ("contig", "contig-rows", "page16", "page16-rows", "page7"))
+def test_both_copy_engines(D, layout, monkeypatch):
+    """16-bit caches pick the copy engine from static values: swizzled 2-D tiles through tensor maps
+    where D is a multiple of 64 (contiguous, or pages of 16k tokens); else, or under
+    TORCH_AURA_DECODE_COPY=rows, row copies: 1-D bulk copies for a contiguous cache when a
+    full-capacity split gives every warp >= 16 steps (one split over 1100 tokens), cp.async otherwise.
+    Each must agree with the oracle on ragged lengths, tails past the end (NaN in the cache) and
+    empty sequences."""
+    if layout.endswith("-rows"):
+        monkeypatch.setenv("TORCH_AURA_DECODE_COPY", "rows")
+        layout = layout[: -len("-rows")]
     page = None if layout == "contig" else int(layout[4:])
     dtype = torch.float16 if D == 96 else torch.bfloat16
     q, k, v, sl, table = make_cache([1100, 1, 17, 1024, 0, 333], 8, 2, D, dtype, page=page, T_cap=1100, seed=D)
@@ -493,6 +498,37 @@ def test_balanced_schedule_permuted_q_and_out_of_range_lengths(balanced):
     assert out.shape == (2, 8, 128) and lse[1].isinf().all() and (out[1] == 0).all()
 
 
+def test_copy_variable_is_checked(monkeypatch):
+    q, k, v, sl, table = make_cache([10], 4, 2, 64, torch.bfloat16, T_cap=2048)
+    monkeypatch.setenv("TORCH_AURA_DECODE_COPY", "fast")
+    with pytest.raises(RuntimeError, match="TORCH_AURA_DECODE_COPY"):
+        torch.ops.aura.flash_decode(q, k, v, sl, table, None, 1)
+
+
+def test_tile_copies_graph_replay_is_bitwise_eager():
+    """The tile engine's tensor maps hold shapes and base pointers only: a captured call follows new
+    lengths and values in place, and each replay equals an eager call bit for bit."""
+    B, Hq, Hkv, D, T_cap = 3, 8, 2, 128, 1100
+    q, k, v, sl, _ = make_cache([1100, 1, 517], Hq, Hkv, D, torch.bfloat16, T_cap=T_cap, poison_tail=False)
+    out = torch.empty(B, Hq, D, device=DEV, dtype=torch.bfloat16)
+    lse = torch.empty(B, Hq, device=DEV)
+    torch_aura.flash_decode_out(q, k, v, sl, None, None, 1, out, lse)  # one split: >= 16 steps per warp
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.ops.aura.flash_decode_out(q, k, v, sl, None, None, 1, out, lse)
+    g = torch.Generator(device="cpu").manual_seed(7)
+    for lens in ([0, 1100, 33], [1099, 16, 17], [1, 2, 1024]):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.copy_(torch.randn(q.shape, generator=g))
+        k.copy_(torch.randn(k.shape, generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        want_out, want_lse = torch_aura.flash_decode(q, k, v, sl, None, num_splits=1)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), lens
+        check(f"tiles-graph-{lens}", out, lse, *oracle(q, k, v, sl, None), torch.bfloat16)
+
+
 def test_schedule_variable_is_checked(monkeypatch):
     q, k, v, sl, table = make_cache([10], 4, 2, 64, torch.bfloat16)
     monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "fast")
@@ -504,15 +540,21 @@ def test_schedule_variable_is_checked(monkeypatch):
 def test_small_cases_for_compute_sanitizer():
     """A few small launches (every path: empty splits, S = 1, paged, the merge in the split kernel and
     the merge kernel, both copy engines) for memcheck/racecheck."""
-    for layout in (None, 7):
+    for layout in (None, 7, 16):  # contiguous and page 16: tile copies at D = 64 / 512; page 7: cp.async
         q, k, v, sl, table = make_cache([0, 1, 300, 77], 6, 2, 64, torch.bfloat16, page=layout, seed=1)
         for S in (0, 1, 3):
             out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
             check(f"san-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
-        # one split over 1040 tokens: >= 16 steps per warp, the bulk-copy engine (contiguous)
+        # one split over 1040 tokens: >= 16 steps per warp, the bulk-copy engine (contiguous): 2-D
+        # tiles, then rows
         q, k, v, sl, table = make_cache([1040, 5, 0], 4, 2, 64, torch.bfloat16, page=layout, T_cap=1040, seed=2)
-        out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=1)
-        check("san-bulk", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+        for copy in ("tiles", "rows"):
+            os.environ["TORCH_AURA_DECODE_COPY"] = copy
+            try:
+                out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=1)
+            finally:
+                del os.environ["TORCH_AURA_DECODE_COPY"]
+            check(f"san-bulk-{copy}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
         # D = 512: one-warp CTAs staging their partials in shared memory; 3 and 64 splits (512 KB of
         # partials for 4 heads) merged by the merge kernel's dim chunks
         q, k, v, sl, table = make_cache([300, 0, 17], 8, 2, 512, torch.bfloat16, page=layout, seed=3)

@@ -354,10 +354,14 @@ def test_decode_num_splits_capacity_bounds_the_splits():
     assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=1 << 20) == 66
     assert ref.plan_num_splits(1, 2, torch.device("cpu"), head_dim=128, capacity=4096, tile=7) == 59  # 70-token floor
     assert ref.plan_num_splits(1, 2, torch.device("cpu"), 5, capacity=64) == 5  # forced counts pass through
-    # two CTAs per SM where the CTA is one warp (D = 512) or feeds from cp.async (paged)
-    assert ref.plan_num_splits(1, 8, torch.device("cpu"), head_dim=128) == 16
-    assert ref.plan_num_splits(1, 8, torch.device("cpu"), head_dim=512) == 33
-    assert ref.plan_num_splits(1, 8, torch.device("cpu"), head_dim=128, paged=True, tile=16) == 33
+    # two CTAs per SM where the CTA is one warp (D = 512) or feeds from cp.async (paged caches the
+    # tile copies cannot serve: pages not a multiple of 16 tokens, head dims not a multiple of 64)
+    cpu = torch.device("cpu")
+    assert ref.plan_num_splits(1, 8, cpu, head_dim=128) == 16
+    assert ref.plan_num_splits(1, 8, cpu, head_dim=512) == 33
+    assert ref.plan_num_splits(1, 8, cpu, head_dim=128, paged=True, tile=16) == 16  # tile copies
+    assert ref.plan_num_splits(1, 8, cpu, head_dim=128, paged=True, tile=8) == 33
+    assert ref.plan_num_splits(1, 8, cpu, head_dim=96, paged=True, tile=16) == 33
 
 
 @pytest.mark.parametrize("arg", ("batch", "kv_heads", "sms", "ctas_per_sm", "cap", "capacity"))

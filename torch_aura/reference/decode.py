@@ -48,12 +48,14 @@ MAX_AUTO_SPLITS = 128
 STAND_IN_SMS = 132
 
 
-def plan_ctas_per_sm(head_dim: int, paged: bool = False) -> int:
+def plan_ctas_per_sm(head_dim: int, paged: bool = False, page_size: int = 16) -> int:
     """CTAs per SM the automatic plan fills (decode.md §4): one four-warp tensor-core CTA streams
-    an SM's share of HBM with bulk copies (H100: B8-T32k 374 -> 367 us, D256 107 -> 100 us against
-    two); two of the one-warp CTAs of D = 512, and two on paged caches, whose cp.async copies need
-    the second CTA's warps in flight (B8-T32k page 16: 381 us with two, 394 with one)."""
-    return 2 if head_dim == 512 or paged else 1
+    an SM's share of HBM (H100: B8-T32k 374 -> 367 us, D256 107 -> 100 us against two); two of the
+    one-warp CTAs of D = 512, and two on paged caches the tile copies cannot serve (head dims not a
+    multiple of 64, pages not a multiple of 16 tokens), whose cp.async copies want the second CTA's
+    warps in flight (B8-T32k page 16, cp.async: 381 us with two, 394 with one)."""
+    cpasync_paged = paged and (head_dim % 64 != 0 or page_size % 16 != 0)
+    return 2 if head_dim == 512 or cpasync_paged else 1
 
 
 def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int = MAX_AUTO_SPLITS,
@@ -89,14 +91,15 @@ def device_sms(device: torch.device) -> int:
 def plan_num_splits(batch: int, kv_heads: int, device: torch.device, num_splits: int = 0, *,
                     head_dim: int = 128, paged: bool = False, capacity: int | None = None,
                     tile: int = CONTIGUOUS_TILE) -> int:
-    """Host-side split count S: ``num_splits`` when positive, else :func:`auto_splits`.
+    """Host-side split count S: ``num_splits`` when positive, else :func:`auto_splits` (``tile``:
+    the split granularity, the page size of a paged cache).
 
     Takes no ``seq_lens`` on purpose: the grid must depend only on values fixed for a captured
     batch shape (decode.md §4, §8 rule 2); ``capacity`` (the cache's token capacity) is a shape.
     """
     if num_splits > 0:
         return int(num_splits)
-    return auto_splits(batch, kv_heads, device_sms(device), plan_ctas_per_sm(head_dim, paged),
+    return auto_splits(batch, kv_heads, device_sms(device), plan_ctas_per_sm(head_dim, paged, tile),
                        capacity=capacity, tile=tile)
 
 
