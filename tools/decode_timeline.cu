@@ -12,7 +12,7 @@
 // warp); merge 8 entry, 9 dependency resolved, 10 exit.
 // Then the spread of the loop ends over the CTAs (percentiles, and medians by CTAs per SM: the
 // memory system shares bandwidth per SM under saturation, docs/decode.md §4). Experiment knobs:
-// DT_ENGINE=tiles|rows|cpasync forces a copy engine (tiles and rows are the bulk engines), DT_SMEM=<bytes> pads the CTA's shared memory (fewer
+// DT_ENGINE=tiles|rows|bulk|cpasync forces a copy engine (rows: the launcher's row engines), DT_SMEM=<bytes> pads the CTA's shared memory (fewer
 // CTAs per SM), DT_PAD=<elements> staggers the (b, h) rows' start addresses, DT_BYSM=1 prints each
 // SM's and each CTA's loop end (GPCs show as runs of SM ids), -DAURA_DECODE_MAX_STAGES=<n> caps the
 // ring depth and -DAURA_DECODE_SMEM_BUDGET=<bytes> raises the CTA's budget (deeper rings).
@@ -62,10 +62,13 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   p.q_vec16 = 1;  // the buffers here are 16-byte aligned
   p.scale_log2 = float(1.0 / std::sqrt(double(D)) * 1.4426950408889634);
   const int per_split = ceil_div(T_len, S);
-  const char* engine = std::getenv("DT_ENGINE");  // tiles / rows / cpasync: force a copy engine
-  const bool bulk = engine ? engine[0] != 'c' : ceil_div(per_split, 16 * Shape::kWarps) >= 16;
+  // DT_ENGINE: tiles (the launcher's default where the layout allows), rows (the launcher's row
+  // engines: bulk rows for long splits, else cp.async), bulk (bulk rows), cpasync
+  const char* engine = std::getenv("DT_ENGINE");
+  const char e = engine ? engine[0] : 't';
+  const bool bulk = e == 'b' || (e != 'c' && ceil_div(per_split, 16 * Shape::kWarps) >= 16);
   TileMaps maps{};
-  const bool tiles = bulk && !(engine && engine[0] == 'r') && make_tile_maps(p, true, D, maps);  // as the launcher
+  const bool tiles = e == 't' && make_tile_maps(p, true, D, maps);
   auto split = tiles  ? flash_decode_split_mma_kernel<T, D, 1, true, D % 64 == 0>
                : bulk ? flash_decode_split_mma_kernel<T, D, 1, true>
                       : flash_decode_split_mma_kernel<T, D, 1, false>;

@@ -278,8 +278,10 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   }
   const Schedule schedule = pick_schedule(tensor_cores, num_splits);
 
-  // Through torch's caching allocator (graph-pool aware under capture), never cudaMalloc.
-  Tensor part_out = q, part_lse = q, plan = q;  // placeholders; real buffers only where used
+  // Through torch's caching allocator (graph-pool aware under capture), never cudaMalloc. The
+  // partials and their lse share one buffer (one allocation fewer per call: host time).
+  Tensor partials = q, plan = q;  // placeholders; real buffers only where used
+  int64_t part_rows = 0;          // partial rows of D floats; their lse follow them
   int grid_ctas = 0;
   if (schedule == Schedule::kBalanced) {
     p.S = 0;
@@ -289,8 +291,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
     AURA_CHECK(items_max * p.heads_per_cta <= int64_t(INT32_MAX), "flash_decode: too many work items for the "
                "balanced schedule (", items_max, "); set TORCH_AURA_DECODE_SCHEDULE=static");
     plan = torch::stable::new_empty(q, std::vector<int64_t>{kPlanPrefix + B + 1}, ScalarType::Int);
-    part_out = torch::stable::new_empty(q, std::vector<int64_t>{items_max * p.heads_per_cta, D}, ScalarType::Float);
-    part_lse = torch::stable::new_empty(q, std::vector<int64_t>{items_max * p.heads_per_cta}, ScalarType::Float);
+    part_rows = items_max * p.heads_per_cta;
     p.plan = static_cast<int*>(plan.data_ptr());
     grid_ctas = int(std::min<int64_t>(slots, items_max));
     decode_balance_plan_kernel<<<1, kPlanThreads, 0, stream>>>(
@@ -301,14 +302,12 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
     p.S = num_splits > 0 ? static_cast<int>(num_splits)
                          : decode_auto_splits(B, Hkv, sms, int(D), p.page_size, p.capacity,
                                               paged ? p.page_size : kContiguousTile);
-    if (p.S > 1) {
-      part_out = torch::stable::new_empty(q, std::vector<int64_t>{p.S, B, Hq, D}, ScalarType::Float);
-      part_lse = torch::stable::new_empty(q, std::vector<int64_t>{p.S, B, Hq}, ScalarType::Float);
-    }
+    if (p.S > 1) part_rows = int64_t(p.S) * B * Hq;
   }
-  if (p.S != 1) {
-    p.part_out = static_cast<float*>(part_out.data_ptr());
-    p.part_lse = static_cast<float*>(part_lse.data_ptr());
+  if (p.S != 1) {  // [part_rows, D] partials, then [part_rows] lse (16-byte aligned: D % 16 == 0)
+    partials = torch::stable::new_empty(q, std::vector<int64_t>{part_rows * (D + 1)}, ScalarType::Float);
+    p.part_out = static_cast<float*>(partials.data_ptr());
+    p.part_lse = p.part_out + part_rows * D;
   }
   switch (q.scalar_type()) {
     case ScalarType::Float: launch_split_any_dim<float>(D, p, stream, grid_ctas); break;
@@ -317,7 +316,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   }
   if (p.S != 1) {
     MergeParams m{};
-    m.part_out = part_out.data_ptr();
+    m.part_out = p.part_out;
     m.part_lse = p.part_lse;
     m.out = out.data_ptr();
     m.lse = p.lse;
