@@ -4,8 +4,9 @@
 // Grid (S, Hkv * head_tiles, B). A CTA owns (split s, KV head kvh, sequence b) and the query heads
 // of that KV head's group (all G of them up to 16 heads at D <= 128, 8 above; larger groups take
 // balanced head tiles), so each K/V byte of a split crosses HBM once for the group (§3).
-// fp16/bf16 caches take the tensor-core kernel: warps own token slices with private cp.async rings
-// and register-resident softmax state, merged once at the end (no CTA barrier in the main loop).
+// fp16/bf16 caches take the tensor-core kernel: warps own token slices with private copy rings
+// (swizzled 2-D TMA tiles where the layout allows, else bulk row copies or cp.async) and
+// register-resident softmax state, merged once at the end (no CTA barrier in the main loop).
 // fp32 caches take the CUDA-core kernel (exact fp32 products; a CTA-wide double-buffered stage).
 // The split rule runs on the device from seq_lens (the host only fixes S from static values),
 // matching torch_aura/reference/decode.py's split_chunk bit for bit. With S > 1 the merge kernel is
