@@ -77,9 +77,7 @@ def _make_forward_only_autograd(name: str):
     instead of PyTorch's "autograd kernel was not registered" warning on CPU and a silent missing
     graph elsewhere. Without such inputs (the inference path) it redispatches at once, with no
     pytree walk over the arguments as ``torch.library.register_autograd``'s generic kernel does
-    (7.4 -> 5.7 us per call of a trivial op on a desktop CPU). The Python round trip itself stays:
-    10-20 us of an eager ``flash_decode`` on the H100 machine's host, which ``torch.inference_mode()``
-    skips (benchmarks/results/profiles/decode_host_h100.log)."""
+    (host time: docs/decode.md §4; ``torch.inference_mode()`` skips this kernel altogether)."""
     overload = getattr(torch.ops.aura, name).default
     below_autograd = torch._C._after_autograd_keyset
 

@@ -160,8 +160,8 @@ def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap
     It never sees ``seq_lens``: the grid of a captured CUDA graph must not depend on data. Each
     sequence then uses ``S_b <= S`` of the splits, at least 64 tokens each (empty ones write
     lse = -inf). ``flash_decode`` calls it with the device's SM count, ``ctas_per_sm`` = 1 (2 at
-    head_dim 512, whose CTAs are one warp, and on paged caches) and the cache capacity;
-    ``num_splits > 0`` bypasses it.
+    head_dim 512, whose CTAs are one warp, and on paged caches without tile copies) and the cache
+    capacity; ``num_splits > 0`` bypasses it.
 
     Args:
         batch: number of sequences ``B`` (>= 0).

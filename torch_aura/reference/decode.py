@@ -49,11 +49,10 @@ STAND_IN_SMS = 132
 
 
 def plan_ctas_per_sm(head_dim: int, paged: bool = False, page_size: int = 16) -> int:
-    """CTAs per SM the automatic plan fills (decode.md §4): one four-warp tensor-core CTA streams
-    an SM's share of HBM (H100: B8-T32k 374 -> 367 us, D256 107 -> 100 us against two); two of the
-    one-warp CTAs of D = 512, and two on paged caches the tile copies cannot serve (head dims not a
-    multiple of 64, pages not a multiple of 16 tokens), whose cp.async copies want the second CTA's
-    warps in flight (B8-T32k page 16, cp.async: 381 us with two, 394 with one)."""
+    """CTAs per SM the automatic plan fills (decode.md §4, with the measurements): one four-warp
+    tensor-core CTA streams an SM's share of HBM by itself; two of the one-warp CTAs of D = 512,
+    and two on paged caches the tile copies cannot serve (head dims not a multiple of 64, pages not
+    a multiple of 16 tokens), whose cp.async copies want the second CTA's warps in flight."""
     cpasync_paged = paged and (head_dim % 64 != 0 or page_size % 16 != 0)
     return 2 if head_dim == 512 or cpasync_paged else 1
 
