@@ -121,7 +121,7 @@ def test_both_copy_engines(D, layout, monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_matches_reference_split_for_split(dtype):
-    """Same host plan as the reference (real SM count, 2 CTAs/SM): the fp32 results agree to
+    """Same host plan as the reference (real SM count, plan_ctas_per_sm): the fp32 results agree to
     rounding, which pins the device-side split rule to reference.decode.split_chunk."""
     q, k, v, sl, table = make_cache([3000, 1, 0, 513], 16, 4, 128, dtype, page=16, seed=5)
     out, lse = torch_aura.flash_decode(q, k, v, sl, table)
