@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 namespace aura {
@@ -31,15 +33,26 @@ int balanced_items_per_slot() {
   return k;
 }
 
-// TORCH_AURA_DECODE_SCHEDULE=static|balanced|auto (default auto = static until the balanced schedule
-// pays), read on every call so that a test or a benchmark can compare both in one process.
-// num_splits > 0 always means the static schedule, and so do fp32 caches (the CUDA-core kernel).
+// A switch read on every call (so a test or a benchmark can compare its values in one process): the
+// index of its value in `choices`, 0 (choices[0], the default) when unset or empty; any other value
+// raises, naming the variable and its choices.
+int env_choice(const char* name, std::initializer_list<const char*> choices) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return 0;
+  std::string listed;
+  int i = 0;
+  for (const char* c : choices) {
+    if (std::strcmp(env, c) == 0) return i;
+    listed += (i++ == 0 ? "" : ", ") + std::string(c);
+  }
+  AURA_CHECK(false, name, ": expected one of ", listed, ", got ", env);
+  return 0;
+}
+
+// TORCH_AURA_DECODE_SCHEDULE=auto|static|balanced (default auto = static until the balanced schedule
+// pays). num_splits > 0 always means the static schedule, and so do fp32 caches (the CUDA-core kernel).
 Schedule pick_schedule(bool tensor_cores, int64_t num_splits) {
-  const char* env = std::getenv("TORCH_AURA_DECODE_SCHEDULE");
-  const bool forced_balanced = env != nullptr && std::strcmp(env, "balanced") == 0;
-  AURA_CHECK(env == nullptr || *env == '\0' || forced_balanced || std::strcmp(env, "static") == 0 ||
-                 std::strcmp(env, "auto") == 0,
-             "TORCH_AURA_DECODE_SCHEDULE: expected static, balanced or auto, got ", env);
+  const bool forced_balanced = env_choice("TORCH_AURA_DECODE_SCHEDULE", {"auto", "static", "balanced"}) == 2;
   return forced_balanced && tensor_cores && num_splits == 0 ? Schedule::kBalanced : Schedule::kStatic;
 }
 
@@ -47,15 +60,9 @@ bool supported_head_dim(int64_t D) {
   return D == 64 || D == 80 || D == 96 || D == 128 || D == 192 || D == 256 || D == 512;
 }
 
-// TORCH_AURA_DECODE_COPY=rows (read per call, for comparisons): K/V go row by row (1-D bulk copies
+// TORCH_AURA_DECODE_COPY=auto|tiles|rows (for comparisons): rows moves K/V row by row (1-D bulk copies
 // for long contiguous splits, cp.async otherwise) instead of as 2-D tensor-map tiles (decode.md §3).
-bool tile_copies_allowed() {
-  const char* env = std::getenv("TORCH_AURA_DECODE_COPY");
-  const bool rows = env != nullptr && std::strcmp(env, "rows") == 0;
-  AURA_CHECK(env == nullptr || *env == '\0' || rows || std::strcmp(env, "tiles") == 0 || std::strcmp(env, "auto") == 0,
-             "TORCH_AURA_DECODE_COPY: expected auto, tiles or rows, got ", env);
-  return !rows;
-}
+bool tile_copies_allowed() { return env_choice("TORCH_AURA_DECODE_COPY", {"auto", "tiles", "rows"}) != 2; }
 
 // grid_ctas > 0: the balanced kernel's persistent grid, a programmatic dependent of the plan kernel;
 // else the static grid (S, Hkv * head_tiles, B), with the tile copies' tensor maps where the kernel
@@ -106,7 +113,7 @@ void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
     // 16k tokens), for long and short splits alike: the fastest engine everywhere measured (decode.md
     // §3). Static values too: the maps hold shapes and base pointers only.
     TileMaps maps{};
-    const bool tiles = grid_ctas == 0 && tile_copies_fit(p, D) && tile_copies_allowed() &&
+    const bool tiles = grid_ctas == 0 && tile_copies_fit(D, p.page_size) && tile_copies_allowed() &&
                        make_tile_maps(p, std::is_same_v<T, __nv_bfloat16>, D, maps);
     auto go = [&](auto nht, auto bulk_tag, auto tiles_tag) {
       constexpr int nht_v = decltype(nht)::value;

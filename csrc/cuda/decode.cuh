@@ -89,9 +89,14 @@ constexpr size_t decode_head_smem_bytes() {  // CUDA-core kernel: q, o (D each),
 // caches without tile copies, whose cp.async copies want the second CTA's warps), plus one split when
 // that wave leaves a fifth of the slots idle, at most 128, and no more splits than a sequence of
 // `capacity` tokens can fill (a split no sequence reaches is an idle CTA and a merge input).
+// Whether the tile copies (below, TileMaps) can serve a layout: whole 64-dim boxes, and 16-token
+// steps that never cross a page.
+inline bool tile_copies_fit(int head_dim, int page_size) {  // page_size 0: contiguous
+  return head_dim % 64 == 0 && page_size % 16 == 0;
+}
 inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head_dim, int page_size, int64_t capacity,
                               int tile) {  // page_size 0: contiguous
-  const bool cpasync_paged = page_size > 0 && (head_dim % 64 != 0 || page_size % 16 != 0);
+  const bool cpasync_paged = page_size > 0 && !tile_copies_fit(head_dim, page_size);
   const int64_t slots = int64_t(sms) * (head_dim == 512 || cpasync_paged ? 2 : 1), work = batch * kv_heads;
   if (work == 0 || work >= slots) return 1;
   int64_t s = slots / work;
@@ -437,11 +442,8 @@ __host__ __device__ constexpr int tile_off(int r, int c) {  // element offset of
 // [B, Hkv, T_cap, D] as (D, T_cap, Hkv, B), paged [num_blocks, page_size, Hkv, D] as (D, Hkv,
 // page_size, num_blocks). False when the layout does not qualify (D not a multiple of 64, pages not
 // a multiple of 16 tokens, a stride that is not a multiple of 16 bytes, or the driver refuses it).
-inline bool tile_copies_fit(const DecodeParams& p, int D) {
-  return D % 64 == 0 && (p.block_table == nullptr || p.page_size % 16 == 0);
-}
 inline bool make_tile_maps(const DecodeParams& p, bool bf16, int D, TileMaps& maps) {
-  if (!tile_copies_fit(p, D)) return false;
+  if (!tile_copies_fit(D, p.block_table != nullptr ? p.page_size : 0)) return false;
   const bool paged = p.block_table != nullptr;
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
