@@ -12,10 +12,8 @@ preallocated buffers, with num_splits=1 (one launch, no workspace) and SDPA: whe
 --kernels lists, without ncu, every kernel one call of ours and of SDPA launches (torch.profiler:
 name, grid, block, registers, shared memory, device time): which kernels the peer picked for a shape.
 --sweep instead times CUDA-graph replays of each case with every sequence empty (the fixed cost of
-the launches), the split kernel alone (num_splits=1), and at full length with the automatic and forced split counts,
-each merged both ways (TORCH_AURA_DECODE_MERGE=fused and kernel; the automatic count under auto too):
-where the small-batch time goes without profiler clock locking or cache flushes, and where the fused
-merge pays.
+the launches), the split kernel alone (num_splits=1), and at full length with the automatic and
+forced split counts: where the small-batch time goes without profiler clock locking or cache flushes.
 
 CASE names a row of shapes.DECODE or bench_decode.TP_SHARDS (default: B1-T1k B1-T32k B8-T32k B1-T32k-D512). Each case runs
 once untimed first, so one-time setup (kernel attributes) stays out of the profiled launches.
@@ -94,17 +92,7 @@ if "--kernels" in sys.argv:
                           f"occupancy {a.get('est. achieved occupancy %')}", flush=True)
     sys.exit(0)
 if "--sweep" in sys.argv:
-    import os
-
     from _harness import time_us
-
-    def merged_as(merge, fn):
-        """fn() under TORCH_AURA_DECODE_MERGE=merge (read per call, so a captured call keeps it)."""
-        os.environ["TORCH_AURA_DECODE_MERGE"] = merge
-        try:
-            return fn()
-        finally:
-            del os.environ["TORCH_AURA_DECODE_MERGE"]
 
     for name in wanted:
         _, B, Hq, Hkv, D, T, page = by_name[name]
@@ -113,9 +101,7 @@ if "--sweep" in sys.argv:
         rows = [("empty, auto S", lambda: torch.ops.aura.flash_decode(q, k, v, empty, table, None, 0)),
                 ("full, S=1", lambda: torch.ops.aura.flash_decode(q, k, v, sl, table, None, 1))]
         for S in (0, 4, 8, 16, 32, 64, 128):
-            for merge in ("auto", "fused", "kernel") if S == 0 else ("fused", "kernel"):
-                rows.append((f"S={S or 'auto'} {merge}", lambda S=S, m=merge: merged_as(
-                    m, lambda: torch.ops.aura.flash_decode(q, k, v, sl, table, None, S))))
+            rows.append((f"full, S={S or 'auto'}", lambda S=S: torch.ops.aura.flash_decode(q, k, v, sl, table, None, S)))
         print(name + ": " + " | ".join(f"{label} {time_us(fn, graph=True):.1f} us" for label, fn in rows), flush=True)
     sys.exit(0)
 

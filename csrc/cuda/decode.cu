@@ -7,13 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <initializer_list>
-#include <map>
-#include <mutex>
 #include <string>
-#include <thread>
-#include <tuple>
 #include <vector>
 
 namespace aura {
@@ -65,64 +60,6 @@ bool supported_head_dim(int64_t D) {
   return D == 64 || D == 80 || D == 96 || D == 128 || D == 192 || D == 256 || D == 512;
 }
 
-// TORCH_AURA_DECODE_MERGE=auto|fused|kernel (decode.md §5): how the static schedule's split partials
-// meet. fused: the last CTA of each unit merges them (no second launch) wherever its scratch fits;
-// kernel: the merge kernel; auto: fused where the merging CTA's loads are few (kFusedMergeMaxLoads).
-enum class MergeChoice { kAuto, kFused, kKernel };
-MergeChoice merge_choice() {
-  return MergeChoice(env_choice("TORCH_AURA_DECODE_MERGE", {"auto", "fused", "kernel"}));
-}
-// auto fuses while the merging CTA's 16-byte partial loads per thread stay within this many; past it a
-// lone CTA's reads take longer than the merge kernel spread over B * Hq CTAs (bench: profile_decode --sweep)
-constexpr int64_t kFusedMergeMaxLoads = 32;
-constexpr int64_t kFusedMergeMaxScratch = 4096;  // floats of the merging CTA's shared scratch, (S + 1) * heads
-
-// Arrival counters of the fused merge: zeroed once and reset by each unit's last CTA, so no call pays
-// a memset. Launches that may overlap on the GPU never share a buffer: one per stream for eager calls
-// (a stream runs its launches in order), one per (capture, stream) during CUDA-graph capture (each
-// graph replays its own; replaying one graph on two streams at once is unsafe in torch already).
-// Never freed: a captured graph holds the pointer. nullptr when the memory cannot be had (the caller
-// then launches the merge kernel).
-int* arrival_counters(int device, cudaStream_t stream, int64_t count) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  unsigned long long capture = 0;
-  AURA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture) == cudaSuccess,
-             "flash_decode: cudaStreamGetCaptureInfo failed");
-  if (status != cudaStreamCaptureStatusActive) capture = 0;
-  // the per-thread default stream is one handle for each thread's own stream
-  const size_t thread = stream == cudaStreamPerThread ? std::hash<std::thread::id>{}(std::this_thread::get_id()) : 0;
-  struct Buffer {
-    int* ptr = nullptr;
-    int64_t size = 0;
-  };
-  static std::mutex mu;
-  static std::map<std::tuple<int, uintptr_t, unsigned long long, size_t>, Buffer> buffers;
-  std::lock_guard<std::mutex> lock(mu);
-  Buffer& buf = buffers[{device, reinterpret_cast<uintptr_t>(stream), capture, thread}];
-  if (buf.size >= count) return buf.ptr;
-  // a grown buffer replaces the old one, which stays allocated (a graph or a queued launch may use it)
-  const int64_t size = std::max<int64_t>({count, 2 * buf.size, 1024});
-  // Outside any capture: relaxed mode lets this thread allocate and zero while it captures, and the
-  // zeroing stream is a private non-blocking one (legacy-stream work would join a blocking capture).
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&mode);
-  void* ptr = nullptr;
-  cudaStream_t zeroing = nullptr;
-  cudaError_t err = cudaMalloc(&ptr, size * sizeof(int));
-  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking);
-  if (err == cudaSuccess) err = cudaMemsetAsync(ptr, 0, size * sizeof(int), zeroing);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(zeroing);  // zero before any launch can read it
-  if (zeroing != nullptr) cudaStreamDestroy(zeroing);
-  if (err != cudaSuccess && ptr != nullptr) cudaFree(ptr);
-  cudaThreadExchangeStreamCaptureMode(&mode);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // (clear it: the merge kernel serves this call)
-    return nullptr;
-  }
-  buf = {static_cast<int*>(ptr), size};
-  return buf.ptr;
-}
-
 // TORCH_AURA_DECODE_COPY=auto|tiles|rows (for comparisons): rows moves K/V row by row (1-D bulk copies
 // for long contiguous splits, cp.async otherwise) instead of as 2-D tensor-map tiles (decode.md §3).
 bool tile_copies_allowed() { return env_choice("TORCH_AURA_DECODE_COPY", {"auto", "tiles", "rows"}) != 2; }
@@ -155,15 +92,6 @@ void launch_split_kernel(const DecodeParams& p, int threads, size_t smem, cudaSt
 template <typename T, int D>
 void set_mma_head_tiles(DecodeParams& p) {
   p.head_tiles = ceil_div(p.G, WarpSplitShape<T, D>::kMaxHeads);
-  p.heads_per_cta = ceil_div(p.G, p.head_tiles);
-}
-
-// heads per CTA of the CUDA-core kernel: the whole group when it fits next to the K/V stages, else tiles
-template <typename T, int D>
-void set_simt_head_tiles(DecodeParams& p) {
-  const size_t free_bytes = kSmemBudget - decode_kv_smem_bytes<T, D>();
-  const int fit = static_cast<int>(std::max<size_t>(1, free_bytes / decode_head_smem_bytes<T, D>()));
-  p.head_tiles = ceil_div(p.G, std::min(fit, p.G));
   p.heads_per_cta = ceil_div(p.G, p.head_tiles);
 }
 
@@ -209,9 +137,15 @@ void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
     } else if constexpr (Shape::kMaxHeads > 8) {
       with_engine(std::integral_constant<int, 2>{});
     }
-  } else {  // CUDA cores, in the head tiles set_simt_head_tiles set
+  } else {
+    // CUDA cores: heads per CTA = the whole group when it fits next to the K/V stages, else tiles.
+    constexpr size_t kv_bytes = decode_kv_smem_bytes<T, D>();
+    constexpr size_t head_bytes = decode_head_smem_bytes<T, D>();
+    const int fit = static_cast<int>(std::max<size_t>(1, (kSmemBudget - kv_bytes) / head_bytes));
+    p.head_tiles = ceil_div(p.G, std::min(fit, p.G));
+    p.heads_per_cta = ceil_div(p.G, p.head_tiles);
     launch_split_kernel<flash_decode_split_simt_kernel<T, D>>(
-        p, kSimtThreads, decode_kv_smem_bytes<T, D>() + p.heads_per_cta * decode_head_smem_bytes<T, D>(), stream);
+        p, kSimtThreads, kv_bytes + p.heads_per_cta * head_bytes, stream);
   }
 }
 
@@ -345,16 +279,9 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   p.q_vec16 = row_vector_bytes(q) == 16;  // (q's last stride is 1: check_cuda_tensor)
 
   const bool tensor_cores = q.scalar_type() != ScalarType::Float;
-  int split_threads = kSimtThreads;  // per CTA of the split kernel that will run
-  with_head_dim(D, [&](auto d) {
-    constexpr int Dv = decltype(d)::value;
-    if (tensor_cores) {  // kMaxHeads and the warps depend on D only: any 16-bit type gives the same
-      set_mma_head_tiles<__half, Dv>(p);
-      split_threads = WarpSplitShape<__half, Dv>::kWarps * 32;
-    } else {
-      set_simt_head_tiles<float, Dv>(p);
-    }
-  });
+  if (tensor_cores) {  // kMaxHeads depends on D only: any 16-bit type gives the same tiles
+    with_head_dim(D, [&](auto d) { set_mma_head_tiles<__half, decltype(d)::value>(p); });
+  }
   const Schedule schedule = pick_schedule(tensor_cores, num_splits);
 
   // Through torch's caching allocator (graph-pool aware under capture), never cudaMalloc. The
@@ -383,13 +310,6 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
                                               paged ? p.page_size : kContiguousTile);
     if (p.S > 1) part_rows = int64_t(p.S) * B * Hq;
   }
-  if (p.S > 1) {  // the fused merge where it fits (and pays, under auto): no merge launch
-    const MergeChoice choice = merge_choice();
-    const int64_t heads = p.heads_per_cta, loads = (p.S * heads * (D / 4) + split_threads - 1) / split_threads;
-    if (choice != MergeChoice::kKernel && (p.S + 1) * heads <= kFusedMergeMaxScratch &&
-        (choice == MergeChoice::kFused || loads <= kFusedMergeMaxLoads))
-      p.arrivals = arrival_counters(q.get_device_index(), stream, B * Hkv * p.head_tiles);
-  }
   if (p.S != 1) {  // [part_rows, D] partials, then [part_rows] lse (16-byte aligned: D % 16 == 0)
     partials = torch::stable::new_empty(q, std::vector<int64_t>{part_rows * (D + 1)}, ScalarType::Float);
     p.part_out = static_cast<float*>(partials.data_ptr());
@@ -400,7 +320,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
     case ScalarType::Half: launch_split_any_dim<__half>(D, p, stream, grid_ctas); break;
     default: launch_split_any_dim<__nv_bfloat16>(D, p, stream, grid_ctas); break;
   }
-  if (p.S != 1 && p.arrivals == nullptr) {
+  if (p.S != 1) {
     MergeParams m{};
     m.part_out = p.part_out;
     m.part_lse = p.part_lse;

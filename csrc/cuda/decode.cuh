@@ -33,12 +33,6 @@ constexpr int kContiguousTile = 64;     // split granularity of the contiguous l
 constexpr double kLog2e = 1.4426950408889634;  // host-side: the scale is formed in double
 constexpr float kLn2 = 0.6931471805599453f;
 
-// The merge kernel's CTA (merge_attn_states_kernel); the fused merge sums in its order.
-constexpr int kMergeChunk = 128;    // dims per merge CTA: 4 per lane
-constexpr int kMergeThreads = 128;
-constexpr int kMergeWarps = kMergeThreads / 32;
-constexpr int kMergeUnroll = 8;     // live splits per warp whose loads are in flight together
-
 #ifndef AURA_DECODE_MAX_STAGES
 #define AURA_DECODE_MAX_STAGES 4  // (experiments override it: tools/decode_timeline.cu)
 #endif
@@ -54,7 +48,6 @@ struct DecodeParams {
   const int* seq_lens;
   const int* block_table;  // nullptr: contiguous layout
   int* plan;               // balanced schedule (S == 0): decode_balance_plan_kernel's work list; nullptr: static
-  int* arrivals;           // S > 1, the fused merge: an arrival counter per (b, grid row), zero between calls; nullptr: the merge kernel
   int64_t q_sb, q_sh;
   int64_t k_s0, k_s1, k_s2;  // contiguous: (b, h, t); paged: (block, row, h)
   int64_t v_s0, v_s1, v_s2;
@@ -257,120 +250,13 @@ __device__ __forceinline__ void store_lse(const DecodeParams& p, const SplitWork
   }
 }
 
-// ------------------------------------------------------------------------ the fused merge
-// S > 1 with p.arrivals set (decode.md §5): no merge kernel. Every split CTA of a unit (sequence b,
-// grid row y = KV head x head tile), empty splits included, publishes its partial rows and arrives
-// on the unit's counter; the last to arrive resets the counter for the next call and merges the
-// unit's heads. The sums run in the merge kernel's order (the weights as its 128 threads and 4 warp
-// butterflies add them, the values in 4 chains of the splits s = w mod 4), so the two merges give
-// the same bits whichever CTA arrives last.
-
-// True in every thread of the CTA that arrived last; its thread 0 has reset the counter.
-__device__ __forceinline__ bool arrive_last(int* counter, int S) {
-  __shared__ int last;
-  __threadfence();  // this thread's partial stores are visible GPU-wide before the CTA arrives
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(counter, 1) == S - 1;
-    if (last) {
-      *counter = 0;     // all S have arrived: nothing else touches it in this launch
-      __threadfence();  // the partials behind the other arrivals, before the reads below
-    }
-  }
-  __syncthreads();
-  return last;
-}
-
-// The merge of the unit's nh heads over its S partials ([S, B, Hq] rows; L2 reads, since other SMs
-// wrote them), into out and lse. scratch: (S + 1) * nh floats of shared memory (the host checks).
-// U: partial loads in flight per thread (a multiple of kMergeWarps).
-template <typename T, int U>
-__device__ void merge_unit_partials(const DecodeParams& p, const SplitWork& w, float* scratch) {
-  static_assert(U % kMergeWarps == 0, "a chain per merge-kernel warp");
-  const int S = p.S, nh = w.nh, D = p.D_runtime, D4 = D / 4;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int64_t rows = int64_t(p.B) * p.Hq, row0 = int64_t(w.b) * p.Hq + w.hq0;  // split 0's row of head hq0
-  const float nan = __int_as_float(0x7fc00000);
-  float* wts = scratch;         // [nh][S]: split weights exp(lse_s - M)
-  float* inv = wts + nh * S;    // [nh]: 1 / sum of weights; 0 with no live split, NaN after a NaN lse
-  for (int g = warp; g < nh; g += warps) {
-    const float* lse_in = p.part_lse + row0 + g;
-    float M = -INFINITY;
-    bool nan_split = false;  // NaN/Inf in the data (empty splits write -inf): the row becomes NaN
-    for (int s = lane; s < S; s += 32) {
-      const float l = __ldcg(lse_in + s * rows);
-      M = fmaxf(M, l);
-      nan_split |= l != l;
-    }
-    M = warp_max(M);
-    nan_split = __any_sync(0xffffffffu, nan_split);
-    float total = 0.f;
-    for (int mw = 0; mw < kMergeWarps; ++mw) {  // the merge kernel's warp mw: its lanes' split-strided sums
-      float x = 0.f;
-      for (int s = mw * 32 + lane; s < S; s += kMergeThreads) {
-        const float l = __ldcg(lse_in + s * rows);
-        const float wl = l == -INFINITY ? 0.f : expf(l - M);
-        wts[g * S + s] = wl;
-        x += wl;
-      }
-      total += warp_sum(x);
-    }
-    if (lane == 0) {
-      inv[g] = nan_split ? nan : M == -INFINITY ? 0.f : 1.f / total;
-      p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] =
-          nan_split ? nan : M == -INFINITY ? -INFINITY : M + logf(total);
-    }
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < nh * D4; idx += blockDim.x) {
-    const int g = idx / D4, d = (idx % D4) * 4;
-    const float* src = p.part_out + (row0 + g) * D + d;
-    const float* wg = wts + g * S;
-    float4 acc[kMergeWarps] = {};
-    for (int s0 = 0; s0 < S; s0 += U) {
-      float4 v[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u)  // dead splits (weight 0) are never loaded: stale rows may hold NaN
-        v[u] = s0 + u < S && wg[s0 + u] > 0.f ? __ldcg(reinterpret_cast<const float4*>(src + (s0 + u) * rows * D))
-                                              : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const float wt = s0 + u < S ? wg[s0 + u] : 0.f;
-        float4& a = acc[u % kMergeWarps];  // chain j holds the splits s = j mod 4
-        if (wt > 0.f) a.x = fmaf(wt, v[u].x, a.x), a.y = fmaf(wt, v[u].y, a.y), a.z = fmaf(wt, v[u].z, a.z),
-                      a.w = fmaf(wt, v[u].w, a.w);
-      }
-    }
-    float4 sum = acc[0];
-#pragma unroll
-    for (int j = 1; j < kMergeWarps; ++j) sum.x += acc[j].x, sum.y += acc[j].y, sum.z += acc[j].z, sum.w += acc[j].w;
-    const float r = inv[g];
-    const bool is_nan = r != r;
-    T* o = static_cast<T*>(p.out) + w.b * p.out_sb + (w.hq0 + g) * p.out_sh + d;
-    o[0] = from_float<T>(is_nan ? nan : sum.x * r);
-    o[1] = from_float<T>(is_nan ? nan : sum.y * r);
-    o[2] = from_float<T>(is_nan ? nan : sum.z * r);
-    o[3] = from_float<T>(is_nan ? nan : sum.w * r);
-  }
-}
-
-// The end of every split CTA (live or empty) under the fused merge: arrive, and merge if last.
-// smem: the CTA's dynamic shared memory, free by now (its copies drained, its partial stored).
-template <typename T>
-__device__ __forceinline__ void finish_unit(const DecodeParams& p, const SplitWork& w, unsigned char* smem) {
-  // 16 loads in flight: one round trip for B = 1, 32/8 heads, D = 128 (16 splits of 4 heads)
-  if (p.arrivals != nullptr && arrive_last(p.arrivals + int64_t(w.b) * gridDim.y + blockIdx.y, p.S))
-    merge_unit_partials<T, 16>(p, w, reinterpret_cast<float*>(smem));
-}
-
 // ------------------------------------------------------------------------ CUDA-core kernel (fp32)
 // Exact fp32 math for fp32 caches (tensor cores would round K and V to tf32). Per stage:
 //   QK: one thread per (head, token), the full dot product from shared memory (rows padded by 16
 //       bytes: the 8 lanes of a 16-byte access phase hit disjoint banks), VEC partial sums;
 //   PV: one thread per (head, 4 dims), output accumulators in shared memory so any G fits.
-// (min blocks 1: without it ptxas held D = 64 at 72 registers and spilled the fused merge's loads)
 template <typename T, int D>
-__global__ void __launch_bounds__(kSimtThreads, 1) flash_decode_split_simt_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kSimtThreads) flash_decode_split_simt_kernel(const DecodeParams p) {
   constexpr int TS = decode_stage_tokens<T, D>();
   constexpr int ROW = decode_row_elems<T, D>();
   constexpr int VEC = 16 / sizeof(T);
@@ -378,8 +264,8 @@ __global__ void __launch_bounds__(kSimtThreads, 1) flash_decode_split_simt_kerne
   constexpr int D4 = D / 4;
 
   SplitWork w;
+  if (!plan_split<T>(p, w)) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  if (!plan_split<T>(p, w)) return finish_unit<T>(p, w, smem_raw);
   T* kbuf = reinterpret_cast<T*>(smem_raw);  // [2][TS][ROW]
   T* vbuf = kbuf + 2 * TS * ROW;             // [2][TS][ROW]
   const int hpc = p.heads_per_cta;
@@ -468,7 +354,6 @@ __global__ void __launch_bounds__(kSimtThreads, 1) flash_decode_split_simt_kerne
   }
   for (int i = tid; i < nh * D; i += kSimtThreads) store_value<T>(p, w, i / D, i % D, os[i] / ls[i / D]);
   store_lse<kSimtThreads>(p, w, ms, ls);
-  finish_unit<T>(p, w, smem_raw);  // (arrive_last's barrier: every thread is done with the stages)
 }
 
 // --------------------------------------------------------------- tensor-core kernel (fp16, bf16)
@@ -992,13 +877,11 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
   stage_q_async<T, D, NHT>(p, w, sm.qs);  // before seq_lens: q is the first request
   if (!plan_split_tokens<T>(p, w)) {
     cp_async_wait<0>();  // q's copies land before the shared memory is handed on
-    return finish_unit<T>(p, w, smem_raw);
+    return;
   }
   init_ring_barriers<T, D, BULK>(sm.bars);
   int uses = 0;
-  // the merge kernel (when no fused merge) may start its prologue at the end of the main loop
-  run_split_mma<T, D, NHT, BULK, TILES>(p, w, smem_raw, uses, p.arrivals == nullptr, &maps);
-  finish_unit<T>(p, w, smem_raw);
+  run_split_mma<T, D, NHT, BULK, TILES>(p, w, smem_raw, uses, true, &maps);
 }
 
 // ------------------------------------------------------------------------ the balanced schedule
@@ -1132,6 +1015,10 @@ struct MergeParams {
   int G, heads_per_cta, head_tiles, Hkv;
 };
 
+constexpr int kMergeChunk = 128;    // dims per merge CTA: 4 per lane
+constexpr int kMergeThreads = 128;
+constexpr int kMergeWarps = kMergeThreads / 32;
+constexpr int kMergeUnroll = 8;     // live splits per warp whose loads are in flight together
 
 // 4 consecutive values as fp32: one 16-byte load when the layout allows (VEC), else 4 scalars.
 template <typename TI, bool VEC>

@@ -45,14 +45,6 @@ def env(name, value):
             os.environ[name] = saved
 
 
-@pytest.fixture(params=("fused", "kernel"))
-def merge(request, monkeypatch):
-    """Both ways a static plan's split partials meet (TORCH_AURA_DECODE_MERGE, read per call): the last
-    CTA of each unit merges them in the split kernel, or the merge kernel does."""
-    monkeypatch.setenv("TORCH_AURA_DECODE_MERGE", request.param)
-    return request.param
-
-
 # ------------------------------------------------------------------------------------ inputs
 def make_cache(lens, Hq, Hkv, D, dtype, *, page=None, T_cap=None, seed=0, poison_tail=True):
     """q, k, v, seq_lens, block_table (None when contiguous). Tokens past seq_len are NaN, so a
@@ -192,7 +184,7 @@ def test_out_variant_writes_caller_buffers():
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 
-def test_stale_nan_partials_are_skipped(merge):
+def test_stale_nan_partials_are_skipped():
     # Fill the caching allocator's free blocks with NaN so the split workspace starts poisoned;
     # sequences shorter than the split plan leave slots the merge must skip, never multiply.
     junk = torch.full((64 << 20,), math.nan, device=DEV)
@@ -205,7 +197,7 @@ def test_stale_nan_partials_are_skipped(merge):
 
 @pytest.mark.parametrize("D", (80, 128, 512), ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("layout", ("contig", "page16"))
-def test_16bit_split_counts_around_the_chunk_floor(D, layout, merge):
+def test_16bit_split_counts_around_the_chunk_floor(D, layout):
     """16-bit caches (tensor-core kernel) with forced split counts on lengths around the 64-token
     split floor (one step per warp), so clusters of live and dead splits meet in the merge."""
     page = None if layout == "contig" else 16
@@ -237,9 +229,9 @@ def test_merge_kernel_matches_reference(dtype):
 
 
 # ------------------------------------------------------------------------------- split merge (S > 1)
-# With S > 1 the split kernel's partials are merged by the unit's last CTA or by the merge kernel
-# (decode.md §5): either way the result must be the bits of merge_attn_states over the same partials,
-# in split order, call after call, in graphs and on concurrent streams.
+# With S > 1 the split kernel's partials are merged by the merge kernel (decode.md §5): the result
+# must be the bits of merge_attn_states over the same partials, in split order, call after call,
+# in graphs and on concurrent streams.
 MERGE_LENS = [0, 1, 63, 64, 65, 127, 128, 129, 700, 1023, 1024, 1025]  # empty, 1 token, chunk edges +-1
 
 
@@ -270,7 +262,7 @@ def partials_by_slices(q, k, v, sl, table, S):
 @pytest.mark.parametrize("S", (2, 3, 7, 29, 64, 200), ids=lambda s: f"S{s}")
 @pytest.mark.parametrize("layout", ("contig", "page16", "page7"))
 @pytest.mark.parametrize("G,D", ((1, 64), (4, 128), (5, 80), (2, 512)), ids=("G1-D64", "G4-D128", "G5-D80", "G2-D512"))
-def test_split_merge_is_bitwise_merge_attn_states_of_its_partials(G, D, layout, S, merge):
+def test_split_merge_is_bitwise_merge_attn_states_of_its_partials(G, D, layout, S):
     """fp32 (whose S = 1 output is the exact split partial): flash_decode with S splits equals
     merge_attn_states over the partials bit for bit (up to 200 splits). NaN partials of empty splits
     are skipped."""
@@ -285,7 +277,7 @@ def test_split_merge_is_bitwise_merge_attn_states_of_its_partials(G, D, layout, 
 @pytest.mark.parametrize("S", (1, 2, 29, 200), ids=lambda s: f"S{s}")
 @pytest.mark.parametrize("layout", ("contig", "page16"))
 @pytest.mark.parametrize("G", (1, 2, 3, 4, 5, 6, 7, 8), ids=lambda g: f"G{g}")
-def test_split_merge_16bit_edges(G, layout, S, merge):
+def test_split_merge_16bit_edges(G, layout, S):
     """bf16 (tensor-core kernel) at every GQA ratio up to 8, one, two and many splits, on lengths 0, 1
     and around the split boundaries: equal to the fp64 oracle, and bitwise repeatable."""
     page = None if layout == "contig" else 16
@@ -298,7 +290,7 @@ def test_split_merge_16bit_edges(G, layout, S, merge):
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=dtype_id)
 @pytest.mark.parametrize("S", (3, 29, 200), ids=lambda s: f"S{s}")
-def test_split_merge_propagates_nan_and_keeps_empty_rows(S, dtype, merge):
+def test_split_merge_propagates_nan_and_keeps_empty_rows(S, dtype):
     """A NaN partial is not an empty split: a NaN key (lse NaN in its split) makes its group's rows NaN
     with lse NaN, a NaN value row makes them NaN with a finite lse; an empty sequence still gives 0 and
     -inf, and the untouched rows stay exact."""
@@ -330,10 +322,10 @@ def _merge_cases():
     return cases
 
 
-def test_split_merge_counters_reset_across_calls_shapes_and_graph_replays(merge):
+def test_split_merge_counters_reset_across_calls_shapes_and_graph_replays():
     """The same call repeated, calls of other shapes in between, and CUDA-graph replays of all of them
     (two graphs of the same calls, replayed in turn with eager calls between) give the eager bits: no
-    state survives a call, and each graph's arrival counters are its own."""
+    state survives a call."""
     cases = _merge_cases()
     want = []
     for args, out, lse in cases:
@@ -371,7 +363,7 @@ def test_split_merge_counters_reset_across_calls_shapes_and_graph_replays(merge)
             assert torch.equal(out, w_out) and torch.equal(lse, w_lse), f"replay {trial}, case {i} differs from eager"
 
 
-def test_split_merge_on_concurrent_streams(merge):
+def test_split_merge_on_concurrent_streams():
     """Calls on two streams at once (shared workspaces would race): both stay exact."""
     args = _merge_cases()[0][0]
     want = torch.ops.aura.flash_decode(*args)
@@ -389,58 +381,6 @@ def test_split_merge_on_concurrent_streams(merge):
     for got in outs:
         for out, lse in got:
             assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
-
-
-@pytest.mark.parametrize("layout", ("contig", "page16", "page7"))
-@pytest.mark.parametrize("D", DIMS, ids=lambda d: f"D{d}")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_fused_merge_gives_the_merge_kernels_bits(dtype, D, layout, monkeypatch):
-    """Every kernel (tensor-core, one-warp D = 512, CUDA-core fp32) and copy engine: the last CTA's
-    merge sums in the merge kernel's order, so out and lse match it bit for bit, up to 200 splits
-    (a NaN key included: both give NaN rows)."""
-    page = None if layout == "contig" else int(layout[4:])
-    q, k, v, sl, table = make_cache([0, 1, 65, 700, 1025], 12, 2, D, dtype, page=page, seed=D)
-    k[3 if page is None else table[3, 0].item(), 0, 0, 0] = math.nan  # sequence 3: a NaN key (KV head 0)
-    for S in (2, 17, 200):
-        got = {}
-        for m in ("fused", "kernel"):
-            monkeypatch.setenv("TORCH_AURA_DECODE_MERGE", m)
-            got[m] = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
-        (out, lse), (want_out, want_lse) = got["fused"], got["kernel"]
-        assert torch.equal(out.isnan(), want_out.isnan()) and torch.equal(lse.isnan(), want_lse.isnan())
-        assert out.isnan().any(), "the NaN key must reach the output"
-        fin = ~out.isnan()
-        assert torch.equal(out[fin], want_out[fin]) and torch.equal(lse[~lse.isnan()], want_lse[~want_lse.isnan()]), S
-
-
-def _launched_kernels(fn):
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
-def test_auto_fuses_the_merge_only_where_its_loads_are_few():
-    """auto: 16 splits of 4 heads at D = 128 (16 loads per thread of the merging CTA) merge in the split
-    kernel, one launch; 128 splits (128 loads) take the merge kernel, whose CTAs share the reads."""
-    q, k, v, sl, table = make_cache([4096], 32, 8, 128, torch.bfloat16, seed=1, poison_tail=False)
-    for S, merge_kernel in ((16, False), (128, True)):
-        names = _launched_kernels(lambda: torch.ops.aura.flash_decode(q, k, v, sl, None, None, S))
-        assert any("flash_decode_split" in n for n in names), names
-        assert any("merge_attn_states" in n for n in names) == merge_kernel, (S, names)
-        check(f"auto-S{S}", *torch.ops.aura.flash_decode(q, k, v, sl, None, None, S), *oracle(q, k, v, sl, None),
-              torch.bfloat16)
-
-
-def test_merge_variable_is_checked(monkeypatch):
-    q, k, v, sl, table = make_cache([100], 4, 2, 64, torch.bfloat16)
-    monkeypatch.setenv("TORCH_AURA_DECODE_MERGE", "last")
-    with pytest.raises(RuntimeError, match="TORCH_AURA_DECODE_MERGE"):
-        torch.ops.aura.flash_decode(q, k, v, sl, table, None, 2)
 
 
 # --------------------------------------------------------------- graphs, compile, errors
@@ -615,14 +555,13 @@ def test_schedule_variable_is_checked(monkeypatch):
 
 @pytest.mark.sanitize
 def test_small_cases_for_compute_sanitizer():
-    """A few small launches (every path: empty splits, S = 1, paged, the merge in the split kernel's
-    last CTA and the merge kernel, both copy engines) for memcheck/racecheck."""
+    """A few small launches (every path: empty splits, S = 1, paged, the merge in the split kernel and
+    the merge kernel, both copy engines) for memcheck/racecheck."""
     for layout in (None, 7, 16):  # contiguous and page 16: tile copies at D = 64 / 512; page 7: cp.async
         q, k, v, sl, table = make_cache([0, 1, 300, 77], 6, 2, 64, torch.bfloat16, page=layout, seed=1)
-        for S, merge in ((0, "auto"), (1, "auto"), (3, "fused"), (3, "kernel")):
-            with env("TORCH_AURA_DECODE_MERGE", merge):
-                out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
-            check(f"san-S{S}-{merge}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+        for S in (0, 1, 3):
+            out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+            check(f"san-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
         # one split over 1040 tokens: >= 16 steps per warp, the bulk-copy engine (contiguous): 2-D
         # tiles, then rows
         q, k, v, sl, table = make_cache([1040, 5, 0], 4, 2, 64, torch.bfloat16, page=layout, T_cap=1040, seed=2)
@@ -630,12 +569,11 @@ def test_small_cases_for_compute_sanitizer():
             with env("TORCH_AURA_DECODE_COPY", copy):
                 out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=1)
             check(f"san-bulk-{copy}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
-        # D = 512: one-warp CTAs staging their partials in shared memory; 3 splits (merged by the last
-        # CTA) and 64 (512 KB of partials for 4 heads, merged by the merge kernel's dim chunks)
+        # D = 512: one-warp CTAs staging their partials in shared memory; 3 and 64 splits (512 KB of
+        # partials for 4 heads) merged by the merge kernel's dim chunks
         q, k, v, sl, table = make_cache([300, 0, 17], 8, 2, 512, torch.bfloat16, page=layout, seed=3)
-        for S, merge in ((3, "fused"), (64, "auto")):
-            with env("TORCH_AURA_DECODE_MERGE", merge):
-                out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+        for S in (3, 64):
+            out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
             check(f"san-D512-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
         # the balanced schedule: plan kernel, persistent claims (more items than CTAs at D = 64), merge
         for lens, Hkv, D in (([0, 9000, 1, 9500], 4, 64), ([300, 0, 17], 2, 512)):  # 300 items at D = 64
@@ -643,10 +581,9 @@ def test_small_cases_for_compute_sanitizer():
             with env("TORCH_AURA_DECODE_SCHEDULE", "balanced"):
                 out, lse = torch_aura.flash_decode(q, k, v, sl, table)
             check(f"san-balanced-D{D}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
-        # the CUDA-core kernel (fp32) with 5 splits, twice per merge: nothing survives a call
+        # the CUDA-core kernel (fp32) with 5 splits, twice: nothing survives a call
         q, k, v, sl, table = make_cache([0, 1, 300, 77], 6, 2, 64, torch.float32, page=layout, seed=4)
-        for merge in ("fused", "fused", "kernel", "kernel"):
-            with env("TORCH_AURA_DECODE_MERGE", merge):
-                out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=5)
-            check(f"san-fp32-S5-{merge}", out, lse, *oracle(q, k, v, sl, table), torch.float32)
+        for _ in range(2):
+            out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=5)
+            check("san-fp32-S5", out, lse, *oracle(q, k, v, sl, table), torch.float32)
     torch.cuda.synchronize()
