@@ -33,6 +33,12 @@ constexpr int kContiguousTile = 64;     // split granularity of the contiguous l
 constexpr double kLog2e = 1.4426950408889634;  // host-side: the scale is formed in double
 constexpr float kLn2 = 0.6931471805599453f;
 
+// The merge kernel's CTA (merge_attn_states_kernel; the split plan counts its round trips).
+constexpr int kMergeChunk = 128;    // dims per merge CTA: 4 per lane
+constexpr int kMergeThreads = 128;
+constexpr int kMergeWarps = kMergeThreads / 32;
+constexpr int kMergeUnroll = 8;     // live splits per warp whose loads are in flight together
+
 #ifndef AURA_DECODE_MAX_STAGES
 #define AURA_DECODE_MAX_STAGES 4  // (experiments override it: tools/decode_timeline.cu)
 #endif
@@ -84,16 +90,24 @@ constexpr size_t decode_head_smem_bytes() {  // CUDA-core kernel: q, o (D each),
   return sizeof(float) * (2 * D + decode_stage_tokens<T, D>() + 4);
 }
 
-// The automatic split count of the static schedule (decode.md §4; reference: auto_splits with
-// plan_ctas_per_sm): one wave of one CTA per SM (two of the one-warp D = 512 CTAs, and two on paged
-// caches without tile copies, whose cp.async copies want the second CTA's warps), plus one split when
-// that wave leaves a fifth of the slots idle, at most 128, and no more splits than a sequence of
-// `capacity` tokens can fill (a split no sequence reaches is an idle CTA and a merge input).
 // Whether the tile copies (below, TileMaps) can serve a layout: whole 64-dim boxes, and 16-token
 // steps that never cross a page.
 inline bool tile_copies_fit(int head_dim, int page_size) {  // page_size 0: contiguous
   return head_dim % 64 == 0 && page_size % 16 == 0;
 }
+
+// The automatic split count of the static schedule (decode.md §4; reference: auto_splits with
+// plan_ctas_per_sm). One wave of one CTA per SM (two of the one-warp D = 512 CTAs, and two on paged
+// caches without tile copies, whose cp.async copies want the second CTA's warps), plus one split when
+// that wave leaves a fifth of the slots idle, at most 128, and no more splits than a sequence of
+// `capacity` tokens can fill (a split no sequence reaches is an idle CTA and a merge input). Then,
+// from the capacity (measured on an H100 at B = 1, benchmarks/results/profiles/decode_merge_sweep_h100.log):
+//  * past the splits one merge CTA loads in one round trip (kMergeWarps * kMergeUnroll = 32), no
+//    split shorter than 128 tokens: halve S towards 32 (TP4 T4k: 32 x 128 tokens 6.9 us, 64 x 64 7.3);
+//  * at most a sixteenth of the slots busy and splits of 128-256 tokens at 32: 32 splits, two CTAs on
+//    most SMs (B1-T8k 8 KV heads: 10.8 us against 11.6 at 16);
+//  * finally as many splits as a full-capacity sequence fills, none left empty (TP4 T32k: 66 -> 64,
+//    12.6 us against 13.1).
 inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head_dim, int page_size, int64_t capacity,
                               int tile) {  // page_size 0: contiguous
   const bool cpasync_paged = page_size > 0 && !tile_copies_fit(head_dim, page_size);
@@ -103,7 +117,12 @@ inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head
   if (double(work * s) < 0.8 * double(slots)) ++s;
   const int64_t min_chunk = (kMinChunk + tile - 1) / tile * tile;
   s = std::min<int64_t>({s, 128, std::max<int64_t>(1, (capacity + min_chunk - 1) / min_chunk)});
-  return int(s);
+  // tokens per split of a full-capacity sequence under S = n (split_rule)
+  auto chunk = [&](int64_t n) { return (std::max<int64_t>(kMinChunk, (capacity + n - 1) / n) + tile - 1) / tile * tile; };
+  constexpr int64_t kOneTrip = kMergeWarps * kMergeUnroll;
+  while (s > kOneTrip && chunk(s) < 128) s = std::max<int64_t>(kOneTrip, (s + 1) / 2);
+  if (work * 16 <= slots && s < kOneTrip && chunk(kOneTrip) >= 128 && chunk(kOneTrip) <= 256) s = kOneTrip;
+  return int(std::max<int64_t>(1, (capacity + chunk(s) - 1) / chunk(s)));
 }
 
 // The per-sequence split rule (reference: split_chunk): chunk = round_up(max(kMinChunk, ceil(T/S)), tile).
@@ -1015,10 +1034,6 @@ struct MergeParams {
   int G, heads_per_cta, head_tiles, Hkv;
 };
 
-constexpr int kMergeChunk = 128;    // dims per merge CTA: 4 per lane
-constexpr int kMergeThreads = 128;
-constexpr int kMergeWarps = kMergeThreads / 32;
-constexpr int kMergeUnroll = 8;     // live splits per warp whose loads are in flight together
 
 // 4 consecutive values as fp32: one 16-byte load when the layout allows (VEC), else 4 scalars.
 template <typename TI, bool VEC>

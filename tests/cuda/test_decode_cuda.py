@@ -150,6 +150,36 @@ def test_matches_reference_split_for_split(dtype):
     assert torch.allclose(lse[fin], want_lse[fin], atol=1e-5)
 
 
+def test_the_kernels_split_count_is_the_reference_plan(tmp_path):
+    """The split kernel's grid (S, Hkv * head_tiles, B) has the S of ref.plan_num_splits (the
+    documented plan: torch_aura.decode_num_splits) on shapes that exercise each of its rules: one
+    wave, the capacity bound, one merge round trip, 32 splits for medium reads, no empty split of a
+    full cache, D = 512, paged caches with and without tile copies, and a batch that fills the GPU."""
+    import json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    cases = [(1, 32, 8, 128, 1024, None), (1, 32, 8, 128, 4096, None), (1, 32, 8, 128, 8192, None),
+             (1, 32, 8, 128, 32768, None), (1, 8, 2, 128, 4096, None), (1, 8, 2, 128, 32768, None),
+             (1, 4, 1, 128, 8192, None), (2, 16, 8, 128, 8192, None), (1, 16, 2, 512, 8192, None),
+             (1, 32, 8, 128, 4096, 16), (1, 32, 8, 96, 4096, 16), (1, 8, 2, 128, 4096, 7), (64, 8, 8, 64, 256, None)]
+    for i, (B, Hq, Hkv, D, T_cap, page) in enumerate(cases):
+        q, k, v, sl, table = make_cache([T_cap] * B, Hq, Hkv, D, torch.bfloat16, page=page, T_cap=T_cap,
+                                        poison_tail=False)
+        torch_aura.flash_decode(q, k, v, sl, table)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            torch_aura.flash_decode(q, k, v, sl, table)
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(str(tmp_path / f"{i}.json"))
+        grids = [ev["args"]["grid"] for ev in json.load(open(tmp_path / f"{i}.json"))["traceEvents"]
+                 if ev.get("cat") == "kernel" and "flash_decode_split" in ev["name"]]
+        capacity = T_cap if page is None else table.shape[1] * page
+        want = ref.plan_num_splits(B, Hkv, q.device, head_dim=D, paged=page is not None, capacity=capacity,
+                                   tile=page or ref.CONTIGUOUS_TILE)
+        assert len(grids) == 1 and grids[0][0] == want and grids[0][2] == B, (cases[i], grids, want)
+
+
 @pytest.mark.parametrize("num_splits", (1, 2, 3, 7, 64, 200))
 def test_forced_split_counts_agree(num_splits):
     q, k, v, sl, table = make_cache([0, 1, 257, 2049, 4000], 8, 8, 128, torch.float32, seed=num_splits)

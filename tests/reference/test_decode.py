@@ -348,11 +348,10 @@ def test_decode_num_splits_known_values():
 
 def test_decode_num_splits_capacity_bounds_the_splits():
     """A split that no sequence of the cache's capacity can reach is never planned."""
-    assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=4096) == 64  # 64 splits of 64 tokens
     assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=64) == 1
     assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=65) == 2
     assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=1 << 20) == 66
-    assert ref.plan_num_splits(1, 2, torch.device("cpu"), head_dim=128, capacity=4096, tile=7) == 59  # 70-token floor
+    assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=1000) == 16  # 16 splits of 64 tokens (TP4, 1k)
     assert ref.plan_num_splits(1, 2, torch.device("cpu"), 5, capacity=64) == 5  # forced counts pass through
     # two CTAs per SM where the CTA is one warp (D = 512) or feeds from cp.async (paged caches the
     # tile copies cannot serve: pages not a multiple of 16 tokens, head dims not a multiple of 64)
@@ -362,6 +361,39 @@ def test_decode_num_splits_capacity_bounds_the_splits():
     assert ref.plan_num_splits(1, 8, cpu, head_dim=128, paged=True, tile=16) == 16  # tile copies
     assert ref.plan_num_splits(1, 8, cpu, head_dim=128, paged=True, tile=8) == 33
     assert ref.plan_num_splits(1, 8, cpu, head_dim=96, paged=True, tile=16) == 33
+
+
+def test_decode_num_splits_keeps_one_merge_round_trip_for_short_splits():
+    """Past 32 splits (one round trip of a merge CTA), no split shorter than 128 tokens: a 32/8 model's
+    TP4 shard (2 KV heads) and TP8 shard (1) at a 4k cache take 32 splits of 128 tokens, not 64 of 64;
+    a TP8 shard at 32k keeps 128 splits of 256 tokens."""
+    assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=4096) == 32
+    assert torch_aura.decode_num_splits(1, 1, 132, 1, capacity=4096) == 32
+    assert torch_aura.decode_num_splits(1, 1, 132, 1, capacity=8192) == 64  # 128 -> 64: 128-token splits
+    assert torch_aura.decode_num_splits(1, 1, 132, 1, capacity=32768) == 128
+    assert ref.plan_num_splits(1, 2, torch.device("cpu"), head_dim=128, capacity=4096, tile=7) == 31  # 133-token splits
+
+
+def test_decode_num_splits_doubles_medium_reads_of_few_units():
+    """At most a sixteenth of the slots busy (batch 1, 8 KV heads on 132 SMs) and splits of 128-256
+    tokens at 32: 32 splits, two CTAs on most SMs; shorter and longer caches keep one wave."""
+    for capacity, want in ((1024, 16), (4096, 32), (8192, 32), (9000, 16), (32768, 16), (131072, 16)):
+        assert torch_aura.decode_num_splits(1, 8, 132, 1, capacity=capacity) == want, capacity
+    assert torch_aura.decode_num_splits(2, 8, 132, 1, capacity=8192) == 8  # 16 units: a wave of 8
+
+
+@pytest.mark.parametrize("sms", (132, 78, 16))
+def test_decode_num_splits_leaves_no_split_of_a_full_cache_empty(sms):
+    """Every planned split of a full-capacity sequence is live (a 32k cache over 2 KV heads: 64 splits
+    of 512 tokens, not 66 whose last two are empty), and the plan stays within [1, 128]."""
+    assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=32768) == 64
+    for batch in (1, 2, 3, 8):
+        for kv in (1, 2, 4, 8):
+            for capacity in (1, 63, 64, 65, 1000, 4096, 5000, 8192, 32768, 100_000):
+                for tile in (64, 16, 7):
+                    S = ref.auto_splits(batch, kv, sms, 1, capacity=capacity, tile=tile)
+                    assert 1 <= S <= 128
+                    assert ref.split_chunk(capacity, S, tile)[1] == S, (batch, kv, capacity, tile, S)
 
 
 @pytest.mark.parametrize("arg", ("batch", "kv_heads", "sms", "ctas_per_sm", "cap", "capacity"))

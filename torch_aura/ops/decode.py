@@ -154,8 +154,14 @@ def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap
     * ``work >= slots``: 1 (one wave already fills the GPU);
     * else one wave, ``s = slots // work``, plus one when ``work * s < 0.8 * slots`` (a second
       CTA on some SMs beats leaving a fifth of them idle), at most ``cap``;
-    * and at most ``ceil(capacity / 64)`` when ``capacity`` (the cache's tokens per sequence) is
-      given: no sequence could reach a split beyond that.
+    * and, when ``capacity`` (the cache's tokens per sequence) is given, where ``chunk(n)`` is a
+      full-capacity sequence's split length under n splits (``round_up(max(64, ceil(capacity / n)),
+      64)``): at most ``ceil(capacity / 64)`` (no sequence could reach a split beyond that); past 32
+      splits (what one CTA of the merge kernel loads in one round trip) no split shorter than 128
+      tokens, halving towards 32; 32 splits when at most a sixteenth of the slots are busy and
+      ``chunk(32)`` is 128-256 tokens (two CTAs on most SMs); and finally ``ceil(capacity /
+      chunk(s))``, so no split of a full-capacity sequence is empty (decode.md §4 has the
+      measurements behind each rule).
 
     It never sees ``seq_lens``: the grid of a captured CUDA graph must not depend on data. Each
     sequence then uses ``S_b <= S`` of the splits, at least 64 tokens each (empty ones write
@@ -184,8 +190,8 @@ def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap
         1
         >>> torch_aura.decode_num_splits(1, 8, sms=132, ctas_per_sm=1)   # 8 CTAs: split 16 ways
         16
-        >>> torch_aura.decode_num_splits(1, 2, sms=132, ctas_per_sm=1, capacity=4096)  # 64 x 64 tokens
-        64
+        >>> torch_aura.decode_num_splits(1, 2, sms=132, ctas_per_sm=1, capacity=4096)  # 32 x 128 tokens
+        32
     """
     for name, value, low in (("batch", batch, 0), ("kv_heads", kv_heads, 1), ("sms", sms, 1),
                              ("ctas_per_sm", ctas_per_sm, 1), ("cap", cap, 1),

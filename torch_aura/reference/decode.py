@@ -43,6 +43,10 @@ CONTIGUOUS_TILE = 64
 # KV head can still spread over every SM).
 MAX_AUTO_SPLITS = 128
 
+# Splits whose partials one CTA of the CUDA merge kernel loads in one round trip (4 warps x 8 loads in
+# flight); past it the plan keeps splits of at least 128 tokens (decode.md §4).
+MERGE_ONE_TRIP_SPLITS = 32
+
 # Stand-in GPU for devices that have no SM count (CPU, MPS, meta): an H100 SXM, 132 SMs. On a CUDA
 # device the real SM count is used, so the reference plans the same grid as the kernel.
 STAND_IN_SMS = 132
@@ -62,9 +66,17 @@ def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int 
     """The split count for a grid of ``batch * kv_heads`` CTAs per split (decode.md §4).
 
     One wave: ``S = slots // work`` with ``slots = sms * ctas_per_sm``, plus one split when that
-    wave would leave more than a fifth of the slots idle, at most ``cap``; and never more splits
-    than a ``capacity``-token sequence can fill (``ceil(capacity / round_up(MIN_CHUNK, tile))``:
-    a split that no sequence can reach is an idle CTA and a merge input for nothing).
+    wave would leave more than a fifth of the slots idle, at most ``cap``. With a ``capacity`` (the
+    cache's tokens per sequence), where ``chunk(n)`` is a full-capacity sequence's split length under
+    n splits (:func:`split_chunk`):
+
+    * never more splits than such a sequence can fill (``ceil(capacity / round_up(MIN_CHUNK, tile))``:
+      a split that no sequence can reach is an idle CTA and a merge input for nothing);
+    * past :data:`MERGE_ONE_TRIP_SPLITS` splits, none shorter than 128 tokens: S halves towards 32;
+    * with at most a sixteenth of the slots busy, 32 splits when ``chunk(32)`` is 128-256 tokens (two
+      CTAs on most SMs: medium reads at batch 1);
+    * finally ``ceil(capacity / chunk(S))``: no split of a full-capacity sequence is left empty.
+
     Pure integer arithmetic on static values; the public, documented face of this function is
     ``torch_aura.decode_num_splits`` (which validates its arguments and calls this).
     """
@@ -75,9 +87,19 @@ def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int 
     if work * s < 0.8 * slots:
         s += 1  # a thin wave: a second CTA on some SMs beats leaving a fifth of them idle
     s = min(s, cap)
-    if capacity is not None:
-        s = min(s, max(1, _ceil_div(capacity, _ceil_div(MIN_CHUNK, tile) * tile)))
-    return s
+    if capacity is None:
+        return s
+    s = min(s, max(1, _ceil_div(capacity, _ceil_div(MIN_CHUNK, tile) * tile)))
+
+    def chunk(n):
+        return split_chunk(capacity, n, tile)[0]
+
+    one_trip = MERGE_ONE_TRIP_SPLITS
+    while s > one_trip and chunk(s) < 128:
+        s = max(one_trip, _ceil_div(s, 2))
+    if work * 16 <= slots and s < one_trip and 128 <= chunk(one_trip) <= 256:
+        s = one_trip
+    return max(1, _ceil_div(capacity, chunk(s)))
 
 
 def device_sms(device: torch.device) -> int:
