@@ -380,19 +380,20 @@ def test_decode_num_splits_doubles_medium_reads_of_few_units():
     for capacity, want in ((1024, 16), (4096, 32), (8192, 32), (9000, 16), (32768, 16), (131072, 16)):
         assert torch_aura.decode_num_splits(1, 8, 132, 1, capacity=capacity) == want, capacity
     assert torch_aura.decode_num_splits(2, 8, 132, 1, capacity=8192) == 8  # 16 units: a wave of 8
+    assert torch_aura.decode_num_splits(1, 8, 132, 1, cap=20, capacity=8192) == 16  # never past the cap
 
 
 @pytest.mark.parametrize("sms", (132, 78, 16))
 def test_decode_num_splits_leaves_no_split_of_a_full_cache_empty(sms):
     """Every planned split of a full-capacity sequence is live (a 32k cache over 2 KV heads: 64 splits
-    of 512 tokens, not 66 whose last two are empty), and the plan stays within [1, 128]."""
+    of 512 tokens, not 66 whose last two are empty), and the plan stays within [1, cap]."""
     assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=32768) == 64
     for batch in (1, 2, 3, 8):
         for kv in (1, 2, 4, 8):
             for capacity in (1, 63, 64, 65, 1000, 4096, 5000, 8192, 32768, 100_000):
-                for tile in (64, 16, 7):
-                    S = ref.auto_splits(batch, kv, sms, 1, capacity=capacity, tile=tile)
-                    assert 1 <= S <= 128
+                for tile, cap in ((64, 128), (16, 128), (7, 128), (64, 20)):
+                    S = ref.auto_splits(batch, kv, sms, 1, cap, capacity=capacity, tile=tile)
+                    assert 1 <= S <= cap
                     assert ref.split_chunk(capacity, S, tile)[1] == S, (batch, kv, capacity, tile, S)
 
 

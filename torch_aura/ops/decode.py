@@ -158,8 +158,8 @@ def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap
       full-capacity sequence's split length under n splits (``round_up(max(64, ceil(capacity / n)),
       64)``): at most ``ceil(capacity / 64)`` (no sequence could reach a split beyond that); past 32
       splits (what one CTA of the merge kernel loads in one round trip) no split shorter than 128
-      tokens, halving towards 32; 32 splits when at most a sixteenth of the slots are busy and
-      ``chunk(32)`` is 128-256 tokens (two CTAs on most SMs); and finally ``ceil(capacity /
+      tokens, halving towards 32; 32 splits when at most a sixteenth of the slots are busy,
+      ``chunk(32)`` is 128-256 tokens and ``cap >= 32`` (two CTAs on most SMs); and finally ``ceil(capacity /
       chunk(s))``, so no split of a full-capacity sequence is empty (decode.md §4 has the
       measurements behind each rule).
 

@@ -73,8 +73,8 @@ def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int 
     * never more splits than such a sequence can fill (``ceil(capacity / round_up(MIN_CHUNK, tile))``:
       a split that no sequence can reach is an idle CTA and a merge input for nothing);
     * past :data:`MERGE_ONE_TRIP_SPLITS` splits, none shorter than 128 tokens: S halves towards 32;
-    * with at most a sixteenth of the slots busy, 32 splits when ``chunk(32)`` is 128-256 tokens (two
-      CTAs on most SMs: medium reads at batch 1);
+    * with at most a sixteenth of the slots busy, 32 splits (``cap`` permitting) when ``chunk(32)`` is
+      128-256 tokens (two CTAs on most SMs: medium reads at batch 1);
     * finally ``ceil(capacity / chunk(S))``: no split of a full-capacity sequence is left empty.
 
     Pure integer arithmetic on static values; the public, documented face of this function is
@@ -97,7 +97,7 @@ def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int 
     one_trip = MERGE_ONE_TRIP_SPLITS
     while s > one_trip and chunk(s) < 128:
         s = max(one_trip, _ceil_div(s, 2))
-    if work * 16 <= slots and s < one_trip and 128 <= chunk(one_trip) <= 256:
+    if work * 16 <= slots and s < one_trip <= cap and 128 <= chunk(one_trip) <= 256:
         s = one_trip
     return max(1, _ceil_div(capacity, chunk(s)))
 
