@@ -101,13 +101,12 @@ inline bool tile_copies_fit(int head_dim, int page_size) {  // page_size 0: cont
 // caches without tile copies, whose cp.async copies want the second CTA's warps), plus one split when
 // that wave leaves a fifth of the slots idle, at most 128, and no more splits than a sequence of
 // `capacity` tokens can fill (a split no sequence reaches is an idle CTA and a merge input). Then,
-// from the capacity (measured on an H100 at B = 1, benchmarks/results/profiles/decode_merge_sweep_h100.log):
+// from the capacity (decode.md §4 has the measurements):
 //  * past the splits one merge CTA loads in one round trip (kMergeWarps * kMergeUnroll = 32), no
-//    split shorter than 128 tokens: halve S towards 32 (TP4 T4k: 32 x 128 tokens 6.9 us, 64 x 64 7.3);
-//  * at most a sixteenth of the slots busy and splits of 128-256 tokens at 32: 32 splits, two CTAs on
-//    most SMs (B1-T8k 8 KV heads: 10.8 us against 11.6 at 16);
-//  * finally as many splits as a full-capacity sequence fills, none left empty (TP4 T32k: 66 -> 64,
-//    12.6 us against 13.1).
+//    split shorter than 128 tokens (another merge round trip costs more than short splits gain);
+//  * at most a sixteenth of the slots busy and splits of 128-256 tokens at 32: 32 splits (two CTAs
+//    on most SMs hide a medium read's latency better than one);
+//  * finally as many splits as a full-capacity sequence fills, none left empty.
 inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head_dim, int page_size, int64_t capacity,
                               int tile) {  // page_size 0: contiguous
   const bool cpasync_paged = page_size > 0 && !tile_copies_fit(head_dim, page_size);
