@@ -113,8 +113,8 @@ void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
     // 16k tokens), for long and short splits alike: the fastest engine everywhere measured (decode.md
     // §3). Static values too: the maps hold shapes and base pointers only.
     TileMaps maps{};
-    const bool tiles = grid_ctas == 0 && tile_copies_fit(D, p.page_size) && tile_copies_allowed() &&
-                       make_tile_maps(p, std::is_same_v<T, __nv_bfloat16>, D, maps);
+    const bool tiles = grid_ctas == 0 && make_tile_maps(p, std::is_same_v<T, __nv_bfloat16>, D, maps) &&
+                       tile_copies_allowed();
     auto go = [&](auto nht, auto bulk_tag, auto tiles_tag) {
       constexpr int nht_v = decltype(nht)::value;
       constexpr bool bulk_v = decltype(bulk_tag)::value;

@@ -96,6 +96,14 @@ inline bool tile_copies_fit(int head_dim, int page_size) {  // page_size 0: cont
   return head_dim % 64 == 0 && page_size % 16 == 0;
 }
 
+// The per-sequence split rule (reference: split_chunk): chunk = round_up(max(kMinChunk, ceil(T/S)), tile),
+// run by every CTA on its seq_len and by the host plan on the capacity.
+__host__ __device__ __forceinline__ void split_rule(int T, int S, int tile, int& chunk, int& live_splits) {
+  const int per_split = ceil_div(T, S) > kMinChunk ? ceil_div(T, S) : kMinChunk;
+  chunk = ceil_div(per_split, tile) * tile;
+  live_splits = ceil_div(T, chunk);
+}
+
 // The automatic split count of the static schedule (decode.md §4; reference: auto_splits with
 // plan_ctas_per_sm). One wave of one CTA per SM (two of the one-warp D = 512 CTAs, and two on paged
 // caches without tile copies, whose cp.async copies want the second CTA's warps), plus one split when
@@ -116,19 +124,16 @@ inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head
   if (double(work * s) < 0.8 * double(slots)) ++s;
   const int64_t min_chunk = (kMinChunk + tile - 1) / tile * tile;
   s = std::min<int64_t>({s, 128, std::max<int64_t>(1, (capacity + min_chunk - 1) / min_chunk)});
-  // tokens per split of a full-capacity sequence under S = n (split_rule)
-  auto chunk = [&](int64_t n) { return (std::max<int64_t>(kMinChunk, (capacity + n - 1) / n) + tile - 1) / tile * tile; };
+  int chunk = 0, live = 0;  // a full-capacity sequence under n splits: tokens per split, splits it fills
+  auto fill = [&](int64_t n) {
+    split_rule(int(capacity), int(n), tile, chunk, live);
+    return chunk;
+  };
   constexpr int64_t kOneTrip = kMergeWarps * kMergeUnroll;
-  while (s > kOneTrip && chunk(s) < 128) s = std::max<int64_t>(kOneTrip, (s + 1) / 2);
-  if (work * 16 <= slots && s < kOneTrip && chunk(kOneTrip) >= 128 && chunk(kOneTrip) <= 256) s = kOneTrip;
-  return int(std::max<int64_t>(1, (capacity + chunk(s) - 1) / chunk(s)));
-}
-
-// The per-sequence split rule (reference: split_chunk): chunk = round_up(max(kMinChunk, ceil(T/S)), tile).
-__device__ __forceinline__ void split_rule(int T, int S, int tile, int& chunk, int& live_splits) {
-  const int per_split = max(kMinChunk, ceil_div(T, S));
-  chunk = ceil_div(per_split, tile) * tile;
-  live_splits = ceil_div(T, chunk);
+  while (s > kOneTrip && fill(s) < 128) s = std::max<int64_t>(kOneTrip, (s + 1) / 2);
+  if (work * 16 <= slots && s < kOneTrip && fill(kOneTrip) >= 128 && chunk <= 256) s = kOneTrip;
+  fill(s);
+  return std::max(1, live);
 }
 
 // What one CTA owns: split s of sequence b, KV head kvh, query heads [hq0, hq0 + nh), and the
@@ -1032,7 +1037,6 @@ struct MergeParams {
   const int* plan;
   int G, heads_per_cta, head_tiles, Hkv;
 };
-
 
 // 4 consecutive values as fp32: one 16-byte load when the layout allows (VEC), else 4 scalars.
 template <typename TI, bool VEC>

@@ -159,9 +159,9 @@ def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap
       64)``): at most ``ceil(capacity / 64)`` (no sequence could reach a split beyond that); past 32
       splits (what one CTA of the merge kernel loads in one round trip) no split shorter than 128
       tokens, halving towards 32; 32 splits when at most a sixteenth of the slots are busy,
-      ``chunk(32)`` is 128-256 tokens and ``cap >= 32`` (two CTAs on most SMs); and finally ``ceil(capacity /
-      chunk(s))``, so no split of a full-capacity sequence is empty (decode.md §4 has the
-      measurements behind each rule).
+      ``chunk(32)`` is 128-256 tokens and ``cap >= 32`` (two CTAs on most SMs); and finally
+      ``ceil(capacity / chunk(s))``, so no split of a full-capacity sequence is empty (decode.md §4
+      has the measurements behind each rule).
 
     It never sees ``seq_lens``: the grid of a captured CUDA graph must not depend on data. Each
     sequence then uses ``S_b <= S`` of the splits, at least 64 tokens each (empty ones write

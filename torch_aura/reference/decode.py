@@ -99,7 +99,7 @@ def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int 
         s = max(one_trip, _ceil_div(s, 2))
     if work * 16 <= slots and s < one_trip <= cap and 128 <= chunk(one_trip) <= 256:
         s = one_trip
-    return max(1, _ceil_div(capacity, chunk(s)))
+    return max(1, split_chunk(capacity, s, tile)[1])
 
 
 def device_sms(device: torch.device) -> int:
