@@ -74,3 +74,30 @@ def test_every_cuda_registration_names_a_defined_op():
     assert set(names) <= set(OPS), f"registered but not in the schema table: {set(names) - set(OPS)}"
     # implementations only: a schema is never written in C++
     assert "m.def(" not in text and "TORCH_LIBRARY(" not in text
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_host_split_plan_is_the_reference_plan(tmp_path):
+    """The launcher's decode_auto_splits (C++, host) and the reference auto_splits with
+    plan_ctas_per_sm (what decode_num_splits documents) plan the same S on every rule's inputs: SM
+    counts, batches, KV heads, head dims with and without tile copies, page sizes and capacities around
+    each threshold. The GPU test of the kernel's grid covers a few shapes; this covers the grid."""
+    from torch_aura.reference import decode as ref
+
+    exe = tmp_path / "split_plan"
+    cmd = [NVCC, "-std=c++20", "-DUSE_CUDA", TORCH_TARGET, "--expt-relaxed-constexpr", f"-I{TORCH_INCLUDE}",
+           f"-I{REPO / 'csrc'}", str(REPO / "tests" / "build" / "split_plan_driver.cu"), "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-5000:]
+    cases = [(sms, b, kv, d, page, cap) for sms in (132, 78, 16) for b in (1, 2, 3, 8, 64) for kv in (1, 2, 4, 8)
+             for d in (96, 128, 512) for page in (0, 16, 7)
+             for cap in (1, 63, 64, 65, 1000, 1024, 4096, 5000, 8192, 9000, 32768, 131072)]
+    run = subprocess.run([str(exe)], input="\n".join(" ".join(map(str, c)) for c in cases), capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    got = [int(x) for x in run.stdout.split()]
+    assert len(got) == len(cases)
+    for (sms, b, kv, d, page, cap), s in zip(cases, got):
+        want = ref.auto_splits(b, kv, sms, ref.plan_ctas_per_sm(d, page > 0, page or 16), capacity=cap,
+                               tile=page or ref.CONTIGUOUS_TILE)
+        assert s == want, ((sms, b, kv, d, page, cap), s, want)
