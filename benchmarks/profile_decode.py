@@ -11,12 +11,16 @@ for the op as called, under inference_mode (no autograd kernel), as flash_decode
 preallocated buffers, with num_splits=1 (one launch, no workspace) and SDPA: where the host time goes.
 --kernels lists, without ncu, every kernel one call of ours and of SDPA launches (torch.profiler:
 name, grid, block, registers, shared memory, device time): which kernels the peer picked for a shape.
+--flush times eager calls of ours and SDPA after each of two L2 flushes: triton's do_bench (writes 256 MB,
+leaving the L2 full of dirty lines the timed call must write back) and a read of 256 MB (a clean, equally
+cold L2), beside the graph replay: how much of the eager-minus-graph gap is the flush's write-back.
 --sweep instead times CUDA-graph replays of each case with every sequence empty (the fixed cost of
 the launches), the split kernel alone (num_splits=1), and at full length with the automatic and
 forced split counts: where the small-batch time goes without profiler clock locking or cache flushes.
 
-CASE names a row of shapes.DECODE or bench_decode.TP_SHARDS (default: B1-T1k B1-T32k B8-T32k B1-T32k-D512). Each case runs
-once untimed first, so one-time setup (kernel attributes) stays out of the profiled launches.
+CASE names a row of shapes.DECODE or bench_decode.TP_SHARDS (default: B1-T1k B1-T32k B8-T32k B1-T32k-D512), or
+is an ad-hoc shape "shape:B,Hq,Hkv,D,T[,page]". Each case runs once untimed first, so one-time setup (kernel
+attributes) stays out of the profiled launches.
 """
 
 import json
@@ -30,12 +34,16 @@ import shapes  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from bench_decode import TP_SHARDS, make_inputs  # noqa: E402
 
-import torch_aura  # noqa: E402,F401
+import torch_aura  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 splits = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--splits=")), 0)  # 0: auto
 wanted = args or ["B1-T1k", "B1-T32k", "B8-T32k", "B1-T32k-D512"]
 by_name = {row[0]: row for row in shapes.DECODE + TP_SHARDS}
+for a in args:  # "shape:B,Hq,Hkv,D,T[,page]"
+    if a.startswith("shape:"):
+        dims = [int(x) for x in a[len("shape:"):].split(",")]
+        by_name[a] = (a, *dims[:5], dims[5] if len(dims) > 5 else None)
 
 
 def calls(name):
@@ -91,6 +99,31 @@ if "--kernels" in sys.argv:
                           f"smem {a.get('shared memory')} blocks/SM {a.get('blocks per SM')} "
                           f"occupancy {a.get('est. achieved occupancy %')}", flush=True)
     sys.exit(0)
+if "--flush" in sys.argv:
+    from _harness import time_us
+
+    def read_flushed_us(fn, reps=100):
+        """Median eager time of fn() after a 256 MB read (the L2 cold but clean)."""
+        buf = torch.ones(64 * 2**20, device="cuda")
+        sink = torch.empty((), device="cuda")
+        fn()
+        times = []
+        for _ in range(reps):
+            torch.sum(buf, 0, out=sink)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            times.append((start, end))
+        torch.cuda.synchronize()
+        return sorted(s_.elapsed_time(e) for s_, e in times)[reps // 2] * 1e3
+
+    for name in wanted:
+        for who, fn in zip(("ours", "SDPA"), calls(name)):
+            print(f"{name} {who}: eager, written flush {time_us(fn):.1f} us | eager, read flush "
+                  f"{read_flushed_us(fn):.1f} us | graph {time_us(fn, graph=True):.1f} us", flush=True)
+    sys.exit(0)
+
 if "--sweep" in sys.argv:
     from _harness import time_us
 
@@ -100,9 +133,13 @@ if "--sweep" in sys.argv:
         empty = torch.zeros_like(sl)
         rows = [("empty, auto S", lambda: torch.ops.aura.flash_decode(q, k, v, empty, table, None, 0)),
                 ("full, S=1", lambda: torch.ops.aura.flash_decode(q, k, v, sl, table, None, 1))]
-        for S in (0, 4, 8, 16, 32, 64, 128):
+        # what the automatic plan would pick filling one or two CTAs per SM (decode_num_splits)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        per_sm = {c: torch_aura.decode_num_splits(B, Hkv, sms, c, capacity=T) for c in (1, 2)}
+        for S in sorted({0, 2, 4, 8, 16, 32, 64, 128, *per_sm.values()}):
             rows.append((f"full, S={S or 'auto'}", lambda S=S: torch.ops.aura.flash_decode(q, k, v, sl, table, None, S)))
-        print(name + ": " + " | ".join(f"{label} {time_us(fn, graph=True):.1f} us" for label, fn in rows), flush=True)
+        print(f"{name} (plan: S={per_sm[1]} at 1 CTA/SM, S={per_sm[2]} at 2): "
+              + " | ".join(f"{label} {time_us(fn, graph=True):.1f} us" for label, fn in rows), flush=True)
     sys.exit(0)
 
 for name in wanted:

@@ -64,6 +64,10 @@ bool supported_head_dim(int64_t D) {
 // for long contiguous splits, cp.async otherwise) instead of as 2-D tensor-map tiles (decode.md §3).
 bool tile_copies_allowed() { return env_choice("TORCH_AURA_DECODE_COPY", {"auto", "tiles", "rows"}) != 2; }
 
+// TORCH_AURA_DECODE_D512=auto|dims|warp: at D = 512 with tile copies, four warps that split the dims
+// (auto, dims; flash_decode_split_dims_kernel) or the one-warp CTA (warp, for comparisons).
+bool d512_dims_allowed() { return env_choice("TORCH_AURA_DECODE_D512", {"auto", "dims", "warp"}) != 2; }
+
 // grid_ctas > 0: the balanced kernel's persistent grid, a programmatic dependent of the plan kernel;
 // else the static grid (S, Hkv * head_tiles, B), with the tile copies' tensor maps where the kernel
 // takes them.
@@ -115,6 +119,12 @@ void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
     TileMaps maps{};
     const bool tiles = grid_ctas == 0 && make_tile_maps(p, std::is_same_v<T, __nv_bfloat16>, D, maps) &&
                        tile_copies_allowed();
+    if constexpr (D == 512) {
+      if (tiles && d512_dims_allowed()) {
+        using Dims = DimSplitShape<T>;
+        return launch_split_kernel<flash_decode_split_dims_kernel<T>>(p, Dims::kWarps * 32, Dims::kSmem, stream, 0, maps);
+      }
+    }
     auto go = [&](auto nht, auto bulk_tag, auto tiles_tag) {
       constexpr int nht_v = decltype(nht)::value;
       constexpr bool bulk_v = decltype(bulk_tag)::value;

@@ -545,6 +545,71 @@ def test_balanced_schedule_permuted_q_and_out_of_range_lengths(balanced):
     assert out.shape == (2, 8, 128) and lse[1].isinf().all() and (out[1] == 0).all()
 
 
+@pytest.mark.parametrize("layout", ("contig", "page16", "page7"))
+@pytest.mark.parametrize("G", (1, 2, 5, 8), ids=lambda g: f"G{g}")
+def test_d512_dim_split_kernel_and_the_one_warp_kernel(G, layout, monkeypatch):
+    """D = 512 with tile copies runs four warps that split the dims (TORCH_AURA_DECODE_D512=auto/dims),
+    or the one-warp CTA (warp); page 7 has no tile copies, so both names run the one-warp CTA. Each
+    agrees with the oracle on ragged lengths around the 16-token steps, with 1, 3, 64 and the
+    automatic split counts, and a permuted q (element-wise staging)."""
+    page = None if layout == "contig" else int(layout[4:])
+    lens = [0, 1, 15, 16, 17, 300, 1025]
+    q, k, v, sl, table = make_cache(lens, 2 * G, 2, 512, torch.bfloat16, page=page, seed=G)
+    q_perm = q.transpose(0, 1).contiguous().transpose(0, 1)  # same values, strides (D, B * D, 1)
+    got = {}
+    for kernel in ("dims", "warp"):
+        monkeypatch.setenv("TORCH_AURA_DECODE_D512", kernel)
+        for S in (1, 3, 64, 0):
+            out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+            check(f"D512-{kernel}-{layout}-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+            got[kernel, S] = out
+        out, lse = torch_aura.flash_decode(q_perm, k, v, sl, table)
+        check(f"D512-{kernel}-{layout}-q-permuted", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+    for S in (1, 3, 64, 0):  # two kernels, one answer up to the order of the fp32 sums
+        assert_close(f"D512-dims-vs-warp-S{S}", got["dims", S].float(), got["warp", S].float(), RATIO[torch.bfloat16])
+
+
+@pytest.mark.parametrize("layout", ("contig", "page16"))
+def test_d512_dim_split_kernel_fp16(layout):
+    """The dim-split kernel's fp16 instantiation (MMA operands and output conversion per dtype)."""
+    page = None if layout == "contig" else 16
+    q, k, v, sl, table = make_cache([1, 16, 17, 2049], 8, 1, 512, torch.float16, page=page, seed=9)
+    for S in (1, 5, 0):
+        out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+        check(f"D512-fp16-{layout}-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.float16)
+
+
+def test_d512_dim_split_graph_replay_is_bitwise_eager():
+    """The dim-split kernel under capture follows new lengths and values, each replay bit for bit an
+    eager call."""
+    B, Hq, Hkv, D, T_cap = 2, 8, 2, 512, 700
+    q, k, v, sl, _ = make_cache([700, 33], Hq, Hkv, D, torch.bfloat16, T_cap=T_cap, poison_tail=False)
+    out = torch.empty(B, Hq, D, device=DEV, dtype=torch.bfloat16)
+    lse = torch.empty(B, Hq, device=DEV)
+    torch_aura.flash_decode_out(q, k, v, sl, None, None, 0, out, lse)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.ops.aura.flash_decode_out(q, k, v, sl, None, None, 0, out, lse)
+    g = torch.Generator(device="cpu").manual_seed(5)
+    for lens in ([0, 700], [699, 17], [16, 1]):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.copy_(torch.randn(q.shape, generator=g))
+        v.copy_(torch.randn(v.shape, generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        want_out, want_lse = torch_aura.flash_decode(q, k, v, sl, None)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), lens
+        check(f"dims-graph-{lens}", out, lse, *oracle(q, k, v, sl, None), torch.bfloat16)
+
+
+def test_d512_variable_is_checked(monkeypatch):
+    q, k, v, sl, table = make_cache([10], 4, 2, 512, torch.bfloat16)
+    monkeypatch.setenv("TORCH_AURA_DECODE_D512", "two")
+    with pytest.raises(RuntimeError, match="TORCH_AURA_DECODE_D512"):
+        torch.ops.aura.flash_decode(q, k, v, sl, table, None, 1)
+
+
 def test_copy_variable_is_checked(monkeypatch):
     q, k, v, sl, table = make_cache([10], 4, 2, 64, torch.bfloat16, T_cap=2048)
     monkeypatch.setenv("TORCH_AURA_DECODE_COPY", "fast")
@@ -599,12 +664,14 @@ def test_small_cases_for_compute_sanitizer():
             with env("TORCH_AURA_DECODE_COPY", copy):
                 out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=1)
             check(f"san-bulk-{copy}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
-        # D = 512: one-warp CTAs staging their partials in shared memory; 3 and 64 splits (512 KB of
-        # partials for 4 heads) merged by the merge kernel's dim chunks
+        # D = 512: the dim-split CTA (tile layouts) and the one-warp CTA, each staging its partials in
+        # shared memory; 3 and 64 splits (512 KB of partials for 4 heads) merged by the merge kernel's
+        # dim chunks; S = 1 stores the output directly
         q, k, v, sl, table = make_cache([300, 0, 17], 8, 2, 512, torch.bfloat16, page=layout, seed=3)
-        for S in (3, 64):
-            out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
-            check(f"san-D512-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+        for kernel, S in (("dims", 1), ("dims", 3), ("dims", 64), ("warp", 3), ("warp", 64)):
+            with env("TORCH_AURA_DECODE_D512", kernel):
+                out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
+            check(f"san-D512-{kernel}-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
         # the balanced schedule: plan kernel, persistent claims (more items than CTAs at D = 64), merge
         for lens, Hkv, D in (([0, 9000, 1, 9500], 4, 64), ([300, 0, 17], 2, 512)):  # 300 items at D = 64
             q, k, v, sl, table = make_cache(lens, 2 * Hkv, Hkv, D, torch.bfloat16, page=layout, seed=5)
