@@ -317,7 +317,8 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   } else {
     p.S = num_splits > 0 ? static_cast<int>(num_splits)
                          : decode_auto_splits(B, Hkv, sms, int(D), p.page_size, p.capacity,
-                                              paged ? p.page_size : kContiguousTile);
+                                              paged ? p.page_size : kContiguousTile,
+                                              D == 512 && tile_copies_allowed() && d512_dims_allowed());
     if (p.S > 1) part_rows = int64_t(p.S) * B * Hq;
   }
   if (p.S != 1) {  // [part_rows, D] partials, then [part_rows] lse (16-byte aligned: D % 16 == 0)

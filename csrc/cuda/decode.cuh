@@ -105,20 +105,23 @@ __host__ __device__ __forceinline__ void split_rule(int T, int S, int tile, int&
 }
 
 // The automatic split count of the static schedule (decode.md §4; reference: auto_splits with
-// plan_ctas_per_sm). One wave of one CTA per SM (two of the one-warp D = 512 CTAs, and two on paged
-// caches without tile copies, whose cp.async copies want the second CTA's warps), plus one split when
-// that wave leaves a fifth of the slots idle, at most 128, and no more splits than a sequence of
-// `capacity` tokens can fill (a split no sequence reaches is an idle CTA and a merge input). Then,
-// from the capacity (decode.md §4 has the measurements):
+// plan_ctas_per_sm and plan_split_floor). One wave of one CTA per SM (two on paged caches without tile
+// copies, whose cp.async copies want the second CTA's warps, and two of the one-warp D = 512 CTA),
+// plus one split when that wave leaves a fifth of the slots idle, at most 128, and no more splits than
+// a sequence of `capacity` tokens can fill (a split no sequence reaches is an idle CTA and a merge
+// input). Then, from the capacity (decode.md §4 has the measurements):
 //  * past the splits one merge CTA loads in one round trip (kMergeWarps * kMergeUnroll = 32), no
-//    split shorter than 128 tokens (another merge round trip costs more than short splits gain);
+//    split shorter than 128 tokens, 32 for the D = 512 dim-split CTA: 64 KB of K and V either way
+//    (another merge round trip costs more than short splits gain);
 //  * at most a sixteenth of the slots busy and splits of 128-256 tokens at 32: 32 splits (two CTAs
 //    on most SMs hide a medium read's latency better than one);
 //  * finally as many splits as a full-capacity sequence fills, none left empty.
+// d512_dims: the launcher runs flash_decode_split_dims_kernel where D = 512 tiles fit.
 inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head_dim, int page_size, int64_t capacity,
-                              int tile) {  // page_size 0: contiguous
-  const bool cpasync_paged = page_size > 0 && !tile_copies_fit(head_dim, page_size);
-  const int64_t slots = int64_t(sms) * (head_dim == 512 || cpasync_paged ? 2 : 1), work = batch * kv_heads;
+                              int tile, bool d512_dims = true) {  // page_size 0: contiguous
+  const bool tiles = tile_copies_fit(head_dim, page_size);
+  const bool dims_cta = head_dim == 512 && tiles && d512_dims, one_warp_cta = head_dim == 512 && !dims_cta;
+  const int64_t slots = int64_t(sms) * ((page_size > 0 && !tiles) || one_warp_cta ? 2 : 1), work = batch * kv_heads;
   if (work == 0 || work >= slots) return 1;
   int64_t s = slots / work;
   if (double(work * s) < 0.8 * double(slots)) ++s;
@@ -130,7 +133,8 @@ inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head
     return chunk;
   };
   constexpr int64_t kOneTrip = kMergeWarps * kMergeUnroll;
-  while (s > kOneTrip && fill(s) < 128) s = std::max<int64_t>(kOneTrip, (s + 1) / 2);
+  const int floor_tokens = dims_cta ? 32 : 128;
+  while (s > kOneTrip && fill(s) < floor_tokens) s = std::max<int64_t>(kOneTrip, (s + 1) / 2);
   if (work * 16 <= slots && s < kOneTrip && fill(kOneTrip) >= 128 && chunk <= 256) s = kOneTrip;
   fill(s);
   return std::max(1, live);

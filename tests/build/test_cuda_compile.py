@@ -79,7 +79,7 @@ def test_every_cuda_registration_names_a_defined_op():
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_host_split_plan_is_the_reference_plan(tmp_path):
     """The launcher's decode_auto_splits (C++, host) and the reference auto_splits with
-    plan_ctas_per_sm (what decode_num_splits documents) plan the same S on every rule's inputs: SM
+    plan_ctas_per_sm and plan_split_floor (what decode_num_splits documents) plan the same S on every rule's inputs: SM
     counts, batches, KV heads, head dims with and without tile copies, page sizes and capacities around
     each threshold. The GPU test of the kernel's grid covers a few shapes; this covers the grid."""
     from torch_aura.reference import decode as ref
@@ -99,5 +99,5 @@ def test_host_split_plan_is_the_reference_plan(tmp_path):
     assert len(got) == len(cases)
     for (sms, b, kv, d, page, cap), s in zip(cases, got):
         want = ref.auto_splits(b, kv, sms, ref.plan_ctas_per_sm(d, page > 0, page or 16), capacity=cap,
-                               tile=page or ref.CONTIGUOUS_TILE)
+                               tile=page or ref.CONTIGUOUS_TILE, split_floor=ref.plan_split_floor(d, page > 0, page or 16))
         assert s == want, ((sms, b, kv, d, page, cap), s, want)

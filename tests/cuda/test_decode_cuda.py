@@ -154,7 +154,8 @@ def test_the_kernels_split_count_is_the_reference_plan(tmp_path):
     """The split kernel's grid (S, Hkv * head_tiles, B) has the S of ref.plan_num_splits (the
     documented plan: torch_aura.decode_num_splits) on shapes that exercise each of its rules: one
     wave, the capacity bound, one merge round trip, 32 splits for medium reads, no empty split of a
-    full cache, D = 512, paged caches with and without tile copies, and a batch that fills the GPU."""
+    full cache, D = 512 (the dim-split CTA's 32-token floor; one-warp CTAs on pages of 8), paged caches
+    with and without tile copies, and a batch that fills the GPU."""
     import json
 
     from torch.profiler import ProfilerActivity, profile
@@ -162,6 +163,7 @@ def test_the_kernels_split_count_is_the_reference_plan(tmp_path):
     cases = [(1, 32, 8, 128, 1024, None), (1, 32, 8, 128, 4096, None), (1, 32, 8, 128, 8192, None),
              (1, 32, 8, 128, 32768, None), (1, 8, 2, 128, 4096, None), (1, 8, 2, 128, 32768, None),
              (1, 4, 1, 128, 8192, None), (2, 16, 8, 128, 8192, None), (1, 16, 2, 512, 8192, None),
+             (1, 16, 2, 512, 4096, None), (1, 16, 2, 512, 4096, 16), (1, 16, 2, 512, 4096, 8),
              (1, 32, 8, 128, 4096, 16), (1, 32, 8, 96, 4096, 16), (1, 8, 2, 128, 4096, 7), (64, 8, 8, 64, 256, None)]
     for i, (B, Hq, Hkv, D, T_cap, page) in enumerate(cases):
         q, k, v, sl, table = make_cache([T_cap] * B, Hq, Hkv, D, torch.bfloat16, page=page, T_cap=T_cap,

@@ -353,11 +353,13 @@ def test_decode_num_splits_capacity_bounds_the_splits():
     assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=1 << 20) == 66
     assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=1000) == 16  # 16 splits of 64 tokens (TP4, 1k)
     assert ref.plan_num_splits(1, 2, torch.device("cpu"), 5, capacity=64) == 5  # forced counts pass through
-    # two CTAs per SM where the CTA is one warp (D = 512) or feeds from cp.async (paged caches the
-    # tile copies cannot serve: pages not a multiple of 16 tokens, head dims not a multiple of 64)
+    # two CTAs per SM where the CTA feeds from cp.async (paged caches the tile copies cannot serve:
+    # pages not a multiple of 16 tokens, head dims not a multiple of 64; at D = 512 one-warp CTAs)
     cpu = torch.device("cpu")
     assert ref.plan_num_splits(1, 8, cpu, head_dim=128) == 16
-    assert ref.plan_num_splits(1, 8, cpu, head_dim=512) == 33
+    assert ref.plan_num_splits(1, 8, cpu, head_dim=512) == 16  # the dim-split CTA: four warps
+    assert ref.plan_num_splits(1, 8, cpu, head_dim=512, paged=True, tile=16) == 16
+    assert ref.plan_num_splits(1, 8, cpu, head_dim=512, paged=True, tile=8) == 33  # one-warp CTAs
     assert ref.plan_num_splits(1, 8, cpu, head_dim=128, paged=True, tile=16) == 16  # tile copies
     assert ref.plan_num_splits(1, 8, cpu, head_dim=128, paged=True, tile=8) == 33
     assert ref.plan_num_splits(1, 8, cpu, head_dim=96, paged=True, tile=16) == 33
@@ -372,6 +374,20 @@ def test_decode_num_splits_keeps_one_merge_round_trip_for_short_splits():
     assert torch_aura.decode_num_splits(1, 1, 132, 1, capacity=8192) == 64  # 128 -> 64: 128-token splits
     assert torch_aura.decode_num_splits(1, 1, 132, 1, capacity=32768) == 128
     assert ref.plan_num_splits(1, 2, torch.device("cpu"), head_dim=128, capacity=4096, tile=7) == 31  # 133-token splits
+
+
+def test_decode_num_splits_floor_is_64_kb_of_k_and_v():
+    """The D = 512 dim-split CTA keeps splits of 32 tokens past 32 splits (64 KB of K and V, as 128
+    tokens at D = 128): a TP-like 2-KV-head shard at a 4k cache takes 64 splits of 64 tokens, not 32
+    of 128; the one-warp CTA of page 8 keeps 128 tokens (and fills two CTAs per SM)."""
+    cpu = torch.device("cpu")
+    assert torch_aura.decode_num_splits(1, 2, 132, 1, capacity=4096, split_floor=32) == 64
+    assert ref.plan_num_splits(1, 2, cpu, head_dim=512, capacity=4096) == 64
+    assert ref.plan_num_splits(1, 2, cpu, head_dim=512, paged=True, capacity=4096, tile=16) == 64
+    assert ref.plan_num_splits(1, 2, cpu, head_dim=512, paged=True, capacity=4096, tile=8) == 32
+    assert ref.plan_num_splits(1, 2, cpu, head_dim=256, capacity=4096) == 32  # 128 tokens until measured
+    assert ref.plan_num_splits(1, 2, cpu, head_dim=512, capacity=32768) == 64  # 512-token splits
+    assert ref.plan_split_floor(512) == 32 and ref.plan_split_floor(512, True, 7) == 128
 
 
 def test_decode_num_splits_doubles_medium_reads_of_few_units():
@@ -391,13 +407,14 @@ def test_decode_num_splits_leaves_no_split_of_a_full_cache_empty(sms):
     for batch in (1, 2, 3, 8):
         for kv in (1, 2, 4, 8):
             for capacity in (1, 63, 64, 65, 1000, 4096, 5000, 8192, 32768, 100_000):
-                for tile, cap in ((64, 128), (16, 128), (7, 128), (64, 20)):
-                    S = ref.auto_splits(batch, kv, sms, 1, cap, capacity=capacity, tile=tile)
+                for tile, cap, floor in ((64, 128, 128), (16, 128, 128), (7, 128, 128), (64, 20, 128),
+                                         (64, 128, 32), (16, 128, 32)):
+                    S = ref.auto_splits(batch, kv, sms, 1, cap, capacity=capacity, tile=tile, split_floor=floor)
                     assert 1 <= S <= cap
                     assert ref.split_chunk(capacity, S, tile)[1] == S, (batch, kv, capacity, tile, S)
 
 
-@pytest.mark.parametrize("arg", ("batch", "kv_heads", "sms", "ctas_per_sm", "cap", "capacity"))
+@pytest.mark.parametrize("arg", ("batch", "kv_heads", "sms", "ctas_per_sm", "cap", "capacity", "split_floor"))
 def test_decode_num_splits_refuses_data_and_bad_values(arg):
     good = dict(batch=2, kv_heads=2, sms=132, ctas_per_sm=2, cap=128, capacity=4096)
     with pytest.raises(ValueError, match=f"^{arg}: expected a Python int"):

@@ -145,7 +145,7 @@ def merge_attn_states(partial_out, partial_lse):
 
 
 def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int = 128,
-                      capacity: int | None = None) -> int:
+                      capacity: int | None = None, split_floor: int = 128) -> int:
     """The split count S of the decode grid ``(S, Hkv, B)``, from static values only.
 
     The CUDA kernels' automatic plan (decode.md §4), one unit of work per (sequence, KV head):
@@ -157,17 +157,17 @@ def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap
     * and, when ``capacity`` (the cache's tokens per sequence) is given, where ``chunk(n)`` is a
       full-capacity sequence's split length under n splits (``round_up(max(64, ceil(capacity / n)),
       64)``): at most ``ceil(capacity / 64)`` (no sequence could reach a split beyond that); past 32
-      splits (what one CTA of the merge kernel loads in one round trip) no split shorter than 128
-      tokens, halving towards 32; 32 splits when at most a sixteenth of the slots are busy,
+      splits (what one CTA of the merge kernel loads in one round trip) no split shorter than
+      ``split_floor`` tokens, halving towards 32; 32 splits when at most a sixteenth of the slots are busy,
       ``chunk(32)`` is 128-256 tokens and ``cap >= 32`` (two CTAs on most SMs); and finally
       ``ceil(capacity / chunk(s))``, so no split of a full-capacity sequence is empty (decode.md §4
       has the measurements behind each rule).
 
     It never sees ``seq_lens``: the grid of a captured CUDA graph must not depend on data. Each
     sequence then uses ``S_b <= S`` of the splits, at least 64 tokens each (empty ones write
-    lse = -inf). ``flash_decode`` calls it with the device's SM count, ``ctas_per_sm`` = 1 (2 at
-    head_dim 512, whose CTAs are one warp, and on paged caches without tile copies) and the cache
-    capacity; ``num_splits > 0`` bypasses it.
+    lse = -inf). ``flash_decode`` calls it with the device's SM count, ``ctas_per_sm`` = 1 (2 on
+    paged caches without tile copies), ``split_floor`` = 128 (32 at head_dim 512 with tile copies:
+    the same 64 KB of K and V per split) and the cache capacity; ``num_splits > 0`` bypasses it.
 
     Args:
         batch: number of sequences ``B`` (>= 0).
@@ -176,6 +176,7 @@ def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap
         ctas_per_sm: CTAs per SM the wave fills (>= 1).
         cap: largest split count considered (>= 1).
         capacity: tokens a sequence can hold (>= 1), or None for no such bound.
+        split_floor: shortest split, in tokens, kept past 32 splits (>= 1).
 
     Returns:
         int in ``[1, cap]``.
@@ -195,10 +196,11 @@ def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap
     """
     for name, value, low in (("batch", batch, 0), ("kv_heads", kv_heads, 1), ("sms", sms, 1),
                              ("ctas_per_sm", ctas_per_sm, 1), ("cap", cap, 1),
-                             ("capacity", 1 if capacity is None else capacity, 1)):
+                             ("capacity", 1 if capacity is None else capacity, 1),
+                             ("split_floor", split_floor, 1)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{name}: expected a Python int (static, never device data), "
                              f"got {type(value).__name__}")
         if value < low:
             raise ValueError(f"{name}: expected >= {low}, got {value}")
-    return _ref.auto_splits(batch, kv_heads, sms, ctas_per_sm, cap, capacity)
+    return _ref.auto_splits(batch, kv_heads, sms, ctas_per_sm, cap, capacity, split_floor=split_floor)

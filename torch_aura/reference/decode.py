@@ -54,15 +54,28 @@ STAND_IN_SMS = 132
 
 def plan_ctas_per_sm(head_dim: int, paged: bool = False, page_size: int = 16) -> int:
     """CTAs per SM the automatic plan fills (decode.md §4, with the measurements): one four-warp
-    tensor-core CTA streams an SM's share of HBM by itself; two of the one-warp CTAs of D = 512,
-    and two on paged caches the tile copies cannot serve (head dims not a multiple of 64, pages not
-    a multiple of 16 tokens), whose cp.async copies want the second CTA's warps in flight."""
-    cpasync_paged = paged and (head_dim % 64 != 0 or page_size % 16 != 0)
-    return 2 if head_dim == 512 or cpasync_paged else 1
+    tensor-core CTA streams an SM's share of HBM by itself (at D = 512 the four warps split the dims);
+    two on paged caches the tile copies cannot serve (head dims not a multiple of 64, pages not a
+    multiple of 16 tokens), whose cp.async copies (and, at D = 512, one-warp CTAs) want the second
+    CTA's warps in flight."""
+    return 2 if paged and not tile_copies_fit(head_dim, page_size) else 1
+
+
+def plan_split_floor(head_dim: int, paged: bool = False, page_size: int = 16) -> int:
+    """Shortest split, in tokens, the automatic plan keeps past MERGE_ONE_TRIP_SPLITS splits
+    (decode.md §4): 128 tokens, measured at D = 128 (64 KB of 16-bit K and V); 32 for the D = 512
+    dim-split CTA, the same 64 KB (an H100 B=1 T=4k replay: 64 splits of 64 tokens 12.3 us, 32 of
+    128 tokens 15.7 us). Other head dims keep 128 tokens until measured."""
+    return 32 if head_dim == 512 and tile_copies_fit(head_dim, page_size if paged else 0) else 128
+
+
+def tile_copies_fit(head_dim: int, page_size: int) -> bool:
+    """Whether K/V move as 2-D tensor-map tiles (decode.md §3; page_size 0: contiguous)."""
+    return head_dim % 64 == 0 and page_size % 16 == 0
 
 
 def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int = MAX_AUTO_SPLITS,
-                capacity: int | None = None, tile: int = CONTIGUOUS_TILE) -> int:
+                capacity: int | None = None, tile: int = CONTIGUOUS_TILE, split_floor: int = 128) -> int:
     """The split count for a grid of ``batch * kv_heads`` CTAs per split (decode.md §4).
 
     One wave: ``S = slots // work`` with ``slots = sms * ctas_per_sm``, plus one split when that
@@ -72,7 +85,8 @@ def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int 
 
     * never more splits than such a sequence can fill (``ceil(capacity / round_up(MIN_CHUNK, tile))``:
       a split that no sequence can reach is an idle CTA and a merge input for nothing);
-    * past :data:`MERGE_ONE_TRIP_SPLITS` splits, none shorter than 128 tokens: S halves towards 32;
+    * past :data:`MERGE_ONE_TRIP_SPLITS` splits, none shorter than ``split_floor`` tokens
+      (:func:`plan_split_floor`): S halves towards 32;
     * with at most a sixteenth of the slots busy, 32 splits (``cap`` permitting) when ``chunk(32)`` is
       128-256 tokens (two CTAs on most SMs: medium reads at batch 1);
     * finally ``ceil(capacity / chunk(S))``: no split of a full-capacity sequence is left empty.
@@ -95,7 +109,7 @@ def auto_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int 
         return split_chunk(capacity, n, tile)[0]
 
     one_trip = MERGE_ONE_TRIP_SPLITS
-    while s > one_trip and chunk(s) < 128:
+    while s > one_trip and chunk(s) < split_floor:
         s = max(one_trip, _ceil_div(s, 2))
     if work * 16 <= slots and s < one_trip <= cap and 128 <= chunk(one_trip) <= 256:
         s = one_trip
@@ -121,7 +135,7 @@ def plan_num_splits(batch: int, kv_heads: int, device: torch.device, num_splits:
     if num_splits > 0:
         return int(num_splits)
     return auto_splits(batch, kv_heads, device_sms(device), plan_ctas_per_sm(head_dim, paged, tile),
-                       capacity=capacity, tile=tile)
+                       capacity=capacity, tile=tile, split_floor=plan_split_floor(head_dim, paged, tile))
 
 
 def _ceil_div(a: int, b: int) -> int:
