@@ -917,9 +917,10 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
 // owning dims [128 w, 128 w + 128) of K, V and O: each sums its quarter of the QK products, the four
 // partial logit tiles meet in shared memory (one CTA barrier per step, double-buffered), every warp
 // runs the same online softmax on the summed logits, and each accumulates its quarter of O, so the
-// end needs no merge of warp states. The ring belongs to the CTA: thread 0 issues each step's tile
-// copies (16 boxes of 16 tokens x 64 dims) on the slot's full barrier and refills a slot once the
-// four warps have arrived on its empty barrier. Tile copies only (contiguous, or pages of 16k).
+// end needs no merge of warp states. The ring belongs to the CTA: warp 0 issues each step's tile
+// copies (16 boxes of 16 tokens x 64 dims, one per lane) on the slot's full barrier, and refills the
+// slot of step i - 1 right after step i's exchange barrier, which every warp passes only after its
+// reads of step i - 1 (no empty barrier to wait on). Tile copies only (contiguous, or pages of 16k).
 template <typename T>
 struct DimSplitShape {
   static constexpr int kDim = 512, kWarps = 4, kWarpDims = kDim / kWarps;
@@ -929,7 +930,7 @@ struct DimSplitShape {
   static constexpr int kStages = 3;
   static constexpr size_t kQBytes = size_t(8) * kRow * sizeof(T);
   static constexpr size_t kLogitBytes = size_t(2) * kWarps * 32 * sizeof(float4);  // [2][W][32 lanes]
-  static constexpr size_t kSmem = 1024 + kStages * kStepBytes + kQBytes + kLogitBytes + 2 * kStages * sizeof(uint64_t);
+  static constexpr size_t kSmem = 1024 + kStages * kStepBytes + kQBytes + kLogitBytes + kStages * sizeof(uint64_t);
   static_assert(kSmem <= kSmemBudget, "two CTAs per SM");
   static_assert(size_t(8) * kDim * sizeof(float) <= kStages * kStepBytes, "partial staging area");
 };
@@ -947,7 +948,6 @@ __global__ void __launch_bounds__(DimSplitShape<T>::kWarps * 32, 2)
   T* qs = tiles + NS * 2 * TILE;
   float4* logits = reinterpret_cast<float4*>(qs + 8 * ROW);
   uint64_t* full = reinterpret_cast<uint64_t*>(logits + 2 * W * 32);
-  uint64_t* empty = full + NS;
   stage_q_async<T, D, 1, W * 32>(p, w, qs);  // before seq_lens: q is the first request
   if (!plan_split_tokens<T>(p, w)) {
     cp_async_wait<0>();
@@ -956,31 +956,32 @@ __global__ void __launch_bounds__(DimSplitShape<T>::kWarps * 32, 2)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nh = w.nh, dim0 = warp * Shape::kWarpDims;
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int j = 0; j < NS; ++j) mbar_init(full + j, 1), mbar_init(empty + j, W);
+    for (int j = 0; j < NS; ++j) mbar_init(full + j, 1);
     mbar_init_fence();
   }
   __syncthreads();  // the barriers are initialised before any thread waits on them
 
   const int n_steps = ceil_div(w.end - w.start, 16);
   const bool paged = p.block_table != nullptr;
-  auto issue = [&](int i) {  // thread 0: step i into slot i % NS, once the warps released it
+  constexpr int BOXES = D / 64;  // per tile: lanes [0, BOXES) copy K's boxes, [BOXES, 2 BOXES) V's
+  auto issue = [&](int i) {     // warp 0: step i into slot i % NS (free: see the kernel's comment)
     if (i >= n_steps) return;
     const int slot = i % NS, t0 = w.start + 16 * i;
-    if (i >= NS) mbar_wait(empty + slot, ((i / NS) - 1) & 1);
     int c1 = t0, c2 = w.kvh, c3 = w.b;  // box coordinates, innermost first: contiguous (d, t, h, b)
     if (paged) {                        // paged (d, h, row in page, page)
       const int page = min(max(p.block_table[w.b * p.bt_sb + t0 / p.page_size], 0), p.num_blocks - 1);
       c1 = w.kvh, c2 = t0 % p.page_size, c3 = page;
     }
-    T* kd = tiles + slot * 2 * TILE;
-    mbar_arrive_expect_tx(full + slot, unsigned(2 * TILE * sizeof(T)));
-#pragma unroll
-    for (int c = 0; c < D / 64; ++c) {
-      tensor_copy_g2s_4d(kd + c * 16 * 64, &maps.k, c * 64, c1, c2, c3, full + slot);
-      tensor_copy_g2s_4d(kd + TILE + c * 16 * 64, &maps.v, c * 64, c1, c2, c3, full + slot);
+    if (lane == 0) mbar_arrive_expect_tx(full + slot, unsigned(2 * TILE * sizeof(T)));
+    __syncwarp();  // the barrier expects the bytes before any box can complete
+    if (lane < 2 * BOXES) {
+      const int c = lane % BOXES;
+      const bool v_box = lane >= BOXES;
+      tensor_copy_g2s_4d(tiles + slot * 2 * TILE + (v_box ? TILE : 0) + c * 16 * 64, v_box ? &maps.v : &maps.k,
+                         c * 64, c1, c2, c3, full + slot);
     }
   };
-  if (threadIdx.x == 0) {
+  if (warp == 0) {
 #pragma unroll
     for (int i = 0; i < NS; ++i) issue(i);
   }
@@ -1030,7 +1031,8 @@ __global__ void __launch_bounds__(DimSplitShape<T>::kWarps * 32, 2)
     }
     float4* xb = logits + (i & 1) * W * 32;  // double-buffered: one barrier per step suffices
     xb[warp * 32 + lane] = make_float4(s[0][0] + s[1][0], s[0][1] + s[1][1], s[0][2] + s[1][2], s[0][3] + s[1][3]);
-    __syncthreads();
+    __syncthreads();  // also: every warp is done with step i - 1's slot
+    if (warp == 0 && i > 0) issue(i - 1 + NS);
     float4 tot = xb[lane];  // summed in warp order: the same logits in every warp
 #pragma unroll
     for (int wi = 1; wi < W; ++wi) {
@@ -1054,11 +1056,6 @@ __global__ void __launch_bounds__(DimSplitShape<T>::kWarps * 32, 2)
       ldmatrix_x4_trans(a, vt + tile_off(v_row, dim0 + mt * 16 + v_col));
       mma_16816<T>(o[mt], a, pb0, pb1);
     }
-    fence_proxy_async_shared();  // this lane's reads (and zeroing) of the slot come before its refill
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + slot);
-    if (threadIdx.x == 0) issue(i + NS);
-    __syncwarp();
   }
   grid_dependents_launch();  // the merge (programmatic dependent launch) may start its prologue
 
