@@ -581,73 +581,49 @@ def test_d512_dim_split_kernel_fp16(layout):
         check(f"D512-fp16-{layout}-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.float16)
 
 
-def test_d512_dim_split_graph_replay_is_bitwise_eager():
-    """The dim-split kernel under capture follows new lengths and values, each replay bit for bit an
-    eager call."""
-    B, Hq, Hkv, D, T_cap = 2, 8, 2, 512, 700
-    q, k, v, sl, _ = make_cache([700, 33], Hq, Hkv, D, torch.bfloat16, T_cap=T_cap, poison_tail=False)
+# (D, num_splits, capacity, lengths: the captured call's, then each replay's)
+TILE_GRAPH_CASES = {
+    "tiles-D128-S1": (128, 1, 1100, ([1100, 1, 517], [0, 1100, 33], [1099, 16, 17], [1, 2, 1024])),  # >= 16 steps/warp
+    "dims-D512-auto": (512, 0, 700, ([700, 33], [0, 700], [699, 17], [16, 1])),  # split + merge
+}
+
+
+@pytest.mark.parametrize("case", list(TILE_GRAPH_CASES))
+def test_tile_kernels_graph_replay_is_bitwise_eager(case):
+    """The tile engine's tensor maps hold shapes and base pointers only: a captured call (the D = 128
+    tile kernel with one split, D = 512's dim-split CTA with the automatic plan) follows new lengths
+    and values in place, and each replay equals an eager call bit for bit."""
+    D, S, T_cap, lens_seq = TILE_GRAPH_CASES[case]
+    B, Hq, Hkv = len(lens_seq[0]), 8, 2
+    q, k, v, sl, _ = make_cache(lens_seq[0], Hq, Hkv, D, torch.bfloat16, T_cap=T_cap, poison_tail=False)
     out = torch.empty(B, Hq, D, device=DEV, dtype=torch.bfloat16)
     lse = torch.empty(B, Hq, device=DEV)
-    torch_aura.flash_decode_out(q, k, v, sl, None, None, 0, out, lse)
+    torch_aura.flash_decode_out(q, k, v, sl, None, None, S, out, lse)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        torch.ops.aura.flash_decode_out(q, k, v, sl, None, None, 0, out, lse)
-    g = torch.Generator(device="cpu").manual_seed(5)
-    for lens in ([0, 700], [699, 17], [16, 1]):
-        sl.copy_(torch.tensor(lens, dtype=torch.int32))
-        q.copy_(torch.randn(q.shape, generator=g))
-        v.copy_(torch.randn(v.shape, generator=g))
-        graph.replay()
-        torch.cuda.synchronize()
-        want_out, want_lse = torch_aura.flash_decode(q, k, v, sl, None)
-        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), lens
-        check(f"dims-graph-{lens}", out, lse, *oracle(q, k, v, sl, None), torch.bfloat16)
-
-
-def test_d512_variable_is_checked(monkeypatch):
-    q, k, v, sl, table = make_cache([10], 4, 2, 512, torch.bfloat16)
-    monkeypatch.setenv("TORCH_AURA_DECODE_D512", "two")
-    with pytest.raises(RuntimeError, match="TORCH_AURA_DECODE_D512"):
-        torch.ops.aura.flash_decode(q, k, v, sl, table, None, 1)
-
-
-def test_copy_variable_is_checked(monkeypatch):
-    q, k, v, sl, table = make_cache([10], 4, 2, 64, torch.bfloat16, T_cap=2048)
-    monkeypatch.setenv("TORCH_AURA_DECODE_COPY", "fast")
-    with pytest.raises(RuntimeError, match="TORCH_AURA_DECODE_COPY"):
-        torch.ops.aura.flash_decode(q, k, v, sl, table, None, 1)
-
-
-def test_tile_copies_graph_replay_is_bitwise_eager():
-    """The tile engine's tensor maps hold shapes and base pointers only: a captured call follows new
-    lengths and values in place, and each replay equals an eager call bit for bit."""
-    B, Hq, Hkv, D, T_cap = 3, 8, 2, 128, 1100
-    q, k, v, sl, _ = make_cache([1100, 1, 517], Hq, Hkv, D, torch.bfloat16, T_cap=T_cap, poison_tail=False)
-    out = torch.empty(B, Hq, D, device=DEV, dtype=torch.bfloat16)
-    lse = torch.empty(B, Hq, device=DEV)
-    torch_aura.flash_decode_out(q, k, v, sl, None, None, 1, out, lse)  # one split: >= 16 steps per warp
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        torch.ops.aura.flash_decode_out(q, k, v, sl, None, None, 1, out, lse)
+        torch.ops.aura.flash_decode_out(q, k, v, sl, None, None, S, out, lse)
     g = torch.Generator(device="cpu").manual_seed(7)
-    for lens in ([0, 1100, 33], [1099, 16, 17], [1, 2, 1024]):
+    for lens in lens_seq[1:]:
         sl.copy_(torch.tensor(lens, dtype=torch.int32))
-        q.copy_(torch.randn(q.shape, generator=g))
-        k.copy_(torch.randn(k.shape, generator=g))
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, generator=g))
         graph.replay()
         torch.cuda.synchronize()
-        want_out, want_lse = torch_aura.flash_decode(q, k, v, sl, None, num_splits=1)
+        want_out, want_lse = torch_aura.flash_decode(q, k, v, sl, None, num_splits=S)
         assert torch.equal(out, want_out) and torch.equal(lse, want_lse), lens
-        check(f"tiles-graph-{lens}", out, lse, *oracle(q, k, v, sl, None), torch.bfloat16)
+        check(f"{case}-graph-{lens}", out, lse, *oracle(q, k, v, sl, None), torch.bfloat16)
 
 
-def test_schedule_variable_is_checked(monkeypatch):
-    q, k, v, sl, table = make_cache([10], 4, 2, 64, torch.bfloat16)
-    monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "fast")
-    with pytest.raises(RuntimeError, match="TORCH_AURA_DECODE_SCHEDULE"):
-        torch.ops.aura.flash_decode(q, k, v, sl, table)
+@pytest.mark.parametrize("name, D, T_cap, num_splits", (("TORCH_AURA_DECODE_D512", 512, None, 1),
+                                                        ("TORCH_AURA_DECODE_COPY", 64, 2048, 1),
+                                                        ("TORCH_AURA_DECODE_SCHEDULE", 64, None, 0)))
+def test_switch_variables_are_checked(name, D, T_cap, num_splits, monkeypatch):
+    """A misspelt switch raises, naming the variable, on the path that reads it."""
+    q, k, v, sl, table = make_cache([10], 4, 2, D, torch.bfloat16, T_cap=T_cap)
+    monkeypatch.setenv(name, "fast")
+    with pytest.raises(RuntimeError, match=name):
+        torch.ops.aura.flash_decode(q, k, v, sl, table, None, num_splits)
 
 
 @pytest.mark.sanitize
