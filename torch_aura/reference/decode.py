@@ -63,9 +63,8 @@ def plan_ctas_per_sm(head_dim: int, paged: bool = False, page_size: int = 16) ->
 
 def plan_split_floor(head_dim: int, paged: bool = False, page_size: int = 16) -> int:
     """Shortest split, in tokens, the automatic plan keeps past MERGE_ONE_TRIP_SPLITS splits
-    (decode.md §4): 128 tokens, measured at D = 128 (64 KB of 16-bit K and V); 32 for the D = 512
-    dim-split CTA, the same 64 KB (an H100 B=1 T=4k replay: 64 splits of 64 tokens 12.3 us, 32 of
-    128 tokens 15.7 us). Other head dims keep 128 tokens until measured."""
+    (decode.md §4 has the sweeps): 128 tokens, measured at D = 128 (64 KB of 16-bit K and V); 32 for
+    the D = 512 dim-split CTA, the same 64 KB. Other head dims keep 128 tokens until swept."""
     return 32 if head_dim == 512 and tile_copies_fit(head_dim, page_size if paged else 0) else 128
 
 
