@@ -268,13 +268,16 @@ __device__ __forceinline__ void store_value(const DecodeParams& p, const SplitWo
   else p.part_out[(w.part_row + g) * p.D_runtime + d] = val;
 }
 
+// The lse of head row g from its running max (log2 units) and sum, to lse (S == 1) or the partial's.
+__device__ __forceinline__ void store_head_lse(const DecodeParams& p, const SplitWork& w, int g, float M_log2, float L) {
+  const float lse = (M_log2 + log2f(L)) * kLn2;  // natural log, scale included; l >= 1
+  if (p.S == 1) p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] = lse;
+  else p.part_lse[w.part_row + g] = lse;
+}
+
 template <int THREADS>
 __device__ __forceinline__ void store_lse(const DecodeParams& p, const SplitWork& w, const float* ms, const float* ls) {
-  for (int g = threadIdx.x; g < w.nh; g += THREADS) {
-    const float lse = (ms[g] + log2f(ls[g])) * kLn2;  // natural log, scale included; l >= 1
-    if (p.S == 1) p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] = lse;
-    else p.part_lse[w.part_row + g] = lse;
-  }
+  for (int g = threadIdx.x; g < w.nh; g += THREADS) store_head_lse(p, w, g, ms[g], ls[g]);
 }
 
 // ------------------------------------------------------------------------ CUDA-core kernel (fp32)
@@ -430,6 +433,18 @@ struct WarpSplitShape {
 };
 
 __host__ __device__ constexpr int merge_col(int g, int d) { return d ^ (((g >> 1) & 3) << 3); }
+
+// A partial staged in shared memory as [heads][D], dims swizzled by merge_col, out as 16-byte rows
+// (merge_col keeps 4 aligned dims together); the calling threads are first, first + step, ...
+template <int D>
+__device__ __forceinline__ void store_staged_partial(const DecodeParams& p, const SplitWork& w, const float* ow,
+                                                     int first, int step) {
+  float* po = p.part_out + w.part_row * D;  // nh rows of D
+  for (int idx = 4 * first; idx < w.nh * D; idx += 4 * step) {
+    const int g = idx / D, d = idx % D;
+    *reinterpret_cast<float4*>(po + idx) = *reinterpret_cast<const float4*>(ow + g * D + merge_col(g, d));
+  }
+}
 template <int D, int NHT>
 constexpr bool split_merge_conflict_free() {
   constexpr int R = kMergeRow<D>;
@@ -535,6 +550,17 @@ __device__ __forceinline__ void stage_q_async(const DecodeParams& p, const Split
   cp_async_commit();
 }
 
+// q of the CTA's heads element by element, for a q view the 16-byte copies cannot move.
+template <typename T, int D, int NHT, int THREADS>
+__device__ __forceinline__ void stage_q_elementwise(const DecodeParams& p, const SplitWork& w, T* qs) {
+  constexpr int ROW = WarpSplitShape<T, D>::kRow;
+  const T* qg = static_cast<const T*>(p.q);
+  for (int i = threadIdx.x; i < 8 * NHT * D; i += THREADS) {
+    const int g = i / D, d = i % D;
+    qs[g * ROW + d] = g < w.nh ? qg[w.b * p.q_sb + (w.hq0 + g) * p.q_sh + d] : from_float<T>(0.f);
+  }
+}
+
 // Bulk copies complete on one mbarrier per ring slot and warp, initialised once per CTA: phases carry
 // over from one split to the next (run_split_mma's `uses`), so a barrier is never re-initialised.
 template <typename T, int D, bool BULK>
@@ -578,7 +604,6 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
   T* ring = sm.ring;
   T* qs = sm.qs;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nh = w.nh;
-  const T* qg = static_cast<const T*>(p.q);
   AURA_PHASE(1);
   T* my_ring = (TILES ? sm.tiles : ring) + warp * NS * 2 * STILE;
 
@@ -686,11 +711,8 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
   if (p.q_vec16) {  // q's group is older than the ring's NS - 1 (cp.async) or the only one (bulk)
     if constexpr (BULK) cp_async_wait<0>();
     else cp_async_wait<NS - 1>();
-  } else {  // a q view the 16-byte copies cannot move: element by element
-    for (int i = threadIdx.x; i < 8 * NHT * D; i += W * 32) {
-      const int g = i / D, d = i % D;
-      qs[g * ROW + d] = g < nh ? qg[w.b * p.q_sb + (w.hq0 + g) * p.q_sh + d] : from_float<T>(0.f);
-    }
+  } else {
+    stage_q_elementwise<T, D, NHT, W * 32>(p, w, qs);
   }
   __syncthreads();  // the only CTA barrier before the end: q visible to every warp
   AURA_PHASE(2);
@@ -816,11 +838,6 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
       l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 8);
       l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 16);
     }
-  auto store_lse = [&](int g, float M_log2, float L) {
-    const float lse = (M_log2 + log2f(L)) * kLn2;  // natural log, scale included
-    if (p.S == 1) p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] = lse;
-    else p.part_lse[w.part_row + g] = lse;
-  };
   // f(head g, dim d, value, l of head g) for every accumulator of this lane's O^T fragments
   auto each_fragment = [&](auto&& f) {
 #pragma unroll
@@ -854,11 +871,7 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
       __syncwarp();  // every lane's last ldmatrix reads of the ring come before the staging writes
       each_fragment([&](int g, int d, float v, float l) { ow[g * D + merge_col(g, d)] = v / l; });
       __syncwarp();
-      float* po = p.part_out + w.part_row * D;  // nh rows of D
-      for (int idx = 4 * lane; idx < nh * D; idx += 128) {  // 4 aligned dims: merge_col keeps them together
-        const int g = idx / D, d = idx % D;
-        *reinterpret_cast<float4*>(po + idx) = *reinterpret_cast<const float4*>(ow + g * D + merge_col(g, d));
-      }
+      store_staged_partial<D>(p, w, ow, lane, 32);
     } else {
       each_fragment([&](int g, int d, float v, float l) {
         if (g < nh) store_value<T>(p, w, g, d, v / l);
@@ -866,7 +879,7 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
     }
     AURA_PHASE(5);
     each_head_state([&](int g, float m, float l) {
-      if (g < nh) store_lse(g, m, l);
+      if (g < nh) store_head_lse(p, w, g, m, l);
     });
   } else {
     __syncthreads();  // every warp is done with the ring
@@ -887,7 +900,7 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
       for (int wi = 0; wi < W; ++wi) acc += st.weight(wi, g) * ow[(wi * 16 + g) * OROW + merge_col(g, d)];
       store_value<T>(p, w, g, d, acc / st.row_sum(g));
     }
-    for (int g = threadIdx.x; g < nh; g += W * 32) store_lse(g, st.row_max(g), st.row_sum(g));
+    for (int g = threadIdx.x; g < nh; g += W * 32) store_head_lse(p, w, g, st.row_max(g), st.row_sum(g));
   }
   AURA_PHASE(6);
 }
@@ -912,15 +925,15 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
 }
 
 // ------------------------------------------------------------------------ D = 512 across four warps
-// decode.md §4: the one-warp D = 512 CTA is issue- and latency-bound (Nsight Compute: one warp per
-// scheduler, 0.18 eligible per cycle, 1.88 TB/s). Here four warps share every 16-token step, warp w
-// owning dims [128 w, 128 w + 128) of K, V and O: each sums its quarter of the QK products, the four
-// partial logit tiles meet in shared memory (one CTA barrier per step, double-buffered), every warp
-// runs the same online softmax on the summed logits, and each accumulates its quarter of O, so the
-// end needs no merge of warp states. The ring belongs to the CTA: warp 0 issues each step's tile
-// copies (16 boxes of 16 tokens x 64 dims, one per lane) on the slot's full barrier, and refills the
-// slot of step i - 1 right after step i's exchange barrier, which every warp passes only after its
-// reads of step i - 1 (no empty barrier to wait on). Tile copies only (contiguous, or pages of 16k).
+// decode.md §7: the one-warp D = 512 CTA is issue- and latency-bound (one warp per scheduler). Here
+// four warps share every 16-token step, warp w owning dims [128 w, 128 w + 128) of K, V and O: each
+// sums its quarter of the QK products, the four partial logit tiles meet in shared memory (one CTA
+// barrier per step, double-buffered), every warp runs the same online softmax on the summed logits,
+// and each accumulates its quarter of O, so the end needs no merge of warp states. The ring belongs
+// to the CTA: warp 0 issues each step's tile copies (16 boxes of 16 tokens x 64 dims, one per lane)
+// on the slot's full barrier, and refills the slot of step i - 1 right after step i's exchange
+// barrier, which every warp passes only after its reads of step i - 1 (no empty barrier to wait
+// on). Tile copies only (contiguous, or pages of 16k).
 template <typename T>
 struct DimSplitShape {
   static constexpr int kDim = 512, kWarps = 4, kWarpDims = kDim / kWarps;
@@ -987,12 +1000,8 @@ __global__ void __launch_bounds__(DimSplitShape<T>::kWarps * 32, 2)
   }
   if (p.q_vec16) {
     cp_async_wait<0>();
-  } else {  // a q view the 16-byte copies cannot move: element by element
-    const T* qg = static_cast<const T*>(p.q);
-    for (int i = threadIdx.x; i < 8 * D; i += W * 32) {
-      const int g = i / D, d = i % D;
-      qs[g * ROW + d] = g < nh ? qg[w.b * p.q_sb + (w.hq0 + g) * p.q_sh + d] : from_float<T>(0.f);
-    }
+  } else {
+    stage_q_elementwise<T, D, 1, W * 32>(p, w, qs);
   }
   __syncthreads();  // q visible to every warp
 
@@ -1078,11 +1087,7 @@ __global__ void __launch_bounds__(DimSplitShape<T>::kWarps * 32, 2)
     float* ow = reinterpret_cast<float*>(tiles);  // [8][D]
     each_fragment([&](int g, int d, float v) { ow[g * D + merge_col(g, d)] = v; });
     __syncthreads();
-    float* po = p.part_out + w.part_row * D;
-    for (int idx = 4 * threadIdx.x; idx < nh * D; idx += 4 * W * 32) {
-      const int g = idx / D, d = idx % D;
-      *reinterpret_cast<float4*>(po + idx) = *reinterpret_cast<const float4*>(ow + g * D + merge_col(g, d));
-    }
+    store_staged_partial<D>(p, w, ow, threadIdx.x, W * 32);
   } else {
     each_fragment([&](int g, int d, float v) {
       if (g < nh) store_value<T>(p, w, g, d, v);
@@ -1091,11 +1096,7 @@ __global__ void __launch_bounds__(DimSplitShape<T>::kWarps * 32, 2)
   if (warp == 0 && lane < 4) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int g = 2 * lane + e;
-      if (g >= nh) continue;
-      const float lse = (m_run[e] + log2f(l_run[e])) * kLn2;  // natural log, scale included
-      if (p.S == 1) p.lse[w.b * p.lse_sb + (w.hq0 + g) * p.lse_sh] = lse;
-      else p.part_lse[w.part_row + g] = lse;
+      if (2 * lane + e < nh) store_head_lse(p, w, 2 * lane + e, m_run[e], l_run[e]);
     }
   }
 }
