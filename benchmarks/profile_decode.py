@@ -35,6 +35,7 @@ import torch.nn.functional as F  # noqa: E402
 from bench_decode import TP_SHARDS, make_inputs  # noqa: E402
 
 import torch_aura  # noqa: E402
+from torch_aura.reference.decode import plan_split_floor  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 splits = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--splits=")), 0)  # 0: auto
@@ -135,7 +136,8 @@ if "--sweep" in sys.argv:
                 ("full, S=1", lambda: torch.ops.aura.flash_decode(q, k, v, sl, table, None, 1))]
         # what the automatic plan would pick filling one or two CTAs per SM (decode_num_splits)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        per_sm = {c: torch_aura.decode_num_splits(B, Hkv, sms, c, capacity=T) for c in (1, 2)}
+        floor = plan_split_floor(D, page is not None, page or 16)  # the floor the kernel's plan uses
+        per_sm = {c: torch_aura.decode_num_splits(B, Hkv, sms, c, capacity=T, split_floor=floor) for c in (1, 2)}
         for S in sorted({0, 2, 4, 8, 16, 32, 64, 128, *per_sm.values()}):
             rows.append((f"full, S={S or 'auto'}", lambda S=S: torch.ops.aura.flash_decode(q, k, v, sl, table, None, S)))
         print(f"{name} (plan: S={per_sm[1]} at 1 CTA/SM, S={per_sm[2]} at 2): "
