@@ -163,12 +163,12 @@ def status() -> dict[str, dict[str, str]]:
 
     Returns:
         ``{op: {"cpu": ..., "cuda": ..., "mps": ...}}``, e.g.
-        ``{"flash_decode": {"cpu": "reference", "cuda": "kernel (cuda)",
+        ``{"flash_decode": {"cpu": "kernel (cpu)", "cuda": "kernel (cuda)",
         "mps": "reference (mps extension not built: not macOS)"}}``.
 
     Example:
         >>> import torch_aura
-        >>> torch_aura.backends.status()["flash_decode"]["cpu"]
+        >>> torch_aura.backends.status()["gdn_recurrent"]["cpu"]
         'reference'
     """
     table = {}

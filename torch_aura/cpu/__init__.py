@@ -9,6 +9,7 @@ oracle the tests compare against, and what every other op on the CPU runs.
 * ``aura``: encode, cache write, rotation, pass 1, pass 2 and the whole decode in C++
   (``torch_aura._C_cpu``, built where the install found a C++ compiler).
 * ``gdn``: ``gdn_chunk`` in pure PyTorch, chunk-parallel matmuls with one state step per chunk.
+* ``decode``: ``flash_decode`` / ``flash_decode_out`` through ATen's fused CPU attention kernel.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ FAST_PATHS: dict[str, str] = {
     **{op: ".aura" for op in ("aura_encode", "aura_write_cache", "hadamard_rotate", "aura_flash_p1",
                               "aura_flash_p2", "aura_decode")},
     "gdn_chunk": ".gdn",
+    **{op: ".decode" for op in ("flash_decode", "flash_decode_out")},
 }
 NEEDS_NATIVE = {".aura"}
 
