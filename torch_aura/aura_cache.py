@@ -189,6 +189,7 @@ class AuraCache:
         # The ops themselves: the cache's own tensors are valid by construction, so the public
         # wrappers' re-validation of them would only cost host time on every decode step.
         self._write_op = torch.ops.aura.aura_write_cache.default
+        self._encode_op = torch.ops.aura.aura_encode.default
         self._decode_op = torch.ops.aura.aura_decode.default
         self._layout_changed()
 
@@ -199,8 +200,9 @@ class AuraCache:
             self._row_base = None
         else:
             self._n_slots = self.batch * self.capacity
+            self._rows = torch.arange(self.batch, dtype=torch.int64, device=self._dev)
             # Slot of (b, t) is row_base[b] + t: a one-token append is a single add.
-            self._row_base = torch.arange(self.batch, dtype=torch.int64, device=self._dev) * self.capacity
+            self._row_base = self._rows * self.capacity
 
     def _contiguous_only(self, what: str) -> None:
         if self.paged:
@@ -316,6 +318,9 @@ class AuraCache:
                 _c.fail("lengths", f"one length per sequence, [B={self.batch}]", tuple(lengths.shape))
             self._on_device("lengths", lengths)
             n = lengths.clamp(0, L)  # out-of-range values cannot be reported without a sync
+        if L == 1 and n is None and not self.paged and self._dev.type == "cpu":
+            self._append_token_cpu(k[:, 0] if four_d else k, v[:, 0] if four_d else v)
+            return
         if L == 1 and n is None and not self.paged:
             # The decode step: one add for the slots, one masked fill for overflow safety (as in
             # _slots, a row past its capacity gets the rejected slot n_slots).
@@ -332,6 +337,23 @@ class AuraCache:
                        self.value_bits, self.v_sign_mask, self.paged)
         self.seq_lens += L if n is None else n
         self._appended += L
+
+    def _append_token_cpu(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The CPU decode step: encode, then store at ``[b, :, seq_lens[b]]``. The write op's data
+        checks (slot range, a sort for duplicates) are most of its CPU time, and these slots need
+        neither: one per row, each below the capacity (``_appended`` bounds ``seq_lens``)."""
+        t = self.seq_lens.long()
+        if int(t.max()) >= self.capacity:  # seq_lens moved behind the cache's back; a CPU read is free
+            _c.fail("seq_lens", f"every row below the capacity {self.capacity} (was seq_lens changed outside "
+                    "the cache?)", t.tolist())
+        for x, codes, norms, codebook, boundaries, bits, sign_mask in (
+                (k, self.k_codes, self.k_norms, self.k_codebook, self.k_boundaries, self.key_bits, self.k_sign_mask),
+                (v, self.v_codes, self.v_norms, self.v_codebook, self.v_boundaries, self.value_bits, self.v_sign_mask)):
+            x_codes, x_norms = self._encode_op(x, codebook, boundaries, bits, sign_mask)
+            codes[self._rows, :, t] = x_codes
+            norms[self._rows, :, t] = x_norms
+        self.seq_lens += 1
+        self._appended += 1
 
     # ------------------------------------------------------------------------------------- reads
     def decode(self, q: torch.Tensor, scale: float | None = None,

@@ -131,14 +131,17 @@ def test_lengths_chunks_accumulate_and_single_token_rows(layout):
 def test_single_token_fast_path_equals_general_path():
     # A [B, Hkv, D] token (slots from row_base + seq_lens) and the same token as a [B, 1, Hkv, D]
     # chunk with all-ones lengths (the general slot computation) write identical bytes.
-    fast, general = _cache(B, capacity=8), _cache(B, capacity=8)
+    # On the CPU both one-token forms skip the write op (AuraCache._append_token_cpu).
+    fast, fast_4d, general = _cache(B, capacity=8), _cache(B, capacity=8), _cache(B, capacity=8)
     ones = torch.ones(B, dtype=torch.int64)
     for step in range(8):
         k, v = _randn(B, HKV, D, seed=40 + step), _randn(B, HKV, D, seed=50 + step)
         fast.append(k, v)
+        fast_4d.append(k[:, None], v[:, None])
         general.append(k[:, None], v[:, None], lengths=ones)
     for name in ("k_codes", "v_codes", "k_norms", "v_norms", "seq_lens"):
         assert torch.equal(getattr(fast, name), getattr(general, name)), name
+        assert torch.equal(getattr(fast_4d, name), getattr(general, name)), name
 
 
 def test_lengths_are_clamped_and_capacity_is_an_upper_bound():
@@ -348,10 +351,12 @@ def test_row_past_capacity_never_writes_into_the_next_row(path):
     cache = _cache(2, capacity=4)
     cache.seq_lens.copy_(torch.tensor([4, 0], dtype=torch.int32))
     before = (cache.k_norms.clone(), cache.v_norms.clone())
-    k, v = _randn(2, 1, HKV, D, seed=41), _randn(2, 1, HKV, D, seed=42)
+    k, v = _randn(2, 2, HKV, D, seed=41), _randn(2, 2, HKV, D, seed=42)
     kw = {"lengths": torch.tensor([1, 1])} if path == "lengths" else {}
     if path == "one_token":
         k, v = k[:, 0], v[:, 0]
-    with pytest.raises(ValueError, match="slot_mapping"):
+    # the CPU's one-token path checks seq_lens itself; the others let the write refuse the slot
+    with pytest.raises(ValueError, match="seq_lens: expected every row below the capacity 4" if path == "one_token"
+                       else "slot_mapping"):
         cache.append(k, v, **kw)
     assert torch.equal(cache.k_norms, before[0]) and torch.equal(cache.v_norms, before[1])
