@@ -1,5 +1,9 @@
 """Tiny random-weight models and a locally built tokenizer saved for vLLM (no hub), and the
-in-process engine runs the vLLM tests share."""
+in-process engine runs the vLLM tests share.
+
+    python tests/_vllm_serve.py DIR      # saves the tests' Llama (D = 64) to DIR: the model CI
+                                         # serves with the README's vLLM recipe (tests/vllm_plugin/run.sh)
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from pathlib import Path
 import torch
 
 VOCAB = 256
+PROMPT_LENGTHS = (5, 40, 77, 130)  # the tests' prompts: up to 170 tokens with 40 generated, 6 blocks of 32
+NEW_TOKENS = 40
 # What vLLM needs to start offline on 2 CPU cores (integrations.md §2): no network, in-process.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
@@ -43,6 +49,28 @@ def save_llama(path: Path, head_dim: int, init: float = 0.08) -> Path:
     return path
 
 
+def save_mistral(path: Path, sliding_window: int, head_dim: int = 64) -> Path:
+    """The Llama above with Mistral's sliding window over every layer."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                        max_position_embeddings=1024, sliding_window=sliding_window, initializer_range=0.08,
+                        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    MistralForCausalLM(cfg).save_pretrained(path)
+    save_tokenizer(path)
+    return path
+
+
+def save_config(path: Path, config) -> Path:
+    """A model directory with ``config`` and the tokenizer but no weights: enough for vLLM to build
+    (and refuse) an engine configuration, which never loads weights."""
+    config.save_pretrained(path)
+    save_tokenizer(path)
+    return path
+
+
 def save_qwen3_next(path: Path) -> Path:
     """3 Gated DeltaNet layers then one full-attention layer (4 / 2 heads of 128), 4 experts."""
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
@@ -67,7 +95,7 @@ def prompts(lengths=(5, 40, 77, 130), seed=1) -> list[list[int]]:
 
 
 def engine(model: Path, backend: str | None, *, dtype="float32", kv_bytes=64 << 20, block_size=32,
-           max_model_len=512, **kwargs):
+           max_model_len=512, max_num_seqs=8, **kwargs):
     """An in-process ``vllm.LLM``; ``backend="CUSTOM"`` selects torch_aura's."""
     os.environ.update(OFFLINE_ENV)
     from vllm import LLM
@@ -75,7 +103,7 @@ def engine(model: Path, backend: str | None, *, dtype="float32", kv_bytes=64 << 
     attention = {"attention_config": {"backend": backend}} if backend else {}
     return LLM(model=str(model), tokenizer=str(model), dtype=dtype, enforce_eager=True,
                block_size=block_size, max_model_len=max_model_len, kv_cache_memory_bytes=kv_bytes,
-               seed=0, max_num_seqs=8, **attention, **kwargs)
+               seed=0, max_num_seqs=max_num_seqs, **attention, **kwargs)
 
 
 def close(llm) -> None:
@@ -96,7 +124,22 @@ def greedy(llm, token_prompts, max_tokens=40) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+def generate(model: Path, backend: str | None, token_prompts, max_tokens=40, **kwargs):
+    """(greedy tokens, KV capacity in tokens) of one engine, closed afterwards."""
+    llm = engine(model, backend, **kwargs)
+    try:
+        return greedy(llm, token_prompts, max_tokens), kv_capacity_tokens(llm)
+    finally:
+        close(llm)
+
+
 def kv_capacity_tokens(llm) -> int:
     """Tokens vLLM's KV cache holds (its reported capacity): blocks x block size."""
     cfg = llm.llm_engine.vllm_config.cache_config
     return cfg.num_gpu_blocks * cfg.block_size
+
+
+if __name__ == "__main__":
+    import sys
+
+    save_llama(Path(sys.argv[1]), 64)

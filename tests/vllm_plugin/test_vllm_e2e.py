@@ -15,32 +15,11 @@ import _vllm_serve as s
 
 pytestmark = pytest.mark.usefixtures("vllm")
 
-PROMPT_LENGTHS = (5, 40, 77, 130)  # up to 170 tokens with the 40 generated: 6 blocks of 32
-NEW_TOKENS = 40
-
-
-@pytest.fixture(autouse=True)
-def _kv_format(monkeypatch):
-    from torch_aura.integrations.vllm import STATS
-
-    monkeypatch.delenv("TORCH_AURA_VLLM_KV_CACHE", raising=False)
-    monkeypatch.delenv("TORCH_AURA_VLLM_VERIFY", raising=False)
-    STATS.clear()
-    yield
-
-
-@pytest.fixture(scope="module")
-def llama_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return {D: s.save_llama(root / f"llama_d{D}", D) for D in (64, 128)}
+PROMPT_LENGTHS, NEW_TOKENS = s.PROMPT_LENGTHS, s.NEW_TOKENS
 
 
 def run(model, backend, prompts, **kw):
-    llm = s.engine(model, backend, **kw)
-    try:
-        return s.greedy(llm, prompts, NEW_TOKENS), s.kv_capacity_tokens(llm)
-    finally:
-        s.close(llm)
+    return s.generate(model, backend, prompts, NEW_TOKENS, **kw)
 
 
 def teacher_forced_argmax(model, backend, sequences, **kw) -> list[list[int]]:
@@ -83,55 +62,64 @@ def test_plugin_is_an_entry_point_and_registers_idempotently():
     assert CpuPlatform.get_attn_backend_cls(AttentionBackendEnum.CPU_ATTN, cfg) == \
         AttentionBackendEnum.CPU_ATTN.get_path()
     assert CpuPlatform.get_attn_backend_cls(AttentionBackendEnum.CUSTOM, cfg) == BACKEND_PATH
-    with pytest.raises(ValueError, match="head_size not supported"):
+    # a refusal is our own sentence: the value, the supported set, the alternative
+    with pytest.raises(ValueError, match=r"head size 72: the dense KV cache supports head sizes \[64, 80.*"
+                                         r"drop --attention-backend CUSTOM"):
         CpuPlatform.get_attn_backend_cls(AttentionBackendEnum.CUSTOM, cfg._replace(head_size=72))
 
 
 def test_bad_configuration_is_refused_by_name(monkeypatch):
     from torch_aura.integrations.vllm.backend import AuraAttentionImpl
 
-    with pytest.raises(NotImplementedError, match="sliding_window"):
+    with pytest.raises(ValueError, match=r"sliding-window attention \(window 128\).*--disable-sliding-window"):
         AuraAttentionImpl(4, 64, 0.125, 2, sliding_window=128)
-    with pytest.raises(NotImplementedError, match="use_irope"):
+    with pytest.raises(ValueError, match="use_irope=True: a vLLM feature this plugin was not tested with"):
         AuraAttentionImpl(4, 64, 0.125, 2, use_irope=True)  # a flag we do not implement, asked for
     AuraAttentionImpl(4, 64, 0.125, 2, use_irope=False, logits_soft_cap=0.0)  # flags left off: fine
-    with pytest.raises(NotImplementedError, match="kv-cache-dtype"):
+    with pytest.raises(ValueError, match=r"attention logit soft-capping \(30.0\)"):
+        AuraAttentionImpl(4, 64, 0.125, 2, logits_soft_cap=30.0)
+    with pytest.raises(ValueError, match="ALiBi position biases"):
+        AuraAttentionImpl(4, 64, 0.125, 2, alibi_slopes=[0.5, 0.25, 0.125, 0.0625])
+    with pytest.raises(ValueError, match="attention sinks"):
+        AuraAttentionImpl(4, 64, 0.125, 2, sinks=torch.zeros(4))
+    with pytest.raises(ValueError, match="--kv-cache-dtype fp8: the CUSTOM backend keeps --kv-cache-dtype auto"):
         AuraAttentionImpl(4, 64, 0.125, 2, kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="attention type 'encoder_only'"):
+        AuraAttentionImpl(4, 64, 0.125, 2, attn_type="encoder_only")
     monkeypatch.setenv("TORCH_AURA_VLLM_KV_CACHE", "aura5")
-    with pytest.raises(ValueError, match="TORCH_AURA_VLLM_KV_CACHE"):
+    with pytest.raises(ValueError, match=r"TORCH_AURA_VLLM_KV_CACHE='aura5' is not a KV cache format"):
         AuraAttentionImpl(4, 64, 0.125, 2)
 
 
 # -------------------------------------------------------------------------------- (a) dense
 @pytest.mark.parametrize("D", [64, 128])
-def test_dense_backend_is_token_identical_to_vllm_cpu_attention(llama_dirs, D):
+def test_dense_backend_is_token_identical_to_vllm_cpu_attention(llama, cpu_attn_tokens, D):
     from torch_aura.integrations.vllm import STATS
 
-    prompts = s.prompts(PROMPT_LENGTHS)
-    theirs, cap_theirs = run(llama_dirs[D], None, prompts)
-    assert not STATS, "vLLM's own backend must not reach torch_aura"
-    ours, cap_ours = run(llama_dirs[D], "CUSTOM", prompts)
+    theirs, cap_theirs = cpu_attn_tokens(D)
+    assert STATS.served() == 0, "vLLM's own backend must not reach torch_aura"
+    ours, cap_ours = run(llama(D), "CUSTOM", s.prompts(PROMPT_LENGTHS))
     assert ours == theirs
     # every decode step went through flash_decode (one batch per layer per step; 2 layers)
-    assert STATS["dense_decode"] >= 2 * (NEW_TOKENS - 1) and STATS["dense_prefill"] >= 2
+    assert STATS.dense_decode >= 2 * (NEW_TOKENS - 1) and STATS.dense_prefill >= 2
     assert cap_ours == cap_theirs
 
 
 # --------------------------------------------------------------------------------- (b) AURA
-def test_aura_backend_decode_capacity_and_agreement(llama_dirs, monkeypatch):
+def test_aura_backend_decode_capacity_and_agreement(llama, monkeypatch):
     from torch_aura.integrations.vllm import STATS
     from torch_aura.integrations.vllm._paged import aura_slot_bytes
 
-    D, model = 128, llama_dirs[128]
+    D, model = 128, llama(128)
     prompts = s.prompts(PROMPT_LENGTHS)
     _, cap_dense = run(model, "CUSTOM", prompts)
     # decode inside the backend equals dense decode over the dequantized cache (op level)
     monkeypatch.setenv("TORCH_AURA_VLLM_KV_CACHE", "aura8")
     monkeypatch.setenv("TORCH_AURA_VLLM_VERIFY", "1")
-    STATS.clear()
+    STATS.reset()
     _, cap_aura8 = run(model, "CUSTOM", prompts)
-    assert STATS["aura_decode"] >= 2 * (NEW_TOKENS - 1) and STATS["aura_prefill"] >= 2
-    assert STATS["verify_steps"] == STATS["aura_decode"] and STATS["verify_max_abs"] <= 1e-5
+    assert STATS.aura_decode >= 2 * (NEW_TOKENS - 1) and STATS.aura_prefill >= 2
+    assert STATS.verify_steps == STATS.aura_decode and STATS.verify_max_abs <= 1e-5
     # vLLM's reported KV capacity grows by the compression ratio
     for cap, scheme in ((cap_aura8, (8, 8)),):
         ratio = 2 * D * 4 / aura_slot_bytes(D, *scheme)
@@ -166,14 +154,14 @@ def test_qwen3_next_generates_through_the_plugin(tmp_path_factory, monkeypatch, 
     monkeypatch.setenv("TORCH_AURA_VLLM_KV_CACHE", kv)
     ours, _ = run(model, "CUSTOM", prompts, dtype="bfloat16")
     assert [len(o) for o in ours] == [NEW_TOKENS] * len(prompts)
-    assert STATS[f"{'dense' if kv == 'dense' else 'aura'}_decode"] >= NEW_TOKENS - 1
+    assert (STATS.dense_decode if kv == "dense" else STATS.aura_decode) >= NEW_TOKENS - 1
     # bf16 rounding differs between kernels, so greedy paths may part later; the first tokens
     # (prefill logits) must agree
     assert [o[0] for o in ours] == [t[0] for t in theirs]
 
 
 # ------------------------------------------------------------------------------ (d) server
-def test_openai_server_answers_a_completion(llama_dirs, tmp_path):
+def test_openai_server_answers_a_completion(llama, tmp_path):
     import json
     import socket
     import time
@@ -185,7 +173,7 @@ def test_openai_server_answers_a_completion(llama_dirs, tmp_path):
     env = {**os.environ, **s.OFFLINE_ENV, "TORCH_AURA_VLLM_KV_CACHE": "aura4v2"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server as users start it (engine process)
     log = tmp_path / "server.log"
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(llama_dirs[64]),
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(llama(64)),
            "--attention-backend", "CUSTOM", "--dtype", "float32", "--block-size", "32",
            "--max-model-len", "512", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager",
            "--host", "127.0.0.1", "--port", str(port)]
@@ -201,7 +189,7 @@ def test_openai_server_answers_a_completion(llama_dirs, tmp_path):
                 except OSError:
                     assert time.time() < deadline, f"server not up in 240 s:\n{log.read_text()[-4000:]}"
                     time.sleep(1)
-            body = json.dumps({"model": str(llama_dirs[64]), "prompt": "t5 t6 t7 t8", "max_tokens": 8,
+            body = json.dumps({"model": str(llama(64)), "prompt": "t5 t6 t7 t8", "max_tokens": 8,
                                "temperature": 0, "ignore_eos": True}).encode()
             req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
@@ -212,4 +200,4 @@ def test_openai_server_answers_a_completion(llama_dirs, tmp_path):
     assert answer["usage"]["completion_tokens"] == 8 and answer["choices"][0]["text"].strip()
     text = log.read_text()
     assert "torch_aura: using the CUSTOM attention backend on CPU" in text
-    assert "served its first batch (aura4v2 pages)" in text
+    assert "torch_aura: serving 2 attention layers with the CUSTOM backend (KV cache aura4v2" in text

@@ -8,7 +8,8 @@ that does not pass ``--attention-backend CUSTOM`` (``attention_config={"backend"
 never imports the backend.
 
 The KV cache format is this plugin's setting (vLLM's ``--kv-cache-dtype`` is a closed list), read
-from the environment of the process that starts vLLM (its workers inherit it):
+from the environment of the process that starts vLLM (its workers inherit it) and resolved in one
+place, :mod:`._env`:
 
 ==============================  ===============================================================
 ``TORCH_AURA_VLLM_KV_CACHE``    ``dense`` (default): the model dtype, decode via ``flash_decode``;
@@ -19,10 +20,18 @@ from the environment of the process that starts vLLM (its workers inherit it):
                                 difference in :data:`STATS` (a debugging aid; slow)
 ==============================  ===============================================================
 
-:data:`STATS` counts, per process, the eager batches each path served (``dense_decode``,
-``dense_prefill``, ``aura_decode``, ``aura_prefill``; a CUDA-graph replay is not counted) and, in
-verify mode, ``verify_steps`` and ``verify_max_abs``. Tests read it to prove that the plugin, not a
-fallback, ran the decode steps.
+Either variable set without ``--attention-backend CUSTOM`` has no effect, and vLLM's logger says so
+(once per process, also as a Python warning). A configuration the backend cannot serve is refused
+when vLLM builds its engine configuration, before any engine process starts, with a ``ValueError``
+naming the value, what is supported and the alternative (:mod:`.platform`).
+
+How to see that the plugin serves: vLLM's log at INFO carries one line per KV-cache group it
+serves, ``torch_aura: serving <n> attention layers with the CUSTOM backend (KV cache <format>,
+...)``, when the engine binds its KV cache.
+
+:data:`STATS` (a :class:`Stats`) counts, per process, the eager batches each path served (a
+CUDA-graph replay is not counted) and, in verify mode, the steps verified and the largest
+difference. Tests read it to prove that the plugin, not a fallback, ran the steps.
 
 Example (CPU; the tests build a tiny random-weight model and tokenizer in ``model_dir``)::
 
@@ -32,45 +41,44 @@ Example (CPU; the tests build a tiny random-weight model and tokenizer in ``mode
 
 from __future__ import annotations
 
-import collections
-import os
+from dataclasses import dataclass, fields
 
-__all__ = ["register", "kv_cache_scheme", "STATS", "BACKEND_PATH", "KV_CACHE_ENV", "VERIFY_ENV"]
+from ._env import KV_CACHE_ENV, VERIFY_ENV, Settings, settings
+
+__all__ = ["register", "settings", "Settings", "Stats", "STATS", "BACKEND_PATH", "KV_CACHE_ENV", "VERIFY_ENV"]
 
 BACKEND_PATH = "torch_aura.integrations.vllm.backend.AuraAttentionBackend"
-KV_CACHE_ENV = "TORCH_AURA_VLLM_KV_CACHE"
-VERIFY_ENV = "TORCH_AURA_VLLM_VERIFY"
-
-# path name -> batches served in this process; "verify_max_abs" holds the largest difference seen.
-STATS: collections.Counter = collections.Counter()
 
 
-def kv_cache_scheme() -> tuple[int, int] | None:
-    """``None`` for the dense cache, else ``(key_bits, value_bits)`` of ``TORCH_AURA_VLLM_KV_CACHE``.
+@dataclass
+class Stats:
+    """Batches each path served in this process (one per layer per engine step)."""
 
-    Raises:
-        ValueError: the variable holds neither ``dense`` nor an AURA scheme name.
-    """
-    value = os.environ.get(KV_CACHE_ENV, "dense").strip().lower()
-    if value in ("", "dense", "auto"):
-        return None
-    from ...aura_cache import parse_scheme
+    dense_decode: int = 0
+    dense_prefill: int = 0
+    aura_decode: int = 0
+    aura_prefill: int = 0
+    speculative_decode: int = 0  # decode batches holding speculative verification rows (either format)
+    verify_steps: int = 0  # AURA decode batches checked in verify mode
+    verify_max_abs: float = 0.0  # the largest |AURA - dense over the dequantized pages| seen
 
-    try:
-        return parse_scheme(value)
-    except ValueError as e:
-        raise ValueError(f"{KV_CACHE_ENV}: expected 'dense' or an AURA scheme such as 'aura4v2' or "
-                         f"'aura8', got {value!r}") from e
+    def reset(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, f.default)
+
+    def served(self) -> int:
+        """Batches served by either format."""
+        return self.dense_decode + self.dense_prefill + self.aura_decode + self.aura_prefill
 
 
-def verify_enabled() -> bool:
-    return os.environ.get(VERIFY_ENV, "0") not in ("", "0")
+STATS = Stats()
 
 
 def register() -> None:
     """vLLM's general-plugin hook: idempotent, called once per vLLM process.
 
-    Fills the ``CUSTOM`` slot unless another plugin already holds it (then it logs and leaves it).
+    Fills the ``CUSTOM`` slot unless another plugin already holds it (then it logs and leaves it),
+    and installs the platform hooks of :mod:`.platform`.
     """
     import logging
 
@@ -83,6 +91,6 @@ def register() -> None:
                     custom.get_path())
         return
     register_backend(custom, BACKEND_PATH)
-    from .platform import honour_custom_on_cpu
+    from .platform import install
 
-    honour_custom_on_cpu()
+    install()

@@ -54,6 +54,7 @@ class BatchPlan:
     decode_seq_lens: torch.Tensor  # [num_decode_tokens] int32: tokens each decode row sees
     decode_block_table: torch.Tensor  # [num_decode_tokens, max_blocks] int32
     prefill: PrefillBatch | None
+    speculative: bool = False  # decode rows hold speculative verification tokens (query length > 1)
 
 
 def _token_rows(query_start_loc: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +89,8 @@ def plan_batch(*, seq_lens, block_table, query_start_loc, num_decodes: int, num_
             seq_lens=seq_lens[num_decodes:end], query_lens=(local[1:] - local[:-1]).long(),
             block_table=block_table[num_decodes:end, :pages], token_row=rows, token_index=index,
             max_query_len=max_query_len, max_seq_len=max_seq_len)
-    return BatchPlan(num_actual_tokens, num_decode_tokens, decode_seq_lens, decode_block_table, prefill)
+    return BatchPlan(num_actual_tokens, num_decode_tokens, decode_seq_lens, decode_block_table, prefill,
+                     speculative=num_decode_tokens != num_decodes)
 
 
 class PagedAttention:
@@ -99,6 +101,7 @@ class PagedAttention:
         n, nd = plan.num_actual_tokens, plan.num_decode_tokens
         if nd:
             self.decode(q[:nd], pages, plan.decode_seq_lens, plan.decode_block_table, out[:nd])
+            STATS.speculative_decode += plan.speculative
         if plan.prefill is not None:
             self.prefill(q[nd:n], pages, plan.prefill, out[nd:n])
         return out
@@ -134,12 +137,12 @@ class DensePages(PagedAttention):
             self._lse = torch.empty(max(rows, self.max_rows), self.num_heads, dtype=torch.float32,
                                     device=q.device)
         _flash_decode_out(q, k_pages, v_pages, seq_lens, block_table, self.scale, 0, out, self._lse[:rows])
-        STATS["dense_decode"] += 1
+        STATS.dense_decode += 1
 
     def prefill(self, q, pages, pf: PrefillBatch, out) -> None:
         k_pages, v_pages = self.kv(pages)
         out.copy_(prefill_sdpa(q, k_pages, v_pages, pf, self.scale))
-        STATS["dense_prefill"] += 1
+        STATS.dense_prefill += 1
 
 
 def prefill_sdpa(q, k_pages, v_pages, pf: PrefillBatch, scale: float) -> torch.Tensor:
@@ -222,12 +225,12 @@ class AuraPages(PagedAttention):
 
     def decode(self, q, pages, seq_lens, block_table, out) -> None:
         out.copy_(self.attend(q, pages, seq_lens, block_table))
-        STATS["aura_decode"] += 1
+        STATS.aura_decode += 1
         if self.verify:
             ref = self.dense_decode(q, pages, seq_lens, block_table)
             diff = float((out.float() - ref).abs().max()) if out.numel() else 0.0
-            STATS["verify_max_abs"] = max(STATS["verify_max_abs"], diff)
-            STATS["verify_steps"] += 1
+            STATS.verify_max_abs = max(STATS.verify_max_abs, diff)
+            STATS.verify_steps += 1
 
     def prefill(self, q, pages, pf: PrefillBatch, out) -> None:
         P, L = pf.seq_lens.shape[0], pf.max_query_len
@@ -235,7 +238,7 @@ class AuraPages(PagedAttention):
         qp = q.new_zeros(P, L, q.shape[1], q.shape[2])
         qp[pf.token_row, col] = q
         out.copy_(self.attend(qp, pages, pf.seq_lens, pf.block_table)[pf.token_row, col])
-        STATS["aura_prefill"] += 1
+        STATS.aura_prefill += 1
 
     def dense_decode(self, q, pages, seq_lens, block_table) -> torch.Tensor:
         """fp32 ``flash_decode`` over the dequantized pages each row may read (verify mode, tests)."""

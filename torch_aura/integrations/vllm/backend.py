@@ -7,8 +7,10 @@ memory; decode and prefill via ``aura_decode``). The attention itself lives in `
 which does not import vLLM; this module adapts it to vLLM's backend API: the metadata builder,
 the impl (``do_kv_cache_update`` then ``forward``) and the backend class.
 
-Refused with a named error: sliding windows, ALiBi, logit soft-capping, attention sinks,
-encoder / cross attention, ``--kv-cache-dtype`` other than ``auto``, K and V of different head dims.
+What it serves and refuses is one list of rules, ``_support.refusals``: vLLM's selector runs it per
+layer through :meth:`AuraAttentionBackend.validate_configuration`, the impl for the per-layer
+features the selector does not carry (ALiBi, soft-capping), and ``platform.py`` on the whole engine
+configuration before any engine process starts.
 """
 
 from __future__ import annotations
@@ -36,10 +38,9 @@ from vllm.v1.attention.backend import (  # noqa: E402
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills  # noqa: E402
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout  # noqa: E402
 
-from ..._checks.aura import HEAD_DIMS as AURA_HEAD_DIMS  # noqa: E402
-from ..._checks.decode import SUPPORTED_HEAD_DIMS as DENSE_HEAD_DIMS  # noqa: E402
-from . import kv_cache_scheme, verify_enabled  # noqa: E402
+from ._env import Settings, settings  # noqa: E402
 from ._paged import AuraPages, BatchPlan, DensePages, aura_slot_bytes, plan_batch  # noqa: E402
+from ._support import BLOCK_MULTIPLE, DTYPES, head_dims, refusal, refusals  # noqa: E402
 
 _log = logging.getLogger("vllm.torch_aura")
 
@@ -53,6 +54,7 @@ class AuraMetadataBuilder(AttentionMetadataBuilder[BatchPlan]):
         # Speculative verification (query length 1 + k over a cache) runs as decode rows.
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
         self.block_size = kv_cache_spec.block_size
+        _announce(layer_names, kv_cache_spec, vllm_config, settings())
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> BatchPlan:
@@ -65,6 +67,28 @@ class AuraMetadataBuilder(AttentionMetadataBuilder[BatchPlan]):
                           num_prefill_tokens=num_prefill_tokens, num_actual_tokens=cm.num_actual_tokens,
                           max_query_len=cm.max_query_len, max_seq_len=cm.max_seq_len,
                           block_size=self.block_size)
+
+
+_announced: set[tuple[str, ...]] = set()
+
+
+def _announce(layer_names, spec: AttentionSpec, vllm_config, s: Settings) -> None:
+    """The INFO line that says the plugin serves (once per group of layers and process; vLLM builds
+    a group's metadata builder when it binds the KV cache, before the first request)."""
+    key = tuple(layer_names)
+    if key in _announced:
+        return
+    _announced.add(key)
+    model_dtype = vllm_config.model_config.dtype if vllm_config is not None else spec.dtype
+    dense_bytes = 2 * spec.head_size * torch.empty((), dtype=model_dtype).element_size()
+    if s.scheme is None:
+        what = f"dense, {dense_bytes} bytes per token and KV head ({str(model_dtype).removeprefix('torch.')})"
+    else:
+        slot = aura_slot_bytes(spec.head_size, *s.scheme)
+        what = (f"{s.kv_cache}, {slot} bytes per token and KV head, {dense_bytes / slot:.2f}x the tokens of "
+                f"{str(model_dtype).removeprefix('torch.')}")
+    _log.info("torch_aura: serving %d attention layers with the CUSTOM backend (KV cache %s; layers %s)",
+              len(key), what, ", ".join(key) if len(key) <= 4 else f"{key[0]} .. {key[-1]}")
 
 
 def _asked(value) -> bool:
@@ -80,25 +104,19 @@ class AuraAttentionImpl(AttentionImpl):
                  alibi_slopes=None, sliding_window=None, kv_cache_dtype: str = "auto",
                  logits_soft_cap=None, attn_type: str = AttentionType.DECODER,
                  kv_sharing_target_layer_name=None, sinks=None, **unsupported) -> None:
-        features = {"alibi_slopes": alibi_slopes, "sliding_window": sliding_window,
-                    "logits_soft_cap": logits_soft_cap, "sinks": sinks, **unsupported}
-        refused = sorted(k for k, v in features.items() if _asked(v))
-        if refused:
-            raise NotImplementedError(f"torch_aura's vLLM backend does not support {refused} "
-                                      "(sliding windows, ALiBi, soft-capping and sinks are not implemented)")
-        if attn_type != AttentionType.DECODER:
-            raise NotImplementedError(f"torch_aura's vLLM backend serves decoder self-attention only, "
-                                      f"got attn_type={attn_type!r}")
-        if kv_cache_dtype != "auto":
-            raise NotImplementedError(f"torch_aura's vLLM backend keeps --kv-cache-dtype auto and takes "
-                                      f"its format from TORCH_AURA_VLLM_KV_CACHE; got {kv_cache_dtype!r}")
+        self.settings = settings()
+        reasons = refusals(self.settings, head_size=head_size, kv_cache_dtype=kv_cache_dtype,
+                           attn_type=attn_type, alibi=_asked(alibi_slopes), has_sink=_asked(sinks),
+                           sliding_window=sliding_window if _asked(sliding_window) else None,
+                           logits_soft_cap=logits_soft_cap if _asked(logits_soft_cap) else None,
+                           **{k: v for k, v in unsupported.items() if _asked(v)})
+        if reasons:
+            raise refusal(reasons)
         self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)
         self.num_kv_heads = num_kv_heads or num_heads
         self.kv_cache_dtype, self.attn_type = kv_cache_dtype, attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
-        self.scheme = kv_cache_scheme()
-        self._logged = False
-        if self.scheme is None:
+        if self.settings.scheme is None:
             config = get_current_vllm_config_or_none()
             rows = config.scheduler_config.max_num_batched_tokens if config else 8192
             self.pages = DensePages(num_heads, head_size, self.scale, max_rows=rows)
@@ -109,8 +127,8 @@ class AuraAttentionImpl(AttentionImpl):
         if self.pages is None:
             from vllm.model_executor.models.utils import extract_layer_index
 
-            self.pages = AuraPages(self.num_heads, self.head_size, self.scale, *self.scheme,
-                                   layer=extract_layer_index(layer.layer_name), verify=verify_enabled())
+            self.pages = AuraPages(self.num_heads, self.head_size, self.scale, *self.settings.scheme,
+                                   layer=extract_layer_index(layer.layer_name), verify=self.settings.verify)
         return self.pages
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
@@ -119,15 +137,11 @@ class AuraAttentionImpl(AttentionImpl):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
         if output_scale is not None or output_block_scale is not None:
-            raise NotImplementedError("torch_aura's vLLM backend has no fused output quantization")
+            raise refusal(["fused output quantization (a quantized o_proj input): not supported by the CUSTOM "
+                           "backend; serve an unquantized model, or drop --attention-backend CUSTOM"])
         if attn_metadata is None:  # vLLM's profiling run
             return output
-        paged = self._paged(layer)
-        if not self._logged:  # once per layer: the server log then shows our backend served steps
-            self._logged = True
-            _log.info("torch_aura: %s served its first batch (%s pages)", layer.layer_name,
-                      "dense" if self.scheme is None else "aura%dv%d" % self.scheme)
-        return paged.forward(query, kv_cache, attn_metadata, output)
+        return self._paged(layer).forward(query, kv_cache, attn_metadata, output)
 
 
 # --------------------------------------------------------------------------------- backend
@@ -135,7 +149,7 @@ class AuraAttentionBackend(AttentionBackend):
     """vLLM's ``CUSTOM`` slot; the format (dense or AURA) comes from ``TORCH_AURA_VLLM_KV_CACHE``."""
 
     forward_includes_kv_cache_update: bool = False  # vLLM calls do_kv_cache_update first
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_dtypes: ClassVar[list[torch.dtype]] = list(DTYPES)
     supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
 
     @staticmethod
@@ -152,11 +166,17 @@ class AuraAttentionBackend(AttentionBackend):
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None):
-        return [MultipleOf(16)]  # the kernels take any page size; 16 keeps vLLM's pages whole
+        return [MultipleOf(BLOCK_MULTIPLE)]
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
-        return list(AURA_HEAD_DIMS if kv_cache_scheme() else DENSE_HEAD_DIMS)
+        return list(head_dims(settings()))
+
+    @classmethod
+    def validate_configuration(cls, device_capability=None, **selector) -> list[str]:
+        """Our own sentences (value, supported set, alternative) instead of vLLM's generic reasons:
+        vLLM shows this list as the reason a selected backend was refused."""
+        return refusals(settings(), **selector)
 
     @classmethod
     def supported_kv_cache_layouts(cls):
@@ -165,11 +185,11 @@ class AuraAttentionBackend(AttentionBackend):
 
     @classmethod
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
-        scheme = kv_cache_scheme()
-        if scheme is None or spec.state_content_bytes is not None:
+        s = settings()
+        if spec.head_size_v != spec.head_size:  # the pages hold K and V rows of one head dim
+            raise refusal([f"K head size {spec.head_size} and V head size {spec.head_size_v}: the CUSTOM "
+                           "backend needs equal K and V head sizes; drop --attention-backend CUSTOM to serve "
+                           "it with vLLM's own attention backend"])
+        if s.scheme is None or spec.state_content_bytes is not None:
             return spec
-        if spec.head_size_v != spec.head_size:
-            raise ValueError(f"TORCH_AURA_VLLM_KV_CACHE: AURA needs equal K and V head dims, got "
-                             f"{spec.head_size} and {spec.head_size_v}")
-        return replace(spec, dtype=torch.uint8,
-                       state_content_bytes=aura_slot_bytes(spec.head_size, *scheme))
+        return replace(spec, dtype=torch.uint8, state_content_bytes=aura_slot_bytes(spec.head_size, *s.scheme))
