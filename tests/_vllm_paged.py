@@ -11,11 +11,12 @@ from torch_aura.integrations.vllm._paged import (AuraPages, DensePages, aura_slo
 HQ, HKV, BLOCK, NUM_BLOCKS, WIDTH = 4, 2, 16, 40, 8  # WIDTH: block-table columns (128 tokens)
 
 
-def make_pages(fmt: str, D: int, dtype, device):
-    """vLLM's per-layer LBNHC view ``[num_blocks, Hkv, block_size, C]`` over a padded page stride."""
+def make_pages(fmt: str, D: int, dtype, device, pad: int | None = None):
+    """vLLM's per-layer LBNHC view ``[num_blocks, Hkv, block_size, C]`` over a page stride padded by
+    ``pad`` elements (default: 64 bytes / 2D elements, not a whole token row, as hybrid models get)."""
     C = 2 * D if fmt == "dense" else aura_slot_bytes(D, *fmt)
     cell = dtype if fmt == "dense" else torch.uint8
-    page = BLOCK * HKV * C + (64 if fmt != "dense" else 2 * D)  # padded pages, as hybrid models get
+    page = BLOCK * HKV * C + ((64 if fmt != "dense" else 2 * D) if pad is None else pad)
     raw = torch.zeros(NUM_BLOCKS * page, dtype=cell, device=device)
     return raw.as_strided((NUM_BLOCKS, HKV, BLOCK, C), (page, C, HKV * C, 1))
 
@@ -48,14 +49,14 @@ def slots_of(b, r, positions):
     return table[pos // BLOCK] * BLOCK + pos % BLOCK
 
 
-def run_batch(fmt, D, dtype, device, query_lens, context_lens, num_decodes, seed=0, pad=3):
+def run_batch(fmt, D, dtype, device, query_lens, context_lens, num_decodes, seed=0, pad=3, page_pad=None):
     """Write each request's prefix, then run one step (write the new K/V, attend); returns
     ``(out, reference, pages_before_step, pages_after, step_slots)``. ``pad`` extra padded tokens
     (slot -1, garbage K/V) ride along as vLLM pads CUDA-graph batches."""
     torch.manual_seed(seed)
     b = batch(query_lens, context_lens, device, seed)
     scale = D ** -0.5
-    pages = make_pages(fmt, D, dtype, device)
+    pages = make_pages(fmt, D, dtype, device, page_pad)
     attn = make_attention(fmt, D, scale)
     R = len(query_lens)
     keys = [torch.randn(s, HKV, D, dtype=dtype, device=device) for s in b["seq_lens"].tolist()]

@@ -5,7 +5,7 @@ padding slots; the AURA page format's capacity. The end-to-end tests through vLL
 import pytest
 import torch
 
-from _vllm_paged import BLOCK, run_batch
+from _vllm_paged import BLOCK, HKV, run_batch
 from torch_aura.integrations.vllm._paged import aura_slot_bytes
 
 # (query_lens, context_lens, num_decodes): one-token decodes; speculative verification rows
@@ -39,6 +39,17 @@ def test_padding_slots_write_nothing_a_request_reads(fmt):
     changed = (before != after).flatten(1).any(1).nonzero().flatten().tolist()
     allowed = set((slots // BLOCK).tolist()) | ({0} if fmt == "dense" else set())
     assert changed and set(changed) <= allowed
+
+
+@pytest.mark.parametrize("page_pad", [0, 2 * HKV * 64], ids=["unpadded", "whole-row-padding"])
+def test_dense_write_on_pages_that_tile_into_rows(page_pad):
+    # the dense write's row path (page stride a multiple of a token's K|V row); the default padding
+    # above (not a whole row) takes its element path
+    out, ref, before, after, slots, *_ = run_batch("dense", 64, torch.float32, "cpu", [1, 3, 20], [10, 4, 7], 2,
+                                                    page_pad=page_pad)
+    torch.testing.assert_close(out[:ref.shape[0]].double(), ref, atol=1e-5, rtol=1e-5)
+    changed = (before != after).flatten(1).any(1).nonzero().flatten().tolist()
+    assert set(changed) <= set((slots // BLOCK).tolist()) | {0}
 
 
 def test_bf16_batch():

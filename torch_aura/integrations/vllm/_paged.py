@@ -122,13 +122,22 @@ class DensePages(PagedAttention):
         return pages[..., :D].transpose(1, 2), pages[..., D:].transpose(1, 2)
 
     def write(self, key, value, pages, slot_mapping) -> None:
-        k_pages, v_pages = self.kv(pages)
+        """One ``index_copy_`` of each token's ``[Hkv, K|V]`` row (contiguous in a page) instead of two
+        ``index_put_`` through the 4-D K and V views."""
         n = slot_mapping.shape[0]  # key / value may be padded past the real tokens
+        nb, H, N, C = pages.shape
+        row = H * C
         # Padding slots (-1) land in vLLM's null block 0, which no request reads.
-        slots = slot_mapping.clamp(min=0)
-        block, offset = slots // k_pages.shape[1], slots % k_pages.shape[1]
-        k_pages[block, offset] = key[:n]
-        v_pages[block, offset] = value[:n]
+        slots = slot_mapping.clamp(min=0).long()
+        rows = torch.cat([key[:n], value[:n]], -1)
+        if pages.stride(0) % row == 0:  # pages (padded or not) tile into whole rows: one row per slot
+            stride = pages.stride(0) // row
+            index = slots if stride == N else slots // N * stride + slots % N
+            pages.as_strided(((nb - 1) * stride + N, H, C), (row, C, 1)).index_copy_(0, index, rows)
+        else:  # a hybrid model's padding that is not a whole row: element by element
+            start = slots // N * pages.stride(0) + slots % N * row
+            index = (start[:, None] + torch.arange(row, device=slots.device)).flatten()
+            pages.as_strided(((nb - 1) * pages.stride(0) + N * row,), (1,)).index_copy_(0, index, rows.flatten())
 
     def decode(self, q, pages, seq_lens, block_table, out) -> None:
         k_pages, v_pages = self.kv(pages)
