@@ -1,12 +1,15 @@
 """One gdn_chunk shape (ours, then FLA 0.6.0 when installed), profiled four ways: the profile behind
 bench_gdn.py.
 
-    python benchmarks/profile_gdn.py [--heads 16/32] [--lens 32768 | 8192x4 | varlen] [--host] [--kernels]
+    python benchmarks/profile_gdn.py [--heads 16/32] [--lens 32768 | 8192x4 | varlen] [--host] [--kernels] [--memory]
     ncu --nvtx --nvtx-include "prof/" --set full python benchmarks/profile_gdn.py --ncu
 
 ``--host``: host time per eager call (``bench_gdn.host_us``), host and event time per call inside
 ``do_bench``'s eager loop, and a cProfile of 50 calls (the Python functions that cost it).
 ``--kernels``: device time per kernel of one call (torch profiler), eager.
+``--memory``: peak allocated and reserved bytes of one call over its inputs, with the overlapped
+state pass and without (``TORCH_AURA_GDN_OVERLAP``), the caching allocator's segments by stream
+(what the side stream keeps), and the same for four calls between model-sized allocations.
 ``--ncu``: one call of each inside the NVTX range ``prof`` for Nsight Compute. ``--trace DIR``: a
 Chrome trace (host and device timelines) of five eager calls each, L2 flushed before every call as
 ``do_bench`` does, to see where an eager call's time goes between its kernels. K = V = 128, bf16 with
@@ -76,6 +79,33 @@ def eager_loop_split(call, reps: int = 40) -> tuple[float, float]:
     return statistics.median(host), statistics.median(a.elapsed_time(b) * 1e3 for a, b in ev)
 
 
+def memory_report(call, who: str) -> None:
+    """Peak bytes of ``call`` above what is live before it, and the allocator's segments per stream
+    afterwards: a pool the side stream keeps is memory the main stream cannot reuse."""
+    import os
+
+    gib = 1 << 30
+    for overlap in ("1", "0"):
+        os.environ["TORCH_AURA_GDN_OVERLAP"] = overlap
+        for calls in (1, 4):
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            for _ in range(calls):
+                other = torch.empty(2 * gib, dtype=torch.int8, device="cuda")  # a layer's other temporaries
+                out = call()
+                del other, out
+            torch.cuda.synchronize()
+            streams: dict[int, int] = {}
+            for seg in torch.cuda.memory_snapshot():
+                streams[seg["stream"]] = streams.get(seg["stream"], 0) + seg["total_size"]
+            print(f"  {who} overlap={overlap} x{calls}: peak {(torch.cuda.max_memory_allocated() - base) / gib:.2f} GiB "
+                  f"over the inputs, reserved {torch.cuda.max_memory_reserved() / gib:.2f} GiB; segments by stream "
+                  + ", ".join(f"{s}: {b / gib:.2f} GiB" for s, b in sorted(streams.items())))
+    os.environ.pop("TORCH_AURA_GDN_OVERLAP")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--heads", default="16/32", help="q/k heads / v heads (default 16/32)")
@@ -83,6 +113,7 @@ def main(argv=None) -> int:
     p.add_argument("--host", action="store_true")
     p.add_argument("--kernels", action="store_true")
     p.add_argument("--ncu", action="store_true")
+    p.add_argument("--memory", action="store_true")
     p.add_argument("--no-fla", action="store_true", help="profile ours only")
     p.add_argument("--trace", metavar="DIR", help="write <DIR>/gdn_<who>_eager.json (torch profiler, CPU + CUDA)")
     args = p.parse_args(argv)
@@ -122,6 +153,8 @@ def main(argv=None) -> int:
             text = io.StringIO()
             pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
             print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:4000])
+        if args.memory:
+            memory_report(call, who)
         if args.kernels:
             for name, us in B.kernel_breakdown(call):
                 print(f"  {who} {us:9.1f} us  {name}")

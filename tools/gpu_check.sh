@@ -3,7 +3,8 @@
 # opcheck on CUDA, compute-sanitizer memcheck + racecheck on the small cases, then the benchmarks.
 # Everything is teed under $OUT so the logs come back even if a step times out. No -x: one device
 # run must report every failure.
-#   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_aura|bench_gdn|bench_e2e|bench_vllm]...
+#   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_aura|bench_gdn|bench_gdn_first_call|profile_gdn|
+#                                   bench_e2e|bench_vllm]...
 #   (default: all but bench_e2e)
 #   FAMILY=decode|aura|gdn|transformers|vllm|all (default all) narrows the tests and sanitizer runs to one family.
 #   AURA_BUILD_CUDA=0 skips the CUDA C++ build (Triton-only runs). TESTS_TIMEOUT, SANITIZE_TIMEOUT (each tool),
@@ -61,6 +62,14 @@ for step in $steps; do
         | tail -30 || rc=1 ;;
     bench_gdn)
       timeout 500 python3 benchmarks/bench_gdn.py --profile --out "$OUT/results" 2>&1 | tee "$OUT/bench_gdn.log" | tail -60 || rc=1 ;;
+    bench_gdn_first_call)
+      # fresh processes, cold and warm caches; --write-table ships the tuned table this run built
+      timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/bench_gdn_first_call.py --out "$OUT/results" --write-table 2>&1 \
+        | tee "$OUT/bench_gdn_first_call.log" | tail -30 || rc=1 ;;
+    profile_gdn)
+      # PROFILE_ARGS e.g. "--heads 16/32 --lens 131072 --memory --no-fla" (default: host time at 2/4 heads, 1x8k)
+      timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/profile_gdn.py ${PROFILE_ARGS:---heads 2/4 --lens 8192 --host --no-fla} \
+        2>&1 | tee -a "$OUT/profile_gdn.log" | tail -80 || rc=1 ;;
   esac
 done
 exit $rc

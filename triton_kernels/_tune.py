@@ -1,11 +1,18 @@
-"""Launch-config selection for the Triton kernels: tuned once per key in warm-up, then cached.
+"""Launch-config selection for the Triton kernels: tuned once per key, remembered on disk.
 
 Why not ``@triton.autotune``: it re-tunes inside CUDA-graph capture (benchmark launches there
 break the capture) and fails under ``TRITON_INTERPRET=1`` with more than one config. ``Tuner``
 keeps the decision in our hands:
 
-* the key is chosen by the launcher from static facts (head dims, dtype, layout, varlen, a
-  parallelism bucket), never from T, so one warm-up call tunes every later shape of a model;
+* the key is chosen by the launcher from static facts (head dims, dtype, layout, varlen, and at most
+  a two-valued parallelism bucket), never from T, so one warm-up call tunes every later shape of a
+  model, and the kernels do not specialise on lengths either (``gdn._jit.LENGTH_ARGS``);
+* a decision is looked up before it is timed: in this process, then in the user's table on disk
+  (``TORCH_AURA_TUNE_CACHE``: a folder, default ``~/.cache/torch_aura/tune``; ``0`` disables it),
+  then in the table the package ships for this GPU (``tuned/<gpu>.json``, made on the GPU by
+  ``tools/gdn_tune_tables.py``). A fresh install on a GPU with a shipped table never times a config;
+  every decision timed elsewhere is written to the user's table (one file per GPU name, torch_aura
+  version and Triton version);
 * under the interpreter, with ``TORCH_AURA_TUNE=0``, or while a CUDA graph is being captured, the
   first config that fits the device runs untuned (a capture never benchmarks; the untuned pick is
   not cached, so the next eager call still tunes);
@@ -19,9 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
+import re
+import tempfile
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -116,23 +127,132 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# --------------------------------------------------------------------- tuned configs on disk
+TUNE_CACHE_ENV = "TORCH_AURA_TUNE_CACHE"
+SHIPPED_TABLES = Path(__file__).resolve().parent / "tuned"
+_TABLE_FORMAT = 1
+
+
+def gpu_slug(device: torch.device) -> str:
+    """The GPU's name as a file name: ``"NVIDIA H100 80GB HBM3"`` -> ``"nvidia-h100-80gb-hbm3"``."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def user_table_path(slug: str) -> Path | None:
+    """Where this process keeps the decisions it timed for GPU ``slug``, or None (disabled)."""
+    folder = os.environ.get(TUNE_CACHE_ENV)
+    if folder is not None and folder.strip().lower() in ("", "0", "off", "none", "false"):
+        return None
+    if folder is None:
+        folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_aura" / "tune"
+    import triton
+
+    from .. import __version__
+    return Path(folder) / f"{slug}-torch_aura-{__version__}-triton-{triton.__version__}.json"
+
+
+def _key_text(key: tuple) -> str:
+    return "|".join(str(part) for part in key)  # dtypes print as torch.bfloat16: stable across runs
+
+
+class TuneTable:
+    """The tuned configs of one GPU kind, ``{tuner name: {key text: config fields}}``: the shipped
+    table, the user's table over it. A file that does not parse is ignored with a warning (and the
+    user's is rewritten at the next decision); an entry naming a config its tuner no longer has is
+    ignored when looked up."""
+
+    def __init__(self, slug: str):
+        self.slug = slug
+        self.path = user_table_path(slug)
+        self.entries: dict[str, dict[str, dict]] = {}
+        for path in (SHIPPED_TABLES / f"{slug}.json", self.path):
+            for tuner, rows in self._read(path).items():
+                self.entries.setdefault(tuner, {}).update(rows)
+
+    @staticmethod
+    def _read(path: Path | None) -> dict:
+        if path is None or not path.exists():
+            return {}
+        try:
+            data = json.loads(path.read_text())
+            tuners = data["tuners"]
+            if data.get("format") != _TABLE_FORMAT or not all(
+                    isinstance(rows, dict) and all(isinstance(c, dict) for c in rows.values()) for rows in tuners.values()):
+                raise ValueError(f"expected format {_TABLE_FORMAT} with a dict of configs per tuner")
+            return tuners
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            warnings.warn(f"torch_aura: ignoring the tuned-config table {path} ({type(e).__name__}: {e})", stacklevel=2)
+            return {}
+
+    def get(self, tuner: "Tuner", key: tuple) -> Config | None:
+        fields = self.entries.get(tuner.name, {}).get(_key_text(key))
+        if fields is None:
+            return None
+        return next((c for c in tuner.configs if asdict(c) == fields), None)
+
+    def put(self, tuner: "Tuner", key: tuple, cfg: Config) -> None:
+        """Record a timed decision here and in the user's table (merged with what another process
+        wrote meanwhile; written to a temporary file, then renamed, so a reader never sees half)."""
+        self.entries.setdefault(tuner.name, {})[_key_text(key)] = asdict(cfg)
+        if self.path is None:
+            return
+        import triton
+
+        from .. import __version__
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a corrupt file was reported when it was first read
+            on_disk = self._read(self.path)
+        on_disk.setdefault(tuner.name, {})[_key_text(key)] = asdict(cfg)
+        data = {"format": _TABLE_FORMAT, "gpu": self.slug, "torch_aura": __version__, "triton": triton.__version__,
+                "tuners": on_disk}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, suffix=".tmp", delete=False) as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(f.name, self.path)
+        except OSError as e:  # a read-only home: the decision still holds for this process
+            warnings.warn(f"torch_aura: could not write the tuned-config table {self.path} ({e})", stacklevel=2)
+
+
+_TABLES: dict[str, TuneTable] = {}
+
+
+def tune_table(device: torch.device) -> TuneTable:
+    """The table of ``device``'s GPU kind, read once per process."""
+    slug = gpu_slug(device)
+    if slug not in _TABLES:
+        _TABLES[slug] = TuneTable(slug)
+    return _TABLES[slug]
+
+
 class Tuner:
-    """Chooses among ``configs`` per key by timing each once; ``configs[0]`` is the safe default."""
+    """Chooses among ``configs`` per key: a remembered decision (this process, the user's table, the
+    shipped table), else by timing each once; ``configs[0]`` is the safe default.
+
+    ``timed`` counts the keys this process had to time (what a first call at a new shape pays).
+    """
 
     def __init__(self, name: str, configs: list[Config]):
         self.name = name
         self.configs = configs
         self.cache: dict[tuple, Config] = {}
+        self.timed = 0
         self._warned_capture = False
 
-    def __call__(self, key: tuple, launch) -> None:
-        """Run ``launch(config)`` with the cached or freshly tuned config for ``key``."""
-        cfg = self.cache.get(key)
+    def __call__(self, key: tuple, launch, device: torch.device) -> None:
+        """Run ``launch(config)`` with the remembered or freshly tuned config for ``key`` on ``device``."""
+        if len(self.configs) == 1 or interpreting() or os.environ.get("TORCH_AURA_TUNE", "1") == "0":
+            return self._first_that_fits(launch)
+        memo = (device.index, key)
+        cfg = self.cache.get(memo)
+        if cfg is None:
+            cfg = tune_table(device).get(self, key)
+            if cfg is not None:
+                self.cache[memo] = cfg
         if cfg is not None:
             launch(cfg)
-        elif len(self.configs) == 1 or interpreting() or os.environ.get("TORCH_AURA_TUNE", "1") == "0":
-            self._first_that_fits(launch)
-        elif torch.cuda.is_current_stream_capturing():
+        elif device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             if not self._warned_capture:
                 self._warned_capture = True
                 warnings.warn(f"torch_aura: {self.name} met key {key} first inside CUDA-graph capture; "
@@ -140,7 +260,10 @@ class Tuner:
                               stacklevel=2)
             self._first_that_fits(launch)
         else:
-            launch(self._tune(key, launch))
+            cfg = self._tune(launch)
+            self.cache[memo] = cfg
+            tune_table(device).put(self, key, cfg)
+            launch(cfg)
 
     def _first_that_fits(self, launch) -> None:
         """Untuned: the first config in order whose kernel fits the device (shared memory, registers).
@@ -155,9 +278,10 @@ class Tuner:
                 continue
         return launch(self.configs[-1])
 
-    def _tune(self, key, launch) -> Config:
+    def _tune(self, launch) -> Config:
         from triton.testing import do_bench
 
+        self.timed += 1
         best, best_ms = self.configs[0], float("inf")
         for cfg in self.configs:
             try:
@@ -166,5 +290,4 @@ class Tuner:
                 continue
             if ms < best_ms:
                 best, best_ms = cfg, ms
-        self.cache[key] = best
         return best

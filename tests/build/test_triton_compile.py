@@ -85,7 +85,7 @@ def compile_only(monkeypatch, request):
         monkeypatch.setattr(chunk, "_hopper_pass", lambda: _CompileOnly(hopper, seen))
         monkeypatch.setattr(chunk, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
 
-    def every_config(self, key, launch):
+    def every_config(self, key, launch, device):
         for cfg in self.configs if all_configs else self.configs[:1]:
             launch(cfg)
 

@@ -523,3 +523,37 @@ def test_every_tuner_config_is_correct(monkeypatch, tuner, index):
 def test_g_outside_the_usual_range(dtype):
     # -inf (full forget) and g > 0 (read as 0): finite, and equal to the fp64 recurrence
     check_decay_domain(torch_aura, DEV, dtype)
+
+
+# ------------------------------------------------------------------ new lengths (issue 38)
+def _compiled_variants() -> dict[str, int]:
+    """Compiled variants per GDN kernel on this device (Triton's in-memory kernel cache)."""
+    from torch_aura.triton_kernels.gdn import chunk, recurrent
+
+    dev = torch.cuda.current_device()
+    kernels = {n: k for mod in (chunk, recurrent) for n, k in vars(mod).items() if n.endswith("_kernel")}
+    kernels["gdn_state_pass_sm90_kernel"] = chunk._hopper_pass()
+    return {n: len(k.device_caches[dev][0]) for n, k in kernels.items() if k is not None and dev in k.device_caches}
+
+
+def test_new_lengths_compile_nothing():
+    """One plan (one sequence, 2/4 heads, under 2k tokens: the serial pass, beside w/u on Hopper), 12
+    random lengths: after the first two calls no kernel compiles again (tests/build/test_gdn_variants.py
+    proves the same for every plan against Triton's binder on the CPU)."""
+    import random
+
+    rng = random.Random(38)
+
+    def call(T):
+        q, k, v, g, beta = make_inputs(DEV, 1, T, 2, 4, 64, 64, BF16)
+        torch_aura.gdn_chunk(q, k, v, g, beta, use_qk_l2norm=True)
+        torch_aura.gdn_recurrent(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1],
+                                 torch.zeros(rng.randint(1, 40), 4, 64, 64, device=DEV),
+                                 torch.zeros(1, dtype=torch.int32, device=DEV))
+
+    call(64)
+    call(1000)
+    before = _compiled_variants()
+    for T in [rng.randint(1, 1900) for _ in range(12)]:
+        call(T)
+    assert _compiled_variants() == before

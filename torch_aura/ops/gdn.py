@@ -10,6 +10,9 @@ states fp32 ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``. Varle
 
 from __future__ import annotations
 
+import time
+from typing import NamedTuple
+
 import torch
 
 from .. import _debug
@@ -26,6 +29,8 @@ __all__ = [
     "gdn_fwd_o",
     "gdn_recurrent",
     "gdn_chunk_indices",
+    "gdn_warmup",
+    "GdnWarmup",
 ]
 
 
@@ -337,3 +342,58 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
                               state_v_first)
     return torch.ops.aura.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale,
                                         use_qk_l2norm, state_v_first)
+
+
+class GdnWarmup(NamedTuple):
+    """What :func:`gdn_warmup` did: ``calls`` made, tuning ``keys_timed`` (0 where a tuned table
+    held every decision), wall ``seconds``."""
+
+    calls: int
+    keys_timed: int
+    seconds: float
+
+
+def gdn_warmup(num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
+               device, *, varlen: bool = True, initial_state: bool = True, use_qk_l2norm: bool = True,
+               state_v_first: bool = False) -> GdnWarmup:
+    """Compile and tune the GDN kernels for every plan of one head configuration, before serving.
+
+    The CUDA kernels never recompile for a new prompt length or batch, but a head configuration has
+    a few *plans* (fixed length or packed, the serial or the sequence-parallel state pass, the pass
+    beside w/u or after it, few or many chunks per SM, the decode step's two tile widths), each
+    compiled and tuned at its first call: seconds, which a server would otherwise pay at the first
+    prompt that selects a plan. This visits them all with small calls (a few seconds with Triton's
+    disk cache warm and a tuned table for the GPU; minutes on a GPU that has neither, once: the
+    decisions persist, see README "Backends and switches"). Pass the flags the model's calls use.
+
+    Args:
+        num_k_heads: key heads H.
+        num_v_heads: value heads HV, a multiple of H.
+        head_k_dim, head_v_dim: K and V, in 1..256.
+        dtype: the q / k / v dtype (fp16, bf16 or fp32).
+        device: where the model runs; anything but a CUDA device with the Triton kernels does nothing.
+        varlen: also prepare packed (``cu_seqlens``) prefills.
+        initial_state: prefills carry an initial state (transformers' GDN layers do).
+        use_qk_l2norm: q and k are L2-normalised in the kernel (transformers' GDN layers: yes).
+        state_v_first: states are ``[N, HV, V, K]``.
+
+    Returns:
+        A :class:`GdnWarmup`.
+
+    Example:
+        >>> import torch, torch_aura
+        >>> torch_aura.gdn_warmup(16, 32, 128, 128, torch.bfloat16, "cpu")  # no GPU kernel to prepare
+        GdnWarmup(calls=0, keys_timed=0, seconds=0.0)
+    """
+    from .. import backends
+
+    device = torch.device(device)
+    if device.type != "cuda" or not backends.has_kernel("gdn_chunk", "cuda"):
+        return GdnWarmup(0, 0, 0.0)
+    from ..triton_kernels.gdn import warmup
+
+    start = time.perf_counter()
+    with torch.inference_mode():
+        calls, timed = warmup.run(num_k_heads, num_v_heads, head_k_dim, head_v_dim, dtype, device, varlen,
+                                  initial_state, use_qk_l2norm, state_v_first)
+    return GdnWarmup(calls, timed, time.perf_counter() - start)

@@ -14,8 +14,26 @@ Conventions of every GDN kernel:
 
 from __future__ import annotations
 
+import inspect
+
 import triton
 import triton.language as tl
+
+# Kernel arguments that change with the prompt: lengths, chunk and segment counts, the pool size,
+# and the batch strides of the [B, T, HV] gate tensors (g: s_gb, g_cum: s_cb, beta: s_bb; T * HV, whose
+# divisibility by 16 follows T where HV is small). Triton specialises an int argument on == 1 and
+# % 16 == 0 and compiles one variant per combination: each would recompile at new prompt lengths.
+# None of them enters an address that could be vectorised (the gates are read a scalar per row).
+LENGTH_ARGS = frozenset({"T", "NT", "NT_total", "NS", "CPS", "N", "n_seg", "P", "s_gb", "s_cb", "s_bb"})
+
+
+def length_agnostic(jit):
+    """``jit`` (``triton.jit``, ``gluon.jit``) with ``do_not_specialize`` set to the kernel's
+    :data:`LENGTH_ARGS`, so one compiled variant serves every prompt length and batch mix."""
+    def decorate(fn):
+        return jit(do_not_specialize=[p for p in inspect.signature(fn).parameters if p in LENGTH_ARGS])(fn)
+    return decorate
+
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * log2(e))
 CHUNK = 64  # chunk length (rows of every chunk tile), for the Python launchers

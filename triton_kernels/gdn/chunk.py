@@ -45,8 +45,8 @@ from ..._checks.common import remembered
 from .._tune import (Config, Tuner, cdiv, cuda_capability, descriptor_workspace, has_tma, interpreting, next_pow2,
                      sm_count)
 from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, decay_log, dot_f32, fixed_tile, gate_causal, inv_unit_lower16,
-                   load_rows, load_tile, load_tile_t, rows_desc, segment_span, seq_span, store_fixed_tile, store_tile,
-                   store_tile_t, v_tile_head_row)
+                   length_agnostic, load_rows, load_tile, load_tile_t, rows_desc, segment_span, seq_span,
+                   store_fixed_tile, store_tile, store_tile_t, v_tile_head_row)
 
 _check_chunk = remembered(_checks.gdn_chunk)  # eager calls repeat their metadata: check it once
 
@@ -204,7 +204,7 @@ def _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, wd, ud, qd, aqd,
 
 
 # ------------------------------------------------------------------------------------ kernels
-@triton.jit
+@length_agnostic(triton.jit)
 def _gdn_chunk_cumsum_kernel(g, g_cum, cu_seqlens, chunk_indices, T, NT, HV,
                              s_gb, s_gt, s_cb, s_ct, IS_VARLEN: tl.constexpr, BHV: tl.constexpr):
     i_c = tl.program_id(0)
@@ -217,7 +217,7 @@ def _gdn_chunk_cumsum_kernel(g, g_cum, cu_seqlens, chunk_indices, T, NT, HV,
              tl.cumsum(decay_log(x), axis=0), mask=mask)
 
 
-@triton.jit
+@length_agnostic(triton.jit)
 def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, cu_seqlens, chunk_indices, T, NT, HV, GROUP, K,
                           s_kb, s_kt, s_kh, s_gb, s_gt, s_gh, s_cb, s_ct, s_ch, s_bb, s_bt, s_bh,
                           s_ab, s_at, s_ah, IS_VARLEN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -237,7 +237,7 @@ def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, cu_seqlens, chunk_indices, T, N
                     INV_PREC, MERGE_PREC)
 
 
-@triton.jit
+@length_agnostic(triton.jit)
 def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, wd, ud, qd, aqd,
                               cu_seqlens, chunk_indices, ready,
                               T, NT, HV, GROUP, K, V, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh,
@@ -283,7 +283,7 @@ def _chain_operands(k, w, u, g_cum, k_d, w_d, u_d, b, start, rows, ok, eos, i_h,
     return wt, kt, uT, G2_L, G2
 
 
-@triton.jit
+@length_agnostic(triton.jit)
 def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, a_qk, cu_seqlens,
                            chunk_offsets, seg_table, scale, T, NT, NT_total, NS, CPS, HV, GROUP, K, V,
                            s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,
@@ -397,7 +397,7 @@ def _split_dot(a, b, acc, PREC: tl.constexpr):
         return tl.dot(a, b.to(tl.float32), acc, input_precision=PREC)
 
 
-@triton.jit
+@length_agnostic(triton.jit)
 def _gdn_segment_summary_kernel(k, w, u, g_cum, At, Bt, seg_table, cu_seqlens, T, NT, NS, CPS, HV, GROUP, K, V,
                                 s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_gb, s_gt, s_gh,
                                 IS_VARLEN: tl.constexpr, TMA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -463,7 +463,7 @@ def _scan_start(h0, final, n, i_hv, vv, cols, mask, ns, s_0n, s_0h, s_0k, s_0v, 
     return x
 
 
-@triton.jit
+@length_agnostic(triton.jit)
 def _gdn_segment_scan_kernel(h0, At, Bt, S0, final, cu_seqlens, seg_first, T, NS, CPS, HV, K, V,
                              s_0n, s_0h, s_0k, s_0v, s_fn, s_fh, s_fk, s_fv,
                              IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
@@ -535,7 +535,7 @@ def _gdn_segment_scan_kernel(h0, At, Bt, S0, final, cu_seqlens, seg_first, T, NS
                 tl.store(S0 + (row_s + HV * V) * K + cols[None, :], acc, mask=mask)
 
 
-@triton.jit
+@length_agnostic(triton.jit)
 def _gdn_segment_table_kernel(cu_seqlens, table, seg_first, N, T, CPS, n_seg, BLOCK: tl.constexpr):
     """The varlen plan of the sequence-parallel pass, one program (``_segment_table``): sequence ``n``
     has ``cdiv(its chunks, CPS)`` segments (its end clamped to T, as ``segment_span`` reads it); its
@@ -565,7 +565,7 @@ def _gdn_segment_table_kernel(cu_seqlens, table, seg_first, N, T, CPS, n_seg, BL
         tl.store(table + jj * 2 + 1, -1, mask=spare)
 
 
-@triton.jit
+@length_agnostic(triton.jit)
 def _gdn_fwd_o_kernel(q, k, v_new, h, g_cum, o, cu_seqlens, chunk_indices, scale, T, NT, HV, GROUP, K, V,
                       s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
                       s_hb, s_hc, s_hh, s_hk, s_hv, s_ob, s_ot, s_oh,
@@ -615,7 +615,7 @@ def _l2norm_token(x, y, b, t, H, K, s_xb, s_xt, s_xh, s_yb, s_yt, s_yh, BH: tl.c
     tl.store(y + b * s_yb + t * s_yt + hh[:, None] * s_yh + kk[None, :], v.to(y.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@length_agnostic(triton.jit)
 def _l2norm_kernel(q, k, qn, kn, H, K, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_nb, s_nt, s_nh, T,
                    BH: tl.constexpr, BK: tl.constexpr):
     """q (grid row 0) or k (row 1) of one token, normalised into ``qn`` / ``kn`` (same shape and strides):
@@ -910,7 +910,7 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
     key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, h0 is not None, tma_ready,
            one_wave_at_32, segmented)
     with descriptor_workspace(k.device):
-        (_STATE_PASS_SM90 if hopper else _STATE_PASS)(key, launch)
+        (_STATE_PASS_SM90 if hopper else _STATE_PASS)(key, launch, k.device)
     return final
 
 
@@ -1020,7 +1020,7 @@ def _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, NT, NT_total, fin
                 TRANSFER_PREC=_transfer_prec(k.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
         with descriptor_workspace(dev):
-            _SEG_SUMMARY((K, V, k.dtype, varlen, tma_ready), summary)
+            _SEG_SUMMARY((K, V, k.dtype, varlen, tma_ready), summary, dev)
     # 16-bit inputs at K <= 128: the state in registers (_scan_in_regs); else 64-wide column blocks
     in_regs = _scan_in_regs(K, k.dtype)
     BV = min(16 if in_regs else 32, _pow2(V))
@@ -1148,6 +1148,18 @@ _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_war
                                Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=2)])
 
 
+# The prep kernels' parallelism bucket: a config tuned on a small grid is not the best on a large one
+# (H100, w/u at 1x32k, 16/32 heads: 4 warps x 3 stages 468 us, 2 stages 501, 1 stage 570, 2 warps 513;
+# one bench tuned at 1x4k picked 1 stage and ran 1x32k with it). Two values: at most two tunings per
+# head configuration and layout, whatever the lengths.
+MANY_CHUNKS_PER_SM = 16
+
+
+def many_chunks(NT_total: int, HV: int, device: torch.device) -> bool:
+    """The bucket of the prep kernels' tuning key: ``NT_total * HV`` programs fill the GPU 16 times."""
+    return NT_total * HV >= MANY_CHUNKS_PER_SM * sm_count(device)
+
+
 def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = False) -> dict:
     """The chunk-parallel part of ``gdn_chunk``, by name: ``g_cum``, ``Ai`` (scratch), ``w``, ``u``,
     and ``a_qk`` (allocated like Ai). With ``overlap`` where the pass may run beside w/u
@@ -1173,10 +1185,7 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = 
         return p
     cu = _dummy(k) if cu_seqlens is None else cu_seqlens
     cix = _dummy(k) if ci is None else ci
-    # the parallelism bucket: a config tuned on a small grid is not the best on a large one (H100, w/u
-    # at 1x32k, 16/32 heads: 4 warps x 3 stages 468 us, 2 stages 501, 1 stage 570, 2 warps 513; one
-    # bench tuned at 1x4k picked 1 stage and ran 1x32k with it)
-    key = (K, V, k.dtype, cu_seqlens is not None, NT_total * HV >= 16 * sm_count(k.device))
+    key = (K, V, k.dtype, cu_seqlens is not None, many_chunks(NT_total, HV, dev))
     BK, BV = _w_u_tiles(K, V)
 
     def solve(cfg: Config):
@@ -1198,11 +1207,11 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = 
             IS_VARLEN=cu_seqlens is not None, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, TMA=tma,
             PUBLISH=publish, **cfg.launch_kwargs())
 
-    _SOLVE(key, solve)
+    _SOLVE(key, solve, dev)
     if publish:
-        p["w_u"] = lambda: _W_U((*key, tma), w_u)
+        p["w_u"] = lambda: _W_U((*key, tma), w_u, dev)
     else:
-        _W_U((*key, tma), w_u)
+        _W_U((*key, tma), w_u, dev)
     return p
 
 

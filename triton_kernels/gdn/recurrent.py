@@ -24,12 +24,12 @@ import triton.language as tl
 from ..._checks import gdn as _checks
 from ..._checks.common import remembered
 from .._tune import cdiv, next_pow2, sm_count
-from ._jit import decay_log, seq_span, v_tile_head_row
+from ._jit import decay_log, length_agnostic, seq_span, v_tile_head_row
 
 _check_recurrent = remembered(_checks.gdn_recurrent)  # eager calls repeat their metadata: check it once
 
 
-@triton.jit
+@length_agnostic(triton.jit)
 def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o, scale, T, HV, GROUP, K, V, P,
                           s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
                           s_bb, s_bt, s_bh, s_ob, s_ot, s_oh, s_pn, s_ph, s_pk, s_pv,

@@ -37,7 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from ._jit import segment_span, seq_span, v_tile_head_row
+from ._jit import length_agnostic, segment_span, seq_span, v_tile_head_row
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 BT: gl.constexpr = gl.constexpr(64)  # chunk length, as chunk.CHUNK
@@ -83,7 +83,7 @@ def _issue_chunk(c, NC, c_base, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, 
     async_copy.commit_group()
 
 
-@gluon.jit
+@length_agnostic(gluon.jit)
 def gdn_state_pass_sm90_kernel(k, w, u, g_cum, h0, out, final, q, a_qk, cu_seqlens, ready, chunk_offsets, seg_table,
                                scale, T, NT, NS, CPS, HV, GROUP, K, V,
                                s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_ob, s_ot, s_oh,

@@ -1,0 +1,136 @@
+"""GDN compiles once per plan, never per prompt length (issue 38).
+
+Triton compiles a kernel once per *variant*: its constexprs, launch options and the specialisation
+of every other argument (an int is specialised on ``== 1`` and ``% 16 == 0``, a pointer on its
+alignment). Here the real launchers run on CPU tensors, modelled as an sm_90 GPU of 132 SMs, with
+every kernel swapped for a recorder that asks Triton's own argument binder for the sm_90 target
+which variant the launch would run, and launches nothing. After a warm-up that visits every plan
+(serial and sequence-parallel pass, the pass beside w/u, both parallelism buckets, fixed length and
+varlen), 20 random prompt lengths and batch mixes must add no variant and no tuning key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="asks the compiler's binder; the interpreter tree runs kernels instead")
+
+H, HV, K, V = 2, 4, 128, 128  # a tensor-parallel shard's heads: every plan of the pass is reachable
+SMS = 132
+
+
+class _Recorder:
+    """Stands in for a ``JITFunction``: ``kernel[grid](*args, **kw)`` records the variant Triton would
+    compile for sm_90 (its cache key: specialisation and options) and launches nothing."""
+
+    def __init__(self, fn, variants):
+        from triton.backends.compiler import GPUTarget
+        from triton.backends.nvidia.compiler import CUDABackend
+        from triton.runtime.jit import create_function_from_signature
+
+        self.fn, self.variants = fn, variants
+        self.bind = create_function_from_signature(fn.signature, fn.params, CUDABackend(GPUTarget("cuda", 90, 32)))
+
+    def __getitem__(self, grid):
+        return self._record
+
+    def _record(self, *args, **kwargs):
+        _, specialization, options = self.bind(*args, **kwargs)
+        self.variants.add((self.fn.__name__, repr(specialization), repr(sorted(options.items()))))
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Patch the GDN launchers onto recorders; returns ``(variants, tuning keys)``, both sets. Nothing
+    is computed, so the suite's NaN poisoning of allocations (~1 GB per call here) is left out."""
+    real = torch.empty.__globals__  # the poisoning wrapper's module (tests/conftest.py) keeps the originals
+    monkeypatch.setattr(torch, "empty", real.get("_real_empty", torch.empty))
+    monkeypatch.setattr(torch, "empty_like", real.get("_real_empty_like", torch.empty_like))
+    from torch_aura.triton_kernels import _tune
+    from torch_aura.triton_kernels.gdn import chunk, recurrent
+
+    variants, keys = set(), set()
+    for mod in (chunk, recurrent):
+        for name, obj in list(vars(mod).items()):
+            if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel"):
+                monkeypatch.setattr(mod, name, _Recorder(obj, variants))
+    hopper = _Recorder(chunk._hopper_pass(), variants)
+    monkeypatch.setattr(chunk, "_hopper_pass", lambda: hopper)
+    # an H100 / H200: TMA copies, the Gluon pass, 132 SMs for every plan decision
+    monkeypatch.setattr(chunk, "_tma_ready", lambda *xs: True)
+    monkeypatch.setattr(chunk, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
+    monkeypatch.setattr(chunk, "sm_count", lambda device: SMS)
+    plan = chunk._segment_plan
+    monkeypatch.setattr(chunk, "_segment_plan", lambda device, *a: plan(torch.device("cuda"), *a))
+    monkeypatch.setattr(chunk, "_beside", lambda device, first: (first(), contextlib.nullcontext())[1])
+
+    def first_config(self, key, launch, device):
+        keys.add((self.name, key))
+        launch(self.configs[0])
+
+    monkeypatch.setattr(_tune.Tuner, "__call__", first_config)
+    return variants, keys
+
+
+def _chunk_call(B, T, cu=None, dtype=torch.bfloat16):
+    """gdn_chunk on B x T tokens (varlen: B = 1 and ``cu`` offsets); nothing is computed."""
+    from torch_aura.triton_kernels.gdn import chunk
+
+    q = torch.empty(B, T, H, K, dtype=dtype)
+    v = torch.empty(B, T, HV, V, dtype=dtype)
+    g, beta = torch.empty(B, T, HV), torch.empty(B, T, HV)
+    N = B if cu is None else len(cu) - 1
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    chunk.gdn_chunk(q, torch.empty_like(q), v, g, beta, None, torch.zeros(N, HV, K, V), cu_t, None, True, False)
+
+
+def _recurrent_call(B, T, P):
+    from torch_aura.triton_kernels.gdn import recurrent
+
+    q = torch.empty(B, T, H, K, dtype=torch.bfloat16)
+    v = torch.empty(B, T, HV, V, dtype=torch.bfloat16)
+    rows = torch.randperm(P)[:B].to(torch.int32)
+    recurrent.gdn_recurrent(q, torch.empty_like(q), v, torch.zeros(B, T, HV), torch.zeros(B, T, HV),
+                            torch.zeros(P, HV, K, V), rows, None, None, True, False)
+
+
+def _varlen(lengths):
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return cu
+
+
+def test_new_prompt_lengths_add_no_variant_and_no_tuning_key(recorded):
+    from torch_aura.triton_kernels.gdn import warmup
+
+    variants, keys = recorded
+    # warm-up: the calls of torch_aura.gdn_warmup, which visit every plan of this head configuration
+    for B, T, lengths in warmup.chunk_calls(HV, SMS):
+        _chunk_call(B, T, None if lengths is None else _varlen(lengths))
+    for B in warmup.recurrent_batches(HV, V, SMS):
+        _recurrent_call(B, 1, B + 3)
+    warm_variants, warm_keys = set(variants), set(keys)
+    # per head config and dtype, the plans: solve and w/u per layout (fixed, varlen) and parallelism
+    # bucket (w/u also per copy path: off beside the pass), the segment summary per layout, the pass
+    # per layout, serial / sequence-parallel and one wave or not at 32-wide V tiles
+    assert len(warm_keys) <= 20 and len(warm_variants) <= 32, (sorted(map(str, warm_keys)), len(warm_variants))
+
+    rng = random.Random(38)
+    for _ in range(20):
+        B, T = rng.choice((1, 1, 2, 3, 4, 7, 40)), rng.randint(1, 20000)
+        _chunk_call(B, T)
+        lengths = [rng.choice((0, 1, rng.randint(1, 64), rng.randint(65, 5000))) for _ in range(rng.randint(1, 9))]
+        lengths[-1] += sum(lengths) == 0  # at least one token in the packed row
+        _chunk_call(1, sum(lengths), _varlen(lengths))
+        _recurrent_call(rng.randint(1, 64), rng.choice((1, 1, 2, 5)), rng.randint(64, 300))
+    new = sorted(variants - warm_variants)
+    assert not new, "variants compiled only at new lengths:\n" + "\n".join(v[0] + " " + v[1] for v in new[:4])
+    assert keys == warm_keys, f"tuning keys met only at new lengths: {sorted(keys - warm_keys)}"
