@@ -7,6 +7,8 @@ bench_gdn.py.
 ``--host``: host time per eager call (``bench_gdn.host_us``), host and event time per call inside
 ``do_bench``'s eager loop, and a cProfile of 50 calls (the Python functions that cost it).
 ``--kernels``: device time per kernel of one call (torch profiler), eager.
+``--recurrent B``: host time per eager ``gdn_recurrent`` call (one token, batch B, the heads of
+``--heads``) and its cProfile, instead of the chunk profiles.
 ``--memory``: peak allocated and reserved bytes of one call over its inputs, with the overlapped
 state pass and without (``TORCH_AURA_GDN_OVERLAP``), the caching allocator's segments by stream
 (what the side stream keeps), and the same for four calls between model-sized allocations.
@@ -79,6 +81,36 @@ def eager_loop_split(call, reps: int = 40) -> tuple[float, float]:
     return statistics.median(host), statistics.median(a.elapsed_time(b) * 1e3 for a, b in ev)
 
 
+def cprofile_top(call, calls: int = 50, rows: int = 18) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(rows)
+    return "\n".join(line for line in text.getvalue().splitlines() if line.strip())[:4000]
+
+
+def recurrent_host(batch: int, H_: int, HV: int) -> int:
+    """Host time of one eager gdn_recurrent step (one token per sequence, fp32 state pool, L2 norm in
+    the op), as transformers' decode calls it."""
+    (q, k, v, g, beta, _), _, _ = B.make_inputs([1] * batch, H_, HV, 128, 128)
+    state = torch.zeros(batch, HV, 128, 128, device="cuda")
+
+    def call():
+        return torch.ops.aura.gdn_recurrent(q, k, v, g, beta, state, None, None, None, True, False)
+
+    call()
+    torch.cuda.synchronize()
+    print(f"gdn_recurrent B{batch} {H_}/{HV}: host {B.H.host_us(call):.1f} us per eager call (queued behind a GPU sleep)")
+    with torch.inference_mode():
+        print(f"  under inference_mode: host {B.H.host_us(call):.1f} us")
+    print(cprofile_top(call))
+    return 0
+
+
 def memory_report(call, who: str) -> None:
     """Peak bytes of ``call`` above what is live before it, and the allocator's segments per stream
     afterwards: a pool the side stream keeps is memory the main stream cannot reuse."""
@@ -114,10 +146,13 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", action="store_true")
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--memory", action="store_true")
+    p.add_argument("--recurrent", type=int, metavar="B", help="profile gdn_recurrent at batch B instead")
     p.add_argument("--no-fla", action="store_true", help="profile ours only")
     p.add_argument("--trace", metavar="DIR", help="write <DIR>/gdn_<who>_eager.json (torch profiler, CPU + CUDA)")
     args = p.parse_args(argv)
     H_, HV = (int(x) for x in args.heads.split("/"))
+    if args.recurrent:
+        return recurrent_host(args.recurrent, H_, HV)
     lens = parse_lens(args.lens)
     (q, k, v, g, beta, h0), cu, ci = B.make_inputs(lens, H_, HV, 128, 128)
     calls = {"ours": lambda: torch.ops.aura.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)}
@@ -144,15 +179,7 @@ def main(argv=None) -> int:
             print(f"  {who}: host {B.H.host_us(call):.1f} us per eager call (queued behind a GPU sleep)")
             h, e = eager_loop_split(call)
             print(f"  {who}: in do_bench's eager loop: host {h:.1f} us per call, events {e:.1f} us")
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(50):
-                call()
-            prof.disable()
-            torch.cuda.synchronize()
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
-            print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:4000])
+            print(cprofile_top(call))
         if args.memory:
             memory_report(call, who)
         if args.kernels:
