@@ -164,7 +164,7 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
     p = chunk._chunk_prep(q, k, v, g, beta, cu, ci, 3, NT_total)
 
     def run(fill, tma=None, hopper=True):
-        xs = {name: p[name].clone() for name in ("w", "u", "a_qk")}
+        xs = {name: getattr(p, name).clone() for name in ("w", "u", "a_qk")}
         xs["q"] = q.clone()
         kk = k.clone()
         for x in (*xs.values(), kk):
@@ -176,13 +176,13 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
         if not hopper:
             chunk._hopper_pass_ready = lambda *a: False
         try:
-            fin = chunk._state_pass(kk, xs["w"], xs["u"], p["g_cum"], None, cu, ci, 3, NT_total, False,
+            fin = chunk._state_pass(kk, xs["w"], xs["u"], p.g_cum, None, cu, ci, 3, NT_total, False,
                                     q=xs["q"], a_qk=xs["a_qk"], o=o, scale=K ** -0.5)
         finally:
             chunk._tma_ready, chunk._hopper_pass_ready = ready, hopper_ready
         return o[:, :100], fin
 
-    tma = chunk._pass_copies_tiles(k, p["w"], p["u"], q, p["a_qk"])
+    tma = chunk._pass_copies_tiles(k, p.w, p.u, q, p.a_qk)
     hopper = chunk._hopper_pass_ready(k, tma, True)
     for use_hopper in (True, False) if hopper else (False,):  # both passes ignore those rows
         o0, f0 = run(0.0, hopper=use_hopper)
@@ -220,7 +220,7 @@ def check_w_u_copies_match_pointer_loads(chunk, device, B, T, H, HV, K, V, dtype
         finally:
             chunk._w_u_tma = ready
     for name in ("w", "u", "a_qk"):
-        assert torch.equal(runs[0][name], runs[1][name]), f"w/u {name}: tensor-memory copies vs pointer loads"
+        assert torch.equal(getattr(runs[0], name), getattr(runs[1], name)), f"w/u {name}: copies vs pointer loads"
     return decided[0]
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Callable, NamedTuple
 
 import torch
 import triton
@@ -1160,11 +1161,26 @@ def many_chunks(NT_total: int, HV: int, device: torch.device) -> bool:
     return NT_total * HV >= MANY_CHUNKS_PER_SM * sm_count(device)
 
 
-def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = False) -> dict:
-    """The chunk-parallel part of ``gdn_chunk``, by name: ``g_cum``, ``Ai`` (scratch), ``w``, ``u``,
-    and ``a_qk`` (allocated like Ai). With ``overlap`` where the pass may run beside w/u
-    (``_overlap_pass``), w/u is not launched: ``w_u`` launches it, for ``_state_pass`` to call beside
-    the pass, and ``ready`` holds a flag per chunk and value head, which w/u sets as it finishes each.
+class ChunkPrep(NamedTuple):
+    """What the chunk-parallel part of ``gdn_chunk`` leaves for the state pass. ``launch_w_u`` is set
+    where the pass runs beside w/u (``_overlap_pass``): w/u has not been launched yet, and ``ready``
+    holds its per-chunk flags. Plain fields on purpose: a closure stored in a container it refers to
+    is a reference cycle, which keeps every buffer of the call alive until the garbage collector runs
+    (a model's peak memory rose by the prep buffers of each GDN layer)."""
+
+    g_cum: torch.Tensor
+    w: torch.Tensor
+    u: torch.Tensor
+    a_qk: torch.Tensor
+    ready: torch.Tensor | None
+    launch_w_u: Callable[[], None] | None
+
+
+def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = False) -> ChunkPrep:
+    """The chunk-parallel part of ``gdn_chunk``: ``g_cum``, ``Ai`` (scratch), ``w``, ``u`` and ``a_qk``
+    (allocated like Ai). With ``overlap`` where the pass may run beside w/u (``_overlap_pass``), w/u is
+    not launched: ``launch_w_u`` launches it, for ``_state_pass`` to call beside the pass, and ``ready``
+    holds a flag per chunk and value head, which w/u sets as it finishes each.
 
     Two launches, the stage kernels with their gdn_chunk flags: cumsum + kkt + solve, then w/u +
     A_qk. One fused kernel (Ai through the same scratch behind a CTA barrier) measured slower on an
@@ -1173,16 +1189,15 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = 
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     dev = k.device
-    p = {"g_cum": torch.empty((B, T, HV), dtype=torch.float32, device=dev),
-         "Ai": torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=dev),
-         "w": torch.empty((B, T, HV, K), dtype=k.dtype, device=dev),
-         "u": torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)}
-    p["a_qk"] = torch.empty_like(p["Ai"])
-    publish = overlap and NT_total > 0 and _overlap_pass(k, q, p["w"], p["u"], p["a_qk"], cu_seqlens)
-    if publish:
-        p["ready"] = torch.zeros(NT_total * HV, dtype=torch.int32, device=dev)
+    g_cum = torch.empty((B, T, HV), dtype=torch.float32, device=dev)
+    Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=dev)
+    w = torch.empty((B, T, HV, K), dtype=k.dtype, device=dev)
+    u = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
+    a_qk = torch.empty_like(Ai)
+    publish = overlap and NT_total > 0 and _overlap_pass(k, q, w, u, a_qk, cu_seqlens)
+    ready = torch.zeros(NT_total * HV, dtype=torch.int32, device=dev) if publish else None
     if NT_total == 0:
-        return p
+        return ChunkPrep(g_cum, w, u, a_qk, ready, None)
     cu = _dummy(k) if cu_seqlens is None else cu_seqlens
     cix = _dummy(k) if ci is None else ci
     key = (K, V, k.dtype, cu_seqlens is not None, many_chunks(NT_total, HV, dev))
@@ -1190,29 +1205,28 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = 
 
     def solve(cfg: Config):
         _gdn_kkt_solve_kernel[(NT_total * HV,)](
-            k, g, p["g_cum"], beta, p["Ai"], cu, cix, T, NT, HV, HV // H, K,
-            *_s3(k), *_s3(g), *_s3(p["g_cum"]), *_s3(beta), *_s3(p["Ai"]),
+            k, g, g_cum, beta, Ai, cu, cix, T, NT, HV, HV // H, K,
+            *_s3(k), *_s3(g), *_s3(g_cum), *_s3(beta), *_s3(Ai),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
             **_solve_precision(k.dtype), CUMSUM=True, **cfg.launch_kwargs())
 
-    tiles = (k, v, p["Ai"], p["w"], p["u"], q, p["a_qk"])
+    tiles = (k, v, Ai, w, u, q, a_qk)
     tma = not publish and _w_u_tma(cu_seqlens is None, *tiles)
     descs = _w_u_descriptors(tma, BK, BV, *tiles)
 
     def w_u(cfg: Config):
         _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            k, v, beta, p["Ai"], p["g_cum"], p["w"], p["u"], q, p["a_qk"], *descs, cu, cix,
-            p["ready"] if publish else _dummy(k), T, NT, HV, HV // H, K, V,
-            *_s3(k), *_s3(v), *_s3(beta), *_s3(p["Ai"]), *_s3(p["g_cum"]), *_s3(p["w"]), *_s3(p["u"]), *_s3(q),
+            k, v, beta, Ai, g_cum, w, u, q, a_qk, *descs, cu, cix,
+            ready if publish else _dummy(k), T, NT, HV, HV // H, K, V,
+            *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u), *_s3(q),
             IS_VARLEN=cu_seqlens is not None, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, TMA=tma,
             PUBLISH=publish, **cfg.launch_kwargs())
 
     _SOLVE(key, solve, dev)
     if publish:
-        p["w_u"] = lambda: _W_U((*key, tma), w_u, dev)
-    else:
-        _W_U((*key, tma), w_u, dev)
-    return p
+        return ChunkPrep(g_cum, w, u, a_qk, ready, lambda: _W_U((*key, tma), w_u, dev))
+    _W_U((*key, tma), w_u, dev)
+    return ChunkPrep(g_cum, w, u, a_qk, None, None)
 
 
 def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_indices=None,
@@ -1234,6 +1248,6 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     cps = _segment_plan(k.device, N, HV, V, NT, NT_total, cu_seqlens is not None)
     p = _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap=cps == 0)
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
-    final = _state_pass(k, p["w"], p["u"], p["g_cum"], initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
-                        q=q, a_qk=p["a_qk"], o=o, scale=scale, ready=p.get("ready"), w_u=p.get("w_u"), cps=cps)
+    final = _state_pass(k, p.w, p.u, p.g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
+                        q=q, a_qk=p.a_qk, o=o, scale=scale, ready=p.ready, w_u=p.launch_w_u, cps=cps)
     return o, final
