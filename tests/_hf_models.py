@@ -14,16 +14,25 @@ def tiny_llama(transformers, head_dim=64, layers=2, hidden=192, device="cpu", dt
     return transformers.LlamaForCausalLM(cfg).to(device, dtype).eval()
 
 
-def tiny_qwen3_next(transformers, device="cpu", dtype=torch.float32, head_dims=(16, 32)):
+def tiny_qwen3_next(transformers, device="cpu", dtype=torch.float32, head_dims=(16, 32), attention_head_dim=64):
     """3 GDN layers (2 key / 4 value heads) then one attention layer (4 / 2 heads of 64), 4 experts."""
     torch.manual_seed(0)
     cfg = transformers.Qwen3NextConfig(
         vocab_size=128, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
         shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
         num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=attention_head_dim, linear_num_key_heads=2,
         linear_num_value_heads=4, linear_key_head_dim=head_dims[0], linear_value_head_dim=head_dims[1])
     return transformers.Qwen3NextForCausalLM(cfg).to(device, dtype).eval()
+
+
+def tiny_qwen2_sliding(transformers):
+    """Qwen2 whose layer 0 is full and layer 1 slides (window 16): use_sliding_window + max_window_layers."""
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(vocab_size=128, hidden_size=128, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True,
+                                   sliding_window=16, max_window_layers=1)
+    return transformers.Qwen2ForCausalLM(cfg).eval()
 
 
 def greedy(model, ids, mask=None, steps=20, **kwargs):

@@ -28,3 +28,22 @@ def transformers_torch_gdn():
     pairing on the GPU)."""
     if importlib.util.find_spec("fla") is not None:
         pytest.skip("FLA installed: transformers' default GDN path is FLA's, which needs CUDA tensors")
+
+
+@pytest.fixture(scope="session")
+def tat(hf_transformers):
+    """``torch_aura.integrations.transformers``."""
+    from torch_aura.integrations import transformers as tat
+
+    return tat
+
+
+@pytest.fixture
+def llama(hf_transformers, tat):
+    """A tiny random-weight Llama (2 layers, 6/2 heads of 64) on the "aura" attention."""
+    from _hf_models import tiny_llama
+
+    model = tiny_llama(hf_transformers)
+    tat.enable(model)
+    yield model
+    tat.disable(model)

@@ -1,32 +1,59 @@
-"""``attn_implementation="aura"`` on a real (tiny, random-weight) transformers Llama: greedy tokens
-and logits equal SDPA's, unpadded (flash_decode serves decode) and left-padded (SDPA with the mask
-serves it); ``enable`` refuses what it cannot serve and then changes nothing."""
+"""``enable()`` and ``attn_implementation="aura"`` on real (tiny, random-weight) transformers models.
+
+Served: greedy tokens and logits equal the model's own SDPA path, unpadded (flash_decode serves
+decode), left-padded (SDPA with the mask) and on sliding-window models (flash_decode over the
+window the cache keeps). Refused: every feature "aura" cannot compute exactly, by name, before
+anything changes (attention implementation, GDN patch). ``disable()`` restores what the model had.
+"""
+
+import importlib
 
 import pytest
 import torch
-from _hf_models import greedy, tiny_llama
+from transformers.cache_utils import get_layer_types_and_kwargs
+from _hf_models import greedy, teacher_forced, tiny_llama, tiny_qwen2_sliding, tiny_qwen3_next
+from _hf_zoo import build, implementations
+
+QWEN3_NEXT = "transformers.models.qwen3_next.modeling_qwen3_next"
 
 
-@pytest.fixture(scope="module")
-def tat(hf_transformers):
-    from torch_aura.integrations import transformers as tat
+@pytest.fixture(autouse=True)
+def _nothing_patched(tat):
+    from torch_aura.integrations.transformers import gdn
 
-    return tat
+    gdn.unpatch()
+    yield
+    gdn.unpatch()
 
 
 @pytest.fixture
 def flash_decode_calls(tat, monkeypatch):
+    """The key shapes ``[B, Hkv, T, D]`` of every flash_decode call the "aura" attention makes."""
     from torch_aura.integrations.transformers import attention
 
     calls = []
     real = attention.flash_decode
 
-    def counting(*args, **kwargs):
-        calls.append(args[0].shape)
-        return real(*args, **kwargs)
+    def counting(q, k, *args, **kwargs):
+        calls.append(tuple(k.shape))
+        return real(q, k, *args, **kwargs)
 
     monkeypatch.setattr(attention, "flash_decode", counting)
     return calls
+
+
+def _same_as_own_path(tat, model, ids, mask=None, steps=19):
+    ref = greedy(model, ids, mask, steps=steps, min_new_tokens=steps)
+    before = implementations(model)
+    try:
+        assert tat.enable(model)["attention"] == "aura"
+        assert set(implementations(model)) == {"aura"}
+        out = greedy(model, ids, mask, steps=steps, min_new_tokens=steps)
+    finally:
+        tat.disable(model)
+    assert implementations(model) == before
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max((a - b).abs().max().item() for a, b in zip(out.logits, ref.logits)) <= 1e-4
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded-B1", "left-padded-B3"])
@@ -40,42 +67,83 @@ def test_aura_attention_matches_sdpa(hf_transformers, tat, flash_decode_calls, p
         mask[2, :9] = 0
     else:
         ids, mask = torch.randint(1, 128, (1, 11), generator=g), None
-    ref = greedy(model, ids, mask)
     assert model.config._attn_implementation == "sdpa"
-    try:
-        assert tat.enable(model)["attention"] == "aura"
-        assert model.config._attn_implementation == "aura"
-        out = greedy(model, ids, mask)
-    finally:
-        tat.disable(model)
-    assert torch.equal(out.sequences, ref.sequences)
-    dlogits = max((a - b).abs().max().item() for a, b in zip(out.logits, ref.logits))
-    assert dlogits <= 1e-4
+    _same_as_own_path(tat, model, ids, mask)
     if padded:
         assert flash_decode_calls == []  # a padded batch must keep its mask: SDPA serves decode
     else:
-        assert len(flash_decode_calls) == 19 * 2  # every decode step of both layers
+        assert len(flash_decode_calls) == 18 * 2  # every decode step of both layers
 
 
-def test_enable_refuses_an_unsupported_head_dim_and_changes_nothing(hf_transformers, tat):
+@pytest.mark.parametrize("family", ["mistral", "gemma3_text", "qwen2-max-window-layers"])
+def test_sliding_windows_are_served_exactly_over_the_kept_window(hf_transformers, tat, flash_decode_calls, family):
+    """Decode crosses the 16-token window: flash_decode attends the window DynamicCache keeps."""
+    if family == "qwen2-max-window-layers":
+        model = tiny_qwen2_sliding(hf_transformers)
+    else:
+        model = build(family)
+    types = get_layer_types_and_kwargs(model.config.get_text_config())[0]  # transformers' own reading
+    assert "sliding_attention" in types
+    ids = torch.randint(4, 128, (2, 12), generator=torch.Generator().manual_seed(2))
+    _same_as_own_path(tat, model, ids, steps=12)
+    # a sliding layer never hands flash_decode more than its window (past it transformers masks, and
+    # SDPA serves); a full layer reads all 12 + 10 + 1 keys at the last of the 11 decode steps
+    lengths = {T for _, _, T, _ in flash_decode_calls}
+    assert max(lengths) == 23 if "full_attention" in types else max(lengths) <= 16
+
+
+def _refused(tat, model, match):
     from torch_aura.integrations.transformers import gdn
 
-    model = tiny_llama(hf_transformers, head_dim=48)
-    with pytest.raises(ValueError, match=r"head_dim 48.*\[64, 80, 96, 128, 192, 256, 512\]"):
+    before = implementations(model)
+    with pytest.raises(ValueError, match=match) as e:
         tat.enable(model)
-    assert model.config._attn_implementation == "sdpa"
-    assert gdn.patched() == []
+    assert "enable()" in str(e.value) and "keep the model's own attention implementation" in str(e.value)
+    assert implementations(model) == before and gdn.patched() == []
+    return str(e.value)
 
 
-def test_enable_refuses_a_model_without_attention_interface(hf_transformers, tat, monkeypatch):
-    from torch_aura.integrations.transformers import gdn
+REFUSED = {
+    "gemma2": r"soft-capping \(attn_logit_softcapping=50\.0\)",
+    "gpt_oss": r"attention sinks \(GptOssAttention passes s_aux=a tensor.*does not support SDPA",
+    "deepseek_v3": r"multi-head latent attention \(kv_lora_rank=32, K head dim 64, V head dim 64\)",
+    "bart": r"cross attention \(BartAttention at model\.decoder\.layers\.0\.encoder_attn\)",
+    "bloom": r"does not route attention through transformers' AttentionInterface",
+    "mamba": r"no attention layer that calls ALL_ATTENTION_FUNCTIONS",
+    "deepseek_v32": r"sparse attention \(DeepseekV32Attention passes indices=",
+}
 
-    model = tiny_llama(hf_transformers)
-    # what transformers decides from the model's source for models that predate the interface
-    monkeypatch.setattr(type(model), "_can_set_attn_implementation", classmethod(lambda cls: False))
-    with pytest.raises(ValueError, match="AttentionInterface"):
-        tat.enable(model)
-    assert model.config._attn_implementation == "sdpa" and gdn.patched() == []
+
+@pytest.mark.parametrize("family", REFUSED)
+def test_enable_refuses_what_aura_cannot_compute_and_changes_nothing(tat, family):
+    from transformers import AutoModelForCausalLM
+
+    from _hf_zoo import tiny_config
+
+    if family == "deepseek_v32":  # its own generate fails tiny (not built in the walk); enable() needs no forward
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(tiny_config(family)).eval()
+    else:
+        model = build(family)
+    _refused(tat, model, REFUSED[family])
+
+
+def test_enable_refuses_mla_k_v_head_dims_by_their_own_names(hf_transformers, tat):
+    """The check once read the rope dim (config.head_dim of an MLA model) as the attention head dim."""
+    cfg = hf_transformers.DeepseekV3Config(vocab_size=128, hidden_size=128, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=32,
+                                           q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                                           n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                           moe_intermediate_size=32, first_k_dense_replace=1)
+    message = _refused(tat, hf_transformers.DeepseekV3ForCausalLM(cfg).eval(),
+                       r"K head dim 192, V head dim 128")
+    assert "head_dim 64" not in message
+
+
+def test_enable_refuses_an_unsupported_head_dim_and_patches_no_gdn(hf_transformers, tat):
+    _refused(tat, tiny_llama(hf_transformers, head_dim=48), r"head_dim 48: flash_decode supports \[64, 80, 96, 128")
+    # a GDN model refused for its attention: the GDN patch must not happen either
+    _refused(tat, tiny_qwen3_next(hf_transformers, attention_head_dim=48), r"head_dim 48")
 
 
 def test_enable_without_attention_needs_gdn_layers(hf_transformers, tat):
@@ -83,16 +151,70 @@ def test_enable_without_attention_needs_gdn_layers(hf_transformers, tat):
         tat.enable(tiny_llama(hf_transformers), attention=False)
 
 
+def test_aura_refuses_sinks_at_call_time_when_selected_by_hand(tat):
+    """A model enable() refuses but set to "aura" anyway must raise, not drop its sinks."""
+    model = build("gpt_oss")
+    tat.enable()  # registers "aura" only
+    model.set_attn_implementation("aura")
+    with pytest.raises(ValueError, match=r"attention sinks \(s_aux\).*keep the model's own"):
+        model(torch.randint(4, 128, (1, 5)))
+
+
+def test_disable_restores_what_the_model_had(hf_transformers, tat):
+    torch.manual_seed(0)
+    cfg = hf_transformers.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+    eager = hf_transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    assert eager.config._attn_implementation == "eager"
+    tat.enable(eager)
+    tat.enable(eager)  # a second enable() must not record "aura" as what the model had
+    tat.disable(eager)
+    assert eager.config._attn_implementation == "eager"
+    tat.disable(eager)  # nothing left to undo: unchanged
+    assert eager.config._attn_implementation == "eager"
+    # a composite model: each sub-config gets its own implementation back
+    vlm = build("gemma3")
+    before = implementations(vlm)
+    assert len(before) >= 2
+    tat.enable(vlm)
+    tat.disable(vlm)
+    assert implementations(vlm) == before
+    tat.disable(vlm, attn_implementation="eager")  # an explicit choice is applied
+    assert set(implementations(vlm)) == {"eager"}
+
+
+def test_gdn_patch_is_process_wide_and_said_so(hf_transformers, tat):
+    first, second = tiny_qwen3_next(hf_transformers), tiny_qwen3_next(hf_transformers)
+    module = importlib.import_module(QWEN3_NEXT)
+    out = tat.enable(first)
+    assert out["gdn"] == [QWEN3_NEXT] and out["gdn_scope"] == "process" and out["attention"] == "aura"
+    # the other instance, never enabled, runs our kernels too (module globals), on its own attention
+    from torch_aura.integrations.transformers import gdn
+
+    assert module.torch_chunk_gated_delta_rule is gdn.chunk_gated_delta_rule
+    assert second.config._attn_implementation == "sdpa"
+    tat.disable(first)
+    assert module.torch_chunk_gated_delta_rule is not gdn.chunk_gated_delta_rule and gdn.patched() == []
+
+
 def test_aura_is_registered_for_attention_and_mask(hf_transformers, tat):
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     tat.enable()
-    try:
-        # without the mask entry transformers would build no mask for "aura" (padded rows unmasked)
-        assert "aura" in ALL_MASK_ATTENTION_FUNCTIONS and "aura" in ALL_ATTENTION_FUNCTIONS
-    finally:
-        tat.disable()
+    # without the mask entry transformers would build no mask for "aura" (padded rows unmasked)
+    assert "aura" in ALL_MASK_ATTENTION_FUNCTIONS and "aura" in ALL_ATTENTION_FUNCTIONS
+
+
+def test_the_attention_call_scan_reads_each_family_convention(hf_transformers, tat):
+    """Contract with transformers: attention modules bind ALL_ATTENTION_FUNCTIONS to a local name
+    and call it with keywords; the scan must find Llama's call and Gemma2's softcap argument."""
+    from torch_aura.integrations.transformers import _support
+
+    found = _support.attention_modules(tiny_llama(hf_transformers))
+    assert len(found) == 2 and all(set(args) == {"dropout", "scaling"} for _, _, args in found)
+    gemma2 = _support.attention_modules(build("gemma2"))
+    assert {args["softcap"] for _, _, args in gemma2} == {50.0}
 
 
 def test_unsupported_transformers_version_is_named(monkeypatch, hf_transformers):
@@ -104,3 +226,17 @@ def test_unsupported_transformers_version_is_named(monkeypatch, hf_transformers)
     monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.57.1")
     with pytest.raises(ImportError, match=r"supports transformers >= 5\.24, < 5\.25.*found 4\.57\.1"):
         _version.require_transformers()
+
+
+def test_teacher_forced_helper_is_exact_on_the_dense_path(hf_transformers, tat):
+    """The helper the cache tests compare against: enable() + DynamicCache equals the own path."""
+    model = tiny_llama(hf_transformers)
+    g = torch.Generator().manual_seed(3)
+    ids, steps = torch.randint(1, 128, (2, 9), generator=g), torch.randint(1, 128, (2, 6), generator=g)
+    ref = teacher_forced(model, ids, None, hf_transformers.DynamicCache(config=model.config), steps)
+    tat.enable(model)
+    try:
+        ours = teacher_forced(model, ids, None, hf_transformers.DynamicCache(config=model.config), steps)
+    finally:
+        tat.disable(model)
+    assert (ours - ref).abs().max().item() <= 1e-4

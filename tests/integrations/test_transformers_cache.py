@@ -1,28 +1,14 @@
 """``AuraKVCache`` inside real (tiny, random-weight) transformers models: the compressed-domain
 attention equals SDPA over the dequantized cache, aura8 keeps the dense model's argmax, padded
-batches equal their rows run alone, beam search, crop, reset and growth work, the memory is
-reported, and a hybrid Qwen3-Next runs our GDN kernels beside the compressed attention layers."""
+batches equal their rows run alone, crop, reset, growth and ``max_cache_len`` work, the memory is
+reported, and a hybrid Qwen3-Next runs our GDN kernels beside the compressed attention layers.
+(Refusals: test_transformers_cache_checks.py; generate modes: test_transformers_cache_generate.py.)"""
 
 import pytest
 import torch
 
 import torch_aura
 from _hf_models import teacher_forced, tiny_llama, tiny_qwen3_next
-
-
-@pytest.fixture(scope="module")
-def tat(hf_transformers):
-    from torch_aura.integrations import transformers as tat
-
-    return tat
-
-
-@pytest.fixture
-def llama(hf_transformers, tat):
-    model = tiny_llama(hf_transformers)
-    tat.enable(model)
-    yield model
-    tat.disable(model)
 
 
 def test_compressed_decode_equals_sdpa_over_the_dequantized_cache(hf_transformers, tat):
@@ -34,15 +20,13 @@ def test_compressed_decode_equals_sdpa_over_the_dequantized_cache(hf_transformer
     module = torch.nn.Module()
     module.is_causal, module.num_key_value_groups = True, Hq // Hkv
     k, v, q = torch.randn(B, Hkv, P, D), torch.randn(B, Hkv, P, D), torch.randn(B, Hq, P, D)
-    kw = {}
-    layer.update(k, v, kwargs=kw)
-    layer.attend(module, q, None, D ** -0.5, 0.0, {})
+    layer.attend(module, q, *layer.update(k, v, kwargs={}), None, D ** -0.5, 0.0, {})
     for _ in range(3):
         k1, v1, q1 = torch.randn(B, Hkv, 1, D), torch.randn(B, Hkv, 1, D), torch.randn(B, Hq, 1, D)
         kw = {}
-        layer.update(k1, v1, kwargs=kw)
+        k1, v1 = layer.update(k1, v1, kwargs=kw)
         assert kw["aura_kv_layer"] is layer
-        out = layer.attend(module, q1, None, D ** -0.5, 0.0, {})
+        out = layer.attend(module, q1, k1, v1, None, D ** -0.5, 0.0, {})
     a = layer.aura
     T = a.seq_lens[0].item()
     assert a.seq_lens.tolist() == [P + 3] * B
@@ -79,17 +63,16 @@ def test_left_padded_batch_equals_each_row_alone(hf_transformers, tat, llama):
         assert (batch[b] - alone[0]).abs().max().item() <= 1e-4, b
 
 
-def test_generate_greedy_beam_search_and_memory(hf_transformers, tat, llama):
+def test_max_cache_len_allocates_once_and_is_a_hard_limit(hf_transformers, tat, llama):
     ids = torch.randint(1, 128, (2, 10), generator=torch.Generator().manual_seed(7))
-    dense = llama.generate(ids, max_new_tokens=12, do_sample=False, num_beams=3, pad_token_id=0)
-    cache = tat.AuraKVCache(llama.config, scheme="aura8")
-    beams = llama.generate(ids, max_new_tokens=12, do_sample=False, num_beams=3, pad_token_id=0, cache=cache)
-    assert beams.shape == dense.shape
-    assert (beams == dense).float().mean().item() >= 0.9  # aura8 is near exact; beams may swap late
-    assert cache.layers[0].aura.batch == 2 * 3  # the cache followed the beams
-    greedy = llama.generate(ids, max_new_tokens=30, do_sample=False, pad_token_id=0,
-                            cache=tat.AuraKVCache(llama.config, scheme="aura8", max_cache_len=48))
-    assert greedy.shape == (2, 40)
+    cache = tat.AuraKVCache(llama.config, scheme="aura8", max_cache_len=48)
+    assert llama.generate(ids, max_new_tokens=30, do_sample=False, pad_token_id=0, cache=cache).shape == (2, 40)
+    assert cache.layers[0].aura.capacity == 48 and cache.get_max_length() == 48
+    held = cache.get_seq_length()
+    with pytest.raises(ValueError, match=r"max_cache_len=48 tokens per row, this step needs 49"):
+        with torch.no_grad():
+            llama(torch.randint(1, 128, (2, 10)), cache=cache, use_cache=True)
+    assert cache.get_seq_length() == held  # refused before anything was written
 
 
 def test_memory_is_reported_and_4_5x_smaller_than_bf16_for_aura4v2(hf_transformers, tat):
@@ -150,22 +133,3 @@ def test_hybrid_qwen3_next_runs_our_gdn_beside_the_compressed_cache(hf_transform
     assert isinstance(cache.layers[3], tat.AuraKVLayer) and cache.layers[3].aura.seq_lens.tolist() == [40, 33]
     agree = (dense.argmax(-1) == ours.argmax(-1)).float().mean().item()
     assert agree >= 0.98, agree
-
-
-def test_aura_kv_cache_refuses_what_it_cannot_hold(hf_transformers, tat):
-    model = tiny_llama(hf_transformers, head_dim=96, hidden=192)
-    with pytest.raises(ValueError, match=r"head_dim 96.*\[64, 128, 256, 512\]"):
-        tat.AuraKVCache(model.config)
-    with pytest.raises(ValueError, match="scheme"):
-        tat.AuraKVCache(tiny_llama(hf_transformers).config, scheme="aura5")
-    cfg = hf_transformers.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=128,
-                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                      head_dim=64, layer_types=["sliding_attention", "full_attention"])
-    with pytest.raises(ValueError, match=r"sliding_attention.*supported"):
-        tat.AuraKVCache(cfg)
-
-
-def test_aura_kv_cache_needs_the_aura_attention(hf_transformers, tat):
-    model = tiny_llama(hf_transformers)  # attention stays "sdpa": decode would miss the cache
-    with pytest.raises(ValueError, match="attn_implementation='aura'"):
-        model(torch.randint(1, 128, (1, 5)), cache=tat.AuraKVCache(model.config), use_cache=True)

@@ -9,8 +9,12 @@ gets no mask at all, which would silently unmask padded batches). What serves a 
   attends, in the compressed domain for every step after the prefill;
 - one query token per row and no mask (an unpadded batch): :func:`torch_aura.flash_decode` over
   the cache's ``[B, Hkv, T, D]`` tensors, every row holding T live tokens;
-- anything else (prefill, a padded batch, a head dim ``flash_decode`` lacks, dropout, softcap):
-  transformers' own SDPA function with the mask, so a mask is never dropped.
+- anything else (prefill, a padded batch, a head dim ``flash_decode`` lacks, dropout, a position
+  bias): transformers' own SDPA function with the mask, so a mask is never dropped.
+
+So every call equals ``sdpa_attention_forward`` on the same inputs, or raises: an argument SDPA
+would drop without computing it (attention sinks, sparse indices; ``_support.REFUSED_ARGUMENTS``)
+raises ``ValueError`` instead. ``enable()`` refuses such models before this function is selected.
 """
 
 from __future__ import annotations
@@ -23,17 +27,11 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..._checks.decode import SUPPORTED_HEAD_DIMS as DECODE_HEAD_DIMS
 from ...ops.decode import flash_decode
+from ._support import KEEP_OWN, REFUSED_ARGUMENTS
 
 NAME = "aura"
 # Key under which an AuraKVCache layer hands itself to the attention function (kwargs dict).
 LAYER_KEY = "aura_kv_layer"
-
-
-def head_dim_of(text_config) -> int | None:
-    """The attention head dim a transformers text config implies, or None without attention heads."""
-    if not getattr(text_config, "num_attention_heads", None):
-        return None
-    return getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
 
 
 def aura_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -45,21 +43,31 @@ def aura_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
         module: the calling attention module (its ``is_causal`` and ``num_key_value_groups`` are
             read by the SDPA fallback).
         query: ``[B, Hq, L, D]``.
-        key, value: ``[B, Hkv, T, D]`` as returned by ``cache.update`` (not head-repeated).
+        key, value: ``[B, Hkv, T, D]`` as returned by ``cache.update`` (not head-repeated); value's
+            head dim may differ from D (then SDPA serves the call).
         attention_mask: the ``"aura"`` mask (SDPA's boolean ``[B, 1, L, T]``) or None.
         dropout: attention dropout (training only; takes the SDPA path).
         scaling: softmax scale, default ``D ** -0.5``.
         **kwargs: transformers' per-call kwargs; may carry an AuraKVCache layer.
 
     Returns:
-        ``(out [B, L, Hq, D] in query's dtype, None)``.
+        ``(out [B, L, Hq, Dv] in query's dtype, None)``.
+
+    Raises:
+        ValueError: ``kwargs`` carries an argument SDPA does not compute (sinks, sparse indices,
+            soft-capping), named with its module; nothing is attended.
     """
+    refused = [REFUSED_ARGUMENTS[k] + f" ({k})" for k in REFUSED_ARGUMENTS if kwargs.get(k) is not None]
+    if refused:
+        raise ValueError(f"attn_implementation='aura': {type(module).__name__} asks for {', '.join(refused)}, which "
+                         f"SDPA, the base of 'aura', does not compute; {KEEP_OWN}")
     layer = kwargs.pop(LAYER_KEY, None)
     if layer is not None:
-        return layer.attend(module, query, attention_mask, scaling, dropout, kwargs), None
+        return layer.attend(module, query, key, value, attention_mask, scaling, dropout, kwargs), None
     B, Hq, L, D = query.shape
-    if (L == 1 and attention_mask is None and dropout == 0.0 and kwargs.get("softcap") is None
-            and D in DECODE_HEAD_DIMS and key.stride(-1) == 1 and value.stride(-1) == 1):
+    if (L == 1 and attention_mask is None and dropout == 0.0 and kwargs.get("position_bias") is None
+            and D in DECODE_HEAD_DIMS and key.shape[-1] == D and value.shape[-1] == D
+            and key.stride(-1) == 1 and value.stride(-1) == 1):
         T = key.shape[2]
         seq_lens = torch.full((B,), T, dtype=torch.int32, device=query.device)
         out, _ = flash_decode(query[:, :, 0], key, value, seq_lens, scale=scaling)

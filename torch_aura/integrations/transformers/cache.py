@@ -1,50 +1,91 @@
 """``AuraKVCache``: a transformers ``Cache`` whose attention layers hold K/V AURA-compressed.
 
 Each full-attention layer is an :class:`AuraKVLayer` that owns one contiguous
-:class:`torch_aura.AuraCache` (``[B, Hkv, T_cap, PW]`` codes + fp32 norms); linear-attention
-(GDN) layers keep transformers' own ``LinearAttentionLayer``, so a hybrid model such as Qwen3-Next
-carries its recurrent state beside the compressed attention layers.
+:class:`torch_aura.AuraCache` (``[B, Hkv, T_cap, PW]`` codes + fp32 norms). Every other layer keeps
+the layer transformers' own ``DynamicCache`` would give it, read from the same
+``get_layer_types_and_kwargs``: linear-attention (GDN, conv) layers their ``LinearAttentionLayer``,
+so a hybrid model such as Qwen3-Next carries its recurrent state beside the compressed layers;
+sliding-window and chunked layers their dense ``DynamicSlidingWindowLayer``, which holds only the
+window (compressed instead when ``max_cache_len <= window``: no row can then leave the window).
 
 How a forward step runs (with ``attn_implementation="aura"``):
 
 - ``cache.update`` records the new K/V and puts the layer in the ``kwargs`` dict that
   transformers then passes to the attention function, which calls :meth:`AuraKVLayer.attend`.
+  Contract relied on (transformers 5.x attention modules): ``cache.update(k, v, layer_idx,
+  kwargs=kwargs)`` then ``attention_interface(..., **kwargs)`` with the same dict.
 - The first step (prefill) attends exactly, by SDPA over the new K/V with the mask, then
-  compresses them. Padded rows store only their real tokens (read off the mask), so each row is
-  compact: its tokens sit at slots ``[0, seq_len)`` and later steps need no mask.
+  compresses them. Left-padded rows store only their real tokens (read off the mask), so each row
+  is compact: its tokens sit at slots ``[0, seq_len)`` and later steps need no mask.
 - Every later step appends its tokens compressed and attends in the compressed domain through
   :func:`torch_aura.aura_decode` (one query: split-K decode; several: the causal form). The cache
   is never dequantized as a whole.
 
-Capacity grows by doubling (a copy of the compressed bytes, amortised); pass ``max_cache_len`` to
-allocate once. The contiguous layout, not the paged one, because paged decode reads norms 32 bytes
-apart and runs ~30% slower (benchmarks/results/aura_h100.md).
+The cache checks the model that uses it, not the config it was built from: a layer whose
+recorded K/V were not attended by ``"aura"`` before its next update, a model whose attention is no
+longer ``"aura"``, or a model of another depth or layer layout raises ``ValueError`` before that
+step attends (another attention function would attend the new tokens alone).
+
+Capacity grows by doubling (a copy of the compressed bytes, amortised); ``max_cache_len``
+allocates once and is a hard limit. The contiguous layout, not the paged one, because paged decode
+reads norms 32 bytes apart and runs ~30% slower (benchmarks/results/aura_h100.md).
 """
 
 from __future__ import annotations
 
+import numbers
+
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 from ...aura_cache import AuraCache, parse_scheme
-from ..._checks.aura import HEAD_DIMS as AURA_HEAD_DIMS
-from .attention import LAYER_KEY, NAME, head_dim_of, sdpa_attention_forward
+from . import _support
+from .attention import LAYER_KEY, NAME, sdpa_attention_forward
 
 _GRANULE = 256  # capacity is a multiple of this many tokens (aura_decode's reference block)
+_ENABLE = "call torch_aura.integrations.transformers.enable(model) first"
 
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def _counted(name: str, value, low: int, high: int | None = None, none_ok: bool = False) -> None:
+    """``value`` is an int in ``[low, high)`` (or None when ``none_ok``), else a ValueError naming it."""
+    if value is None and none_ok:
+        return
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low or (high and value >= high):
+        span = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ValueError(f"AuraKVCache: {name} must be an int {span}{' or None' if none_ok else ''}, got {value!r}")
+
+
+class _Layout:
+    """The layer types a cache was built for, checked once against each config that calls it."""
+
+    def __init__(self, layer_types: tuple[str, ...]):
+        self.layer_types, self._seen = layer_types, set()
+
+    def check(self, config) -> None:
+        if config is None or id(config) in self._seen:
+            return
+        theirs = tuple(get_layer_types_and_kwargs(_support.text_config(config))[0])
+        if theirs != self.layer_types:
+            raise ValueError(f"AuraKVCache was built for {len(self.layer_types)} layers {list(self.layer_types)}; the "
+                             f"model calling it has {len(theirs)} layers {list(theirs)}: build the cache from that "
+                             "model's config, AuraKVCache(model.config)")
+        self._seen.add(id(config))
+
+
 class AuraKVLayer(CacheLayerMixin):
-    """One full-attention layer's AURA-compressed K/V (see the module docstring).
+    """One attention layer's AURA-compressed K/V (see the module docstring).
 
     Args:
         scheme: ``"aura{kb}v{vb}"`` or ``"aura{b}"`` (bits in {2, 3, 4, 8}).
         layer_idx: the layer's index; with ``seed`` it selects the layer's sign masks.
         seed: seed of the sign masks.
-        max_cache_len: tokens per row to allocate at the first write, or None (grow by doubling).
+        max_cache_len: tokens per row allocated at the first write and never exceeded, or None
+            (grow by doubling).
     """
 
     is_compileable = False
@@ -52,12 +93,15 @@ class AuraKVLayer(CacheLayerMixin):
     is_croppable = True
     supports_early_init = False
 
-    def __init__(self, scheme: str, layer_idx: int, seed: int = 0, max_cache_len: int | None = None):
+    def __init__(self, scheme: str, layer_idx: int, seed: int = 0, max_cache_len: int | None = None,
+                 _layout: _Layout | None = None):
         super().__init__()
         self.scheme, self.layer_idx, self.seed, self.max_cache_len = scheme, layer_idx, seed, max_cache_len
         self.aura: AuraCache | None = None
         self.cumulative_length = 0  # positions seen (padding included): what generate counts
         self._new: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._config = None  # the config of the module that last attended: its implementation must stay "aura"
+        self._layout = _layout
 
     def __repr__(self):
         return f"AuraKVLayer({self.aura!r})" if self.aura is not None else f"AuraKVLayer({self.scheme!r}, empty)"
@@ -76,33 +120,88 @@ class AuraKVLayer(CacheLayerMixin):
 
         Returns ``(key_states, value_states)``: the prefill attends to them exactly; later steps
         ignore them and attend to the compressed cache.
+
+        Raises:
+            ValueError: before anything changes, when the previous step's K/V were not attended by
+                ``"aura"`` (the calling model is not on it), the model that attended last has left
+                ``"aura"``, the shapes do not match the rows held (a new batch needs ``reset()``),
+                or ``max_cache_len`` would be exceeded.
         """
+        where = f"AuraKVCache layer {self.layer_idx}"
         if kwargs is None:
-            raise RuntimeError("AuraKVCache: the model called cache.update without its kwargs dict, so "
-                               "the 'aura' attention cannot reach the compressed cache; this model's "
-                               "attention is not supported")
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+            raise ValueError(f"{where}: the model called cache.update without its kwargs dict, so the 'aura' "
+                             f"attention cannot reach the compressed cache; {_support.USE_DYNAMIC}")
+        if self._new is not None:
+            raise ValueError(f"{where}: the K/V of the previous step were never attended by attn_implementation="
+                             f"{NAME!r}: the model calling this cache attends with another implementation, which "
+                             f"would see only the new tokens. {_ENABLE}, then reset() the cache")
+        implementation = getattr(self._config, "_attn_implementation", NAME)
+        if implementation != NAME:
+            raise ValueError(f"{where}: the model that filled this cache now runs attn_implementation="
+                             f"{implementation!r}, which would attend the new tokens alone; {_ENABLE}, or reset() "
+                             f"the cache (or use transformers' DynamicCache)")
+        B, Hkv, L, D = key_states.shape
+        if value_states.shape[:-1] != key_states.shape[:-1] or value_states.shape[-1] != D:
+            raise ValueError(f"{where}: K {tuple(key_states.shape)} and V {tuple(value_states.shape)} must share one "
+                             f"shape (one head dim for K and V); {_support.USE_DYNAMIC}")
+        held = None if self.aura is None else (self.aura.batch, self.aura.kv_heads, self.aura.head_dim, self.aura.device)
+        if held != (B, Hkv, D, key_states.device):
+            if self.cumulative_length:
+                raise ValueError(f"{where}: holds {held[0]} rows of {held[1]} KV heads x {held[2]} on {held[3]}; this "
+                                 f"step has {B} x {Hkv} x {D} on {key_states.device}: reset() the cache for a new "
+                                 "batch (or batch_select_indices / reorder_cache to change its rows)")
+            self.lazy_initialization(key_states, value_states)  # the first step, or a new batch after reset()
+        if self.max_cache_len is not None and self.cumulative_length + L > self.max_cache_len:
+            raise ValueError(f"{where}: max_cache_len={self.max_cache_len} tokens per row, this step needs "
+                             f"{self.cumulative_length + L}: pass a larger max_cache_len, or None to grow")
         self._new = (key_states, value_states)
         kwargs[LAYER_KEY] = self
         return key_states, value_states
 
-    def attend(self, module, query: torch.Tensor, attention_mask, scaling, dropout, kwargs) -> torch.Tensor:
-        """Store the recorded K/V and attend ``query [B, Hq, L, D]``; returns ``[B, L, Hq, D]``."""
-        k, v = self._new
-        self._new = None
+    def attend(self, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, scaling,
+               dropout, kwargs) -> torch.Tensor:
+        """Store the recorded K/V and attend ``query [B, Hq, L, D]``; returns ``[B, L, Hq, D]``.
+
+        ``key`` and ``value`` must be the tensors :meth:`update` returned: the compressed cache
+        attends what it recorded, so a model that changes them in between would be misread.
+
+        Raises:
+            ValueError: the model changed K/V between ``cache.update`` and attention, or calls
+                attention twice per update (DiffLlama); it has another layer layout than the cache;
+                dropout (training); a model-built additive mask or a position bias, or a mask other
+                than left padding, which the compressed cache cannot apply.
+        """
+        recorded, self._new = self._new, None
+        name = type(module).__name__
+        if recorded is None or key is not recorded[0] or value is not recorded[1]:
+            raise ValueError(f"AuraKVCache: {name} changes K/V between cache.update and attention, or attends twice "
+                             "per update (as DiffLlama's split V does), and the compressed cache attends what it "
+                             f"recorded; {_support.USE_DYNAMIC}")
+        config = getattr(module, "config", None)
+        if self._layout is not None:
+            self._layout.check(config)
+        self._config = config
+        if dropout:
+            raise ValueError(f"AuraKVCache: attention dropout {dropout} (training mode) is not supported: call "
+                             "model.eval(), or use transformers' DynamicCache for training")
+        if attention_mask is not None and attention_mask.dtype != torch.bool:
+            raise ValueError(f"AuraKVCache: {name} builds its own additive attention mask ({attention_mask.dtype}; "
+                             "'aura' makes boolean ones), which the compressed decode cannot apply; "
+                             f"{_support.USE_DYNAMIC}")
+        k, v = recorded
         L = k.shape[2]
         prefill = self.cumulative_length == 0
+        if prefill:
+            lengths = None if attention_mask is None else _left_padded_lengths(attention_mask)
+        elif kwargs.get("position_bias") is not None:
+            raise ValueError(f"AuraKVCache: {name} adds a position bias to the attention scores, which the "
+                             f"compressed-domain decode cannot apply; {_support.USE_DYNAMIC}")
+        elif L > 1 and attention_mask is not None:
+            _check_chunk_mask(attention_mask, self.aura.seq_lens, L)
         self._reserve(L)
         self.cumulative_length += L
         k_rows, v_rows = k.transpose(1, 2), v.transpose(1, 2)  # [B, L, Hkv, D], AuraCache's layout
         if prefill:
-            lengths = None
-            if attention_mask is not None:
-                # The last query row sees every real key of its row: those are the tokens to keep.
-                last = attention_mask[:, 0, -1, :]
-                valid = last if last.dtype == torch.bool else last == 0
-                lengths = valid.sum(-1, dtype=torch.int32)
             self.aura.append(k_rows, v_rows, lengths=lengths, left_padded=True)
             return sdpa_attention_forward(module, query, k, v, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)[0]
@@ -123,13 +222,14 @@ class AuraKVLayer(CacheLayerMixin):
         return self.cumulative_length
 
     def get_max_length(self) -> int:
-        return -1
+        return self.max_cache_len or -1
 
     def reset(self) -> None:
+        """Forget every token; the allocation is kept and reused when the next batch has its shape."""
         if self.aura is not None:
             self.aura.reset()
         self.cumulative_length = 0
-        self._new = None
+        self._new = self._config = None
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last ``-tokens_to_remove`` tokens (transformers' negative convention)."""
@@ -141,14 +241,14 @@ class AuraKVLayer(CacheLayerMixin):
             self.cumulative_length -= n
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        if self.aura is not None:
+        if self.aura is not None and self.cumulative_length:
             self.aura.select_rows(beam_idx.to(self.aura.device, torch.int64))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.reorder_cache(torch.as_tensor(indices))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.aura is not None:
+        if self.aura is not None and self.cumulative_length:
             rows = torch.arange(self.aura.batch, device=self.aura.device).repeat_interleave(repeats)
             self.aura.select_rows(rows)
 
@@ -170,22 +270,62 @@ class AuraKVLayer(CacheLayerMixin):
         return self.aura.dense_bytes(dtype) if self.aura is not None else 0
 
 
+def _left_padded_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Real tokens per row of a prefill, ``[B]`` int32; raises unless each row's real tokens come last.
+
+    One host read of the mask: a right-padded row would otherwise store its padding as tokens.
+    """
+    last = attention_mask[:, 0, -1, :]  # the last query sees every real key of its row
+    T = last.shape[-1]
+    lengths = last.sum(-1, dtype=torch.int32)
+    expected = torch.arange(T, device=last.device)[None, :] >= (T - lengths)[:, None]
+    if not torch.equal(last, expected):
+        raise ValueError("AuraKVCache: the prefill's mask is not left padding (each row's real tokens last), so "
+                         "its rows cannot be stored compact; pad on the left (tokenizer padding_side='left'), or "
+                         f"{_support.USE_DYNAMIC}")
+    return lengths
+
+
+def _check_chunk_mask(attention_mask: torch.Tensor, seq_lens: torch.Tensor, L: int) -> None:
+    """A later chunk of L tokens (assisted decoding, a continued prompt) must see each row's
+    ``seq_lens`` cached tokens and itself causally: what the compressed cache attends without a
+    mask. One host read."""
+    seen = attention_mask[:, 0].sum(-1)  # [B, L] keys each query sees
+    expected = seq_lens[:, None].to(seen.dtype) + 1 + torch.arange(L, device=seen.device)[None, :]
+    if not torch.equal(seen, expected):
+        raise ValueError(f"AuraKVCache: a chunk of {L} new tokens comes with padding or a mask the compressed cache "
+                         f"cannot apply (it attends each row's cached tokens and the chunk causally); "
+                         f"{_support.USE_DYNAMIC}")
+
+
 class AuraKVCache(Cache):
     """A transformers cache that stores every full-attention layer AURA-compressed.
 
     Pass it to ``generate(..., cache=AuraKVCache(model.config))`` (``past_key_values=`` on older
     5.x) or to a forward call, on a model whose attention implementation is ``"aura"``
-    (:func:`torch_aura.integrations.transformers.enable` sets it). Hybrid models keep their
-    linear-attention layers' recurrent state in transformers' ``LinearAttentionLayer``.
+    (:func:`torch_aura.integrations.transformers.enable` sets it). Layers it does not compress keep
+    the layer ``DynamicCache`` would give them: linear attention its recurrent state, sliding windows
+    and chunked attention their dense window (compressed too when ``max_cache_len`` fits the window).
 
     Args:
-        config: the model's config (its text config's ``layer_types`` picks each layer's kind).
+        config: the model's config; its text config's layer types (transformers'
+            ``get_layer_types_and_kwargs``) pick each layer's kind.
         scheme: ``"aura8"``, ``"aura4"``, ``"aura4v2"``, ... (``"aura{kb}v{vb}"``, bits in {2, 3, 4, 8}).
-        seed: seed of the per-layer sign masks.
-        max_cache_len: tokens per row to allocate up front, or None to grow by doubling.
+        seed: seed of the per-layer sign masks, an int in ``[0, 2**64)``.
+        max_cache_len: tokens per row allocated up front and never exceeded (a step past it raises
+            before anything changes), or None to grow by doubling.
+
+    Attributes:
+        layout: one ``_support.LayerSpec`` per layer: ``kind`` ``"aura"`` (compressed),
+            ``"window"`` (dense sliding window), ``"linear"`` or ``"dummy"``.
 
     Raises:
-        ValueError: an unknown scheme, or a layer type other than full or linear attention.
+        ValueError: a bad argument (scheme, seed, max_cache_len, a config that is not a transformers
+            config), or a model it cannot hold, all named in one message with the alternative:
+            soft-capping, MLA or K/V head dims that differ, encoder-decoder / cross attention, KV
+            sharing, a layer type other than full, sliding, chunked or linear attention, a head dim
+            AURA lacks, or no layer to compress (every attention layer slides past
+            ``max_cache_len``).
 
     Example:
         >>> import torch, transformers, torch_aura.integrations.transformers as tat
@@ -196,35 +336,32 @@ class AuraKVCache(Cache):
         >>> cache = tat.AuraKVCache(model.config, scheme="aura8")
         >>> out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, min_new_tokens=4,
         ...                      do_sample=False, cache=cache)
-        >>> out.shape, cache.get_seq_length()
-        (torch.Size([1, 7]), 6)
+        >>> out.shape, cache.get_seq_length(), [spec.kind for spec in cache.layout]
+        (torch.Size([1, 7]), 6, ['aura', 'aura'])
     """
 
-    SUPPORTED_LAYER_TYPES = ("full_attention", "linear_attention")
-
     def __init__(self, config, scheme: str = "aura4v2", seed: int = 0, max_cache_len: int | None = None):
+        if not callable(getattr(config, "get_text_config", None)):
+            raise ValueError(f"AuraKVCache: config must be a transformers PretrainedConfig (model.config), got "
+                             f"{type(config).__name__}")
         parse_scheme(scheme)  # names a bad scheme before anything is built
-        text = config.get_text_config(decoder=True)
-        n = text.num_hidden_layers
-        types = list(getattr(text, "layer_types", None) or ["full_attention"] * n)
-        bad = sorted({t for t in types if t not in self.SUPPORTED_LAYER_TYPES})
-        if bad:
-            raise ValueError(f"AuraKVCache: layer types {bad} are not supported; supported: "
-                             f"{list(self.SUPPORTED_LAYER_TYPES)}")
-        D = head_dim_of(text)
-        if "full_attention" in types and D not in AURA_HEAD_DIMS:
-            raise ValueError(f"AuraKVCache: attention head_dim {D} is not supported; AURA supports "
-                             f"{list(AURA_HEAD_DIMS)} (its Hadamard rotation needs a power of two)")
-        layers = [AuraKVLayer(scheme, i, seed, max_cache_len) if t == "full_attention" else LinearAttentionLayer()
-                  for i, t in enumerate(types)]
+        _counted("seed", seed, 0, 2 ** 64)
+        _counted("max_cache_len", max_cache_len, 1, none_ok=True)
+        specs, problems = _support.cache_layout(config, max_cache_len)
+        if problems:
+            raise ValueError(f"AuraKVCache cannot hold {type(config).__name__}: " + " ".join(problems.values()))
+        layout = _Layout(tuple(s.layer_type for s in specs))
+        layers = [AuraKVLayer(scheme, i, seed, max_cache_len, layout) if s.kind == "aura"
+                  else DYNAMIC_LAYER_TYPE_MAPPING[s.layer_type](**s.kwargs) for i, s in enumerate(specs)]
         super().__init__(layers=layers)
-        self.scheme, self._text_config = scheme, text
+        self.scheme, self.layout = scheme, tuple(specs)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        if self._text_config._attn_implementation != NAME:
-            raise ValueError(f"AuraKVCache needs attn_implementation={NAME!r} (its layers attend in the "
-                             f"compressed domain), the model uses {self._text_config._attn_implementation!r}: "
-                             "call torch_aura.integrations.transformers.enable(model) first")
+        if not 0 <= layer_idx < len(self.layers) or self.layout[layer_idx].kind not in ("aura", "window"):
+            kinds = [s.layer_type for s in self.layout]
+            raise ValueError(f"AuraKVCache: the model writes attention K/V to layer {layer_idx}, but the cache was built "
+                             f"for {len(kinds)} layers {kinds}: build it from the calling model's config, "
+                             "AuraKVCache(model.config)")
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @property
@@ -232,9 +369,10 @@ class AuraKVCache(Cache):
         return [layer for layer in self.layers if isinstance(layer, AuraKVLayer)]
 
     def memory_bytes(self) -> int:
-        """Bytes held by the compressed K/V of every attention layer (codes + norms)."""
+        """Bytes held by the compressed K/V of every compressed layer (codes + norms)."""
         return sum(layer.memory_bytes() for layer in self.aura_layers)
 
     def dense_bytes(self, dtype: torch.dtype = torch.bfloat16) -> int:
-        """Bytes a dense ``dtype`` K/V cache with the same token slots would take."""
+        """Bytes a dense ``dtype`` K/V cache with the compressed layers' token slots would take."""
         return sum(layer.dense_bytes(dtype) for layer in self.aura_layers)
+

@@ -54,6 +54,7 @@ __all__ = [
     "modules_of",
     "patch",
     "unpatch",
+    "head_dim_refusals",
     "patched",
 ]
 
@@ -217,17 +218,24 @@ def modules_of(model: torch.nn.Module) -> set[str]:
     return {type(m).__module__ for m in model.modules()} & known.keys()
 
 
-def _check_head_dims(model: torch.nn.Module) -> None:
+def head_dim_refusals(model: torch.nn.Module) -> list[str]:
+    """Why the GDN ops cannot serve ``model``'s linear-attention head dims (empty: they can).
+
+    Args:
+        model: any ``torch.nn.Module``; its config's ``linear_key_head_dim`` and
+            ``linear_value_head_dim`` are read when it has them.
+
+    Returns:
+        One sentence per head dim outside ``1..256``, naming the value and the supported range.
+    """
     config = getattr(model, "config", None)
     if config is None:
-        return
+        return []
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for attr in ("linear_key_head_dim", "linear_value_head_dim"):
-        size = getattr(text, attr, None)
-        if size is not None and not 1 <= size <= MAX_HEAD_DIM:
-            raise ValueError(
-                f"{type(model).__name__}: config.{attr} = {size}; torch_aura's GDN ops support "
-                f"head dims K and V in 1..{MAX_HEAD_DIM}")
+    return [f"{type(model).__name__}: config.{attr} = {size}; torch_aura's GDN ops support head dims K and V in "
+            f"1..{MAX_HEAD_DIM}; pass gdn=False to leave GDN layers to transformers."
+            for attr in ("linear_key_head_dim", "linear_value_head_dim")
+            if (size := getattr(text, attr, None)) is not None and not 1 <= size <= MAX_HEAD_DIM]
 
 
 def patch(module_names: Iterable[str] | None = None, *, model: torch.nn.Module | None = None
@@ -254,8 +262,9 @@ def patch(module_names: Iterable[str] | None = None, *, model: torch.nn.Module |
         ImportError: transformers is missing or outside the supported versions.
     """
     known = discover()
-    if model is not None:
-        _check_head_dims(model)
+    problems = head_dim_refusals(model) if model is not None else []
+    if problems:
+        raise ValueError(" ".join(problems))
     if module_names is None:
         names = sorted(modules_of(model) if model is not None else known)
     else:
@@ -285,18 +294,20 @@ def patch(module_names: Iterable[str] | None = None, *, model: torch.nn.Module |
     return names
 
 
-def unpatch() -> list[str]:
-    """Restore every global :func:`patch` replaced.
+def unpatch(module_names: Iterable[str] | None = None) -> list[str]:
+    """Restore the globals :func:`patch` replaced.
+
+    Args:
+        module_names: the modules to restore (names not patched are skipped); None restores all.
 
     Returns:
         The restored module names, sorted (empty when nothing was patched).
     """
-    restored = sorted(_ORIGINALS)
+    restored = sorted(_ORIGINALS if module_names is None else set(module_names) & _ORIGINALS.keys())
     for name in restored:
         module = importlib.import_module(name)
-        for global_name, original in _ORIGINALS[name].items():
+        for global_name, original in _ORIGINALS.pop(name).items():
             setattr(module, global_name, original)
-    _ORIGINALS.clear()
     return restored
 
 
