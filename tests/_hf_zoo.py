@@ -159,7 +159,14 @@ def build(family: str):
     except NotBuilt:
         raise
     except Exception as e:  # what the family's own config or model refuses for a tiny size
-        raise NotBuilt(f"{type(e).__name__}: {str(e).splitlines()[0][:90]}") from e
+        raise NotBuilt(_reason(e)) from e
+
+
+def _reason(e: Exception) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [""]
+    # a config validator's own error is on its last line ("ValueError: ..."), others on the first
+    text = lines[-1] if "validation error" in lines[0] else f"{type(e).__name__}: {lines[0]}"
+    return text[:80]
 
 
 @contextlib.contextmanager
@@ -203,7 +210,7 @@ def walk(family: str) -> Row:
     except NotBuilt as e:
         return Row(family, f"not built: {e}", "")
     except Exception as e:  # the family's own tiny model does not generate: nothing to compare with
-        return Row(family, f"not built: its own generate fails ({type(e).__name__}: {str(e)[:60]})", "")
+        return Row(family, f"not built: its own generate fails ({_reason(e)})", "")
     failures = []
     before = implementations(model)
     try:
