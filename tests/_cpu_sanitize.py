@@ -9,7 +9,7 @@ from torch_aura.cpu import native
 
 def pytest_configure(config):
     lib = ctypes.CDLL(os.environ["AURA_CPU_SANITIZE_LIB"])
-    for name in ("aura_cpu_flash_p1", "aura_cpu_rotate", "aura_cpu_flash_p2", "aura_cpu_encode"):
+    for name in ("aura_cpu_flash_p1", "aura_cpu_rotate", "aura_cpu_flash_p2", "aura_cpu_encode", "aura_cpu_flash_decode"):
         entry, original = getattr(lib, name), getattr(native.LIB, name)
         entry.argtypes, entry.restype = original.argtypes, original.restype
     native.LIB = lib

@@ -11,4 +11,5 @@ g++ -O1 -g -std=c++17 -fopenmp-simd -pthread -fsanitize=address,undefined -fno-s
   -fno-omit-frame-pointer -shared -fPIC -I"$pyinc" csrc/cpu/*.cpp -o "$lib"
 export AURA_CPU_SANITIZE_LIB=$lib ASAN_OPTIONS=detect_leaks=0
 PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} LD_PRELOAD="$(g++ -print-file-name=libasan.so):$(g++ -print-file-name=libubsan.so)" \
-  python -m pytest -q -p no:cacheprovider -p _cpu_sanitize tests/reference/test_cpu_fast_aura.py "$@"
+  python -m pytest -q -p no:cacheprovider -p _cpu_sanitize tests/reference/test_cpu_fast_aura.py \
+  tests/reference/test_cpu_fast_decode.py "$@"

@@ -1,10 +1,12 @@
-"""The CPU fast path of the dense decode ops (torch_aura.cpu.decode, ATen's fused CPU attention)
-against the reference (torch_aura.reference.decode) on the same inputs.
+"""The CPU fast path of the dense decode ops (torch_aura.cpu.decode: C++ in csrc/cpu/decode.cpp, or
+ATen's fused CPU attention where the C++ library is not built) against the reference
+(torch_aura.reference.decode) on the same inputs.
 
 ``torch.ops.aura.flash_decode*`` on CPU tensors runs the fast path; the reference runs the CUDA
 kernel's split plan token by token and is the oracle. Cases: the shared samples, every GQA ratio
 1..8 on both layouts, lengths 0 / 1 / page - 1 / page + 1, NaN padding past a row's length (never
-read), NaN in a live token (propagates to its row only), non-contiguous views, 16-bit dtypes.
+read), NaN in a live token (propagates to its row only), non-contiguous views, 16-bit dtypes; each
+through both implementations, and the native one equal bit for bit at any thread count.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 import torch_aura as ta
 from torch_aura import backends
-from torch_aura.cpu import FAST_PATHS
+from torch_aura.cpu import FAST_PATHS, native
 from torch_aura.reference import decode as R
 
 from _samples import all_samples
@@ -35,6 +37,17 @@ def _same(name, ours, ref):
     assert_close(f"{name} lse", lse, r_lse, RATIO[torch.float32])
 
 
+@pytest.fixture(params=["native", "aten"])
+def impl(request, monkeypatch):
+    """Which implementation serves: the C++ library where built (ATen still takes contiguous caches of
+    one length), or ATen's attention for everything without it."""
+    if request.param == "native" and native.LIB is None:
+        pytest.skip(f"no CPU extension: {native.REASON}")
+    if request.param == "aten":
+        monkeypatch.setattr(native, "LIB", None)
+    return request.param
+
+
 def test_fast_paths_serve_the_cpu():
     assert DECODE_FAST == ["flash_decode", "flash_decode_out"]
     for op in DECODE_FAST:
@@ -42,7 +55,7 @@ def test_fast_paths_serve_the_cpu():
 
 
 @pytest.mark.parametrize("op,sample", CASES, ids=[f"{op}-{s.id}" for op, s in CASES])
-def test_op_samples_match_reference(op, sample):
+def test_op_samples_match_reference(op, sample, impl):
     if op == "flash_decode_out":  # in place: each side writes its own copy of out and lse
         a, b = list(sample.args), list(sample.args)
         b[7], b[8] = a[7].clone(), a[8].clone()
@@ -75,7 +88,7 @@ def _paged_copy(x, table, page_size):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("page_size", [None, 16, 7], ids=lambda p: "contiguous" if p is None else f"page{p}")
 @pytest.mark.parametrize("G", [1, 2, 3, 4, 5, 6, 7, 8])
-def test_gqa_layouts_and_edge_lengths(G, page_size, dtype):
+def test_gqa_layouts_and_edge_lengths(G, page_size, dtype, impl):
     g = torch.Generator().manual_seed(G)
     Hkv, D, T = 2, 64, 33
     lens = [0, 1, 15, 17, 33]  # empty, one token, page - 1 and page + 1 (page 16), full
@@ -95,7 +108,7 @@ def test_gqa_layouts_and_edge_lengths(G, page_size, dtype):
     assert bool(torch.isfinite(out).all())
 
 
-def test_one_length_batch_and_a_nan_token_stays_in_its_row():
+def test_one_length_batch_and_a_nan_token_stays_in_its_row(impl):
     g = torch.Generator().manual_seed(11)
     q, k, v = torch.randn(3, 8, 128, generator=g), torch.randn(3, 4, 50, 128, generator=g), torch.randn(3, 4, 50, 128, generator=g)
     seq_lens = torch.full((3,), 40, dtype=torch.int32)
@@ -107,7 +120,7 @@ def test_one_length_batch_and_a_nan_token_stays_in_its_row():
     assert_close("nan", out, R.flash_decode(q, k, v, seq_lens)[0], RATIO[torch.float32])
 
 
-def test_non_contiguous_views_scale_and_data_errors():
+def test_non_contiguous_views_scale_and_data_errors(impl):
     g = torch.Generator().manual_seed(12)
     q = torch.randn(2, 12, 96, generator=g)[:, ::2]  # strided heads
     k = torch.randn(2, 70, 3, 96, generator=g).transpose(1, 2)  # [B, T, Hkv, D] storage
@@ -116,3 +129,28 @@ def test_non_contiguous_views_scale_and_data_errors():
     _same("views", ta.flash_decode(q, k, v, seq_lens, scale=0.3), R.flash_decode(q, k, v, seq_lens, scale=0.3))
     with pytest.raises(ValueError, match=r"seq_lens: expected values in \[0, 70\]"):
         ta.flash_decode(q, k, v, torch.tensor([71, 0], dtype=torch.int32))
+
+
+@pytest.mark.skipif(native.LIB is None, reason=f"no CPU extension: {native.REASON}")
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_native_answer_does_not_depend_on_threads_and_long_rows_split(paged):
+    """Blocks come from the shapes alone: 1 and 2 threads give the same bits; a long row (several
+    pass-1 blocks, merged) and a batch of short ones both match the reference."""
+    g = torch.Generator().manual_seed(13)
+    B, Hq, Hkv, D, T = 3, 8, 2, 128, 3000  # ragged: the native path on both layouts
+    q, k, v = torch.randn(B, Hq, D, generator=g), torch.randn(B, Hkv, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g)
+    lens = torch.tensor([3000, 700, 1], dtype=torch.int32)
+    table = None
+    if paged:
+        table = _page_table(B, T, 32, g)
+        k, v = _paged_copy(k, table, 32), _paged_copy(v, table, 32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ta.flash_decode(q, k, v, lens, table)
+        torch.set_num_threads(2)
+        two = ta.flash_decode(q, k, v, lens, table)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    _same("long", one, R.flash_decode(q, k, v, lens, table))

@@ -7,9 +7,10 @@ oracle the tests compare against, and what every other op on the CPU runs.
 ``TORCH_AURA_BACKENDS=ref`` (or a list without ``cpu``) leaves the CPU on the reference.
 
 * ``aura``: encode, cache write, rotation, pass 1, pass 2 and the whole decode in C++
-  (``torch_aura._C_cpu``, built where the install found a C++ compiler).
+  (``torch_aura._C_cpu``, built where the install found a C++ compiler; ``csrc/cpu/aura.cpp``).
 * ``gdn``: ``gdn_chunk`` in pure PyTorch, chunk-parallel matmuls with one state step per chunk.
-* ``decode``: ``flash_decode`` / ``flash_decode_out`` through ATen's fused CPU attention kernel.
+* ``decode``: ``flash_decode`` / ``flash_decode_out`` in C++ (``csrc/cpu/decode.cpp``, the same pass 1
+  and merge as AURA's: ``pass1.h``); without the build, ATen's fused CPU attention.
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
-"""Dense decode on the CPU through ATen's fused CPU attention kernel.
+"""Dense decode on the CPU: ``flash_decode`` / ``flash_decode_out`` with the reference's signature,
+checks and results up to fp32 rounding.
 
-``flash_decode`` is one query token per sequence; grouped by KV head it is ``G = Hq / Hkv`` query
-rows attending one KV head, which is exactly what ATen's CPU flash-attention kernel
-(``_scaled_dot_product_flash_attention_for_cpu``) computes, with fp32 accumulation and the log-sum-exp
-it returns beside the output. So the CPU needs no kernel of its own: this module adapts the layout.
+* A contiguous cache whose rows all hold the same length: ATen's fused CPU attention, the G query
+  heads of a KV head as G query rows (it returns the lse too), in one call over a view. Its GEMM
+  micro-kernels beat ours there (1 thread, 8/2 heads of 64, 4 x 2000 tokens: 0.60 against 1.5 ms).
+* Anything else (paged, or rows of different lengths), with the native library
+  (``csrc/cpu/decode.cpp`` through ``native``): one call for the whole batch. Rows are read in place
+  (fp32, bf16, fp16) up to each sequence's length only, so padding may hold anything; blocks of tokens
+  are split across threads and merged, with a block size from the shapes alone (the answer does not
+  depend on the thread count). ATen there needs a call per length (a mask would still read, and
+  multiply, the padding) and a gathered copy of the pages: 2-4x slower on vLLM-shaped batches.
+* Without the native library (no C++ compiler at install): ATen for every case, one call per row
+  where lengths differ.
 
-* Contiguous cache ``[B, Hkv, T_cap, D]``: a view of each row's live tokens, no copy.
-* Paged cache ``[num_blocks, page_size, Hkv, D]``: the used pages gathered into one copy.
-* One call for a batch whose rows have one length, else one call per row: a mask would still
-  read the padding past a row's length, which may hold anything (NaN included). Rows of length 0
-  give ``out = 0`` and ``lse = -inf``, as the reference defines them.
-
-The reference (``torch_aura.reference.decode``) runs the CUDA kernel's split plan token by token in
-Python, ~5-20x slower; the split count does not change the result beyond fp32 rounding, so it is
-ignored here. Data errors raise exactly as in the reference (the same ``_validate_data``).
+Either way rows of length 0 give ``out = 0`` and ``lse = -inf``, as the reference defines them, and
+the split count of the CUDA plan (``num_splits``) is ignored: it changes nothing beyond rounding. The
+reference replays that plan token by token in Python, 5-20x slower.
 """
 
 from __future__ import annotations
@@ -23,13 +25,24 @@ import math
 import torch
 
 from ..reference import decode as ref
+from . import native
 
 _attend = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+# Pass-1 items per call the native path aims for (blocks x sequences x KV heads), and its shortest block.
+_ITEMS, _MIN_BLOCK, _TILE = 64, 256, 32
+
+
+def _block_size(B: int, Hkv: int, max_len: int) -> int:
+    """Tokens per native pass-1 item: one block per sequence where B * Hkv already gives _ITEMS items,
+    else up to _ITEMS / (B * Hkv) blocks of at least _MIN_BLOCK tokens, rounded to whole tiles."""
+    splits = max(1, min(-(-max_len // _MIN_BLOCK), -(-_ITEMS // max(B * Hkv, 1))))
+    return max(_TILE, -(-(-(-max_len // splits)) // _TILE) * _TILE)
 
 
 def _tokens(cache: torch.Tensor, rows: slice, n: int, block_table: torch.Tensor | None) -> torch.Tensor:
     """Tokens ``[0, n)`` of the sequences ``rows`` as ``[r, Hkv, n, D]``: a view of a contiguous
-    cache, a gather of the used pages of a paged one. Nothing past ``n`` is read (padding may be NaN)."""
+    cache, a gather of the used pages of a paged one (ATen path)."""
     if block_table is None:
         return cache[rows, :, :n]
     page_size = cache.shape[1]
@@ -38,16 +51,11 @@ def _tokens(cache: torch.Tensor, rows: slice, n: int, block_table: torch.Tensor 
     return pages.reshape(r, n_pages * page_size, Hkv, D)[:, :n].transpose(1, 2)
 
 
-def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, num_splits=0):
-    lens = ref._validate_data(k_cache, seq_lens, block_table)
+def _flash_decode_aten(q, k_cache, v_cache, lens, block_table, scale, Hkv):
     B, Hq, D = q.shape
-    Hkv = k_cache.shape[2] if block_table is not None else k_cache.shape[1]
-    scale = D ** -0.5 if scale is None else float(scale)
     q_groups = q.reshape(B, Hkv, Hq // Hkv, D)  # the G query heads of KV head j are row j's queries
-    out = torch.zeros(B, Hq, D, dtype=q.dtype)  # a row of length 0: zeros and lse = -inf
+    out = torch.zeros(B, Hq, D, dtype=q.dtype)
     lse = torch.full((B, Hq), -math.inf, dtype=torch.float32)
-    # One call when every row has the same length; else one per row, since a mask would still read
-    # (and multiply) the padding, which may hold NaN.
     if lens and all(n == lens[0] for n in lens):
         batches = [(slice(None), lens[0])]
     else:
@@ -60,6 +68,23 @@ def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, nu
         out[rows] = o.reshape(-1, Hq, D)
         lse[rows] = l.reshape(-1, Hq)
     return out, lse
+
+
+def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, num_splits=0):
+    lens = ref._validate_data(k_cache, seq_lens, block_table)
+    B, Hq, D = q.shape
+    Hkv = k_cache.shape[2] if block_table is not None else k_cache.shape[1]
+    scale = D ** -0.5 if scale is None else float(scale)
+    uniform = block_table is None and all(n == lens[0] for n in lens)
+    if native.LIB is None or uniform:
+        return _flash_decode_aten(q, k_cache, v_cache, lens, block_table, scale, Hkv)
+    max_len = max(lens, default=0)
+    out = torch.empty(B, Hq, D, dtype=torch.float32)
+    lse = torch.empty(B, Hq, dtype=torch.float32)
+    q_scaled = (q.float() * scale).contiguous()  # a fresh tensor: kept alive for the native call
+    native.flash_decode(q_scaled, k_cache, v_cache, seq_lens.contiguous(), block_table, max_len,
+                        _block_size(B, Hkv, max_len), out, lse)
+    return out.to(q.dtype), lse
 
 
 def flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse):

@@ -29,6 +29,20 @@ class _P1Args(ctypes.Structure):
     ]
 
 
+class _DecodeArgs(ctypes.Structure):
+    """Field for field the ``DecodeArgs`` struct of csrc/cpu/decode.cpp."""
+    _fields_ = [
+        ("q", _ptr), ("k", _ptr), ("v", _ptr), ("kind", _i64), ("k_stride", _i64 * 3), ("v_stride", _i64 * 3),
+        ("seq_lens", _ptr), ("block_table", _ptr), ("bt_stride", _i64 * 2),
+        ("B", _i64), ("Hq", _i64), ("Hkv", _i64), ("D", _i64), ("max_len", _i64), ("page_size", _i64),
+        ("block_size", _i64), ("out", _ptr), ("lse", _ptr), ("threads", _i64),
+    ]
+
+
+# pass1.h's RowKind of a dense cache's dtype
+_ROW_KIND = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+
+
 def _load():
     spec = importlib.util.find_spec("torch_aura._C_cpu")
     if spec is None or not spec.origin:
@@ -44,6 +58,8 @@ def _load():
         lib.aura_cpu_flash_p2.restype = ctypes.c_int
         lib.aura_cpu_encode.argtypes = [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64]
         lib.aura_cpu_encode.restype = ctypes.c_int
+        lib.aura_cpu_flash_decode.argtypes = [ctypes.POINTER(_DecodeArgs)]
+        lib.aura_cpu_flash_decode.restype = ctypes.c_int
     except (OSError, AttributeError) as e:
         return None, f"cpu extension failed to load: {type(e).__name__}: {e}"
     return lib, None
@@ -126,3 +142,28 @@ def encode(x, sign_mask, codebook, boundaries, bits: int):
                                torch.get_num_threads()) != 0:
             raise RuntimeError("aura_encode (cpu): the native kernel could not start its threads")
     return codes, norms
+
+
+def flash_decode(q, k_cache, v_cache, seq_lens, block_table, max_len: int, block_size: int, out, lse) -> None:
+    """Fill ``out [B, Hq, D]`` and ``lse [B, Hq]`` (fp32, contiguous) in place.
+
+    ``q`` is fp32 contiguous ``[B, Hq, D]``, already scaled; ``k_cache`` / ``v_cache`` fp32, bf16 or
+    fp16 with a unit last stride, contiguous ``[B, Hkv, T, D]`` or paged ``[pages, page_size, Hkv, D]``
+    (``block_table`` int32 ``[B, max_pages]``, any strides); ``seq_lens`` int32 contiguous, each at most
+    ``max_len``; ``block_size`` tokens per pass-1 item.
+    """
+    B, Hq, D = q.shape
+    paged = block_table is not None
+    a = _DecodeArgs()
+    a.q, a.k, a.v, a.kind = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _ROW_KIND[k_cache.dtype]
+    a.k_stride[:] = [s * k_cache.element_size() for s in k_cache.stride()[:3]]  # elements -> bytes
+    a.v_stride[:] = [s * v_cache.element_size() for s in v_cache.stride()[:3]]
+    a.seq_lens = seq_lens.data_ptr()
+    a.block_table = block_table.data_ptr() if paged else None
+    a.bt_stride[:] = list(block_table.stride()) if paged else [0, 0]
+    a.B, a.Hq, a.D = B, Hq, D
+    a.Hkv = k_cache.shape[2] if paged else k_cache.shape[1]
+    a.max_len, a.page_size, a.block_size = max_len, k_cache.shape[1] if paged else 0, block_size
+    a.out, a.lse, a.threads = out.data_ptr(), lse.data_ptr(), torch.get_num_threads()
+    if LIB.aura_cpu_flash_decode(ctypes.byref(a)) != 0:
+        raise RuntimeError("flash_decode (cpu): the native kernel could not start its threads or allocate")

@@ -1,0 +1,386 @@
+// The CPU kernels' shared attention machinery: pass 1 (split-K partials of an online softmax over
+// tiles of K and V rows) and the log-sum-exp merge, for AURA's compressed rows (aura.cpp: codes
+// dequantised through byte tables, one norm per row) and for dense fp32 / bf16 / fp16 rows
+// (decode.cpp). Included by both; everything here is internal to each translation unit.
+//
+// Pass 1 work item = (sequence b, KV head, block n). Inside an item, tiles of TILE rows are loaded
+// once as fp32 and shared by the G query heads of the group and the L causal queries; scores and the
+// V accumulation run an online softmax over the tiles, which gives the reference's (max, sum,
+// weighted sum) up to fp32 rounding.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__  // (MSVC targets are all little-endian)
+#error "code streams and 16-bit floats are read as little-endian bytes (aura-format.md §6)"
+#endif
+
+// x86-64: one baseline build plus an AVX2/FMA clone picked at load time (ifunc), so a binary built
+// on one machine runs on any x86-64 and still uses the wide units where they exist.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__)
+#define AURA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define AURA_CLONES
+#endif
+
+namespace aura_cpu {
+namespace {
+
+// Floats of work under which starting another thread (~20-50 us) costs more than it saves.
+constexpr int64_t MIN_THREAD_WORK = int64_t(1) << 16;
+constexpr int TILE = 32;  // tokens dequantised together (K, V tiles stay in L1/L2); a multiple of 4 (dot4)
+
+// Byte -> its 8 / bits codebook values, built once per call for bits 2 and 4 (an 8-bit code byte
+// indexes the codebook itself; 3-bit codes straddle bytes and are looked up one by one).
+struct ByteTable {
+  int bits;
+  std::vector<float> values;  // [256][8 / bits]
+  const float* codebook;
+
+  ByteTable(const float* cb, int b) : bits(b), codebook(cb) {
+    if (b != 2 && b != 4) return;
+    const int per_byte = 8 / b;
+    values.resize(256 * per_byte);
+    for (int byte = 0; byte < 256; ++byte)
+      for (int j = 0; j < per_byte; ++j) values[byte * per_byte + j] = cb[(byte >> (j * b)) & ((1 << b) - 1)];
+  }
+};
+
+template <int W>  // W = codes per byte: 8 bytes per step, one fixed-size table copy per byte, no call
+static inline void expand_bytes(const float* __restrict table, const uint8_t* __restrict src, int64_t bytes,
+                                float* __restrict dst) {
+  for (int64_t i = 0; i < bytes; i += 8) {  // bytes = D * b / 8 is a multiple of 8 for every D, b
+    uint64_t word;
+    std::memcpy(&word, src + i, sizeof word);
+    for (int k = 0; k < 8; ++k)
+      std::memcpy(dst + (i + k) * W, table + ((word >> (8 * k)) & 0xFF) * W, sizeof(float) * W);
+  }
+}
+
+// Codes of one vector (a little-endian bit stream, code j at bits [j b, j b + b)) -> D floats.
+static inline void dequantise(const ByteTable& t, const uint8_t* src, int64_t D, float* dst) {
+  switch (t.bits) {
+    case 8: expand_bytes<1>(t.codebook, src, D, dst); break;
+    case 4: expand_bytes<2>(t.values.data(), src, D / 2, dst); break;
+    case 2: expand_bytes<4>(t.values.data(), src, D / 4, dst); break;
+    default:  // 3 bits: 8 codes in every 3 bytes (D is a multiple of 8)
+      for (int64_t i = 0; i < D / 8; ++i) {
+        const uint32_t v = src[3 * i] | (uint32_t(src[3 * i + 1]) << 8) | (uint32_t(src[3 * i + 2]) << 16);
+        for (int j = 0; j < 8; ++j) dst[8 * i + j] = t.codebook[(v >> (3 * j)) & 7];
+      }
+  }
+}
+
+// s[i] = q . k[i] for 4 rows at once: four independent accumulators hide the FMA latency.
+static inline void dot4(const float* q, const float* k, int64_t D, float* s) {
+  const float *k0 = k, *k1 = k + D, *k2 = k + 2 * D, *k3 = k + 3 * D;
+  float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+#pragma omp simd reduction(+ : d0, d1, d2, d3)
+  for (int64_t j = 0; j < D; ++j) {
+    d0 += q[j] * k0[j];
+    d1 += q[j] * k1[j];
+    d2 += q[j] * k2[j];
+    d3 += q[j] * k3[j];
+  }
+  s[0] = d0, s[1] = d1, s[2] = d2, s[3] = d3;
+}
+
+// Runs fn(first, step) on `threads` threads (the caller included): item i goes to thread i % threads.
+// One thread when the call's work (in floats touched) is too small to pay for starting others.
+template <class F>
+static int parallel(int64_t items, int64_t threads, int64_t work, const F& fn) {
+  threads = work < 2 * MIN_THREAD_WORK ? 1 : std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  try {
+    std::vector<std::thread> pool;
+    for (int64_t t = 1; t < threads; ++t) pool.emplace_back(fn, t, threads);
+    fn(0, threads);
+    for (auto& th : pool) th.join();
+  } catch (...) {  // no thread or no memory: reported as an error code, never thrown across C
+    return 1;
+  }
+  return 0;
+}
+
+// Where pass 1 reads one side's (K's or V's) rows. Strides in bytes: (b, h, t) of a contiguous cache,
+// (page, row, h) of a paged one.
+enum class RowKind : int64_t { Codes = 0, F32 = 1, BF16 = 2, F16 = 3 };
+
+struct RowSource {
+  RowKind kind;
+  const uint8_t* rows;
+  int64_t stride[3];
+  const float* norms = nullptr;  // Codes: one fp32 norm per row, strides in floats
+  int64_t norm_stride[3] = {0, 0, 0};
+  const ByteTable* table = nullptr;  // Codes: the codebook's byte table
+};
+
+static inline float half_to_float(uint16_t h) {  // IEEE binary16, subnormals and non-finites included
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0x1Fu) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (man << 13);
+  } else {  // zero or subnormal: man * 2^-24, exact in fp32
+    float f = float(man) * 5.9604644775390625e-08f;
+    std::memcpy(&bits, &f, sizeof bits);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Row (c0, c1, c2) of a side -> D fp32 values and its norm (1 for dense rows: scores and weights are
+// multiplied by it, exactly).
+static inline void load_row(const RowSource& s, int64_t c0, int64_t c1, int64_t c2, int64_t D, float* dst,
+                            float* norm) {
+  const uint8_t* row = s.rows + c0 * s.stride[0] + c1 * s.stride[1] + c2 * s.stride[2];
+  *norm = 1.0f;
+  switch (s.kind) {
+    case RowKind::Codes:
+      dequantise(*s.table, row, D, dst);
+      *norm = s.norms[c0 * s.norm_stride[0] + c1 * s.norm_stride[1] + c2 * s.norm_stride[2]];
+      break;
+    case RowKind::F32:
+      std::memcpy(dst, row, sizeof(float) * D);
+      break;
+    case RowKind::BF16:
+      for (int64_t j = 0; j < D; ++j) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * j, sizeof h);
+        const uint32_t bits = uint32_t(h) << 16;
+        std::memcpy(dst + j, &bits, sizeof bits);
+      }
+      break;
+    case RowKind::F16:
+      for (int64_t j = 0; j < D; ++j) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * j, sizeof h);
+        dst[j] = half_to_float(h);
+      }
+      break;
+  }
+}
+
+// The geometry of one pass-1 call.
+struct Pass1 {
+  const float* q;  // [B, L, Hq, D] contiguous fp32, already scaled (and, for AURA, rotated)
+  const int32_t* seq_lens;  // [B] contiguous
+  const int32_t* block_table;  // [B, max_pages] or null (contiguous cache)
+  int64_t bt_stride[2];
+  int64_t B, L, Hq, Hkv, D, capacity, page_size, block_size, num_blocks;
+  float* o;  // [B, L, Hq, NB, D]
+  float* m;  // [B, L, Hq, NB]
+  float* l;
+  int64_t threads;
+};
+
+// exp(x) for x <= 0 (scores minus their running max), written so the compiler vectorises it (libm's
+// expf is a scalar call per token and query). 2^n * e^r with |r| <= ln2 / 2 and a degree-6 Taylor
+// polynomial: relative error ~2.5e-7, about 1 ulp; x below -86 returns 0 (e^-86 < 5e-38 adds
+// nothing next to the max's p = 1, and keeps 2^n * p a normal float).
+static inline float exp_nonpositive(float x) {
+  const float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
+  const float kRound = 12582912.0f;  // 1.5 * 2^23: (v + kRound) - kRound rounds v to the nearest integer
+  const bool tiny = x < -86.0f;
+  x = tiny ? 0.0f : x;
+  const float n = (x * kLog2e + kRound) - kRound;
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  bits += int32_t(n) * (1 << 23);  // times 2^n (n in [-124, 0]: the result stays a normal float)
+  float e;
+  std::memcpy(&e, &bits, sizeof e);
+  return tiny ? 0.0f : e;
+}
+
+struct Scratch {
+  std::vector<float> k, v, kn, vn, s, pv, acc, run_m, run_l;  // pv, acc: rows padded to a multiple of 4
+  std::vector<uint8_t> poisoned;
+};
+
+constexpr int RB = 4, JB = 16;  // V accumulation register block: 4 query rows x 16 dims
+
+// acc[r][:] += sum_i pv[r][i] * v[i][:] for rows r0..r0+3: each V load feeds four FMAs and the
+// 4 x 16 accumulators stay in registers over the tile's tokens.
+static inline void accumulate_v(const float* pv, const float* v, int64_t nt, int64_t D, float* acc) {
+  for (int64_t j0 = 0; j0 < D; j0 += JB) {
+    float a[RB][JB];
+    for (int r = 0; r < RB; ++r)
+      for (int j = 0; j < JB; ++j) a[r][j] = acc[r * D + j0 + j];
+    for (int64_t i = 0; i < nt; ++i) {
+      const float* vi = v + i * D + j0;
+      for (int r = 0; r < RB; ++r) {
+        const float p = pv[r * TILE + i];
+        for (int j = 0; j < JB; ++j) a[r][j] += p * vi[j];
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int j = 0; j < JB; ++j) acc[r * D + j0 + j] = a[r][j];
+  }
+}
+
+AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v, int64_t item, Scratch& w) {
+  const int64_t NB = a.num_blocks, D = a.D, G = a.Hq / a.Hkv, L = a.L;
+  const int64_t n = item % NB, h = (item / NB) % a.Hkv, b = item / (NB * a.Hkv);
+  const int64_t seq = a.seq_lens[b];
+  const int64_t t0 = n * a.block_size, t1 = std::min(t0 + a.block_size, a.capacity);
+  const int64_t t_end = std::min(t1, seq);
+  const int64_t R = L * G;  // query rows of this item: (l, g)
+  const float NEG_INF = -std::numeric_limits<float>::infinity();
+  std::fill(w.acc.begin(), w.acc.end(), 0.0f);
+  std::fill(w.run_m.begin(), w.run_m.begin() + R, NEG_INF);
+  std::fill(w.run_l.begin(), w.run_l.begin() + R, 0.0f);
+  std::fill(w.poisoned.begin(), w.poisoned.begin() + R, 0);
+
+  for (int64_t ts = t0; ts < t_end; ts += TILE) {
+    const int64_t nt = std::min<int64_t>(TILE, t_end - ts);
+    for (int64_t i = 0; i < nt; ++i) {
+      const int64_t t = ts + i;
+      int64_t c0, c1, c2;  // (b, h, t) or (page, row, h)
+      if (a.block_table) {
+        c0 = a.block_table[b * a.bt_stride[0] + (t / a.page_size) * a.bt_stride[1]];
+        c1 = t % a.page_size;
+        c2 = h;
+      } else {
+        c0 = b, c1 = h, c2 = t;
+      }
+      load_row(k, c0, c1, c2, D, &w.k[i * D], &w.kn[i]);
+      load_row(v, c0, c1, c2, D, &w.v[i * D], &w.vn[i]);
+    }
+    std::fill(w.k.begin() + nt * D, w.k.end(), 0.0f);  // dot4 reads whole groups of 4 rows
+    // Scores and the online-softmax update per query row; pv[r][i] = p * norm_V, 0 where row r does
+    // not see token i (never 0 * a NaN norm: unseen tokens add exactly nothing).
+    std::fill(w.pv.begin(), w.pv.end(), 0.0f);
+    for (int64_t lq = 0; lq < L; ++lq) {
+      const int64_t last = seq - L + lq;  // causal query lq sees t <= last (L = 1: every live token)
+      const int64_t seen = std::min<int64_t>(nt, last - ts + 1);
+      if (seen <= 0) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t r = lq * G + g;
+        const float* q = a.q + ((b * L + lq) * a.Hq + h * G + g) * D;
+        float* s = &w.s[0];
+        float tile_max = NEG_INF;
+        for (int64_t i = 0; i < seen; i += 4) dot4(q, &w.k[i * D], D, s + i);  // rows past nt are zeros
+        for (int64_t i = 0; i < seen; ++i) {
+          s[i] *= w.kn[i];
+          if (std::isnan(s[i])) w.poisoned[r] = 1;
+          tile_max = std::max(tile_max, s[i]);
+        }
+        if (w.poisoned[r]) continue;  // the row's partial is NaN whatever comes next
+        const float m_new = std::max(w.run_m[r], tile_max);
+        if (m_new == NEG_INF) continue;  // every score -inf: nothing to add
+        const float rescale = w.run_m[r] == NEG_INF ? 0.0f : std::exp(w.run_m[r] - m_new);
+        float* acc = &w.acc[r * D];
+        if (rescale != 1.0f) {
+          for (int64_t j = 0; j < D; ++j) acc[j] *= rescale;
+        }
+        float l_sum = w.run_l[r] * rescale;
+        float* pv = &w.pv[r * TILE];
+#pragma omp simd reduction(+ : l_sum)
+        for (int64_t i = 0; i < seen; ++i) {
+          const float p = exp_nonpositive(s[i] - m_new);
+          l_sum += p;
+          pv[i] = p * w.vn[i];
+        }
+        w.run_m[r] = m_new;
+        w.run_l[r] = l_sum;
+      }
+    }
+    for (int64_t r0 = 0; r0 < R; r0 += RB) accumulate_v(&w.pv[r0 * TILE], w.v.data(), nt, D, &w.acc[r0 * D]);
+  }
+  const float NaN = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t lq = 0; lq < L; ++lq) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r = lq * G + g;
+      const int64_t row = ((b * L + lq) * a.Hq + h * G + g) * NB + n;  // index into m / l
+      float* o = a.o + row * D;
+      if (w.poisoned[r]) {  // NaN / Inf data: the reference's partial is NaN, so is ours
+        std::fill(o, o + D, NaN);
+        a.m[row] = NaN;
+        a.l[row] = NaN;
+      } else {
+        std::memcpy(o, &w.acc[r * D], sizeof(float) * D);
+        a.m[row] = w.run_m[r];
+        a.l[row] = w.run_l[r];
+      }
+    }
+  }
+}
+
+// Every item of a pass-1 call on a.threads threads; 0, or 1 where a thread could not start.
+inline int run_pass1(const Pass1& a, const RowSource& k, const RowSource& v) {
+  const int64_t items = a.B * a.Hkv * a.num_blocks;
+  const int64_t rows = a.L * (a.Hq / a.Hkv);
+  auto run = [&](int64_t first, int64_t step) {
+    Scratch w;
+    w.k.resize(TILE * a.D);
+    w.v.resize(TILE * a.D);
+    w.kn.resize(TILE);
+    w.vn.resize(TILE);
+    w.s.resize(TILE);
+    const int64_t padded = (rows + RB - 1) / RB * RB;
+    w.pv.resize(padded * TILE);
+    w.acc.resize(padded * a.D);
+    w.run_m.resize(rows);
+    w.run_l.resize(rows);
+    w.poisoned.resize(rows);
+    for (int64_t item = first; item < items; item += step) run_item(a, k, v, item, w);
+  };
+  return parallel(items, a.threads, a.B * a.L * a.Hq * a.capacity * a.D, run);
+}
+
+// Log-sum-exp merge of the NB block partials of row r (reference merge_partials / aura_flash_p2): empty
+// blocks (l == 0) are skipped, never weighted by 0; a live NaN partial makes the row NaN; no live block
+// gives out = 0, lse = -inf. o [rows, NB, D], m / l [rows, NB] -> out [rows, D], lse [rows].
+inline void merge_row(const float* o, const float* m, const float* l, int64_t r, int64_t NB, int64_t D, float* out,
+                      float* lse) {
+  const float NEG_INF = -std::numeric_limits<float>::infinity(), NaN = std::numeric_limits<float>::quiet_NaN();
+  {
+    const float *mr = m + r * NB, *lr = l + r * NB;
+    float* y = out + r * D;
+    bool poisoned = false;
+    float M = NEG_INF;
+    for (int64_t n = 0; n < NB; ++n) {
+      poisoned |= lr[n] != 0.0f && (std::isnan(lr[n]) || std::isnan(mr[n]));
+      if (lr[n] > 0.0f) M = std::max(M, mr[n]);
+    }
+    if (poisoned) {
+      std::fill(y, y + D, NaN);
+      lse[r] = NaN;
+      return;
+    }
+    std::fill(y, y + D, 0.0f);
+    if (!std::isfinite(M)) {  // no live block: out = 0, lse = -inf
+      lse[r] = NEG_INF;
+    } else {
+      float l_sum = 0.0f;
+      for (int64_t n = 0; n < NB; ++n) {
+        if (!(lr[n] > 0.0f)) continue;
+        const float w = std::exp(mr[n] - M);
+        l_sum += w * lr[n];
+        const float* on = o + (r * NB + n) * D;
+        for (int64_t j = 0; j < D; ++j) y[j] += w * on[j];
+      }
+      for (int64_t j = 0; j < D; ++j) y[j] /= l_sum;
+      lse[r] = M + std::log(l_sum);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace aura_cpu
