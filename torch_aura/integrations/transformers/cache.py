@@ -51,7 +51,7 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def _counted(name: str, value, low: int, high: int | None = None, none_ok: bool = False) -> None:
+def _check_int(name: str, value, low: int, high: int | None = None, none_ok: bool = False) -> None:
     """``value`` is an int in ``[low, high)`` (or None when ``none_ok``), else a ValueError naming it."""
     if value is None and none_ok:
         return
@@ -86,6 +86,8 @@ class AuraKVLayer(CacheLayerMixin):
         seed: seed of the sign masks.
         max_cache_len: tokens per row allocated at the first write and never exceeded, or None
             (grow by doubling).
+        _layout: the owning :class:`AuraKVCache`'s layer layout, checked against each model that
+            attends through this layer (None: a layer used on its own, unchecked).
     """
 
     is_compileable = False
@@ -345,8 +347,8 @@ class AuraKVCache(Cache):
             raise ValueError(f"AuraKVCache: config must be a transformers PretrainedConfig (model.config), got "
                              f"{type(config).__name__}")
         parse_scheme(scheme)  # names a bad scheme before anything is built
-        _counted("seed", seed, 0, 2 ** 64)
-        _counted("max_cache_len", max_cache_len, 1, none_ok=True)
+        _check_int("seed", seed, 0, 2 ** 64)
+        _check_int("max_cache_len", max_cache_len, 1, none_ok=True)
         specs, problems = _support.cache_layout(config, max_cache_len)
         if problems:
             raise ValueError(f"AuraKVCache cannot hold {type(config).__name__}: " + " ".join(problems.values()))
