@@ -1,8 +1,8 @@
 """Tiny random-weight models and a locally built tokenizer saved for vLLM (no hub), and the
 in-process engine runs the vLLM tests share.
 
-    python tests/_vllm_serve.py DIR      # saves the tests' Llama (D = 64) to DIR: the model CI
-                                         # serves with the README's vLLM recipe (tests/vllm_plugin/run.sh)
+    python tests/_vllm_serve.py DIR      # saves the tests' Llama (D = 64, 4096 positions) to DIR: the
+                                         # model CI serves with the README's vLLM recipe (run.sh there)
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def save_tokenizer(path: Path) -> None:
                             pad_token="t0").save_pretrained(path)
 
 
-def save_llama(path: Path, head_dim: int, init: float = 0.08) -> Path:
+def save_llama(path: Path, head_dim: int, init: float = 0.08, max_len: int = 1024) -> Path:
     """2 layers, 4 query / 2 KV heads (GQA 2) of ``head_dim``. ``init`` (the weights' std) sets how
     varied greedy continuations are: 0.08 gives 7-20 distinct tokens in 40; smaller is smoother
     (a random model's argmax margins are what quantization noise competes with)."""
@@ -42,7 +42,7 @@ def save_llama(path: Path, head_dim: int, init: float = 0.08) -> Path:
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
-                      max_position_embeddings=1024, initializer_range=init, bos_token_id=1,
+                      max_position_embeddings=max_len, initializer_range=init, bos_token_id=1,
                       eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
     LlamaForCausalLM(cfg).save_pretrained(path)
     save_tokenizer(path)
@@ -142,4 +142,4 @@ def kv_capacity_tokens(llm) -> int:
 if __name__ == "__main__":
     import sys
 
-    save_llama(Path(sys.argv[1]), 64)
+    save_llama(Path(sys.argv[1]), 64, max_len=4096)  # the README's --max-model-len 4096 must fit

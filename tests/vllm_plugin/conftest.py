@@ -4,6 +4,7 @@ torch and transformers); elsewhere they skip, or fail under ``AURA_REQUIRE_VLLM=
 Shared here: the tiny models (built once per session) and vLLM's own CPU backend's greedy tokens for
 them (the fp32 reference every served engine option is compared with, computed once per model)."""
 
+import logging
 import os
 
 import pytest
@@ -54,3 +55,19 @@ def cpu_attn_tokens(llama):
             made[D] = s.generate(llama(D), None, s.prompts(s.PROMPT_LENGTHS), s.NEW_TOKENS)
         return made[D]
     return get
+
+
+@pytest.fixture
+def plugin_log():
+    """Records what the plugin logs through vLLM's logger (which does not propagate to pytest's). A
+    filter, not a handler: vLLM's logging set-up, run as an engine starts, empties the handlers of
+    the loggers below "vllm" and leaves their filters."""
+    records = []
+
+    def record(r):
+        records.append(r)
+        return True
+    log = logging.getLogger("vllm.torch_aura")
+    log.addFilter(record)
+    yield records
+    log.removeFilter(record)

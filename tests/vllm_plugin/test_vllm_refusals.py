@@ -152,18 +152,6 @@ def test_server_log_ends_with_our_sentence(configs, tmp_path):
 
 
 # ----------------------------------------------------------------- variables set without CUSTOM
-@pytest.fixture
-def plugin_log():
-    """Records what the plugin logs through vLLM's logger (which does not propagate to pytest's)."""
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    log = logging.getLogger("vllm.torch_aura")
-    log.addHandler(handler)
-    yield records
-    log.removeHandler(handler)
-
-
 @pytest.mark.parametrize("value,invalid", [("aura4v2", False), ("aura5", True)])
 def test_variable_without_custom_warns_once(configs, monkeypatch, plugin_log, value, invalid):
     from torch_aura.integrations.vllm import platform

@@ -45,9 +45,11 @@ from dataclasses import dataclass, fields
 
 from ._env import KV_CACHE_ENV, VERIFY_ENV, Settings, settings
 
-__all__ = ["register", "settings", "Settings", "Stats", "STATS", "BACKEND_PATH", "KV_CACHE_ENV", "VERIFY_ENV"]
+__all__ = ["register", "settings", "Settings", "Stats", "STATS", "BACKEND_PATH", "SERVING_LOG_PREFIX", "KV_CACHE_ENV",
+           "VERIFY_ENV"]
 
 BACKEND_PATH = "torch_aura.integrations.vllm.backend.AuraAttentionBackend"
+SERVING_LOG_PREFIX = "torch_aura: serving"  # starts the INFO line that shows the plugin serving (README)
 
 
 @dataclass

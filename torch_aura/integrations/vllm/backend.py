@@ -38,6 +38,7 @@ from vllm.v1.attention.backend import (  # noqa: E402
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills  # noqa: E402
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout  # noqa: E402
 
+from . import SERVING_LOG_PREFIX  # noqa: E402
 from ._env import Settings, settings  # noqa: E402
 from ._paged import AuraPages, BatchPlan, DensePages, aura_slot_bytes, plan_batch  # noqa: E402
 from ._support import BLOCK_MULTIPLE, DTYPES, head_dims, refusal, refusals  # noqa: E402
@@ -69,16 +70,10 @@ class AuraMetadataBuilder(AttentionMetadataBuilder[BatchPlan]):
                           block_size=self.block_size)
 
 
-_announced: set[tuple[str, ...]] = set()
-
-
 def _announce(layer_names, spec: AttentionSpec, vllm_config, s: Settings) -> None:
-    """The INFO line that says the plugin serves (once per group of layers and process; vLLM builds
-    a group's metadata builder when it binds the KV cache, before the first request)."""
+    """The INFO line that says the plugin serves: one per group of layers (vLLM builds a group's
+    metadata builder once, when the engine binds its KV cache, before the first request)."""
     key = tuple(layer_names)
-    if key in _announced:
-        return
-    _announced.add(key)
     model_dtype = vllm_config.model_config.dtype if vllm_config is not None else spec.dtype
     dense_bytes = 2 * spec.head_size * torch.empty((), dtype=model_dtype).element_size()
     if s.scheme is None:
@@ -87,7 +82,7 @@ def _announce(layer_names, spec: AttentionSpec, vllm_config, s: Settings) -> Non
         slot = aura_slot_bytes(spec.head_size, *s.scheme)
         what = (f"{s.kv_cache}, {slot} bytes per token and KV head, {dense_bytes / slot:.2f}x the tokens of "
                 f"{str(model_dtype).removeprefix('torch.')}")
-    _log.info("torch_aura: serving %d attention layers with the CUSTOM backend (KV cache %s; layers %s)",
+    _log.info("%s %d attention layers with the CUSTOM backend (KV cache %s; layers %s)", SERVING_LOG_PREFIX,
               len(key), what, ", ".join(key) if len(key) <= 4 else f"{key[0]} .. {key[-1]}")
 
 
