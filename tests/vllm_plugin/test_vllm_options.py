@@ -136,7 +136,7 @@ def teacher(llama):
         if (backend, dtype) not in made:
             llm = s.engine(llama(128), backend, dtype=dtype, enable_prefix_caching=True, block_size=TEACHER_BLOCK)
             try:
-                made[backend, dtype] = teacher_forced(llm, s.prompts((200, 230, 260, 290, 320, 350), seed=3))
+                made[backend, dtype] = teacher_forced(llm, s.prompts(range(200, 440, 20), seed=3))
             finally:
                 s.close(llm)
         return made[backend, dtype]
