@@ -84,19 +84,25 @@ REFUSED = {
                                 r"AURA scheme .*bits in \[2, 3, 4, 8\].*unset it for the dense cache"),
     "invalid verify variable": ("llama_d64", {}, {"TORCH_AURA_VLLM_VERIFY": "yes"},
                                 r"TORCH_AURA_VLLM_VERIFY='yes': expected '1' .* or '0'"),
+    # CUSTOM chosen for one kind of layer only (vLLM's backend_per_kind) still resolves the variables
+    "invalid variable, CUSTOM per kind": ("llama_d64", {"backend": None, "attention_config": {
+        "backend_per_kind": {"full_attention": "CUSTOM"}}}, {"TORCH_AURA_VLLM_KV_CACHE": "aura5"},
+        r"TORCH_AURA_VLLM_KV_CACHE='aura5' is not a KV cache format"),
 }
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_refused_at_engine_configuration_with_our_sentence(configs, monkeypatch, case):
     model, kwargs, env, expected = REFUSED[case]
+    kwargs = dict(kwargs)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     if kwargs.get("speculative_config") == "draft":  # a draft model: the target itself
         kwargs = {**kwargs, "speculative_config": {"method": "draft_model", "model": str(configs[model]),
                                                    "num_speculative_tokens": 2}}
+    backend = kwargs.pop("backend", "CUSTOM")
     with pytest.raises(ValueError, match=expected) as error:
-        engine_config(configs[model], **kwargs)
+        engine_config(configs[model], backend=backend, **kwargs)
     assert "head_size not supported" not in str(error.value)  # vLLM's generic reason list is not what shows
 
 
