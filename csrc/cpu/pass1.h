@@ -29,6 +29,14 @@
 #define AURA_CLONES
 #endif
 
+// Helpers of a cloned function must be inlined into it to run on its wide units: a separate copy is
+// compiled for the baseline target.
+#if defined(__GNUC__)
+#define AURA_INLINE inline __attribute__((always_inline))
+#else
+#define AURA_INLINE inline
+#endif
+
 namespace aura_cpu {
 namespace {
 
@@ -78,8 +86,8 @@ static inline void dequantise(const ByteTable& t, const uint8_t* src, int64_t D,
 }
 
 // s[i] = q . k[i] for 4 rows at once: four independent accumulators hide the FMA latency.
-static inline void dot4(const float* q, const float* k, int64_t D, float* s) {
-  const float *k0 = k, *k1 = k + D, *k2 = k + 2 * D, *k3 = k + 3 * D;
+static AURA_INLINE void dot4(const float* q, const float* const* k, int64_t D, float* s) {
+  const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
   float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
 #pragma omp simd reduction(+ : d0, d1, d2, d3)
   for (int64_t j = 0; j < D; ++j) {
@@ -137,36 +145,36 @@ static inline float half_to_float(uint16_t h) {  // IEEE binary16, subnormals an
   return f;
 }
 
-// Row (c0, c1, c2) of a side -> D fp32 values and its norm (1 for dense rows: scores and weights are
-// multiplied by it, exactly).
-static inline void load_row(const RowSource& s, int64_t c0, int64_t c1, int64_t c2, int64_t D, float* dst,
-                            float* norm) {
+// Row (c0, c1, c2) of a side as D fp32 values, and its norm (1 for dense rows: scores and weights are
+// multiplied by it, exactly): an fp32 row is read where it lies, any other is converted into buf.
+static AURA_INLINE const float* row_of(const RowSource& s, int64_t c0, int64_t c1, int64_t c2, int64_t D, float* buf,
+                                  float* norm) {
   const uint8_t* row = s.rows + c0 * s.stride[0] + c1 * s.stride[1] + c2 * s.stride[2];
   *norm = 1.0f;
   switch (s.kind) {
     case RowKind::Codes:
-      dequantise(*s.table, row, D, dst);
+      dequantise(*s.table, row, D, buf);
       *norm = s.norms[c0 * s.norm_stride[0] + c1 * s.norm_stride[1] + c2 * s.norm_stride[2]];
-      break;
+      return buf;
     case RowKind::F32:
-      std::memcpy(dst, row, sizeof(float) * D);
-      break;
+      return reinterpret_cast<const float*>(row);
     case RowKind::BF16:
       for (int64_t j = 0; j < D; ++j) {
         uint16_t h;
         std::memcpy(&h, row + 2 * j, sizeof h);
         const uint32_t bits = uint32_t(h) << 16;
-        std::memcpy(dst + j, &bits, sizeof bits);
+        std::memcpy(buf + j, &bits, sizeof bits);
       }
-      break;
+      return buf;
     case RowKind::F16:
       for (int64_t j = 0; j < D; ++j) {
         uint16_t h;
         std::memcpy(&h, row + 2 * j, sizeof h);
-        dst[j] = half_to_float(h);
+        buf[j] = half_to_float(h);
       }
-      break;
+      return buf;
   }
+  return buf;
 }
 
 // The geometry of one pass-1 call.
@@ -186,7 +194,7 @@ struct Pass1 {
 // expf is a scalar call per token and query). 2^n * e^r with |r| <= ln2 / 2 and a degree-6 Taylor
 // polynomial: relative error ~2.5e-7, about 1 ulp; x below -86 returns 0 (e^-86 < 5e-38 adds
 // nothing next to the max's p = 1, and keeps 2^n * p a normal float).
-static inline float exp_nonpositive(float x) {
+static AURA_INLINE float exp_nonpositive(float x) {
   const float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
   const float kRound = 12582912.0f;  // 1.5 * 2^23: (v + kRound) - kRound rounds v to the nearest integer
   const bool tiny = x < -86.0f;
@@ -209,28 +217,45 @@ static inline float exp_nonpositive(float x) {
 }
 
 struct Scratch {
-  std::vector<float> k, v, kn, vn, s, pv, acc, run_m, run_l;  // pv, acc: rows padded to a multiple of 4
+  std::vector<float> k, v, kn, vn, s, pv, acc, run_m, run_l, zeros;  // pv, acc: rows padded to a multiple of 4
   std::vector<uint8_t> poisoned;
+  const float* krow[TILE];  // the tile's rows: in the cache (fp32) or in k / v (converted)
+  const float* vrow[TILE];
 };
 
-constexpr int RB = 4, JB = 16;  // V accumulation register block: 4 query rows x 16 dims
+constexpr int RB = 4, JB = 16;  // V accumulation register block: up to 4 query rows x 16 dims
 
-// acc[r][:] += sum_i pv[r][i] * v[i][:] for rows r0..r0+3: each V load feeds four FMAs and the
-// 4 x 16 accumulators stay in registers over the tile's tokens.
-static inline void accumulate_v(const float* pv, const float* v, int64_t nt, int64_t D, float* acc) {
+// acc[r][:] += sum_i pv[r][i] * v[i][:] for R <= RB rows r: each V load feeds R FMAs and the R x 16
+// accumulators stay in registers over the tile's tokens.
+template <int R>
+static AURA_INLINE void accumulate_v(const float* pv, const float* const* v, int64_t nt, int64_t D, float* acc) {
   for (int64_t j0 = 0; j0 < D; j0 += JB) {
-    float a[RB][JB];
-    for (int r = 0; r < RB; ++r)
+    float a[R][JB];
+    for (int r = 0; r < R; ++r)
       for (int j = 0; j < JB; ++j) a[r][j] = acc[r * D + j0 + j];
     for (int64_t i = 0; i < nt; ++i) {
-      const float* vi = v + i * D + j0;
-      for (int r = 0; r < RB; ++r) {
+      const float* vi = v[i] + j0;
+      for (int r = 0; r < R; ++r) {
         const float p = pv[r * TILE + i];
         for (int j = 0; j < JB; ++j) a[r][j] += p * vi[j];
       }
     }
-    for (int r = 0; r < RB; ++r)
+    for (int r = 0; r < R; ++r)
       for (int j = 0; j < JB; ++j) acc[r * D + j0 + j] = a[r][j];
+  }
+}
+
+// All `rows` query rows of an item, RB at a time, then the remainder (a GQA group of 2 does no work
+// for padding rows).
+static AURA_INLINE void accumulate_rows(const float* pv, const float* const* v, int64_t nt, int64_t D, float* acc,
+                                   int64_t rows) {
+  int64_t r0 = 0;
+  for (; r0 + RB <= rows; r0 += RB) accumulate_v<RB>(pv + r0 * TILE, v, nt, D, acc + r0 * D);
+  switch (rows - r0) {
+    case 3: accumulate_v<3>(pv + r0 * TILE, v, nt, D, acc + r0 * D); break;
+    case 2: accumulate_v<2>(pv + r0 * TILE, v, nt, D, acc + r0 * D); break;
+    case 1: accumulate_v<1>(pv + r0 * TILE, v, nt, D, acc + r0 * D); break;
+    default: break;
   }
 }
 
@@ -259,10 +284,10 @@ AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v
       } else {
         c0 = b, c1 = h, c2 = t;
       }
-      load_row(k, c0, c1, c2, D, &w.k[i * D], &w.kn[i]);
-      load_row(v, c0, c1, c2, D, &w.v[i * D], &w.vn[i]);
+      w.krow[i] = row_of(k, c0, c1, c2, D, &w.k[i * D], &w.kn[i]);
+      w.vrow[i] = row_of(v, c0, c1, c2, D, &w.v[i * D], &w.vn[i]);
     }
-    std::fill(w.k.begin() + nt * D, w.k.end(), 0.0f);  // dot4 reads whole groups of 4 rows
+    for (int64_t i = nt; i < (nt + 3) / 4 * 4; ++i) w.krow[i] = w.zeros.data();  // dot4 reads groups of 4 rows
     // Scores and the online-softmax update per query row; pv[r][i] = p * norm_V, 0 where row r does
     // not see token i (never 0 * a NaN norm: unseen tokens add exactly nothing).
     std::fill(w.pv.begin(), w.pv.end(), 0.0f);
@@ -275,7 +300,7 @@ AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v
         const float* q = a.q + ((b * L + lq) * a.Hq + h * G + g) * D;
         float* s = &w.s[0];
         float tile_max = NEG_INF;
-        for (int64_t i = 0; i < seen; i += 4) dot4(q, &w.k[i * D], D, s + i);  // rows past nt are zeros
+        for (int64_t i = 0; i < seen; i += 4) dot4(q, &w.krow[i], D, s + i);  // rows past nt are zeros
         for (int64_t i = 0; i < seen; ++i) {
           s[i] *= w.kn[i];
           if (std::isnan(s[i])) w.poisoned[r] = 1;
@@ -301,7 +326,7 @@ AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v
         w.run_l[r] = l_sum;
       }
     }
-    for (int64_t r0 = 0; r0 < R; r0 += RB) accumulate_v(&w.pv[r0 * TILE], w.v.data(), nt, D, &w.acc[r0 * D]);
+    accumulate_rows(w.pv.data(), w.vrow, nt, D, w.acc.data(), R);
   }
   const float NaN = std::numeric_limits<float>::quiet_NaN();
   for (int64_t lq = 0; lq < L; ++lq) {
@@ -329,6 +354,7 @@ inline int run_pass1(const Pass1& a, const RowSource& k, const RowSource& v) {
   auto run = [&](int64_t first, int64_t step) {
     Scratch w;
     w.k.resize(TILE * a.D);
+    w.zeros.assign(a.D, 0.0f);
     w.v.resize(TILE * a.D);
     w.kn.resize(TILE);
     w.vn.resize(TILE);
