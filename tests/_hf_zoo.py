@@ -8,9 +8,11 @@ cannot be built tiny is reported as ``not built: reason``, never skipped. ``walk
 - ``enable()``: served when greedy tokens equal the model's own path and logits agree to 1e-4
   (relative), refused when ``enable`` raises the ``ValueError`` that ``_support`` predicts, with the
   model untouched; ``disable()`` must then restore every config's attention implementation.
-- ``AuraKVCache("aura8")``: served when teacher-forced argmax agrees with ``DynamicCache`` on at
-  least 95% of the positions, refused when construction raises by name, or (a model ``enable()``
-  refuses) when its first decode step raises because the model is not on ``"aura"``.
+- ``AuraKVCache(model, "aura8")``: served when teacher-forced argmax agrees with ``DynamicCache``
+  on at least 95% of the positions (a model whose every layer slides: with ``max_cache_len`` = its
+  window), refused when construction raises by name, or when the model's first step raises by name
+  (what only running it shows: it calls ``cache.update`` without its kwargs, changes K/V before
+  attention, builds its own additive mask).
 
 Run ``python tests/_hf_zoo.py`` to print the README table (``render``); the test compares them.
 """
@@ -268,14 +270,14 @@ def _walk_cache(model, ids, steps, enabled, failures) -> str:
     from torch_aura.integrations import transformers as tat
     from torch_aura.integrations.transformers import _support
 
-    specs, predicted = _support.cache_layout(model.config, None)
+    specs, predicted = _support.cache_layout(model.config, None, model)
     max_cache_len, served = None, "served"
     if list(predicted) == ["every layer slides"]:  # served when no row can leave the window
         max_cache_len = min(s.window for s in specs if s.kind == "window")
         ids, steps = ids[:, :max_cache_len // 2], steps[:, :max_cache_len - max_cache_len // 2]
-        predicted, served = _support.cache_layout(model.config, max_cache_len)[1], "served with max_cache_len <= window"
+        predicted, served = _support.cache_layout(model.config, max_cache_len, model)[1], "served with max_cache_len <= window"
     try:
-        cache = tat.AuraKVCache(model.config, scheme="aura8", max_cache_len=max_cache_len)
+        cache = tat.AuraKVCache(model, scheme="aura8", max_cache_len=max_cache_len)
     except ValueError as e:
         if not predicted or any(sentence not in str(e) for sentence in predicted.values()):
             failures.append(f"AuraKVCache raised {e!s:.200} but _support predicted {list(predicted)}")

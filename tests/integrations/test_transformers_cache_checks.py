@@ -51,6 +51,18 @@ def test_models_it_cannot_hold_are_refused_by_name(tat, family, match):
     assert "use transformers' DynamicCache instead" in str(e.value)
 
 
+def test_given_the_model_it_refuses_what_enable_refuses_at_construction(tat):
+    model = build("gpt_oss")  # learned attention sinks: no config field says so, its attention code does
+    with pytest.raises(ValueError, match=r"attention sinks \(GptOssAttention passes s_aux=.*use transformers' "
+                                         r"DynamicCache instead"):
+        tat.AuraKVCache(model)
+    cache = tat.AuraKVCache(model.config)  # from the config alone: refused when the model runs
+    with torch.no_grad():
+        model(_ids(1, 5), cache=cache, use_cache=True)
+        with pytest.raises(ValueError, match="never attended by attn_implementation='aura'"):
+            model(_ids(1, 1), cache=cache, use_cache=True)
+
+
 def test_an_unsupported_head_dim_is_named(hf_transformers, tat):
     with pytest.raises(ValueError, match=r"head_dim 96: AURA .*supports \[64, 128, 256, 512\]"):
         tat.AuraKVCache(tiny_llama(hf_transformers, head_dim=96, hidden=192).config)

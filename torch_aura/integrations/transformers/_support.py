@@ -213,6 +213,27 @@ def _argument_refusals(model) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------- enable()
+_NOTHING_TO_SERVE = ("no AttentionInterface", "no attention layer")
+
+
+def _model_refusals(model: torch.nn.Module) -> dict[str, str]:
+    """What the "aura" attention cannot compute exactly in ``model`` (sentences without alternative)."""
+    name = type(model).__name__
+    if not type(model)._can_set_attn_implementation():
+        return {"no AttentionInterface": f"{name} does not route attention through transformers' "
+                "AttentionInterface, so 'aura' cannot serve it; supported: models whose attention calls "
+                "ALL_ATTENTION_FUNCTIONS (Llama, Qwen2/3, Mistral, Gemma3, Qwen3-Next, ...)"}
+    if not attention_modules(model):
+        return {"no attention layer": f"{name} has no attention layer that calls ALL_ATTENTION_FUNCTIONS: 'aura' "
+                "would serve nothing"}
+    found = {**_argument_refusals(model), **_config_refusals(model.config)}  # the config's wording wins
+    if not getattr(model, "_supports_sdpa", False):
+        found["no SDPA"] = (f"{name} does not support SDPA (_supports_sdpa is False; it runs "
+                            f"{model.config._attn_implementation!r}): 'aura' serves prefill and padded batches "
+                            "through transformers' SDPA function")
+    return found
+
+
 def enable_refusals(model: torch.nn.Module, has_gdn: bool) -> dict[str, str]:
     """Why ``enable(model, attention=True)`` cannot serve ``model``: ``{feature: sentence}`` (empty: it can).
 
@@ -221,27 +242,20 @@ def enable_refusals(model: torch.nn.Module, has_gdn: bool) -> dict[str, str]:
         has_gdn: the model has gated-delta-rule layers enable() patches (then a model without
             attention layers is still worth enabling with ``attention=False``).
     """
-    name = type(model).__name__
-    alternative = "pass attention=False to enable the GDN kernels alone" if has_gdn else KEEP_OWN
-    if not type(model)._can_set_attn_implementation():
-        return {"no AttentionInterface": f"{name} does not route attention through transformers' AttentionInterface, "
-                "so 'aura' cannot serve it; supported: models whose attention calls ALL_ATTENTION_FUNCTIONS "
-                f"(Llama, Qwen2/3, Mistral, Gemma3, Qwen3-Next, ...); {alternative}."}
-    if not attention_modules(model):
-        return {"no attention layer": f"{name} has no attention layer that calls ALL_ATTENTION_FUNCTIONS: 'aura' "
-                f"would serve nothing; {alternative}."}
-    found = {**_argument_refusals(model), **_config_refusals(model.config)}  # the config's wording wins
-    if not getattr(model, "_supports_sdpa", False):
-        found["no SDPA"] = (f"{name} does not support SDPA (_supports_sdpa is False; it runs "
-                            f"{model.config._attn_implementation!r}): 'aura' serves prefill and padded batches "
-                            "through transformers' SDPA function")
-    found.update(_head_dims_refusal(text_config(model.config), found, DECODE_HEAD_DIMS, "flash_decode"))
-    return {feature: f"{sentence}; {KEEP_OWN}." for feature, sentence in found.items()}
+    found = _model_refusals(model)
+    if set(found) & set(_NOTHING_TO_SERVE):
+        alternative = "pass attention=False to enable the GDN kernels alone" if has_gdn else KEEP_OWN
+    else:
+        alternative = KEEP_OWN
+        found.update(_head_dims_refusal(text_config(model.config), found, DECODE_HEAD_DIMS, "flash_decode"))
+    return {feature: f"{sentence}; {alternative}." for feature, sentence in found.items()}
 
 
 # ------------------------------------------------------------------------------ AuraKVCache
-def cache_layout(config, max_cache_len: int | None) -> tuple[list[LayerSpec], dict[str, str]]:
-    """How ``AuraKVCache`` holds each layer of ``config``, and why it cannot: ``{feature: sentence}``.
+def cache_layout(config, max_cache_len: int | None, model: torch.nn.Module | None = None
+                 ) -> tuple[list[LayerSpec], dict[str, str]]:
+    """How ``AuraKVCache`` holds each layer of ``config``, and why it cannot: ``{feature: sentence}``;
+    given ``model`` (whose config this is), also what its attention cannot serve (as ``enable()``).
 
     Full-attention layers are compressed. A sliding-window or chunked layer is compressed only when
     no row can outgrow its window (``max_cache_len <= window``, so it attends like a full layer);
@@ -249,7 +263,8 @@ def cache_layout(config, max_cache_len: int | None) -> tuple[list[LayerSpec], di
     window, exactly as ``DynamicCache`` does. A layout with no layer to compress is refused: the
     cache would be a ``DynamicCache`` under another name.
     """
-    found, text = _config_refusals(config), text_config(config)
+    text = text_config(config)
+    found = {**(_model_refusals(model) if model is not None else {}), **_config_refusals(config)}
     try:
         types, kwargs = get_layer_types_and_kwargs(text)
     except (AttributeError, KeyError, TypeError, ValueError) as e:

@@ -310,8 +310,10 @@ class AuraKVCache(Cache):
     and chunked attention their dense window (compressed too when ``max_cache_len`` fits the window).
 
     Args:
-        config: the model's config; its text config's layer types (transformers'
-            ``get_layer_types_and_kwargs``) pick each layer's kind.
+        config: the model's config, whose text config's layer types (transformers'
+            ``get_layer_types_and_kwargs``) pick each layer's kind; or the model itself, which also
+            refuses at construction what ``enable()`` refuses (from a config alone, such a model is
+            refused at its first decode step: it cannot be on ``"aura"``).
         scheme: ``"aura8"``, ``"aura4"``, ``"aura4v2"``, ... (``"aura{kb}v{vb}"``, bits in {2, 3, 4, 8}).
         seed: seed of the per-layer sign masks, an int in ``[0, 2**64)``.
         max_cache_len: tokens per row allocated up front and never exceeded (a step past it raises
@@ -343,13 +345,15 @@ class AuraKVCache(Cache):
     """
 
     def __init__(self, config, scheme: str = "aura4v2", seed: int = 0, max_cache_len: int | None = None):
+        model = config if isinstance(config, torch.nn.Module) else None
+        config = getattr(model, "config", config)
         if not callable(getattr(config, "get_text_config", None)):
-            raise ValueError(f"AuraKVCache: config must be a transformers PretrainedConfig (model.config), got "
+            raise ValueError(f"AuraKVCache: config must be a transformers PretrainedConfig (model.config) or model, got "
                              f"{type(config).__name__}")
         parse_scheme(scheme)  # names a bad scheme before anything is built
         _check_int("seed", seed, 0, 2 ** 64)
         _check_int("max_cache_len", max_cache_len, 1, none_ok=True)
-        specs, problems = _support.cache_layout(config, max_cache_len)
+        specs, problems = _support.cache_layout(config, max_cache_len, model)
         if problems:
             raise ValueError(f"AuraKVCache cannot hold {type(config).__name__}: " + " ".join(problems.values()))
         layout = _Layout(tuple(s.layer_type for s in specs))
