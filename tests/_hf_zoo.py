@@ -275,7 +275,8 @@ def _walk_cache(model, ids, steps, enabled, failures) -> str:
     if list(predicted) == ["every layer slides"]:  # served when no row can leave the window
         max_cache_len = min(s.window for s in specs if s.kind == "window")
         ids, steps = ids[:, :max_cache_len // 2], steps[:, :max_cache_len - max_cache_len // 2]
-        predicted, served = _support.cache_layout(model.config, max_cache_len, model)[1], "served with max_cache_len <= window"
+        predicted = _support.cache_layout(model.config, max_cache_len, model)[1]
+        served = "served with max_cache_len <= window"
     try:
         cache = tat.AuraKVCache(model, scheme="aura8", max_cache_len=max_cache_len)
     except ValueError as e:

@@ -51,7 +51,8 @@ REFUSED_ARGUMENTS = {
     "block_indices": "block-sparse attention",
 }
 # Layer types of get_layer_types_and_kwargs that AuraKVCache holds; anything else is refused.
-FULL, SLIDING, LINEAR, DUMMY = "full_attention", ("sliding_attention", "chunked_attention"), ("linear_attention", "conv"), "dummy"
+FULL, DUMMY = "full_attention", "dummy"
+SLIDING, LINEAR = ("sliding_attention", "chunked_attention"), ("linear_attention", "conv")
 CACHE_LAYER_TYPES = (FULL, *SLIDING, *LINEAR, DUMMY)
 
 _INTERFACE = "ALL_ATTENTION_FUNCTIONS"
@@ -150,7 +151,8 @@ def _call_arguments(forward) -> dict[str, ast.expr] | None:
     tree = ast.parse(source)
     bound = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _INTERFACE in ast.unparse(node.value):
+        bound_value = isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
+        if bound_value and _INTERFACE in ast.unparse(node.value):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             bound |= {t.id for t in targets if isinstance(t, ast.Name)}
     return {kw.arg: kw.value for node in ast.walk(tree)

@@ -146,7 +146,8 @@ class AuraKVLayer(CacheLayerMixin):
         if value_states.shape[:-1] != key_states.shape[:-1] or value_states.shape[-1] != D:
             raise ValueError(f"{where}: K {tuple(key_states.shape)} and V {tuple(value_states.shape)} must share one "
                              f"shape (one head dim for K and V); {_support.USE_DYNAMIC}")
-        held = None if self.aura is None else (self.aura.batch, self.aura.kv_heads, self.aura.head_dim, self.aura.device)
+        a = self.aura
+        held = None if a is None else (a.batch, a.kv_heads, a.head_dim, a.device)
         if held != (B, Hkv, D, key_states.device):
             if self.cumulative_length:
                 raise ValueError(f"{where}: holds {held[0]} rows of {held[1]} KV heads x {held[2]} on {held[3]}; this "
@@ -348,8 +349,8 @@ class AuraKVCache(Cache):
         model = config if isinstance(config, torch.nn.Module) else None
         config = getattr(model, "config", config)
         if not callable(getattr(config, "get_text_config", None)):
-            raise ValueError(f"AuraKVCache: config must be a transformers PretrainedConfig (model.config) or model, got "
-                             f"{type(config).__name__}")
+            raise ValueError("AuraKVCache: config must be a transformers PretrainedConfig (model.config) or model, "
+                             f"got {type(config).__name__}")
         parse_scheme(scheme)  # names a bad scheme before anything is built
         _check_int("seed", seed, 0, 2 ** 64)
         _check_int("max_cache_len", max_cache_len, 1, none_ok=True)
@@ -365,8 +366,8 @@ class AuraKVCache(Cache):
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         if not 0 <= layer_idx < len(self.layers) or self.layout[layer_idx].kind not in ("aura", "window"):
             kinds = [s.layer_type for s in self.layout]
-            raise ValueError(f"AuraKVCache: the model writes attention K/V to layer {layer_idx}, but the cache was built "
-                             f"for {len(kinds)} layers {kinds}: build it from the calling model's config, "
+            raise ValueError(f"AuraKVCache: the model writes attention K/V to layer {layer_idx}, but the cache was "
+                             f"built for {len(kinds)} layers {kinds}: build it from the calling model's config, "
                              "AuraKVCache(model.config)")
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
