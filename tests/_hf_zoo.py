@@ -8,8 +8,9 @@ cannot be built tiny is reported as ``not built: reason``, never skipped. ``walk
 - ``enable()``: served when greedy tokens equal the model's own path and logits agree to 1e-4
   (relative), refused when ``enable`` raises the ``ValueError`` that ``_support`` predicts, with the
   model untouched; ``disable()`` must then restore every config's attention implementation.
-- ``AuraKVCache(model, "aura8")``: served when teacher-forced argmax agrees with ``DynamicCache``
-  on at least 95% of the positions (a model whose every layer slides: with ``max_cache_len`` = its
+- ``AuraKVCache(model, "aura8")``: served when every compressed decode step equals SDPA over the
+  dequantized cache (1e-4, relative) and teacher-forced argmax agrees with ``DynamicCache`` on at
+  least 95% of the positions (a model whose every layer slides: with ``max_cache_len`` = its
   window), refused when construction raises by name, or when the model's first step raises by name
   (what only running it shows: it calls ``cache.update`` without its kwargs, changes K/V before
   attention, builds its own additive mask).
@@ -283,8 +284,10 @@ def _walk_cache(model, ids, steps, enabled, failures) -> str:
         if not predicted or any(sentence not in str(e) for sentence in predicted.values()):
             failures.append(f"AuraKVCache raised {e!s:.200} but _support predicted {list(predicted)}")
         return "refused: " + ", ".join(predicted)
+    errors = []
     try:
-        aura = teacher_forced(model, ids, None, cache, steps if enabled else steps[:, :2])
+        with _dequantized_reference(errors):
+            aura = teacher_forced(model, ids, None, cache, steps if enabled else steps[:, :2])
     except ValueError as e:
         why = next((words for key, words in RUNTIME_REFUSALS.items() if key in str(e)), None)
         if why is None:
@@ -295,11 +298,43 @@ def _walk_cache(model, ids, steps, enabled, failures) -> str:
     if not enabled:
         failures.append("AuraKVCache served a model that is not on 'aura'")
         return "served without 'aura' (wrong)"
+    if max(errors, default=0.0) > 1e-4:
+        failures.append(f"AuraKVCache: compressed decode differs from SDPA over the dequantized cache by "
+                        f"{max(errors):.2g} (relative)")
     dense = teacher_forced(model, ids, None, transformers.DynamicCache(config=model.config), steps)
     agree = (dense.argmax(-1) == aura.argmax(-1)).float().mean().item()
     if agree < 0.95:  # not the logits: an MoE router that flips an expert moves them far, rarely the argmax
         failures.append(f"AuraKVCache aura8: teacher-forced argmax agreement {agree:.2f} < 0.95")
     return served
+
+
+@contextlib.contextmanager
+def _dequantized_reference(errors: list):
+    """Check every compressed one-token decode step against SDPA over the dequantized cache (rows
+    of equal length: the walk's batches are unpadded); relative errors go to ``errors``."""
+    import torch_aura
+    from torch_aura.integrations.transformers.cache import AuraKVLayer
+
+    attend = AuraKVLayer.attend
+
+    def checked(self, module, query, key, value, mask, scaling, dropout, kwargs):
+        out = attend(self, module, query, key, value, mask, scaling, dropout, kwargs)
+        if query.shape[2] == 1 and self.cumulative_length > 1:
+            a, T = self.aura, self.cumulative_length
+            k = torch_aura.aura_dequantize(a.k_codes[:, :, :T], a.k_norms[:, :, :T], a.k_codebook, a.key_bits,
+                                           a.k_sign_mask)
+            v = torch_aura.aura_dequantize(a.v_codes[:, :, :T], a.v_norms[:, :, :T], a.v_codebook, a.value_bits,
+                                           a.v_sign_mask)
+            ref = torch.nn.functional.scaled_dot_product_attention(query, k.to(query.dtype), v.to(query.dtype),
+                                                                   scale=scaling, enable_gqa=True).transpose(1, 2)
+            errors.append((out - ref).abs().max().item() / max(1.0, ref.abs().max().item()))
+        return out
+
+    AuraKVLayer.attend = checked
+    try:
+        yield
+    finally:
+        AuraKVLayer.attend = attend
 
 
 def families() -> list[str]:
