@@ -8,6 +8,8 @@ ops take; ``AuraCache`` bundles them with the cache tensors of one attention lay
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .. import _debug
@@ -93,6 +95,9 @@ def aura_sign_mask(dim: int, seed: int = 0, layer: int = 0, kind: str = "k", dev
         raise ValueError(f"head_dim: expected one of {list(HEAD_DIMS)}, got {dim} (dim)")
     if kind not in ("k", "v"):
         raise ValueError(f"kind: expected 'k' or 'v', got {kind!r}")
+    for name, value in (("seed", seed), ("layer", layer)):  # int() would truncate 1.5 or parse "3"
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"{name}: expected an int, got {value!r} ({type(value).__name__})")
     if not 0 <= int(seed) < 2**64:
         raise ValueError(f"seed: expected a uint64 (0 <= seed < 2**64), got {seed}")
     if int(layer) < 0:
