@@ -28,17 +28,19 @@ def _nothing_patched(tat):
 
 @pytest.fixture
 def flash_decode_calls(tat, monkeypatch):
-    """The key shapes ``[B, Hkv, T, D]`` of every flash_decode call the "aura" attention makes."""
+    """The key shapes ``[B, Hkv, T, D]`` of every unpadded one-token decode the "aura" attention
+    serves itself: flash_decode on a GPU, its grouped-query SDPA form on the CPU."""
     from torch_aura.integrations.transformers import attention
 
     calls = []
-    real = attention.flash_decode
+    for name in ("flash_decode", "grouped_sdpa_decode"):
+        real = getattr(attention, name)
 
-    def counting(q, k, *args, **kwargs):
-        calls.append(tuple(k.shape))
-        return real(q, k, *args, **kwargs)
+        def counting(q, k, *args, _real=real, **kwargs):
+            calls.append(tuple(k.shape))
+            return _real(q, k, *args, **kwargs)
 
-    monkeypatch.setattr(attention, "flash_decode", counting)
+        monkeypatch.setattr(attention, name, counting)
     return calls
 
 
@@ -240,3 +242,18 @@ def test_teacher_forced_helper_is_exact_on_the_dense_path(hf_transformers, tat):
     finally:
         tat.disable(model)
     assert (ours - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("G", [1, 3, 4, 8])
+def test_cpu_decode_route_equals_flash_decode(tat, G):
+    """The CPU's grouped-query SDPA decode computes flash_decode's output (no lse) on the same call."""
+    from torch_aura.integrations.transformers import attention
+
+    g = torch.Generator().manual_seed(G)
+    q = torch.randn(3, 2 * G, 64, generator=g)
+    k, v = torch.randn(3, 2, 37, 64, generator=g), torch.randn(3, 2, 37, 64, generator=g)
+    seq_lens = torch.full((3,), 37, dtype=torch.int32)
+    out, lse = attention.grouped_sdpa_decode(q, k, v, seq_lens, None, 0.3, 0)
+    ref, _ = torch.ops.aura.flash_decode(q, k, v, seq_lens, None, 0.3, 0)
+    assert lse is None and out.shape == ref.shape
+    assert (out - ref).abs().max().item() <= 1e-5

@@ -8,7 +8,10 @@ gets no mask at all, which would silently unmask padded batches). What serves a 
   ``kwargs`` dict that transformers hands to both ``cache.update`` and this function): the layer
   attends, in the compressed domain for every step after the prefill;
 - one query token per row and no mask (an unpadded batch): :func:`torch_aura.flash_decode` over
-  the cache's ``[B, Hkv, T, D]`` tensors, every row holding T live tokens;
+  the cache's ``[B, Hkv, T, D]`` tensors, every row holding T live tokens; on the CPU, grouped-query
+  SDPA instead (the G query heads of a KV head as G query rows of one attention: no head repeat),
+  which beats both the op there (whose lse this call does not need, and whose checks cost more than
+  a 100 us kernel) and transformers' ``enable_gqa`` path (benchmarks/results/cpu_2core.md);
 - anything else (prefill, a padded batch, a head dim ``flash_decode`` lacks, dropout, a position
   bias): transformers' own SDPA function with the mask, so a mask is never dropped.
 
@@ -20,14 +23,26 @@ raises ``ValueError`` instead. ``enable()`` refuses such models before this func
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 # the package's __init__ has checked the transformers version before importing this module
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..._checks.decode import SUPPORTED_HEAD_DIMS as DECODE_HEAD_DIMS
-from ...ops.decode import flash_decode
 from ._support import KEEP_OWN, REFUSED_ARGUMENTS
+
+# The op, not its public wrapper: every backend's kernel checks its inputs, the wrapper would check twice.
+flash_decode = torch.ops.aura.flash_decode.default
+
+def grouped_sdpa_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits):
+    """``flash_decode``'s call for a batch whose rows all hold every cached token, as one SDPA call
+    over the G query heads of each KV head as G query rows: ``(out [B, Hq, D], None)``; no lse."""
+    B, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    out = F.scaled_dot_product_attention(q.reshape(B, Hkv, Hq // Hkv, D), k_cache, v_cache, scale=scale)
+    return out.reshape(B, Hq, D), None
+
 
 NAME = "aura"
 # Key under which an AuraKVCache layer hands itself to the attention function (kwargs dict).
@@ -68,9 +83,9 @@ def aura_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     if (L == 1 and attention_mask is None and dropout == 0.0 and kwargs.get("position_bias") is None
             and D in DECODE_HEAD_DIMS and key.shape[-1] == D and value.shape[-1] == D
             and key.stride(-1) == 1 and value.stride(-1) == 1):
-        T = key.shape[2]
-        seq_lens = torch.full((B,), T, dtype=torch.int32, device=query.device)
-        out, _ = flash_decode(query[:, :, 0], key, value, seq_lens, scale=scaling)
+        decode = grouped_sdpa_decode if query.device.type == "cpu" else flash_decode
+        seq_lens = torch.full((B,), key.shape[2], dtype=torch.int32, device=query.device)
+        out, _ = decode(query[:, :, 0], key, value, seq_lens, None, scaling, 0)
         return out.unsqueeze(1), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                   scaling=scaling, **kwargs)
