@@ -80,7 +80,10 @@ class AuraCache:
     Overflow is checked on the host, without reading ``seq_lens``: the cache counts the tokens
     appended since ``reset`` (L per ``append`` whatever ``lengths`` holds, less what ``crop``
     drops), an upper bound of every ``seq_lens[b]``, and refuses an ``append`` that would take
-    that count past ``capacity``.
+    that count past ``capacity``. Inside ``torch.compile`` that count is neither checked nor
+    advanced (a host value changing every step would retrace every step): a token past the
+    capacity then gets the out-of-range slot, which the write rejects (the CPU raises, GPU kernels
+    skip the row), as in transformers' ``StaticCache``.
 
     Args:
         scheme: ``"aura{kb}v{vb}"`` (``"aura4v2"``, ``"aura8v4"``) or ``"aura{b}"`` (= ``aura{b}v{b}``),
@@ -308,9 +311,13 @@ class AuraCache:
             _c.fail("v", f"the shape of k {tuple(k.shape)}", tuple(v.shape))
         four_d = k.dim() == 4
         L = k.shape[1] if four_d else 1
-        if self._appended + L > self.capacity:
-            raise ValueError(f"k: expected at most {self.capacity - self._appended} more tokens "
-                             f"(capacity {self.capacity}, {self._appended} appended), got {L}")
+        # A compiled step keeps no host bound (it would retrace at every new value): there the
+        # device-side slot clamp below is the guard, as in transformers' StaticCache.
+        compiling = torch.compiler.is_compiling()
+        bound = L if compiling else self._appended + L
+        if bound > self.capacity:
+            raise ValueError(f"k: expected at most {self.capacity - (0 if compiling else self._appended)} more "
+                             f"tokens (capacity {self.capacity}, {self._appended} appended), got {L}")
         n = None
         if lengths is not None:
             _c.tensor("lengths", lengths, ndim=1, dtypes=_c.INDEX_DTYPES)
@@ -318,7 +325,7 @@ class AuraCache:
                 _c.fail("lengths", f"one length per sequence, [B={self.batch}]", tuple(lengths.shape))
             self._on_device("lengths", lengths)
             n = lengths.clamp(0, L)  # out-of-range values cannot be reported without a sync
-        if L == 1 and n is None and not self.paged and self._dev.type == "cpu":
+        if L == 1 and n is None and not self.paged and self._dev.type == "cpu" and not compiling:
             self._append_token_cpu(k[:, 0] if four_d else k, v[:, 0] if four_d else v)
             return
         if L == 1 and n is None and not self.paged:
@@ -336,7 +343,8 @@ class AuraCache:
         self._write_op(v, self.v_codes, self.v_norms, slots, self.v_codebook, self.v_boundaries,
                        self.value_bits, self.v_sign_mask, self.paged)
         self.seq_lens += L if n is None else n
-        self._appended += L
+        if not compiling:
+            self._appended += L
 
     def _append_token_cpu(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """The CPU decode step: encode, then store at ``[b, :, seq_lens[b]]``. The write op's data

@@ -29,6 +29,13 @@ step attends (another attention function would attend the new tokens alone).
 Capacity grows by doubling (a copy of the compressed bytes, amortised); ``max_cache_len``
 allocates once and is a hard limit. The contiguous layout, not the paged one, because paged decode
 reads norms 32 bytes apart and runs ~30% slower (benchmarks/results/aura_h100.md).
+
+With ``max_cache_len`` the layers are *static*, as transformers' ``StaticLayer``: their tensors are
+allocated once and marked as static addresses, the length is a device tensor advanced in place, and
+the attention mask spans ``max_cache_len``, so a compiled decode step (``torch.compile(model.forward)``,
+CUDA graphs included) traces once and never again; what changes from step to step lives on the
+device. The host-side length check then runs in eager steps only (a compiled step cannot read the
+device): keep generation within ``max_cache_len``.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from __future__ import annotations
 import numbers
 
 import torch
-from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, STATIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from ...aura_cache import AuraCache, parse_scheme
@@ -90,7 +97,6 @@ class AuraKVLayer(CacheLayerMixin):
             attends through this layer (None: a layer used on its own, unchecked).
     """
 
-    is_compileable = False
     is_sliding = False
     is_croppable = True
     supports_early_init = False
@@ -100,7 +106,10 @@ class AuraKVLayer(CacheLayerMixin):
         super().__init__()
         self.scheme, self.layer_idx, self.seed, self.max_cache_len = scheme, layer_idx, seed, max_cache_len
         self.aura: AuraCache | None = None
-        self.cumulative_length = 0  # positions seen (padding included): what generate counts
+        self.is_compileable = max_cache_len is not None  # static: see the module docstring
+        # positions seen (padding included), what generate counts: a device tensor when static
+        self.cumulative_length: int | torch.Tensor = 0
+        self._filled = False  # the prefill has run: a host flag, constant over compiled decode steps
         self._new: tuple[torch.Tensor, torch.Tensor] | None = None
         self._config = None  # the config of the module that last attended: its implementation must stay "aura"
         self._layout = _layout
@@ -115,7 +124,18 @@ class AuraKVLayer(CacheLayerMixin):
         self.aura = AuraCache(self.scheme, batch=B, kv_heads=Hkv, head_dim=D, capacity=capacity,
                               seed=self.seed, layer=self.layer_idx, device=key_states.device)
         self.device, self.dtype = key_states.device, key_states.dtype
+        if self.is_compileable:
+            self.cumulative_length = torch.zeros((), dtype=torch.int64, device=key_states.device)
+        if self.is_compileable and not torch.compiler.is_compiling():  # (a traced prefill cannot mark)
+            # fixed data pointers: a compiled step mutates them in place, and CUDA graphs keep them
+            for t in (self.aura.k_codes, self.aura.v_codes, self.aura.k_norms, self.aura.v_norms, self.aura.seq_lens,
+                      self.cumulative_length):
+                torch._dynamo.mark_static_address(t)
         self.is_initialized = True
+
+    def _length(self) -> int:
+        """Positions seen, as a host int (one device read for a static layer; eager steps only)."""
+        return int(self.cumulative_length)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, kwargs=None, **_):
         """Record the step's K/V ``[B, Hkv, L, D]`` and hand this layer to the attention function.
@@ -149,14 +169,15 @@ class AuraKVLayer(CacheLayerMixin):
         a = self.aura
         held = None if a is None else (a.batch, a.kv_heads, a.head_dim, a.device)
         if held != (B, Hkv, D, key_states.device):
-            if self.cumulative_length:
+            if self._filled:
                 raise ValueError(f"{where}: holds {held[0]} rows of {held[1]} KV heads x {held[2]} on {held[3]}; this "
                                  f"step has {B} x {Hkv} x {D} on {key_states.device}: reset() the cache for a new "
                                  "batch (or batch_select_indices / reorder_cache to change its rows)")
             self.lazy_initialization(key_states, value_states)  # the first step, or a new batch after reset()
-        if self.max_cache_len is not None and self.cumulative_length + L > self.max_cache_len:
+        if (self.max_cache_len is not None and not torch.compiler.is_compiling()
+                and self._length() + L > self.max_cache_len):
             raise ValueError(f"{where}: max_cache_len={self.max_cache_len} tokens per row, this step needs "
-                             f"{self.cumulative_length + L}: pass a larger max_cache_len, or None to grow")
+                             f"{self._length() + L}: pass a larger max_cache_len, or None to grow")
         self._new = (key_states, value_states)
         kwargs[LAYER_KEY] = self
         return key_states, value_states
@@ -193,7 +214,7 @@ class AuraKVLayer(CacheLayerMixin):
                              f"{_support.USE_DYNAMIC}")
         k, v = recorded
         L = k.shape[2]
-        prefill = self.cumulative_length == 0
+        prefill = not self._filled
         if prefill:
             lengths = None if attention_mask is None else _left_padded_lengths(attention_mask)
         elif kwargs.get("position_bias") is not None:
@@ -201,8 +222,12 @@ class AuraKVLayer(CacheLayerMixin):
                              f"compressed-domain decode cannot apply; {_support.USE_DYNAMIC}")
         elif L > 1 and attention_mask is not None:
             _check_chunk_mask(attention_mask, self.aura.seq_lens, L)
-        self._reserve(L)
-        self.cumulative_length += L
+        if self.is_compileable:
+            self.cumulative_length.add_(L)  # in place: its address is static
+        else:
+            self._reserve(L)
+            self.cumulative_length += L
+        self._filled = True
         k_rows, v_rows = k.transpose(1, 2), v.transpose(1, 2)  # [B, L, Hkv, D], AuraCache's layout
         if prefill:
             self.aura.append(k_rows, v_rows, lengths=lengths, left_padded=True)
@@ -219,9 +244,11 @@ class AuraKVLayer(CacheLayerMixin):
             self.aura.grow(_round_up(max(need, 2 * self.aura.capacity), _GRANULE))
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.cumulative_length + query_length, 0
+        if self.is_compileable and self._filled:
+            return self.max_cache_len, 0  # one mask shape for every decode step: nothing to retrace
+        return (self._length() if self.is_compileable else self.cumulative_length) + query_length, 0
 
-    def get_seq_length(self) -> int:
+    def get_seq_length(self) -> int | torch.Tensor:
         return self.cumulative_length
 
     def get_max_length(self) -> int:
@@ -231,27 +258,31 @@ class AuraKVLayer(CacheLayerMixin):
         """Forget every token; the allocation is kept and reused when the next batch has its shape."""
         if self.aura is not None:
             self.aura.reset()
-        self.cumulative_length = 0
+        if isinstance(self.cumulative_length, torch.Tensor):
+            self.cumulative_length.zero_()
+        else:
+            self.cumulative_length = 0
+        self._filled = False
         self._new = self._config = None
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last ``-tokens_to_remove`` tokens (transformers' negative convention)."""
         if tokens_to_remove > 0:
             raise ValueError(f"AuraKVCache.crop: expected a negative count of tokens to remove, got {tokens_to_remove}")
-        n = min(-tokens_to_remove, self.cumulative_length)
+        n = min(-tokens_to_remove, self._length())
         if n and self.aura is not None:
             self.aura.crop(n)
-            self.cumulative_length -= n
+            self.cumulative_length -= n  # in place for a static layer's tensor
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        if self.aura is not None and self.cumulative_length:
+        if self.aura is not None and self._filled:
             self.aura.select_rows(beam_idx.to(self.aura.device, torch.int64))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.reorder_cache(torch.as_tensor(indices))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.aura is not None and self.cumulative_length:
+        if self.aura is not None and self._filled:
             rows = torch.arange(self.aura.batch, device=self.aura.device).repeat_interleave(repeats)
             self.aura.select_rows(rows)
 
@@ -271,6 +302,16 @@ class AuraKVLayer(CacheLayerMixin):
 
     def dense_bytes(self, dtype: torch.dtype = torch.bfloat16) -> int:
         return self.aura.dense_bytes(dtype) if self.aura is not None else 0
+
+
+def _other_layer(spec: _support.LayerSpec, max_cache_len: int | None) -> CacheLayerMixin:
+    """The layer transformers' own cache gives a layer AuraKVCache does not compress: ``DynamicCache``'s,
+    or with ``max_cache_len`` ``StaticCache``'s (a dense window then keeps static buffers too, so the
+    whole cache compiles)."""
+    if max_cache_len is None:
+        return DYNAMIC_LAYER_TYPE_MAPPING[spec.layer_type](**spec.kwargs)
+    extra = {"max_cache_len": max_cache_len} if spec.kind == "window" else {}
+    return STATIC_LAYER_TYPE_MAPPING[spec.layer_type](**spec.kwargs, **extra)
 
 
 def _left_padded_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -358,8 +399,8 @@ class AuraKVCache(Cache):
         if problems:
             raise ValueError(f"AuraKVCache cannot hold {type(config).__name__}: " + " ".join(problems.values()))
         layout = _Layout(tuple(s.layer_type for s in specs))
-        layers = [AuraKVLayer(scheme, i, seed, max_cache_len, layout) if s.kind == "aura"
-                  else DYNAMIC_LAYER_TYPE_MAPPING[s.layer_type](**s.kwargs) for i, s in enumerate(specs)]
+        layers = [AuraKVLayer(scheme, i, seed, max_cache_len, layout) if s.kind == "aura" else _other_layer(s, max_cache_len)
+                  for i, s in enumerate(specs)]
         super().__init__(layers=layers)
         self.scheme, self.layout = scheme, tuple(specs)
 
