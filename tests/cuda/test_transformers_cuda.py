@@ -81,3 +81,27 @@ def test_aura_kv_cache_on_gpu(tat, scheme, min_agree):
     agree = (dense.argmax(-1) == ours.argmax(-1)).float().mean().item()
     assert agree >= min_agree, agree
     assert (ours[0].float() - alone[0].float()).abs().max().item() <= 0.05 * ours.float().abs().max().item()
+
+
+def test_compiled_aura_kv_cache_decode_is_a_cuda_graph(tat, caplog):
+    """issue 39: AuraKVCache(max_cache_len) under torch.compile(mode="reduce-overhead"): the decode
+    step is captured (inductor logs no "skipping cudagraphs") and its replays equal eager steps."""
+    import logging
+
+    model = tiny_llama(transformers, device=DEV, dtype=torch.bfloat16)
+    tat.enable(model)
+    try:
+        torch._dynamo.reset()
+        ids, feed = _ids(2, 10, 2), _ids(2, 12, 3)
+        eager_cache, compiled_cache = (tat.AuraKVCache(model, scheme="aura8", max_cache_len=64) for _ in range(2))
+        step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        with torch.inference_mode(), caplog.at_level(logging.DEBUG, logger="torch._inductor"):
+            for cache in (eager_cache, compiled_cache):
+                model(ids, cache=cache, use_cache=True)
+            for s in range(feed.shape[1]):
+                eager = model(feed[:, s:s + 1], cache=eager_cache, use_cache=True).logits
+                compiled = step(feed[:, s:s + 1], cache=compiled_cache, use_cache=True).logits.clone()
+                torch.testing.assert_close(compiled.float(), eager.float(), rtol=2e-2, atol=2e-2)
+        assert "skipping cudagraphs" not in caplog.text, caplog.text[-2000:]
+    finally:
+        tat.disable(model)
