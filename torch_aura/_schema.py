@@ -114,6 +114,15 @@ _OPS = [
     OpDef("gdn", "gdn_fwd_o(Tensor q, Tensor k, Tensor v_new, Tensor h, Tensor g_cum, float? scale=None, "
           "Tensor? cu_seqlens=None, Tensor? chunk_indices=None, bool state_v_first=False) -> Tensor",
           "o [B,T,HV,V] in q's dtype"),
+    # The front end (ops.md §3b): depthwise causal conv over time, bias and SiLU fused; x token-major,
+    # so the q / k / v channel slices of y are unit-stride views gdn_chunk takes without a copy.
+    OpDef("gdn", "causal_conv1d(Tensor x, Tensor weight, Tensor? bias=None, Tensor(a!)? conv_state=None, "
+          "Tensor? cu_seqlens=None, str? activation=None) -> Tensor",
+          "y [B,T,C] = act(bias + causal conv of x [B,T,C] with weight [C,W]); conv_state read and rewritten"),
+    # Its decode step: conv_state [P,C,S] (S >= W-1) continues each sequence and is rolled in place.
+    OpDef("gdn", "causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias=None, "
+          "str? activation=None, Tensor? state_indices=None) -> Tensor",
+          "y like x [N,(L,)C]; conv_state[state_indices] updated in place, index -1 skips"),
     # Token-by-token recurrence over an in-place fp32 state pool; index -1 skips a sequence.
     OpDef("gdn", "gdn_recurrent(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor(a!) state, "
           "Tensor? state_indices=None, Tensor? cu_seqlens=None, float? scale=None, "

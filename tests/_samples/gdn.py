@@ -154,6 +154,45 @@ def _recurrent(device):
     return out
 
 
+def _conv_weights(device, C, W, seed, bias=True):
+    gen = _gen(seed)
+    w = torch.randn(C, W, generator=gen).to(device)
+    return w, (torch.randn(C, generator=gen).to(device) if bias else None)
+
+
+def _causal_conv1d(device):
+    """x as a channel slice of a wider token-major tensor (a q | k | v projection), W 4 and 1, odd C,
+    a varlen batch with a zero-length and a shorter-than-the-state sequence, fp16 and bf16."""
+    gen = _gen(20)
+    x = torch.randn(2, 37, 13, generator=gen)[..., 2:11].to(device)  # [2, 37, 9], unit last stride
+    w, b = _conv_weights(device, 9, 4, 21)
+    out = [Sample("B2-T37-C9-W4-fp32-bias-silu", (x, w, b, None, None, "silu"))]
+    state = torch.randn(2, 9, 5, generator=gen).to(device)  # S = 5 > W - 1
+    out.append(Sample("B2-T37-C9-W4-fp32-state5", (x, w, None, state)))
+    xv = torch.randn(1, 11, 6, generator=gen).to(device=device, dtype=torch.float16)
+    wv, bv = _conv_weights(device, 6, 3, 22)
+    cu = _cu(device, [0, 0, 2, 11])
+    out.append(Sample("varlen-N3-T11-C6-W3-fp16-state2-swish",
+                      (xv, wv, bv, torch.randn(3, 6, 2, generator=gen).to(device), cu, "swish")))
+    xb = torch.randn(2, 5, 16, generator=gen).to(device=device, dtype=torch.bfloat16)
+    w1, _ = _conv_weights(device, 16, 1, 23, bias=False)
+    out.append(Sample("B2-T5-C16-W1-bf16", (xb, w1, None, None, None, "silu")))
+    return out
+
+
+def _causal_conv1d_update(device):
+    """One token and three (speculative) per sequence, a shuffled pool with a skipped (-1) row."""
+    gen = _gen(24)
+    w, b = _conv_weights(device, 10, 4, 25)
+    pool = torch.randn(5, 10, 4, generator=gen).to(device)
+    idx = torch.tensor([3, -1, 0], dtype=torch.int32, device=device)
+    x = torch.randn(3, 10, generator=gen).to(device)
+    out = [Sample("N3-C10-W4-fp32-pool5-shuffled-skip-silu", (x, pool, w, b, "silu", idx))]
+    x3 = torch.randn(2, 3, 12, generator=gen)[..., :10].to(device=device, dtype=torch.bfloat16)
+    out.append(Sample("N2-L3-C10-W4-bf16-noidx", (x3, torch.randn(2, 10, 3, generator=gen).to(device), w)))
+    return out
+
+
 SAMPLES = {
     "gdn_chunk": _chunk,
     "gdn_chunk_cumsum": _cumsum,
@@ -162,4 +201,6 @@ SAMPLES = {
     "gdn_fwd_h": _fwd_h,
     "gdn_fwd_o": _fwd_o,
     "gdn_recurrent": _recurrent,
+    "causal_conv1d": _causal_conv1d,
+    "causal_conv1d_update": _causal_conv1d_update,
 }

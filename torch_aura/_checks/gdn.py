@@ -5,6 +5,9 @@ sizes (guards) but never read values. Data-dependent checks (``cu_seqlens`` mono
 T, ``chunk_indices`` matching ``cu_seqlens``, ``state_indices`` in range and unique) live in
 ``torch_aura/reference/gdn.py``, which reads the values anyway.
 
+The front end (ops.md §3b): the causal conv ``x [B, T, C]`` token-major, ``weight [C, W]``,
+``conv_state [N, C, S]`` with ``S >= W - 1``.
+
 Shapes (gdn.md §0): q, k ``[B, T, H, K]``; v ``[B, T, HV, V]`` with ``HV % H == 0``; g, beta,
 g_cum ``[B, T, HV]``; states ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``);
 ``N = B`` or ``len(cu_seqlens) - 1`` (then ``B == 1``).
@@ -18,6 +21,8 @@ from . import common as c
 
 BT = 64  # chunk size of the chunked algorithm (fixed: kernels and Ai's last dim depend on it)
 MAX_HEAD_DIM = 256  # fwd_h keeps a K x BV state in registers as up to four 64-row blocks
+MAX_CONV_WIDTH = 8  # causal conv taps W: the kernels unroll them (Qwen3-Next uses 4)
+ACTIVATIONS = (None, "silu", "swish")  # transformers' names: "swish" is SiLU
 
 
 def _head_dim(arg: str, size, which: str) -> None:
@@ -207,3 +212,51 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     c.same_device(q=q, k=k, v=v, g=g, beta=beta, state=state, state_indices=state_indices,
                   cu_seqlens=cu_seqlens)
     return [c.TensorSpec((B, T, HV, V), q.dtype, q.device)]
+
+
+# ------------------------------------------------------------------ the front end (ops.md §3b)
+def _conv_params(x, weight, bias, conv_state, activation, C: int, rows_name: str, rows) -> int:
+    """weight ``[C, W]``, bias ``[C]``, conv_state ``[rows, C, S >= W - 1]``, the activation; returns W."""
+    c.tensor("weight", weight, ndim=2, dtypes=c.FLOATS, unit_last_stride=True)
+    c.shape("weight", weight, (C, None), "[C, W]: one filter of W taps per channel of x")
+    W = weight.shape[1]
+    if not 1 <= W <= MAX_CONV_WIDTH:
+        c.fail("weight", f"W (taps, weight.shape[1]) in 1..{MAX_CONV_WIDTH}", W)
+    c.optional("bias", bias, ndim=1, dtypes=c.FLOATS)
+    if bias is not None:
+        c.shape("bias", bias, (C,), "one per channel of x")
+    if conv_state is not None:
+        c.tensor("conv_state", conv_state, ndim=3, dtypes=c.FLOATS, unit_last_stride=True)
+        c.shape("conv_state", conv_state, (rows, C, None), f"[{rows_name}, C, S]")
+        if conv_state.shape[2] < max(W - 1, 1):
+            c.fail("conv_state", f"S = shape[2] >= max(W - 1, 1) = {max(W - 1, 1)} inputs of left context",
+                   conv_state.shape[2])
+    if activation not in ACTIVATIONS:
+        c.fail("activation", f"one of {list(ACTIVATIONS)}", repr(activation))
+    c.same_device(x=x, weight=weight, bias=bias, conv_state=conv_state)
+    return W
+
+
+def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activation=None) -> list[c.TensorSpec]:
+    _float("x", x, 3)
+    B, T, C = x.shape
+    N, _ = _varlen(B, T, cu_seqlens, None, "x")
+    _conv_params(x, weight, bias, conv_state, activation, C, "N (sequences)", N)
+    c.same_device(x=x, cu_seqlens=cu_seqlens)
+    return [c.TensorSpec((B, T, C), x.dtype, x.device)]
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None) -> list[c.TensorSpec]:
+    c.tensor("x", x, ndim=(2, 3), dtypes=c.FLOATS, unit_last_stride=True)
+    N, C = x.shape[0], x.shape[-1]
+    c.tensor("conv_state", conv_state, ndim=3, dtypes=c.FLOATS, unit_last_stride=True)
+    _conv_params(x, weight, bias, conv_state, activation, C, "P (state pool rows)", None)
+    if state_indices is None:
+        if conv_state.shape[0] < N:  # sequence n uses pool row n
+            c.fail("conv_state", f"at least N = {N} pool rows (sequence n uses row n without state_indices)",
+                   f"{conv_state.shape[0]} rows")
+    else:
+        c.tensor("state_indices", state_indices, ndim=1, dtypes=(torch.int32,))
+        c.shape("state_indices", state_indices, (N,), "one pool row per sequence, -1 = skip")
+        c.same_device(x=x, state_indices=state_indices)
+    return [c.TensorSpec(tuple(x.shape), x.dtype, x.device)]

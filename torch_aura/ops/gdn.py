@@ -28,6 +28,8 @@ __all__ = [
     "gdn_fwd_h",
     "gdn_fwd_o",
     "gdn_recurrent",
+    "causal_conv1d",
+    "causal_conv1d_update",
     "gdn_chunk_indices",
     "gdn_warmup",
     "GdnWarmup",
@@ -342,6 +344,91 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
                               state_v_first)
     return torch.ops.aura.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale,
                                         use_qk_l2norm, state_v_first)
+
+
+@_debug.validated
+def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activation=None):
+    """Depthwise causal convolution over time with the bias and SiLU fused: the GDN front end (ops.md §3b).
+
+    ``y[b, t, c] = act(bias[c] + sum_j weight[c, j] * x[b, t - (W - 1) + j, c])``: each channel is
+    filtered by its own W taps over the current and the ``W - 1`` previous tokens of its sequence.
+    Before a sequence's first token come the last ``W - 1`` inputs of its ``conv_state`` row (zeros
+    without a state); the row is then overwritten in place by the sequence's last ``S`` inputs, so a
+    chunked prefill or :func:`causal_conv1d_update` continues it. x and y are token-major: the q, k
+    and v channel slices of y are unit-stride views that :func:`gdn_chunk` reads without a copy.
+
+    Args:
+        x: ``[B, T, C]`` fp16, bf16 or fp32, unit stride over C (channels-first data: pass
+            ``x.transpose(1, 2)`` of a ``[B, C, T]`` view of a token-major tensor).
+        weight: ``[C, W]`` float taps, ``1 <= W <= 8`` (Qwen3-Next: 4); oldest token first.
+        bias: ``[C]`` float, or None.
+        conv_state: ``[N, C, S]`` float, ``S >= max(W - 1, 1)``: each sequence's previous inputs
+            (oldest first), read and rewritten in place; or None (zeros, nothing written).
+        cu_seqlens: ``[N+1]`` int32/int64 offsets of packed sequences (``B == 1``), or None (``N = B``).
+            Each sequence is convolved on its own.
+        activation: None, or ``"silu"`` (``"swish"`` is accepted as its transformers name).
+
+    Returns:
+        ``y [B, T, C]`` in x's dtype, computed in fp32.
+
+    Raises:
+        ValueError: bad dtype, rank, device, stride or shapes, W outside 1..8, S < W - 1, an unknown
+            activation, inconsistent ``cu_seqlens`` (values: on the CPU; on CUDA / MPS under
+            ``TORCH_AURA_DEBUG=1``).
+
+    Example:
+        >>> import torch, torch_aura
+        >>> x, weight = torch.randn(2, 6, 8), torch.randn(8, 4)       # B=2, T=6, C=8, W=4
+        >>> state = torch.zeros(2, 8, 4)                               # S = 4
+        >>> y = torch_aura.causal_conv1d(x, weight, conv_state=state, activation="silu")
+        >>> y.shape, torch.equal(state[:, :, -1], x[:, -1])            # the state ends with the last input
+        (torch.Size([2, 6, 8]), True)
+    """
+    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
+        _checks.causal_conv1d(x, weight, bias, conv_state, cu_seqlens, activation)
+    elif conv_state is None:
+        # Inductor (torch 2.13, auto_functionalized_v2) fails on a None mutable argument; a scratch
+        # state of zeros is the same left context, and its update is dropped
+        N = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        conv_state = torch.zeros(N, x.shape[2], max(weight.shape[1] - 1, 1), device=x.device)
+    return torch.ops.aura.causal_conv1d(x, weight, bias, conv_state, cu_seqlens, activation)
+
+
+@_debug.validated
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None):
+    """The decode step of :func:`causal_conv1d`: new tokens continue each sequence from its state row.
+
+    Sequence n reads ``conv_state[state_indices[n]]`` (row n without indices) as its left context,
+    and the row is rolled in place: it ends with the new inputs. Index -1 skips the sequence (its
+    outputs 0, the pool untouched). Several tokens per sequence (speculative decoding) run in order.
+
+    Args:
+        x: ``[N, C]`` (one token per sequence) or ``[N, L, C]``, fp16, bf16 or fp32, unit stride over C.
+        conv_state: the pool ``[P, C, S]`` float, ``S >= max(W - 1, 1)``, updated in place.
+        weight: ``[C, W]`` float taps, ``1 <= W <= 8``.
+        bias: ``[C]`` float, or None.
+        activation: None, or ``"silu"`` (``"swish"``).
+        state_indices: ``[N]`` int32 pool rows, distinct, -1 = skip; or None (row n).
+
+    Returns:
+        ``y`` shaped like x, in x's dtype.
+
+    Raises:
+        ValueError: bad dtype, rank, device, stride or shapes; ``state_indices`` out of range or
+            duplicated (values: on the CPU; on CUDA / MPS under ``TORCH_AURA_DEBUG=1``).
+
+    Example:
+        >>> import torch, torch_aura
+        >>> x, weight = torch.randn(2, 7, 8), torch.randn(8, 4)
+        >>> state = torch.zeros(2, 8, 4)
+        >>> _ = torch_aura.causal_conv1d(x[:, :6], weight, conv_state=state)   # prefill: 6 tokens
+        >>> y6 = torch_aura.causal_conv1d_update(x[:, 6], state, weight)         # decode: the 7th
+        >>> torch.allclose(y6, torch_aura.causal_conv1d(x, weight)[:, 6], atol=1e-5)
+        True
+    """
+    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
+        _checks.causal_conv1d_update(x, conv_state, weight, bias, activation, state_indices)
+    return torch.ops.aura.causal_conv1d_update(x, conv_state, weight, bias, activation, state_indices)
 
 
 class GdnWarmup(NamedTuple):

@@ -73,6 +73,22 @@ def _seq_bounds(T: int, cu_seqlens) -> list[tuple[int, int]]:
     return list(zip(cu[:-1], cu[1:]))
 
 
+def _pool_rows(state_indices, N: int, P: int) -> list[int]:
+    """The pool row of each of N sequences (row n without indices); -1 skips. Validated here, where
+    the values are read: in ``[0, P)`` or -1, and distinct (a duplicate row is a write race)."""
+    if state_indices is None:
+        return list(range(N))
+    slots = [int(s) for s in state_indices.tolist()]
+    bad = [s for s in slots if not -1 <= s < P]
+    if bad:
+        raise ValueError(f"state_indices: expected pool rows in [0, {P}) or -1 (skip), got {bad[:8]}")
+    live = [s for s in slots if s >= 0]
+    if len(set(live)) != len(live):
+        raise ValueError("state_indices: expected distinct pool rows (a duplicate row is a write "
+                         f"race), got duplicates in {slots if len(slots) <= 16 else slots[:16]}")
+    return slots
+
+
 def chunk_indices_from_cu_seqlens(cu_seqlens: torch.Tensor, chunk_size: int = BT) -> torch.Tensor:
     """``[NT_total, 2]`` int32 rows ``(sequence id, chunk index in the sequence)``, on cu's device.
 
@@ -394,18 +410,7 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     scale = K ** -0.5 if scale is None else scale
     seqs = _seq_bounds(T, cu_seqlens)
     N = B if cu_seqlens is None else len(seqs)
-    if state_indices is None:
-        slots = list(range(N))
-    else:
-        slots = [int(s) for s in state_indices.tolist()]
-        P = state.shape[0]
-        bad = [s for s in slots if not -1 <= s < P]
-        if bad:
-            raise ValueError(f"state_indices: expected pool rows in [0, {P}) or -1 (skip), got {bad[:8]}")
-        live = [s for s in slots if s >= 0]
-        if len(set(live)) != len(live):
-            raise ValueError("state_indices: expected distinct pool rows (a duplicate row is a write "
-                             f"race), got duplicates in {slots if len(slots) <= 16 else slots[:16]}")
+    slots = _pool_rows(state_indices, N, state.shape[0])
 
     # o is zero where a sequence is skipped: allocate zeros deliberately
     o = torch.zeros((B, T, HV, V), dtype=q.dtype, device=q.device)
@@ -439,3 +444,76 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
         o[bs, bos:eos] = o_s.to(o.dtype)
         state[rows] = _stored_state(S, state_v_first).to(state.dtype)  # one rounding, on store
     return o
+
+
+# ======================================================================= the front end (ops.md §3b)
+def _conv_rows(xs: torch.Tensor, weight: torch.Tensor, bias, activation) -> torch.Tensor:
+    """``[C, W - 1 + n]`` inputs (left context first) -> the ``n`` outputs ``[n, C]``, fp32 (fp64 for
+    fp64 tests): ``bias[c] + sum_j w[c, j] x[t - (W - 1) + j, c]``, then the activation."""
+    cd = xs.dtype
+    W = weight.shape[1]
+    y = torch.nn.functional.conv1d(xs[None], weight.to(cd)[:, None], None if bias is None else bias.to(cd),
+                                   groups=weight.shape[0])[0]  # [C, n]
+    if activation is not None:  # "silu" or "swish": transformers' two names for x * sigmoid(x)
+        y = torch.nn.functional.silu(y)
+    assert y.shape[1] == xs.shape[1] - (W - 1)
+    return y.transpose(0, 1)
+
+
+def _left_context(conv_state, row: int, C: int, W: int, cd, device) -> torch.Tensor:
+    """The ``W - 1`` inputs before a sequence, ``[C, W - 1]``: the last of its state row, else zeros."""
+    if conv_state is None or row < 0 or W == 1:
+        return torch.zeros(C, W - 1, dtype=cd, device=device)
+    return conv_state[row, :, conv_state.shape[2] - (W - 1):].to(cd)
+
+
+def _new_state(conv_state, row: int, xs: torch.Tensor) -> None:
+    """Write the last ``S`` inputs of ``[old state | the sequence]`` into ``conv_state[row]``."""
+    S = conv_state.shape[2]
+    history = torch.cat([conv_state[row].to(xs.dtype), xs], dim=1)  # [C, S + n]
+    conv_state[row].copy_(history[:, -S:])
+
+
+def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activation=None):
+    """Depthwise causal conv over time (ops.md §3b): ``y [B, T, C]`` in x's dtype.
+
+    Sequence n (batch row n, or rows ``[cu[n], cu[n+1])`` of batch row 0) sees ``W - 1`` inputs of
+    left context: the last ones of ``conv_state[n]`` when given, else zeros. With ``conv_state`` its
+    row n is then overwritten, in place, by the last ``S`` inputs of the sequence (older state
+    entries shift in where the sequence is shorter than ``S``). Computed in fp32, rounded once.
+    """
+    cd = _compute_dtype(x, weight, bias, conv_state)
+    B, T, C = x.shape
+    W = weight.shape[1]
+    y = torch.empty((B, T, C), dtype=x.dtype, device=x.device)
+    seqs = [(b, 0, T) for b in range(B)] if cu_seqlens is None else [
+        (0, bos, eos) for bos, eos in _seq_bounds(T, cu_seqlens)]
+    for n, (b, bos, eos) in enumerate(seqs):
+        if eos == bos:  # an empty sequence: no output, its state row untouched
+            continue
+        xs = x[b, bos:eos].to(cd).transpose(0, 1)  # [C, n]
+        context = _left_context(conv_state, n, C, W, cd, x.device)
+        y[b, bos:eos] = _conv_rows(torch.cat([context, xs], dim=1), weight, bias, activation).to(x.dtype)
+        if conv_state is not None:
+            _new_state(conv_state, n, xs)
+    return y
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None):
+    """The decode step of :func:`causal_conv1d`: ``x [N, C]`` (one token) or ``[N, L, C]`` continues
+    sequence n from ``conv_state[state_indices[n]]`` (row n without indices), which is updated in
+    place; index -1 skips the sequence (output 0, pool untouched). Returns ``y`` shaped like x."""
+    cd = _compute_dtype(x, weight, bias, conv_state)
+    tokens = x if x.dim() == 3 else x[:, None]  # [N, L, C]
+    N, L, C = tokens.shape
+    W = weight.shape[1]
+    rows = _pool_rows(state_indices, N, conv_state.shape[0])
+    y = torch.zeros_like(tokens)  # a skipped sequence's rows are 0: deliberately zeros
+    for n, row in enumerate(rows):
+        if row < 0:
+            continue
+        xs = tokens[n].to(cd).transpose(0, 1)  # [C, L]
+        context = _left_context(conv_state, row, C, W, cd, x.device)
+        y[n] = _conv_rows(torch.cat([context, xs], dim=1), weight, bias, activation).to(x.dtype)
+        _new_state(conv_state, row, xs)
+    return y if x.dim() == 3 else y[:, 0]
