@@ -47,7 +47,7 @@ def _unpatched(gdn):
 def _globals(module_name, gdn):
     module = importlib.import_module(module_name)
     names = gdn.discover()[module_name]
-    return {kind: getattr(module, names[kind]) for kind in ("chunk", "recurrent")}
+    return {kind: getattr(module, names[kind]) for kind in ("chunk", "recurrent", "conv", "conv_update")}
 
 
 def _torch_reference(module_name, gdn):
@@ -79,8 +79,11 @@ def test_discover_finds_the_gdn_models(gdn):
     found = gdn.discover()
     for name in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, OLMO_HYBRID):
         assert found[name] == {"chunk": "torch_chunk_gated_delta_rule",
-                               "recurrent": "torch_recurrent_gated_delta_rule"}, name
+                               "recurrent": "torch_recurrent_gated_delta_rule",
+                               "conv": "causal_conv1d_fn", "conv_update": "causal_conv1d_update"}, name
     assert not any("modular_" in name for name in found)
+    # the conv is routed only where it feeds a gated delta rule: Mamba-style models call theirs otherwise
+    assert "transformers.models.mamba2.modeling_mamba2" not in found
 
 
 def test_patch_unpatch_restore_and_are_idempotent(gdn):
@@ -88,7 +91,8 @@ def test_patch_unpatch_restore_and_are_idempotent(gdn):
     assert gdn.patch([QWEN3_NEXT]) == [QWEN3_NEXT]
     assert gdn.patch([QWEN3_NEXT]) == [QWEN3_NEXT]
     assert _globals(QWEN3_NEXT, gdn) == {"chunk": gdn.chunk_gated_delta_rule,
-                                         "recurrent": gdn.recurrent_gated_delta_rule}
+                                         "recurrent": gdn.recurrent_gated_delta_rule,
+                                         "conv": gdn.causal_conv1d_fn, "conv_update": gdn.causal_conv1d_update}
     assert _globals(QWEN3_5, gdn) == before[QWEN3_5]
     assert gdn.patched() == [QWEN3_NEXT]
     assert gdn.unpatch() == [QWEN3_NEXT]
@@ -223,12 +227,21 @@ def _qwen3_5():
 
 
 def _count_op_calls(gdn, monkeypatch):
-    """Wrap the adapter's ops: counts per kind, and the storage of every decode pool."""
-    seen = {"chunk": 0, "recurrent": 0, "pools": set()}
+    """Wrap the adapter's ops: counts per kind, the storage of every decode pool, and whether the
+    prefill's q, k and v arrived unit-stride (our conv's token-major output: no copy)."""
+    seen = {"chunk": 0, "recurrent": 0, "conv": 0, "conv_update": 0, "pools": set(), "unit_stride": set()}
 
-    def chunk(*args, **kwargs):
+    def chunk(q, k, v, *args, **kwargs):
         seen["chunk"] += 1
-        return op_chunk(*args, **kwargs)
+        seen["unit_stride"].add(all(t.stride(-1) == 1 for t in (q, k, v)))
+        return op_chunk(q, k, v, *args, **kwargs)
+
+    for kind, name in (("conv", "causal_conv1d"), ("conv_update", "causal_conv1d_update_op")):
+        def counting(*args, _kind=kind, _real=getattr(gdn, name), **kwargs):
+            seen[_kind] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(gdn, name, counting)
 
     def recurrent(q, k, v, g, beta, state, *args, **kwargs):
         seen["recurrent"] += 1
@@ -262,15 +275,16 @@ def test_generate_matches_transformers_path(gdn, build, monkeypatch, transformer
     seen = _count_op_calls(gdn, monkeypatch)
 
     ref_prefill, ref = _run(model, ids, mask)
-    assert seen["chunk"] == seen["recurrent"] == 0
+    assert seen["chunk"] == seen["recurrent"] == seen["conv"] == seen["conv_update"] == 0
     default = _globals(module_name, gdn)
     assert gdn.patch(model=model) == [module_name]
     assert _globals(module_name, gdn) != default
     prefill, out = _run(model, ids, mask)
 
     # prefill: the forward and generate's first step; decode: the other NEW_TOKENS - 1 steps
-    assert seen["chunk"] == 2 * LINEAR_LAYERS
-    assert seen["recurrent"] == (NEW_TOKENS - 1) * LINEAR_LAYERS
+    assert seen["chunk"] == seen["conv"] == 2 * LINEAR_LAYERS
+    assert seen["recurrent"] == seen["conv_update"] == (NEW_TOKENS - 1) * LINEAR_LAYERS
+    assert seen["unit_stride"] == {True}  # q, k, v views of our conv's output: the GDN op copies none
     cache_states = [layer.recurrent_states[0] for layer in out.cache.layers
                     if hasattr(layer, "recurrent_states")]
     assert len(cache_states) == LINEAR_LAYERS
@@ -282,3 +296,26 @@ def test_generate_matches_transformers_path(gdn, build, monkeypatch, transformer
     assert torch.equal(out.sequences, ref.sequences)
     assert len(out.logits) == len(ref.logits) == NEW_TOKENS
     assert max((a - b).abs().max().item() for a, b in zip(out.logits, ref.logits)) <= ATOL
+
+
+def test_conv_adapter_layouts_packed_sequences_and_refusal(gdn, hf_transformers):
+    """The conv adapter takes transformers' channels-first calls: a transposed token-major view is
+    read in place and the output is one again; packed sequences (``cu_seq_lens_q``) do not see each
+    other (transformers' torch fallback convolves across them); a non-SiLU model is refused."""
+    g = torch.Generator().manual_seed(40)
+    C, W = 12, 4
+    weight, bias = torch.randn(C, W, generator=g), torch.randn(C, generator=g)
+    tokens = torch.randn(1, 11, C, generator=g)
+    out = gdn.causal_conv1d_fn(tokens.transpose(1, 2), weight, bias, "silu")
+    assert out.shape == (1, C, 11) and out.transpose(1, 2).is_contiguous()
+    cu = torch.tensor([0, 4, 11], dtype=torch.int32)
+    packed = gdn.causal_conv1d_fn(tokens.transpose(1, 2), weight, bias, "silu", cu_seq_lens_q=cu)
+    for a, b in ((0, 4), (4, 11)):
+        alone = gdn.causal_conv1d_fn(tokens[:, a:b].transpose(1, 2), weight, bias, "silu")
+        assert torch.allclose(packed[..., a:b], alone, atol=1e-6)
+    assert not torch.allclose(packed[..., 4:], out[..., 4:])  # without the offsets the context leaks
+    model = _qwen3_next()
+    model.config.hidden_act = "gelu"
+    with pytest.raises(ValueError, match=r"config.hidden_act = 'gelu'.*causal_conv1d fuses \['silu', 'swish'\]"):
+        gdn.patch(model=model)
+    assert gdn.patched() == []

@@ -118,7 +118,7 @@ def enable(model=None, gdn: bool = True, attention: bool = True) -> dict:
         if not attention and not has_gdn:
             problems.append(f"it has no gated delta rule layers; models that have them: {sorted(_gdn.discover())}.")
         if gdn:
-            problems += _gdn.head_dim_refusals(model)
+            problems += _gdn.refusals(model)
         if problems:
             raise ValueError(f"enable(): {type(model).__name__} cannot be served: " + " ".join(problems))
     if attention:

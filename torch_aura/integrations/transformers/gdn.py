@@ -1,21 +1,26 @@
-"""Route transformers' gated delta rule kernels to :func:`torch_aura.gdn_chunk` and
-:func:`torch_aura.gdn_recurrent`.
+"""Route transformers' gated delta rule kernels, and the causal conv in front of them, to
+:func:`torch_aura.gdn_chunk`, :func:`torch_aura.gdn_recurrent`, :func:`torch_aura.causal_conv1d`
+and :func:`torch_aura.causal_conv1d_update`.
 
 Every gated-delta-rule model of transformers 5.x (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, OLMo-Hybrid,
-...) defines two module-level functions, decorated with ``use_kernel_func_from_hub_with_fallback(
-"chunk_gated_delta_rule" | "fused_recurrent_gated_delta_rule", "fla")``, and its linear-attention
-layer looks the module global up on every forward. :func:`patch` replaces those globals with
-:func:`chunk_gated_delta_rule` (prefill, ``T > 1``) and :func:`recurrent_gated_delta_rule`
-(decode); :func:`unpatch` puts the originals back. The modules are found by :func:`discover`,
-which reads the source text of ``transformers/models/*/modeling_*.py`` (no model list to keep up
-to date, nothing imported).
+...) defines module-level functions decorated with ``use_kernel_func_from_hub_with_fallback(
+"chunk_gated_delta_rule" | "fused_recurrent_gated_delta_rule", "fla")`` and
+``("causal_conv1d_fn" | "causal_conv1d_update", "causal_conv1d")``, and its linear-attention layer
+looks the module globals up on every forward. :func:`patch` replaces them with
+:func:`chunk_gated_delta_rule` (prefill, ``T > 1``), :func:`recurrent_gated_delta_rule` (decode),
+:func:`causal_conv1d_fn` and :func:`causal_conv1d_update`; :func:`unpatch` puts the originals
+back. The modules are found by :func:`discover`, which reads the source text of
+``transformers/models/*/modeling_*.py`` (no model list to keep up to date, nothing imported). The
+conv is routed only in gated-delta-rule modules: Mamba-style models call theirs with other
+arguments.
 
 Two things differ from a plain call of the ops:
 
-* Strided views. The models hand over q, k and v as views of the transposed causal-conv output, so
-  for ``T > 1`` their last dim is not unit-stride, which the ops reject. The adapter makes such a
-  tensor contiguous (a copy; its cost is measured in ``benchmarks/bench_e2e_transformers.py``);
-  decode views (``T == 1``) and already contiguous tensors pass through untouched.
+* Strided views. The models run the conv channels-first (``[B, C, T]``, a transposed view of the
+  token-major ``q | k | v`` projection) and hand q, k and v to the GDN kernels as views of its
+  transposed output. Our conv reads and writes token-major, so those views arrive with a unit last
+  stride and the GDN ops take them as they are; transformers' own conv output gave strided views,
+  which the adapter still copies (one copy each) when it meets them.
 * In-place state. :func:`recurrent_gated_delta_rule` passes the cache's own state tensor
   (``initial_state``) to :func:`torch_aura.gdn_recurrent` as the pool and returns that same tensor,
   so a decode step copies no state; transformers' following ``cache.update_recurrent_state(s)``
@@ -43,28 +48,34 @@ from typing import Iterable
 import torch
 
 from ..._checks.common import FLOATS as _STATE_DTYPES
+from ..._checks.gdn import ACTIVATIONS as CONV_ACTIVATIONS
 from ..._checks.gdn import MAX_HEAD_DIM
-from ...ops.gdn import gdn_chunk, gdn_recurrent
+from ...ops.gdn import causal_conv1d, gdn_chunk, gdn_recurrent
+from ...ops.gdn import causal_conv1d_update as causal_conv1d_update_op
 from ._version import require_transformers
 
 __all__ = [
     "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
     "discover",
     "modules_of",
     "patch",
     "unpatch",
-    "head_dim_refusals",
+    "refusals",
     "patched",
 ]
 
-# the decorator names transformers uses for the two kernels -> our kind
-_KINDS = {"chunk_gated_delta_rule": "chunk", "fused_recurrent_gated_delta_rule": "recurrent"}
+# the decorator names transformers uses for the kernels -> our kind
+_KINDS = {"chunk_gated_delta_rule": "chunk", "fused_recurrent_gated_delta_rule": "recurrent",
+          "causal_conv1d_fn": "conv", "causal_conv1d_update": "conv_update"}
 
 # the decorator (any quoting, any further arguments), then possibly more decorators, then the def
 _DECORATED_DEF = re.compile(
     r"@use_kernel_func_from_hub_with_fallback\(\s*[\"']"
-    r"(?P<kernel>chunk_gated_delta_rule|fused_recurrent_gated_delta_rule)[\"'][^)]*\)\s*\n"
+    r"(?P<kernel>chunk_gated_delta_rule|fused_recurrent_gated_delta_rule|causal_conv1d_fn|causal_conv1d_update)"
+    r"[\"'][^)]*\)\s*\n"
     r"(?:[ \t]*@[^\n]*\n)*"
     r"[ \t]*def[ \t]+(?P<name>\w+)[ \t]*\(")
 
@@ -163,7 +174,47 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=No
     return o, (state if output_final_state else None)
 
 
-_OURS = {"chunk": chunk_gated_delta_rule, "recurrent": recurrent_gated_delta_rule}
+def _token_major(hidden_states: torch.Tensor) -> torch.Tensor:
+    """transformers' channels-first ``[B, C, T]`` as the ops' ``[B, T, C]``: a view when it is the
+    transpose of a token-major tensor (the models' case), else one copy."""
+    x = hidden_states.transpose(1, 2)
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+    """transformers' ``causal_conv1d_fn`` (prefill) on :func:`torch_aura.causal_conv1d`.
+
+    Args:
+        hidden_states: ``[B, C, T]`` fp16, bf16 or fp32, channels-first as the models call it.
+        weight: ``[C, W]`` taps (the model's ``conv1d.weight.squeeze(1)``).
+        bias: ``[C]`` or None.
+        activation: None or ``"silu"`` / ``"swish"`` (the models pass ``config.hidden_act``).
+        **kwargs: the layer's forward keywords; ``cu_seq_lens_q`` (packed sequences, ``B == 1``)
+            keeps each sequence's conv to itself (transformers' torch fallback ignores it).
+
+    Returns:
+        ``[B, C, T]`` in hidden_states' dtype: the transpose of a token-major tensor, so the model's
+        ``transpose(1, 2)`` and split give unit-stride q, k and v.
+
+    Raises:
+        ValueError: from :func:`torch_aura.causal_conv1d`, naming the argument (e.g. an activation
+            other than SiLU).
+    """
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    y = causal_conv1d(_token_major(hidden_states), weight, bias, None, cu_seqlens, activation)
+    return y.transpose(1, 2)
+
+
+def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None):
+    """transformers' ``causal_conv1d_update`` (decode) on :func:`torch_aura.causal_conv1d_update`:
+    ``hidden_states [B, C, L]`` continues each row's ``conv_state [B, C, S]``, updated in place;
+    returns ``[B, C, L]`` (a transposed view of token-major output) in hidden_states' dtype."""
+    y = causal_conv1d_update_op(_token_major(hidden_states), conv_state, weight, bias, activation, None)
+    return y.transpose(1, 2)
+
+
+_OURS = {"chunk": chunk_gated_delta_rule, "recurrent": recurrent_gated_delta_rule, "conv": causal_conv1d_fn,
+         "conv_update": causal_conv1d_update}
 
 
 @functools.cache
@@ -177,7 +228,7 @@ def _discover(models_dir: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]],
         if "gated_delta_rule" not in text:
             continue
         kinds = {_KINDS[m["kernel"]]: m["name"] for m in _DECORATED_DEF.finditer(text)}
-        if kinds:
+        if "chunk" in kinds:  # the conv only where it feeds a gated delta rule
             found.append((f"transformers.models.{path.parent.name}.{path.stem}",
                           tuple(sorted(kinds.items()))))
     return tuple(found)
@@ -192,7 +243,8 @@ def discover() -> dict[str, dict[str, str]]:
     runs once per process.
 
     Returns:
-        ``{module name: {kind: global name}}``, kind ``"chunk"`` or ``"recurrent"``, e.g.
+        ``{module name: {kind: global name}}``, kind ``"chunk"``, ``"recurrent"``, ``"conv"`` or
+        ``"conv_update"``, e.g.
         ``{"transformers.models.qwen3_next.modeling_qwen3_next": {"chunk":
         "torch_chunk_gated_delta_rule", "recurrent": "torch_recurrent_gated_delta_rule"}, ...}``.
 
@@ -218,24 +270,32 @@ def modules_of(model: torch.nn.Module) -> set[str]:
     return {type(m).__module__ for m in model.modules()} & known.keys()
 
 
-def head_dim_refusals(model: torch.nn.Module) -> list[str]:
-    """Why the GDN ops cannot serve ``model``'s linear-attention head dims (empty: they can).
+def refusals(model: torch.nn.Module) -> list[str]:
+    """Why the GDN and conv ops cannot serve ``model``'s linear-attention layers (empty: they can).
 
     Args:
-        model: any ``torch.nn.Module``; its config's ``linear_key_head_dim`` and
-            ``linear_value_head_dim`` are read when it has them.
+        model: any ``torch.nn.Module``; its config's ``linear_key_head_dim``,
+            ``linear_value_head_dim`` and ``hidden_act`` (the conv's activation) are read when it
+            has them.
 
     Returns:
-        One sentence per head dim outside ``1..256``, naming the value and the supported range.
+        One sentence per head dim outside ``1..256`` or unsupported conv activation, naming the
+        value, what is supported and the alternative.
     """
     config = getattr(model, "config", None)
     if config is None:
         return []
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return [f"{type(model).__name__}: config.{attr} = {size}; torch_aura's GDN ops support head dims K and V in "
-            f"1..{MAX_HEAD_DIM}; pass gdn=False to leave GDN layers to transformers."
-            for attr in ("linear_key_head_dim", "linear_value_head_dim")
-            if (size := getattr(text, attr, None)) is not None and not 1 <= size <= MAX_HEAD_DIM]
+    found = [f"{type(model).__name__}: config.{attr} = {size}; torch_aura's GDN ops support head dims K and V in "
+             f"1..{MAX_HEAD_DIM}; pass gdn=False to leave GDN layers to transformers."
+             for attr in ("linear_key_head_dim", "linear_value_head_dim")
+             if (size := getattr(text, attr, None)) is not None and not 1 <= size <= MAX_HEAD_DIM]
+    act = getattr(text, "hidden_act", None)
+    if getattr(text, "linear_key_head_dim", None) is not None and act not in CONV_ACTIVATIONS:
+        found.append(f"{type(model).__name__}: config.hidden_act = {act!r}, the activation its GDN layers' causal "
+                     f"conv applies; torch_aura.causal_conv1d fuses {[a for a in CONV_ACTIVATIONS if a]}; pass "
+                     "gdn=False to leave GDN layers to transformers.")
+    return found
 
 
 def patch(module_names: Iterable[str] | None = None, *, model: torch.nn.Module | None = None
@@ -262,7 +322,7 @@ def patch(module_names: Iterable[str] | None = None, *, model: torch.nn.Module |
         ImportError: transformers is missing or outside the supported versions.
     """
     known = discover()
-    problems = head_dim_refusals(model) if model is not None else []
+    problems = refusals(model) if model is not None else []
     if problems:
         raise ValueError(" ".join(problems))
     if module_names is None:
