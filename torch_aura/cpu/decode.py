@@ -54,6 +54,10 @@ def _tokens(cache: torch.Tensor, rows: slice, n: int, block_table: torch.Tensor 
 def _flash_decode_aten(q, k_cache, v_cache, lens, block_table, scale, Hkv):
     B, Hq, D = q.shape
     q_groups = q.reshape(B, Hkv, Hq // Hkv, D)  # the G query heads of KV head j are row j's queries
+    if block_table is None and lens and lens[0] > 0 and all(n == lens[0] for n in lens):
+        # the eager decode step of a model: one call, its outputs as they come (no row copies)
+        o, l = _attend(q_groups, k_cache[:, :, :lens[0]], v_cache[:, :, :lens[0]], scale=scale)
+        return o.reshape(B, Hq, D).contiguous(), l.reshape(B, Hq).contiguous()
     out = torch.zeros(B, Hq, D, dtype=q.dtype)
     lse = torch.full((B, Hq), -math.inf, dtype=torch.float32)
     if lens and all(n == lens[0] for n in lens):
