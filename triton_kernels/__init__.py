@@ -21,6 +21,7 @@ LAUNCHERS: dict[str, str] = {
     **{op: f".gdn.chunk:{op}" for op in ("gdn_chunk", "gdn_chunk_cumsum", "gdn_kkt_solve",
                                            "gdn_recompute_w_u", "gdn_fwd_h", "gdn_fwd_o")},
     "gdn_recurrent": ".gdn.recurrent:gdn_recurrent",
+    **{op: f".gdn.conv:{op}" for op in ("causal_conv1d", "causal_conv1d_update")},
 }
 
 

@@ -19,12 +19,13 @@ import inspect
 import triton
 import triton.language as tl
 
-# Kernel arguments that change with the prompt: lengths, chunk and segment counts, the pool size,
-# and the batch strides of the [B, T, HV] gate tensors (g: s_gb, g_cum: s_cb, beta: s_bb; T * HV, whose
-# divisibility by 16 follows T where HV is small). Triton specialises an int argument on == 1 and
-# % 16 == 0 and compiles one variant per combination: each would recompile at new prompt lengths.
-# None of them enters an address that could be vectorised (the gates are read a scalar per row).
-LENGTH_ARGS = frozenset({"T", "NT", "NT_total", "NS", "CPS", "N", "n_seg", "P", "s_gb", "s_cb", "s_bb"})
+# Kernel arguments that change with the prompt: lengths, chunk and segment counts, the pool size, the
+# tokens per sequence of a decode step (L), and the batch strides of the [B, T, HV] gate tensors (g: s_gb,
+# g_cum: s_cb, beta: s_bb; T * HV, whose divisibility by 16 follows T where HV is small). Triton
+# specialises an int argument on == 1 and % 16 == 0 and compiles one variant per combination: each would
+# recompile at new prompt lengths. None of them enters an address that could be vectorised (the gates
+# are read a scalar per row; the conv's outputs are addressed through T * C and L * C, vectors of C).
+LENGTH_ARGS = frozenset({"T", "NT", "NT_total", "NS", "CPS", "N", "n_seg", "P", "L", "s_gb", "s_cb", "s_bb"})
 
 
 def length_agnostic(jit):

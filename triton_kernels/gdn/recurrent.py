@@ -68,8 +68,11 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
         tl.store(p_state, S.to(state.dtype.element_ty), mask=live & k_ok[:, None] & v_ok[None, :])
 
 
-def _check_indices(state_indices: torch.Tensor, P: int) -> None:
-    """Debug-mode host check of the pool rows (one sync): in range or -1, and no duplicates."""
+def debug_check_pool_rows(state_indices: torch.Tensor, P: int) -> None:
+    """Under ``TORCH_AURA_DEBUG=1``, check a pool launcher's rows on the host (one sync): in ``[0, P)`` or
+    -1 (skip), and no duplicates (two sequences writing one row race)."""
+    if os.environ.get("TORCH_AURA_DEBUG", "0") != "1":
+        return
     rows = state_indices.tolist()
     bad = [s for s in rows if not -1 <= s < P]
     live = [s for s in rows if s >= 0]
@@ -95,8 +98,8 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     scale = float(K ** -0.5 if scale is None else scale)  # an int 1 would specialise the kernel
-    if state_indices is not None and os.environ.get("TORCH_AURA_DEBUG", "0") == "1":
-        _check_indices(state_indices, state.shape[0])
+    if state_indices is not None:
+        debug_check_pool_rows(state_indices, state.shape[0])
     o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
     if N * HV == 0:
         return o

@@ -1,0 +1,112 @@
+"""The causal conv kernels (triton_kernels/gdn/conv.py) under the Triton interpreter against the reference:
+every sample of both ops; lengths around the left context and the token tile (T = 0, 1, W - 1, W, BT - 1,
+BT, BT + 1) for W in {1, 2, 4, 8}; varlen with empty, one-token and block-spanning sequences; strided
+views; two channel blocks; mixed dtypes; states wider than the context; pools with skipped rows. fp32 and
+fp16: bf16 samples run upcast (the interpreter's bf16 math is wrong)."""
+
+import _samples
+import pytest
+import torch
+from _conv_check import case_id, check_op, conv_args, update_args
+
+from torch_aura.triton_kernels.gdn import conv
+
+F32, F16 = torch.float32, torch.float16
+BT = conv.CONV_BT
+
+
+def _upcast(a):
+    return a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a
+
+
+@pytest.mark.parametrize("name", ["causal_conv1d", "causal_conv1d_update"])
+def test_samples_match_reference(name):
+    for sample in _samples.all_samples()[name]("cpu"):
+        check_op(conv, name, tuple(map(_upcast, sample.args)))
+
+
+# B = 2, C = 9 (a partial channel block), a state one entry wider than the context plus one
+LENGTH_CASES = [dict(W=W, T=T) for W in (1, 2, 4, 8) for T in sorted({0, 1, W - 1, W, BT - 1, BT, BT + 1})]
+
+
+@pytest.mark.parametrize("case", LENGTH_CASES, ids=map(case_id, LENGTH_CASES))
+def test_lengths_around_context_and_tile(case):
+    W, T = case["W"], case["T"]
+    check_op(conv, "causal_conv1d", conv_args("cpu", 2, T, 9, W, F32, S=max(W - 1, 1) + 1, seed=W * 100 + T))
+
+
+def _offsets(lengths):
+    return [0, *torch.tensor(lengths).cumsum(0).tolist()]
+
+
+CONV_CASES = [
+    # several token blocks without a state: zeros before the first token
+    dict(B=2, T=2 * BT + 5, C=9, W=4, dtype=F16, activation=None),
+    # varlen: empty sequences first, inside and last; shorter than the context, exactly it, across blocks
+    dict(B=1, T=51, C=10, W=4, dtype=F16, offsets=[0, 0, 3, 3, 43, 44, 51, 51], S=5),
+    dict(B=1, T=2 * BT + 4, C=6, W=4, dtype=F32, offsets=[0, BT - 1, BT + 1, 2 * BT + 4], S=3, state_dtype=F16),
+    # 40 sequences of 0-3 tokens (a deep search, many in one block), the widest filter, no bias, int64 offsets
+    dict(B=1, T=60, C=5, W=8, dtype=F32, offsets=_offsets([0, 1, 3, 2] * 10), S=7, bias=False, activation=None,
+         cu_dtype=torch.int64),
+    dict(B=1, T=45, C=7, W=2, dtype=F16, offsets=[0, 1, 1, 2, 5, 45]),
+    # two channel blocks (BC = 128), the second partial
+    dict(B=1, T=40, C=136, W=4, dtype=F16, S=4),
+    # arbitrary strides: every other token of a time-major buffer
+    dict(B=3, T=37, C=12, W=3, dtype=F32, S=4, activation="swish", layout="strided"),
+    # everything 16-bit: weight, bias and state in x's dtype
+    dict(B=2, T=20, C=16, W=4, dtype=F16, S=4, state_dtype=F16, weight_dtype=F16, layout="contiguous"),
+    dict(B=0, T=5, C=8, W=4, dtype=F32, S=3),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=map(case_id, CONV_CASES))
+def test_conv_matches_reference(case):
+    case = dict(case)
+    fixed = [case.pop(k) for k in ("B", "T", "C", "W", "dtype")]
+    check_op(conv, "causal_conv1d", conv_args("cpu", *fixed, **case))
+
+
+UPDATE_CASES = [
+    dict(N=3, L=1, C=10, W=4, S=4, P=5, dtype=F32, rows=[3, -1, 0], one_token=True),
+    dict(N=2, L=3, C=10, W=4, S=3, P=2, dtype=F16),  # no indices: row n; S = W - 1
+    dict(N=2, L=5, C=12, W=2, S=1, P=4, dtype=F32, rows=[1, 3]),  # more tokens than the state holds
+    dict(N=4, L=1, C=9, W=1, S=1, P=4, dtype=F16, rows=[-1, 2, 0, 1], one_token=True, activation="swish"),
+    dict(N=3, L=2, C=20, W=8, S=10, P=12, dtype=F32, rows=[-1, 11, 4]),
+    dict(N=2, L=1, C=136, W=4, S=4, P=3, dtype=F16, rows=[2, 0], pool_dtype=F16),  # three channel blocks
+    dict(N=2, L=2, C=10, W=4, S=6, P=2, dtype=F16, bias=False, activation=None),
+    dict(N=0, L=1, C=10, W=4, S=4, P=2, dtype=F32),
+]
+
+
+@pytest.mark.parametrize("case", UPDATE_CASES, ids=map(case_id, UPDATE_CASES))
+def test_update_matches_reference(case):
+    case = dict(case)
+    fixed = [case.pop(k) for k in ("N", "L", "C", "W", "S", "P", "dtype")]
+    check_op(conv, "causal_conv1d_update", update_args("cpu", *fixed, **case))
+
+
+def test_update_without_tokens_leaves_the_pool():
+    # not against the reference: its F.conv1d rejects an input shorter than the filter (L = 0)
+    x, pool, weight, bias, act, idx = update_args("cpu", 2, 0, 10, 4, 4, 3, F32, rows=[2, 0])
+    before = pool.clone()
+    assert conv.causal_conv1d_update(x, pool, weight, bias, act, idx).shape == (2, 0, 10)
+    assert torch.equal(pool, before)
+
+
+def test_prefill_then_decode_continues_the_sequence():
+    """A prefill that leaves a state and decode steps from it: the same outputs and state as one pass."""
+    x, weight, bias, state, _, act = conv_args("cpu", 2, 40, 9, 4, F32, S=5, seed=7)
+    whole_state = state.clone()
+    whole = conv.causal_conv1d(x, weight, bias, whole_state, None, act)
+    parts = [conv.causal_conv1d(x[:, :BT + 3], weight, bias, state, None, act),
+             conv.causal_conv1d_update(x[:, BT + 3], state, weight, bias, act)[:, None],
+             conv.causal_conv1d_update(x[:, BT + 4:], state, weight, bias, act)]
+    torch.testing.assert_close(torch.cat(parts, 1), whole, rtol=1e-6, atol=1e-6)
+    assert torch.equal(state, whole_state)
+
+
+def test_duplicate_pool_rows_rejected_in_debug_mode(monkeypatch):
+    monkeypatch.setenv("TORCH_AURA_DEBUG", "1")
+    x, pool, weight, bias, act, _ = update_args("cpu", 2, 1, 10, 4, 4, 4, F32)
+    with pytest.raises(ValueError, match="distinct"):
+        conv.causal_conv1d_update(x, pool, weight, bias, act, torch.tensor([1, 1], dtype=torch.int32))

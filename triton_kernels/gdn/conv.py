@@ -1,0 +1,211 @@
+"""The GDN front end in Triton: the depthwise causal conv over time, prefill and decode (ops.md §3b).
+
+``y[t, c] = act(bias[c] + sum_j w[c, j] * x[t - (W - 1) + j, c])`` in fp32 (taps oldest first), rounded
+once to x's dtype; the ``W - 1`` inputs before a sequence's first token are the last entries of its
+state row (zeros without a state). Inputs are token-major ``[..., C]``, so every load is a vector
+along the contiguous channels.
+
+* ``_causal_conv1d_kernel``: one program per (block of BT tokens, block of BC channels). Each tap is
+  a shifted ``[BT, BC]`` load of x: the rows the taps share are re-read from L1, not from memory.
+  Packed (varlen) rows find their sequence by a binary search of ``cu_seqlens``, so a block may span
+  sequences and the launch needs nothing from the host (no sync; graph-safe).
+* ``_conv_state_kernel``: then, per (sequence, channel block), the state row becomes the last ``S``
+  entries of ``[old row | the sequence's inputs]``. A second launch on the same stream, because
+  whichever conv program holds a sequence's first rows reads the old row, at no fixed time.
+* ``_causal_conv1d_update_kernel``: a decode step, per (sequence, channel block): its L outputs from
+  the pool row and the new tokens, then the row rolled in place.
+
+A program that rewrites a state row reads every entry it moves before it stores any (``_roll_state``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._checks import gdn as _checks
+from ..._checks.common import remembered
+from .._tune import cdiv, next_pow2
+from ._jit import length_agnostic, seq_span
+from .recurrent import debug_check_pool_rows
+
+_check_conv = remembered(_checks.causal_conv1d)  # eager calls repeat their metadata: check it once
+_check_update = remembered(_checks.causal_conv1d_update)
+
+# Fixed tiles, not tuned: a memory-bound stream whose tile only sets the vector width along C and the
+# share of re-read halo rows ((W - 1) / BT); the [channels, S] kernels move a few values per channel.
+CONV_BT, CONV_BC, ROW_BC = 32, 128, 64
+
+
+# ------------------------------------------------------------------------------ device helpers
+@triton.jit
+def _conv(x_first, state_row, p0, context, s_t, S, weight, bias, cols, c_ok, ok, s_wc, W: tl.constexpr,
+          SILU: tl.constexpr):
+    """The outputs whose oldest tap is input ``p0`` of their sequence (shaped like ``ok``: ``[BT, BC]`` or
+    ``[BC]``): ``act(bias + sum_j w[:, j] * input[p0 + j])``, fp32. Input ``p >= 0`` is token p
+    (``x_first + p * s_t``), input ``p < 0`` (``>= -(W - 1) >= -S``) entry ``S + p`` of the state row (zeros
+    when ``state_row`` is None), read only where ``context`` says some output of the tile needs it."""
+    acc = tl.zeros(ok.shape, tl.float32)
+    if bias is not None:
+        acc += tl.load(bias + cols, mask=c_ok, other=0.0).to(tl.float32)
+    for j in tl.static_range(W):
+        p = p0 + j
+        v = tl.load(x_first + p * s_t, mask=ok & (p >= 0), other=0.0).to(tl.float32)
+        if state_row is not None:
+            if j < W - 1:  # the newest tap is always a token
+                old = tl.zeros(ok.shape, tl.float32)
+                # addresses and mask outside the branch: inside it, Triton 3.6's layout pass fails (varlen)
+                ptr = state_row + S + p
+                m = ok & (p < 0)
+                if context:  # a branch, not a mask: tiles inside a sequence issue no state loads at all
+                    old = tl.load(ptr, mask=m, other=0.0).to(tl.float32)
+                v = tl.where(p >= 0, v, old)
+        w = tl.load(weight + cols * s_wc + j, mask=c_ok, other=0.0).to(tl.float32)
+        acc += w * v
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    return acc
+
+
+@triton.jit
+def _roll_state(state_row, x_first, s_t, n_new, S, ok, BS: tl.constexpr):
+    """Overwrite the state rows ``state_row [BC]`` (pointers to entry 0) with the last ``S`` entries of
+    ``[row | n_new inputs from x_first]``, the inputs rounded to the state's dtype. All loads come before
+    the barrier: another warp of the program may move an entry this one is about to overwrite."""
+    s = tl.arange(0, BS)
+    h = n_new + s  # new entry s is entry h of [row | inputs]
+    keep = ok[:, None] & (s < S)[None, :]
+    from_row = (h < S)[None, :]
+    old = tl.load(state_row[:, None] + h[None, :], mask=keep & from_row)
+    new = tl.load(x_first[:, None] + (h - S)[None, :] * s_t, mask=keep & ~from_row)
+    rolled = tl.where(from_row, old, new.to(tl.float32).to(old.dtype))
+    tl.debug_barrier()
+    tl.store(state_row[:, None] + s[None, :], rolled, mask=keep)
+
+
+@triton.jit
+def _sequence_of(cu_seqlens, rows, N):
+    """Each packed row's sequence ``n`` (the last with ``cu_seqlens[n] <= row``, so an empty sequence
+    yields to the next) and that sequence's first row, clamped to ``[0, row]`` so that corrupt offsets
+    cannot send a tap outside x or the state row. A binary search of ``[0, N)``: ceil(log2 N) halvings."""
+    lo = tl.zeros_like(rows)
+    hi = lo + N
+    span = N
+    while span > 1:
+        mid = (lo + hi) // 2
+        right = tl.load(cu_seqlens + mid) <= rows
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid)
+        span = (span + 1) // 2
+    bos = tl.load(cu_seqlens + lo).to(tl.int64)
+    return lo, tl.minimum(tl.maximum(bos, 0), rows)
+
+
+# ------------------------------------------------------------------------------------ kernels
+@length_agnostic(triton.jit)
+def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, s_xb, s_xt, s_wc, s_sn, s_sc,
+                          W: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """``y [B, T, C]`` (contiguous) for token block ``pid0 % NT`` of batch row ``pid0 // NT``, channel
+    block ``pid1``; varlen (``cu_seqlens``, B == 1): each row continues its own sequence."""
+    i_bt, i_c = tl.program_id(0), tl.program_id(1)
+    b = (i_bt // NT).to(tl.int64)
+    rows = (i_bt % NT).to(tl.int64) * BT + tl.arange(0, BT)
+    cols = i_c * BC + tl.arange(0, BC)
+    c_ok = cols < C
+    ok = (rows < T)[:, None] & c_ok[None, :]
+    if cu_seqlens is not None:
+        n, bos = _sequence_of(cu_seqlens, rows, N)
+    else:
+        n, bos = rows * 0 + b, rows * 0
+    if conv_state is not None:
+        state_row = conv_state + n[:, None] * s_sn + cols[None, :] * s_sc
+    else:
+        state_row = None
+    p = rows - bos  # each row's position in its sequence
+    acc = _conv(x + b * s_xb + bos[:, None] * s_xt + cols[None, :], state_row, p[:, None] - (W - 1), tl.min(p) < W - 1,
+                s_xt, S, weight, bias, cols, c_ok, ok, s_wc, W, SILU)
+    tl.store(y + (b * T + rows)[:, None] * C + cols[None, :], acc.to(y.dtype.element_ty), mask=ok)
+
+
+@length_agnostic(triton.jit)
+def _conv_state_kernel(x, conv_state, cu_seqlens, T, C, S, s_xb, s_xt, s_sn, s_sc,
+                       BC: tl.constexpr, BS: tl.constexpr):
+    """After the conv: state row ``pid0`` (of sequence ``pid0``) ends with the sequence's inputs; an empty
+    sequence leaves it untouched."""
+    n, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    b, bos, eos = seq_span(n, cu_seqlens, T, cu_seqlens is not None)
+    bos = tl.maximum(bos, 0)
+    cols = i_c * BC + tl.arange(0, BC)
+    if eos > bos:
+        _roll_state(conv_state + n * s_sn + cols * s_sc, x + b * s_xb + bos * s_xt + cols, s_xt, eos - bos, S,
+                    cols < C, BS)
+
+
+@length_agnostic(triton.jit)
+def _causal_conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, L, C, S, P, s_xn, s_xl, s_sn, s_sc,
+                                 s_wc, W: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
+    """Decode step of sequence ``pid0``, channel block ``pid1``: ``y [N, L, C]`` (contiguous) from pool row
+    ``state_indices[n]`` (row n without indices), which is then rolled by the L inputs. A row outside
+    ``[0, P)`` (-1: skip) is neither read nor written and the outputs are zeros."""
+    n, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    if state_indices is not None:
+        slot = tl.load(state_indices + n).to(tl.int64)
+    else:
+        slot = n
+    live = (slot >= 0) & (slot < P)
+    cols = i_c * BC + tl.arange(0, BC)
+    c_ok = cols < C
+    ok = live & c_ok
+    state_row = conv_state + slot * s_sn + cols * s_sc
+    x_first = x + n * s_xn + cols
+    for l in range(L):
+        acc = _conv(x_first, state_row, l - (W - 1), l < W - 1, s_xl, S, weight, bias, cols, c_ok, ok, s_wc, W, SILU)
+        tl.store(y + (n * L + l) * C + cols, tl.where(live, acc, 0.0).to(y.dtype.element_ty), mask=c_ok)
+    _roll_state(state_row, x_first, s_xl, L, S, ok, BS)
+
+
+# ----------------------------------------------------------------------------------- launchers
+def _channel_block(C: int, most: int) -> int:
+    """A power-of-two channel block: C rounded up, within 16..most."""
+    return min(most, max(16, next_pow2(C)))
+
+
+def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activation=None):
+    _check_conv(x, weight, bias, conv_state, cu_seqlens, activation)
+    B, T, C = x.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    y = torch.empty((B, T, C), dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y
+    if N == 0:  # tokens but no sequence: corrupt offsets (TORCH_AURA_DEBUG=1 raises), no row to read
+        return y.zero_()
+    S = 0 if conv_state is None else conv_state.shape[2]
+    s_sn, s_sc = (0, 0) if conv_state is None else conv_state.stride()[:2]
+    BC = _channel_block(C, CONV_BC)
+    NT = cdiv(T, CONV_BT)
+    _causal_conv1d_kernel[(B * NT, cdiv(C, BC))](
+        x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, x.stride(0), x.stride(1), weight.stride(0),
+        s_sn, s_sc, W=weight.shape[1], SILU=activation is not None, BT=CONV_BT, BC=BC, num_warps=4)
+    if conv_state is not None:  # after every read of the old rows: same stream, next launch
+        BC = _channel_block(C, ROW_BC)
+        _conv_state_kernel[(N, cdiv(C, BC))](x, conv_state, cu_seqlens, T, C, S, x.stride(0), x.stride(1),
+                                             s_sn, s_sc, BC=BC, BS=next_pow2(S), num_warps=2)
+    return y
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None):
+    _check_update(x, conv_state, weight, bias, activation, state_indices)
+    P, _, S = conv_state.shape
+    if state_indices is not None:
+        debug_check_pool_rows(state_indices, P)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y
+    x3 = x if x.dim() == 3 else x[:, None]  # one token per sequence: L = 1
+    N, L, C = x3.shape
+    BC = _channel_block(C, ROW_BC)
+    _causal_conv1d_update_kernel[(N, cdiv(C, BC))](
+        x3, conv_state, weight, bias, state_indices, y, L, C, S, P, x3.stride(0), x3.stride(1), *conv_state.stride()[:2],
+        weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC, BS=next_pow2(S), num_warps=2)
+    return y
