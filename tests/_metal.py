@@ -186,33 +186,45 @@ class Emulator:
         return t.data_ptr() if t.numel() else self._keep.data_ptr()
 
     @staticmethod
-    def split_args(name: str, args: tuple) -> tuple[list, list[float]]:
-        """Schema-ordered tensor arguments and scalars (None = NaN, dtype = DType code); arguments
-        not passed take their schema defaults."""
+    def split_args(name: str, args: tuple) -> tuple[list, list[float], list[str | None]]:
+        """Schema-ordered tensor arguments, scalars (None = NaN, dtype = DType code) and strings
+        (OpCall in csrc/mps/plan/launch_plan.h); arguments not passed take their schema defaults."""
         schema = getattr(torch.ops.aura, name).default._schema
-        tensors, scalars = [], []
+        tensors, scalars, strings = [], [], []
         for i, arg in enumerate(schema.arguments):
             value = args[i] if i < len(args) else arg.default_value
             kind = str(arg.type)
             if kind in ("Tensor", "Optional[Tensor]"):
                 tensors.append(value)
+            elif kind in ("str", "Optional[str]"):
+                strings.append(value)
             elif value is None:
                 scalars.append(math.nan)
             elif isinstance(value, torch.dtype):
                 scalars.append(float(DTYPE_CODE[value]))
             else:
                 scalars.append(float(value))
-        return tensors, scalars
+        return tensors, scalars, strings
 
-    def output_specs(self, name: str, tensors: list, scalars: list[float]) -> list[tuple[tuple, torch.dtype]]:
-        metas = (TensorMeta * max(1, len(tensors)))(*[tensor_meta(t) for t in tensors])
+    @staticmethod
+    def _c_args(scalars: list[float], strings: list[str | None]):
         sc = (ctypes.c_double * max(1, len(scalars)))(*scalars)
+        st = (ctypes.c_char_p * max(1, len(strings)))(*[None if s is None else s.encode() for s in strings])
+        return sc, len(scalars), st, len(strings)
+
+    def output_specs(self, name: str, args: tuple) -> list[tuple[tuple, torch.dtype]]:
+        """The plan's output (shape, dtype) list for aura::<name>(*args)."""
+        return self._output_specs(name, *self.split_args(name, args))
+
+    def _output_specs(self, name: str, tensors: list, scalars: list[float],
+                      strings: list) -> list[tuple[tuple, torch.dtype]]:
+        metas = (TensorMeta * max(1, len(tensors)))(*[tensor_meta(t) for t in tensors])
         n = ctypes.c_int(0)
         dt, nd = (ctypes.c_int * 8)(), (ctypes.c_int * 8)()
         sizes = (ctypes.c_int64 * (8 * MAX_DIMS))()
         err = self._err()
-        if self.lib.aura_emu_output_specs(name.encode(), metas, len(tensors), sc, len(scalars), 8, ctypes.byref(n),
-                                          dt, nd, sizes, err, len(err)):
+        if self.lib.aura_emu_output_specs(name.encode(), metas, len(tensors), *self._c_args(scalars, strings), 8,
+                                          ctypes.byref(n), dt, nd, sizes, err, len(err)):
             raise EmulatorError(err.value.decode())
         return [(tuple(sizes[k * MAX_DIMS + i] for i in range(nd[k])), CODE_DTYPE[dt[k]]) for k in range(n.value)]
 
@@ -220,17 +232,17 @@ class Emulator:
         """Run aura::<name> through its Metal launch plan; returns what the op returns."""
         from torch_aura._registry import _n_returns
 
-        tensors, scalars = self.split_args(name, args)
-        specs = self.output_specs(name, tensors, scalars)
+        tensors, scalars, strings = self.split_args(name, args)
+        specs = self._output_specs(name, tensors, scalars, strings)
         outs = [torch.full(shape, math.nan, dtype=dt) if dt.is_floating_point else torch.full(shape, -1, dtype=dt)
                 for shape, dt in specs]  # NaN-poisoned: every element must be written
         every = tensors + outs
         metas = (TensorMeta * max(1, len(every)))(*[tensor_meta(t) for t in every])
         ptrs = (ctypes.c_void_p * max(1, len(every)))(*[self._ptr(t) for t in every])
-        sc = (ctypes.c_double * max(1, len(scalars)))(*scalars)
         err, n_launch = self._err(), ctypes.c_int(0)
-        if self.lib.aura_emu_run_op(name.encode(), metas, ptrs, len(every), sc, len(scalars), LANE_ORDERS[lane_order],
-                                    ctypes.c_uint64(seed), ctypes.byref(n_launch), err, len(err)):
+        if self.lib.aura_emu_run_op(name.encode(), metas, ptrs, len(every), *self._c_args(scalars, strings),
+                                    LANE_ORDERS[lane_order], ctypes.c_uint64(seed), ctypes.byref(n_launch), err,
+                                    len(err)):
             raise EmulatorError(err.value.decode())
         self.last_launches = n_launch.value
         n = _n_returns(name)

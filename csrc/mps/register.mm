@@ -2,9 +2,10 @@
 // torch_aura/_schema.py and is defined from Python before this module loads.
 //
 // One boxed kernel serves every op: it reads the call's arguments in schema order straight off
-// the dispatcher stack (tensors -> TensorMeta, the rest -> doubles), asks the portable plan code
-// for the output specs and the launch plan (plan_op, the function the Linux emulator harness
-// runs), allocates outputs and workspaces on the MPS device and encodes the plan.
+// the dispatcher stack (tensors -> TensorMeta, strings as they are, the rest -> doubles), asks
+// the portable plan code for the output specs and the launch plan (plan_op, the function the
+// Linux emulator harness runs), allocates outputs and workspaces on the MPS device and encodes
+// the plan.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -49,6 +50,8 @@ void run_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       tensors.push_back(t);
     } else if (kind == c10::TypeKind::ScalarTypeType && !v.isNone()) {
       call.scalars.push_back(double(int(dtype_of(v.toScalarType()))));  // boxed as an int
+    } else if (kind == c10::TypeKind::StringType) {
+      call.strings.push_back(v.isNone() ? std::nullopt : std::optional<std::string>(v.toStringRef()));
     } else {
       call.scalars.push_back(scalar_of(v));
     }

@@ -132,9 +132,14 @@ std::string dispatch(const std::string& kernel, aura_emu::Grid3 groups, aura_emu
   return e;
 }
 
-aura::mps::OpCall make_call(const aura::mps::TensorMeta* tensors, int n_tensors, const double* scalars, int n_scalars) {
-  return aura::mps::OpCall{std::vector<aura::mps::TensorMeta>(tensors, tensors + n_tensors),
-                           std::vector<double>(scalars, scalars + n_scalars)};
+// strings[i] == nullptr: a str? argument given as None.
+aura::mps::OpCall make_call(const aura::mps::TensorMeta* tensors, int n_tensors, const double* scalars, int n_scalars,
+                            const char* const* strings, int n_strings) {
+  aura::mps::OpCall call{std::vector<aura::mps::TensorMeta>(tensors, tensors + n_tensors),
+                         std::vector<double>(scalars, scalars + n_scalars)};
+  for (int i = 0; i < n_strings; ++i)
+    call.strings.push_back(strings[i] ? std::optional<std::string>(strings[i]) : std::nullopt);
+  return call;
 }
 
 }  // namespace
@@ -143,10 +148,10 @@ extern "C" {
 
 // Output specs of a functional op: dtypes[k], ndims[k] and sizes[k * 8 + i] for k < *n_outputs.
 int aura_emu_output_specs(const char* op, const aura::mps::TensorMeta* tensors, int n_tensors, const double* scalars,
-                          int n_scalars, int max_outputs, int* n_outputs, int* dtypes, int* ndims, std::int64_t* sizes,
-                          char* err, int err_len) {
+                          int n_scalars, const char* const* strings, int n_strings, int max_outputs, int* n_outputs,
+                          int* dtypes, int* ndims, std::int64_t* sizes, char* err, int err_len) {
   try {
-    auto specs = aura::mps::output_specs(op, make_call(tensors, n_tensors, scalars, n_scalars));
+    auto specs = aura::mps::output_specs(op, make_call(tensors, n_tensors, scalars, n_scalars, strings, n_strings));
     if (int(specs.size()) > max_outputs) return report(err, err_len, "too many outputs");
     *n_outputs = int(specs.size());
     for (std::size_t k = 0; k < specs.size(); ++k) {
@@ -164,10 +169,10 @@ int aura_emu_output_specs(const char* op, const aura::mps::TensorMeta* tensors, 
 // Every tensor and workspace runs in a guarded copy (see GuardedCopy); workspaces start as 0xFF
 // bytes (NaN), so a kernel reading scratch it never wrote fails.
 int aura_emu_run_op(const char* op, const aura::mps::TensorMeta* tensors, void* const* data, int n_tensors,
-                    const double* scalars, int n_scalars, int lane_order, std::uint64_t seed, int* n_launches,
-                    char* err, int err_len) {
+                    const double* scalars, int n_scalars, const char* const* strings, int n_strings, int lane_order,
+                    std::uint64_t seed, int* n_launches, char* err, int err_len) {
   try {
-    auto plan = aura::mps::plan_op(op, make_call(tensors, n_tensors, scalars, n_scalars));
+    auto plan = aura::mps::plan_op(op, make_call(tensors, n_tensors, scalars, n_scalars, strings, n_strings));
     GuardedArgs args;
     for (int i = 0; i < n_tensors; ++i) args.add(data[i], extent_bytes(tensors[i]));
     std::vector<std::vector<unsigned char>> workspaces;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -38,11 +39,13 @@ struct TensorMeta {
 };
 
 // The arguments of one call in schema order: every Tensor / Tensor? argument in `tensors`
-// (then the outputs a functional op returns, allocated from output_specs), every other argument
-// in `scalars` as a double (None = NaN, bool = 0/1, ScalarType = DType code).
+// (then the outputs a functional op returns, allocated from output_specs), every str / str?
+// argument in `strings` (None = nullopt), every other argument in `scalars` as a double (None =
+// NaN, bool = 0/1, ScalarType = DType code).
 struct OpCall {
   std::vector<TensorMeta> tensors;
   std::vector<double> scalars;
+  std::vector<std::optional<std::string>> strings = {};
 };
 
 struct OutputSpec {

@@ -40,11 +40,14 @@ std::string shape_str(const TensorMeta& t) {
   return s + (t.ndim == 1 ? ",)" : ")");
 }
 
-Args::Args(const OpCall& call, int n_tensors, int n_scalars, const char* op) : call_(call), n_tensors_(n_tensors) {
-  if (int(call.tensors.size()) < n_tensors || int(call.scalars.size()) != n_scalars)
-    throw PlanError(std::string(op) + ": expected " + std::to_string(n_tensors) + " tensor and " +
-                    std::to_string(n_scalars) + " scalar arguments, got " + std::to_string(call.tensors.size()) +
-                    " and " + std::to_string(call.scalars.size()));
+Args::Args(const OpCall& call, int n_tensors, int n_scalars, const char* op, int n_strings)
+    : call_(call), n_tensors_(n_tensors) {
+  if (int(call.tensors.size()) < n_tensors || int(call.scalars.size()) != n_scalars ||
+      int(call.strings.size()) != n_strings)
+    throw PlanError(std::string(op) + ": expected " + std::to_string(n_tensors) + " tensor, " +
+                    std::to_string(n_scalars) + " scalar and " + std::to_string(n_strings) + " string arguments, got " +
+                    std::to_string(call.tensors.size()) + ", " + std::to_string(call.scalars.size()) + " and " +
+                    std::to_string(call.strings.size()));
 }
 
 const TensorMeta& Args::output(int k) const {

@@ -19,11 +19,12 @@ inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1
 // A view of an OpCall with checked, named access.
 class Args {
  public:
-  Args(const OpCall& call, int n_tensors, int n_scalars, const char* op);
+  Args(const OpCall& call, int n_tensors, int n_scalars, const char* op, int n_strings = 0);
   const TensorMeta& t(int i) const { return call_.tensors[i]; }
   bool has(int i) const { return call_.tensors[i].defined != 0; }
   double s(int i) const { return call_.scalars[i]; }
   bool none(int i) const { return std::isnan(call_.scalars[i]); }
+  const std::optional<std::string>& str(int i) const { return call_.strings[i]; }
   std::int64_t n(int i) const { return static_cast<std::int64_t>(call_.scalars[i]); }
   // Argument index of output k (outputs follow the n_tensors schema tensors).
   int out(int k) const { return n_tensors_ + k; }
