@@ -44,22 +44,32 @@ void check_bthv(const TensorMeta& t, const char* name, const GdnShape& s, std::i
   check_dim(t, name, 2, s.HV, "HV");
 }
 
+// cu_seqlens when given: int32 / int64 [N + 1], contiguous, batch B == 1 (`batch_arg` names the
+// tensor B comes from). Sets N (B without cu_seqlens) and returns its operand.
+Operand cu_seqlens(const Args& a, int cu_arg, std::int64_t B, const char* batch_arg, std::int64_t& N) {
+  N = B;
+  if (!a.has(cu_arg)) return {};
+  const TensorMeta& cu = a.t(cu_arg);
+  check(cu, "cu_seqlens", 1, {DType::i32, DType::i64}, false);
+  if (cu.stride(0) != 1 && cu.size(0) > 1) fail("cu_seqlens", "a contiguous tensor", "strided");
+  if (B != 1) fail(batch_arg, "batch size B == 1 when cu_seqlens is given", "B = " + std::to_string(B));
+  N = cu.size(0) - 1;
+  if (N < 0) fail("cu_seqlens", "shape [N+1] with N >= 0", "an empty tensor");
+  return operand(a, cu_arg);
+}
+
+bool cu_is_i64(const Operand& cu) { return cu.present() && cu.meta.type() == DType::i64; }
+
 // Varlen metadata: sets N, cu and the chunk grid (chunk_indices' row count when given, else the
 // bound T / 64 + N: each sequence adds at most one partial chunk; kernels skip the surplus).
 void varlen(GdnShape& s, const Args& a, int cu_arg, int ci_arg) {
   const std::int64_t bt = kGdnChunk;
-  s.N = s.B;
   s.chunks = ceil_div(s.T, bt);
-  if (!a.has(cu_arg)) {
+  s.cu = cu_seqlens(a, cu_arg, s.B, "q", s.N);
+  if (!s.cu.present()) {
     if (ci_arg >= 0 && a.has(ci_arg)) fail("chunk_indices", "None when cu_seqlens is None", "a tensor");
     return;
   }
-  check(a.t(cu_arg), "cu_seqlens", 1, {DType::i32, DType::i64}, false);
-  if (a.t(cu_arg).stride(0) != 1 && a.t(cu_arg).size(0) > 1) fail("cu_seqlens", "a contiguous tensor", "strided");
-  if (s.B != 1) fail("q", "batch size B == 1 when cu_seqlens is given", "B = " + std::to_string(s.B));
-  s.cu = operand(a, cu_arg);
-  s.N = a.t(cu_arg).size(0) - 1;
-  if (s.N < 0) fail("cu_seqlens", "shape [N+1] with N >= 0", "an empty tensor");
   s.chunks = ci_arg >= 0 && a.has(ci_arg) ? a.t(ci_arg).size(0) : s.T / bt + s.N;
 }
 
@@ -72,7 +82,7 @@ GdnParams base_params(const GdnShape& s) {
   p.batch = int(s.B), p.tokens = int(s.T), p.heads = int(s.H), p.v_heads = int(s.HV);
   p.key_dim = int(s.K), p.value_dim = int(s.V), p.sequences = int(s.N);
   p.varlen = s.cu.present();
-  p.cu_is_i64 = s.cu.present() && s.cu.meta.type() == DType::i64;
+  p.cu_is_i64 = cu_is_i64(s.cu);
   return p;
 }
 

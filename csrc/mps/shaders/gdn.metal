@@ -5,6 +5,7 @@
 // Any T, any K and V up to 256; the MMA stages pad partial 8x8 tiles with zeros.
 #include "aura_compat.h"
 #include "aura_params.h"
+#include "gdn_varlen.h"
 
 constant constexpr int BT = kGdnChunk;
 // g is read as clamp(g, GDN_G_MIN, 0): reference/gdn.py G_MIN says why (-inf: full forget, no NaN)
@@ -16,20 +17,6 @@ inline float gdn_decay_log(float g) { return min(max(g, GDN_G_MIN), 0.0f); }
 // Rounds x to T and back: a 16-bit store and reload, the identity for float.
 template <typename T>
 inline float gdn_rnd(float x) { return float(T(x)); }
-
-// Offset i of cu_seqlens, clamped to [0, T]: a bad offset (the reference rejects it, a direct
-// call does not) must not send a kernel outside the tensors.
-inline int gdn_cu(device const int* cu, constant GdnParams& p, int i) {
-  return clamp(p.cu_is_i64 ? cu[2 * i] : cu[i], 0, p.tokens);  // int64: the low little-endian word
-}
-
-// Token range of a sequence: (batch row, bos, eos) of sequence n.
-inline void gdn_sequence(device const int* cu, constant GdnParams& p, int n, thread int& b, thread int& bos,
-                         thread int& eos) {
-  b = p.varlen ? 0 : n;
-  bos = p.varlen ? gdn_cu(cu, p, n) : 0;
-  eos = p.varlen ? gdn_cu(cu, p, n + 1) : p.tokens;
-}
 
 // Flat chunk c (a row of h): its first token and length, by walking the sequences, so no host
 // side chunk list is needed. Returns false past the last chunk (the grid may be an upper bound).
