@@ -23,7 +23,8 @@ def _to(args, device):
 def _results(name, args, out):
     schema = getattr(torch.ops.aura, name).default._schema
     outs = [] if out is None else list(out) if isinstance(out, tuple) else [out]
-    return outs + [v for a, v in zip(schema.arguments, args) if a.alias_info is not None and a.alias_info.is_write]
+    return outs + [v for a, v in zip(schema.arguments, args)
+                   if a.alias_info is not None and a.alias_info.is_write and v is not None]  # Tensor(a!)? given
 
 
 def _reference(name, args):

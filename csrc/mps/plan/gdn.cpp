@@ -1,6 +1,6 @@
 // Launch plans of the Gated DeltaNet family: the five chunk stages, their composition gdn_chunk,
-// and gdn_recurrent. Kernels in csrc/mps/shaders/gdn.metal; order and rounding as
-// torch_aura/reference/gdn.py.
+// gdn_recurrent (kernels in csrc/mps/shaders/gdn.metal) and the front end's causal conv
+// (gdn_conv.metal); order and rounding as torch_aura/reference/gdn.py.
 #include <algorithm>
 
 #include "../shaders/aura_params.h"
@@ -423,6 +423,137 @@ OpPlan plan_gdn_recurrent(const OpCall& call) {
               {u32(ceil_div(s.V, kGdnStateTile)), u32(s.HV), u32(s.N)}, 128,
               {operand(a, 0), operand(a, 1), operand(a, 2), g32, beta32, operand(a, 5), operand(a, 6), s.cu, o}, p);
   return pb.take();
+}
+
+// ======================================================================== the front end (ops.md §3b)
+namespace {
+
+static_assert(int(DType::f32) == kConvF32 && int(DType::f16) == kConvF16 && int(DType::bf16) == kConvBF16,
+              "gdn_conv.metal reads weight and bias by DType code");
+
+// activation None, "silu" or "swish" (transformers' name for SiLU): whether SiLU follows the conv.
+bool conv_silu(const std::optional<std::string>& activation) {
+  if (!activation) return false;
+  if (*activation != "silu" && *activation != "swish")
+    fail("activation", "None, \"silu\" or \"swish\"", "\"" + *activation + "\"");
+  return true;
+}
+
+// weight [C, W], bias [C] and conv_state [rows, C, S >= max(W - 1, 1)] (its rows checked by the
+// caller), whatever float dtypes each; the fields of ConvParams both ops share.
+ConvParams conv_params(const Args& a, int weight, int bias, int state, std::int64_t C) {
+  const TensorMeta& w = a.t(weight);
+  check(w, "weight", 2, kFloats);
+  check_dim(w, "weight", 0, C, "C, one filter per channel of x");
+  const std::int64_t W = w.size(1);
+  if (W < 1 || W > kConvMaxWidth) fail("weight", "W (taps, weight.shape[1]) in 1..8", std::to_string(W));
+  ConvParams p{};
+  p.channels = int(C), p.width = int(W);
+  p.weight_dtype = int(w.type()), p.weight_stride = w.stride(0);
+  p.bias_dtype = kConvAbsent;
+  if (a.has(bias)) {
+    check(a.t(bias), "bias", 1, kFloats, false);
+    check_dim(a.t(bias), "bias", 0, C, "one per channel of x");
+    p.bias_dtype = int(a.t(bias).type()), p.bias_stride = a.t(bias).stride(0);
+  }
+  if (a.has(state)) {
+    const TensorMeta& st = a.t(state);
+    check(st, "conv_state", 3, kFloats);
+    check_dim(st, "conv_state", 1, C, "C, the channels of x");
+    if (st.size(2) < std::max<std::int64_t>(W - 1, 1))
+      fail("conv_state", "S = shape[2] >= max(W - 1, 1) inputs of left context", std::to_string(st.size(2)));
+    p.has_state = 1, p.state_len = int(st.size(2)), p.pool_rows = int(st.size(0));
+    p.state_stride[0] = st.stride(0), p.state_stride[1] = st.stride(1);
+  }
+  p.silu = conv_silu(a.str(0));
+  return p;
+}
+
+// causal_conv1d(x, weight, bias, conv_state, cu_seqlens; activation): x [B, T, C], conv_state
+// [N, C, S]. Sets cu.
+ConvParams conv1d_params(const Args& a, Operand& cu) {
+  const TensorMeta& x = a.t(0);
+  check(x, "x", 3, kFloats);
+  ConvParams p = conv_params(a, 1, 2, 3, x.size(2));
+  std::int64_t N = 0;
+  cu = cu_seqlens(a, 4, x.size(0), "x", N);
+  if (p.has_state) check_dim(a.t(3), "conv_state", 0, N, "N, one row per sequence");
+  p.batch = int(x.size(0)), p.tokens = int(x.size(1)), p.sequences = int(N);
+  p.varlen = cu.present(), p.cu_is_i64 = cu_is_i64(cu);
+  p.x_stride[0] = x.stride(0), p.x_stride[1] = x.stride(1);
+  return p;
+}
+
+// causal_conv1d_update(x, conv_state, weight, bias, state_indices; activation): x [N, C] or
+// [N, L, C] (sequence n is batch row n), conv_state a pool [P, C, S].
+ConvParams conv_update_params(const Args& a) {
+  const TensorMeta& x = a.t(0);
+  if (x.ndim != 2 && x.ndim != 3) fail("x", "a 2-D [N, C] or 3-D [N, L, C] tensor", "shape " + shape_str(x));
+  check(x, "x", x.ndim, kFloats);
+  check(a.t(1), "conv_state", 3, kFloats);
+  ConvParams p = conv_params(a, 2, 3, 1, x.size(-1));
+  const std::int64_t N = x.size(0);
+  if (a.has(4)) {
+    check(a.t(4), "state_indices", 1, {DType::i32});
+    check_dim(a.t(4), "state_indices", 0, N, "one pool row per sequence, -1 = skip");
+    p.has_indices = 1;
+  } else if (p.pool_rows < N) {
+    fail("conv_state", "at least N = " + std::to_string(N) + " pool rows", std::to_string(p.pool_rows) + " rows");
+  }
+  p.batch = int(N), p.tokens = x.ndim == 3 ? int(x.size(1)) : 1, p.sequences = int(N);
+  p.x_stride[0] = x.stride(0), p.x_stride[1] = x.ndim == 3 ? x.stride(1) : 0;
+  return p;
+}
+
+// The conv, then (when a thread does not hold a whole sequence) the state roll as a second
+// dispatch, so that every thread has read its context before any row changes. Operands in
+// gdn_conv.metal's slot order: x, weight, bias, conv_state, cu_seqlens, state_indices, y.
+OpPlan conv_plan(const OpCall& call, ConvParams p, std::initializer_list<Operand> operands) {
+  PlanBuilder pb(call);
+  const Operand& x = operands.begin()[0];
+  const Operand& state = operands.begin()[3];
+  if (std::int64_t(p.batch) * p.tokens * p.channels * p.sequences == 0) return pb.take();
+  const std::string types = std::string(dtype_name(x.meta.type())) + "_" +
+                            dtype_name(state.present() ? state.meta.type() : x.meta.type());
+  const std::uint32_t channel_groups = u32(ceil_div(p.channels, kConvChannelTile));
+  p.tile = int(kConvTokenTile);
+  const bool whole = !p.varlen && p.tokens <= p.tile;  // one thread per sequence and channel
+  p.shift_state = whole && p.has_state;
+  add_stage(pb, "causal_conv1d_" + types, {channel_groups, u32(ceil_div(p.tokens, p.tile)), u32(p.batch)},
+            kConvChannelTile, operands, p);
+  if (p.has_state && !whole)
+    add_stage(pb, "causal_conv1d_shift_state_" + types, {channel_groups, u32(p.sequences), 1}, kConvChannelTile,
+              operands, p);
+  return pb.take();
+}
+
+}  // namespace
+
+std::vector<OutputSpec> specs_causal_conv1d(const OpCall& call) {
+  Args a(call, 5, 0, "causal_conv1d", 1);
+  Operand cu;
+  conv1d_params(a, cu);
+  return {{a.t(0).type(), sizes_of(a.t(0))}};
+}
+
+OpPlan plan_causal_conv1d(const OpCall& call) {
+  Args a(call, 5, 0, "causal_conv1d", 1);
+  Operand cu;
+  ConvParams p = conv1d_params(a, cu);
+  return conv_plan(call, p, {operand(a, 0), operand(a, 1), operand(a, 2), operand(a, 3), cu, {}, output_operand(a, 0)});
+}
+
+std::vector<OutputSpec> specs_causal_conv1d_update(const OpCall& call) {
+  Args a(call, 5, 0, "causal_conv1d_update", 1);
+  conv_update_params(a);
+  return {{a.t(0).type(), sizes_of(a.t(0))}};
+}
+
+OpPlan plan_causal_conv1d_update(const OpCall& call) {
+  Args a(call, 5, 0, "causal_conv1d_update", 1);
+  ConvParams p = conv_update_params(a);
+  return conv_plan(call, p, {operand(a, 0), operand(a, 2), operand(a, 3), operand(a, 1), {}, operand(a, 4),
+                             output_operand(a, 0)});
 }
 
 }  // namespace aura::mps

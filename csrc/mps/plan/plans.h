@@ -25,6 +25,8 @@ AURA_PLANNED_OP(gdn_recompute_w_u)
 AURA_PLANNED_OP(gdn_fwd_h)
 AURA_PLANNED_OP(gdn_fwd_o)
 AURA_PLANNED_OP(gdn_recurrent)
+AURA_PLANNED_OP(causal_conv1d)
+AURA_PLANNED_OP(causal_conv1d_update)
 
 // aura.cpp
 AURA_PLANNED_OP(hadamard_rotate)

@@ -85,6 +85,33 @@ struct CastParams {
 };
 static_assert(sizeof(CastParams) == 9 * 8, "CastParams layout");
 
+// ------------------------------------------------------ GDN front end: causal conv (ops.md §3b)
+enum : unsigned {
+  kConvMaxWidth = 8,       // W <= 8 taps (_checks/gdn.py MAX_CONV_WIDTH): a fixed register window
+  kConvChannelTile = 128,  // channels per threadgroup, one per thread
+  kConvTokenTile = 16,     // tokens per thread; a sequence within one tile shifts its state in place
+};
+
+// DType codes (launch_plan.h) of operands read through a runtime switch instead of a template.
+enum : int { kConvF32 = 0, kConvF16 = 1, kConvBF16 = 2, kConvAbsent = -1 };
+
+struct ConvParams {
+  aura_i64 x_stride[2];      // b, t (channels have unit stride; y is contiguous [B, T, C])
+  aura_i64 state_stride[2];  // pool row, channel (the S entries have unit stride)
+  aura_i64 weight_stride;    // channel (the W taps have unit stride)
+  aura_i64 bias_stride;
+  int batch, tokens, channels, width, state_len;
+  int sequences;                 // N: B, or len(cu_seqlens) - 1
+  int varlen, cu_is_i64;         // as GdnParams
+  int weight_dtype, bias_dtype;  // kConv* codes; bias kConvAbsent when None
+  int has_state, has_indices;
+  int pool_rows;    // state rows; an index outside [0, rows) skips its sequence
+  int silu;         // activation "silu" / "swish"
+  int tile;         // tokens per thread
+  int shift_state;  // 1: each thread holds a whole sequence and shifts its state row itself
+};
+static_assert(sizeof(ConvParams) == 6 * 8 + 16 * 4, "ConvParams layout");
+
 // ---------------------------------------------------------------- AURA compressed KV (aura-format.md)
 enum : unsigned {
   kAuraMaxLeadDims = 6,  // leading dims of a [..., D] tensor addressed by AuraRows

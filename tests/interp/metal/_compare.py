@@ -16,9 +16,11 @@ def _clone(args):
 
 
 def mutated(name: str, args: tuple) -> list:
-    """The tensors a mutating op writes (its ``Tensor(a!)`` arguments), in schema order."""
+    """The tensors a mutating op writes (its ``Tensor(a!)`` arguments, ``Tensor(a!)?`` ones when
+    given), in schema order."""
     schema = getattr(torch.ops.aura, name).default._schema
-    return [v for a, v in zip(schema.arguments, args) if a.alias_info is not None and a.alias_info.is_write]
+    return [v for a, v in zip(schema.arguments, args)
+            if a.alias_info is not None and a.alias_info.is_write and v is not None]
 
 
 def results(name: str, args: tuple, out) -> list[torch.Tensor]:

@@ -175,6 +175,18 @@ def test_every_op_has_a_metal_plan(emu):
     assert sorted(emu.planned_ops()) == sorted(OPS)
 
 
+def test_plan_output_specs_equal_the_fakes(emu):
+    # the outputs register.mm allocates from a plan are those the fake (torch_aura/_checks) promises
+    from _samples import all_samples
+    from torch_aura import _checks
+
+    for name, samples in all_samples().items():
+        for s in samples("cpu"):
+            cpp = emu.output_specs(name, s.args)
+            py = [(tuple(t.shape), t.dtype) for t in _checks.for_op(name)(*s.args)]
+            assert cpp == py, f"{name}/{s.id}: C++ output specs {cpp} != fake specs {py}"
+
+
 def test_reading_past_the_end_of_a_buffer_is_an_error_naming_it(emu):
     # every argument sits right before a PROT_NONE page: one element too far faults, and the
     # fault becomes an error naming the buffer instead of a crash

@@ -40,6 +40,16 @@ def _gdn_sweep(emu):
             check_op(emu, "gdn_recurrent", (q, k, v, gg, beta, pool), ONE, **tol)
 
 
+def _conv_sweep(emu):
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(3, 4, generator=g), torch.randn(3, generator=g)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)  # varlen: the state roll is its own dispatch
+    for dt in FLOATS:
+        x = torch.randn(1, 5, 3, generator=g).to(dt)
+        for state_dt in FLOATS:
+            check_op(emu, "causal_conv1d", (x, w, b, torch.randn(2, 3, 4, generator=g).to(state_dt), cu, "silu"), ONE)
+
+
 def _aura_sweep(emu):
     g = torch.Generator().manual_seed(2)
     for D in (64, 128, 256, 512):
@@ -65,6 +75,7 @@ def _aura_sweep(emu):
 def test_every_shipped_kernel_runs_and_matches(emu):
     _decode_sweep(emu)
     _gdn_sweep(emu)
+    _conv_sweep(emu)
     _aura_sweep(emu)
     shipped = {n for n in emu.kernel_names() if not n.startswith(("selftest_", "probe_"))}
     missing = shipped - emu.launched_kernels()
