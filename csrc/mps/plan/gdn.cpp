@@ -395,7 +395,7 @@ std::vector<OutputSpec> specs_gdn_recurrent(const OpCall& call) {
   varlen(s, a, 7, -1);
   check_state(a.t(5), "state", s, a.s(2) != 0, true);
   if (a.has(6)) {
-    check(a.t(6), "state_indices", 1, {DType::i32}, false);
+    check(a.t(6), "state_indices", 1, {DType::i32});  // read densely by the kernel
     check_dim(a.t(6), "state_indices", 0, s.N, "one pool row per sequence, -1 = skip");
   } else if (a.t(5).size(0) < s.N) {
     fail("state", "at least N = " + std::to_string(s.N) + " pool rows", std::to_string(a.t(5).size(0)) + " rows");

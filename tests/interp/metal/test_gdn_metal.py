@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import _metal
 from _compare import check_op
 from _gdn_check import check_decay_domain
 from _samples.gdn import SAMPLES
@@ -92,6 +93,14 @@ def test_bad_pool_rows_and_offsets_never_fault(emu):
                    torch.tensor([0, 3, 10**6], dtype=torch.int32))
     assert torch.equal(o[0, :3], torch.zeros(3, 1, 8)) and torch.equal(pool[0], before[0])
     assert not torch.equal(pool[1], before[1])  # the valid sequence (clamped to end at T) ran
+
+
+def test_strided_state_indices_are_refused_by_name(emu):
+    # the kernel reads state_indices densely: a strided view would update the wrong pool rows
+    q, k, v, g, beta = _inputs(1, 4, 1, 1, 16, 8, torch.float32, seed=10)
+    indices = torch.tensor([0, 9, 1, 9], dtype=torch.int32)[::2]
+    with pytest.raises(_metal.EmulatorError, match="state_indices: expected a unit stride"):
+        emu.run_op("gdn_recurrent", q, k, v, g, beta, torch.randn(2, 1, 16, 8), indices, torch.tensor([0, 2, 4]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
