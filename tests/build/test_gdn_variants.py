@@ -54,10 +54,10 @@ def recorded(monkeypatch):
     monkeypatch.setattr(torch, "empty", real.get("_real_empty", torch.empty))
     monkeypatch.setattr(torch, "empty_like", real.get("_real_empty_like", torch.empty_like))
     from torch_aura.triton_kernels import _tune
-    from torch_aura.triton_kernels.gdn import chunk, recurrent
+    from torch_aura.triton_kernels.gdn import chunk, conv, recurrent
 
     variants, keys = set(), set()
-    for mod in (chunk, recurrent):
+    for mod in (chunk, recurrent, conv):
         for name, obj in list(vars(mod).items()):
             if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel"):
                 monkeypatch.setattr(mod, name, _Recorder(obj, variants))
@@ -99,6 +99,27 @@ def _recurrent_call(B, T, P):
     rows = torch.randperm(P)[:B].to(torch.int32)
     recurrent.gdn_recurrent(q, torch.empty_like(q), v, torch.zeros(B, T, HV), torch.zeros(B, T, HV),
                             torch.zeros(P, HV, K, V), rows, None, None, True, False)
+
+
+C_CONV, W_CONV = 2 * H * K + HV * V, 4  # the conv runs over q | k | v of these heads; Qwen3-Next's 4 taps
+
+
+def _conv_call(B, T, cu=None):
+    """causal_conv1d over B x T tokens (varlen: B = 1 and ``cu`` offsets) with a state, as a prefill runs it."""
+    from torch_aura.triton_kernels.gdn import conv
+
+    N = B if cu is None else len(cu) - 1
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    conv.causal_conv1d(torch.empty(B, T, C_CONV, dtype=torch.bfloat16), torch.empty(C_CONV, W_CONV),
+                       torch.empty(C_CONV, dtype=torch.bfloat16), torch.zeros(N, C_CONV, W_CONV), cu_t, "silu")
+
+
+def _conv_update_call(B, L, P):
+    from torch_aura.triton_kernels.gdn import conv
+
+    x = torch.empty(B, L, C_CONV, dtype=torch.bfloat16)
+    conv.causal_conv1d_update(x[:, 0] if L == 1 else x, torch.zeros(P, C_CONV, W_CONV), torch.empty(C_CONV, W_CONV),
+                              torch.empty(C_CONV, dtype=torch.bfloat16), "silu", torch.randperm(P)[:B].to(torch.int32))
 
 
 def _varlen(lengths):
@@ -151,3 +172,25 @@ def test_gdn_chunk_leaves_no_reference_cycle(recorded, B, T):
         assert gc.collect() == 0, "gdn_chunk left objects only the garbage collector can free"
     finally:
         gc.enable()
+
+
+def test_conv_new_lengths_add_no_variant(recorded):
+    """The front end's kernels: one variant each for fixed-length and packed prefills and for the decode step,
+    whatever the prompt lengths, batch mix, pool size or tokens per step."""
+    variants, _ = recorded
+    _conv_call(1, 100)
+    _conv_call(1, 100, [0, 30, 30, 100])
+    _conv_update_call(2, 1, 8)
+    warm = set(variants)
+    # fixed and packed for the conv and the state pass, one decode step
+    assert sorted(v[0] for v in warm) == sorted(["_causal_conv1d_kernel"] * 2 + ["_conv_state_kernel"] * 2
+                                                + ["_causal_conv1d_update_kernel"]), warm
+    rng = random.Random(40)
+    for _ in range(20):
+        _conv_call(rng.choice((1, 2, 3, 7, 40)), rng.randint(1, 20000))
+        lengths = [rng.choice((0, 1, rng.randint(1, 64), rng.randint(65, 5000))) for _ in range(rng.randint(1, 9))]
+        lengths[-1] += sum(lengths) == 0
+        _conv_call(1, sum(lengths), _varlen(lengths))
+        _conv_update_call(rng.randint(1, 64), rng.choice((1, 1, 2, 5)), rng.randint(64, 300))
+    new = sorted(variants - warm)
+    assert not new, "variants compiled only at new lengths:\n" + "\n".join(v[0] + " " + v[1] for v in new[:4])

@@ -38,7 +38,7 @@ class _CompileOnly:
         signature, constexprs = {}, {}
         for p in self.fn.params:
             v = values[p.name]
-            if p.is_constexpr:
+            if p.is_constexpr or v is None:  # an absent optional tensor is a constexpr None to Triton
                 signature[p.name], constexprs[p.name] = "constexpr", v
             elif isinstance(v, torch.Tensor):
                 signature[p.name] = _PTR[v.dtype]
@@ -68,10 +68,10 @@ def compile_only(monkeypatch, request):
     (bf16, the tuned production dtype, with the state pass's TMA copies), else only its default
     (compile time on 2 CI cores)."""
     from torch_aura.triton_kernels import _tune
-    from torch_aura.triton_kernels.gdn import chunk, recurrent
+    from torch_aura.triton_kernels.gdn import chunk, conv, recurrent
 
     seen = set()
-    for mod in (chunk, recurrent):
+    for mod in (chunk, recurrent, conv):
         for name, obj in list(vars(mod).items()):
             if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel"):
                 monkeypatch.setattr(mod, name, _CompileOnly(obj, seen))
@@ -160,3 +160,26 @@ def test_gdn_overlapped_pass_compiles_for_sm90(compile_only, monkeypatch, dtype)
     publishes = {dict(key[2])["IS_VARLEN"] for key in compile_only
                  if key[0] == "_gdn_recompute_w_u_kernel" and ("PUBLISH", True) in key[2]}
     assert waits == {False, True} and publishes == {False, True}, (waits, publishes)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_conv_kernels_compile_for_sm90(compile_only, dtype):
+    """The front end's kernels (fixed tiles, no tuner) at Qwen3-Next's W = 4 and the extremes W = 1 and 8:
+    fixed length and varlen, with and without bias, state and SiLU; one and several decode tokens, with and
+    without pool indices; mixed dtypes (fp32 weights and state beside 16-bit x)."""
+    from torch_aura.triton_kernels.gdn import conv
+
+    C = 1024
+    x = torch.randn(2, 100, C + 64, dtype=dtype)[..., :C]  # a channel slice of a wider projection
+    cu = torch.tensor([0, 30, 30, 100], dtype=torch.int32)
+    for W in (1, 4, 8):
+        weight, bias = torch.randn(C, W), torch.randn(C, dtype=dtype)
+        conv.causal_conv1d(x, weight, bias, torch.zeros(2, C, max(W - 1, 1)), None, "silu")
+        conv.causal_conv1d(x[:1], weight, None, torch.zeros(3, C, W, dtype=dtype), cu, None)
+        conv.causal_conv1d(x, weight)
+        pool = torch.zeros(5, C, max(W, 2))
+        conv.causal_conv1d_update(x[:, 0], pool, weight, bias, "silu", torch.tensor([3, -1], dtype=torch.int32))
+        conv.causal_conv1d_update(x[:, :3], pool, weight)
+    compiled = {(key[0], dict(key[2]).get("W")) for key in compile_only}  # the state kernel has no W
+    assert {name for name, _ in compiled} == {n for n in vars(conv) if n.endswith("_kernel")}, compiled
+    assert {(k, W) for k in ("_causal_conv1d_kernel", "_causal_conv1d_update_kernel") for W in (1, 4, 8)} <= compiled
