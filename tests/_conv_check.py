@@ -24,7 +24,7 @@ def check_op(impl, name: str, args: tuple) -> torch.Tensor:
     assert_close(f"{name} y", out.float().cpu(), expected.float(), RATIO[out.dtype])
     for i, (a, c) in enumerate(zip(args, copies)):
         if isinstance(a, torch.Tensor):
-            assert torch.equal(a.cpu(), c), f"{name}: argument {i} (shape {tuple(a.shape)}) differs from the reference's"
+            assert torch.equal(a.cpu(), c), f"{name}: argument {i} {tuple(a.shape)} differs from the reference's"
     return out
 
 
@@ -66,6 +66,11 @@ def update_args(device, N, L, C, W, S, P, dtype, *, rows=None, bias=True, activa
     b = torch.randn(C, generator=gen).to(device) if bias else None
     idx = None if rows is None else torch.tensor(rows, dtype=torch.int32, device=device)
     return x, pool, weight, b, activation, idx
+
+
+def check_case(impl, device, name: str, case: dict) -> torch.Tensor:
+    """``check_op`` on the arguments that a case's keywords describe (``conv_args`` / ``update_args``)."""
+    return check_op(impl, name, (conv_args if name == "causal_conv1d" else update_args)(device, **case))
 
 
 def case_id(case: dict) -> str:

@@ -7,7 +7,7 @@ fp16: bf16 samples run upcast (the interpreter's bf16 math is wrong)."""
 import _samples
 import pytest
 import torch
-from _conv_check import case_id, check_op, conv_args, update_args
+from _conv_check import case_id, check_case, check_op, conv_args, update_args
 
 from torch_aura.triton_kernels.gdn import conv
 
@@ -61,9 +61,7 @@ CONV_CASES = [
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=map(case_id, CONV_CASES))
 def test_conv_matches_reference(case):
-    case = dict(case)
-    fixed = [case.pop(k) for k in ("B", "T", "C", "W", "dtype")]
-    check_op(conv, "causal_conv1d", conv_args("cpu", *fixed, **case))
+    check_case(conv, "cpu", "causal_conv1d", case)
 
 
 UPDATE_CASES = [
@@ -80,9 +78,7 @@ UPDATE_CASES = [
 
 @pytest.mark.parametrize("case", UPDATE_CASES, ids=map(case_id, UPDATE_CASES))
 def test_update_matches_reference(case):
-    case = dict(case)
-    fixed = [case.pop(k) for k in ("N", "L", "C", "W", "S", "P", "dtype")]
-    check_op(conv, "causal_conv1d_update", update_args("cpu", *fixed, **case))
+    check_case(conv, "cpu", "causal_conv1d_update", case)
 
 
 def test_update_without_tokens_leaves_the_pool():

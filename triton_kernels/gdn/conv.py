@@ -206,6 +206,6 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     N, L, C = x3.shape
     BC = _channel_block(C, ROW_BC)
     _causal_conv1d_update_kernel[(N, cdiv(C, BC))](
-        x3, conv_state, weight, bias, state_indices, y, L, C, S, P, x3.stride(0), x3.stride(1), *conv_state.stride()[:2],
-        weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC, BS=next_pow2(S), num_warps=2)
+        x3, conv_state, weight, bias, state_indices, y, L, C, S, P, x3.stride(0), x3.stride(1),
+        *conv_state.stride()[:2], weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC, BS=next_pow2(S), num_warps=2)
     return y
