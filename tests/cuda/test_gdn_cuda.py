@@ -5,8 +5,10 @@ allocation made by torch_aura is NaN-poisoned (tests/conftest.py), so an output 
 never writes fails the comparison.
 """
 
+import _samples
 import pytest
 import torch
+from _conv_check import case_id, check_case, check_op, conv_args, update_args
 from _gdn_check import (SPLIT_RATIO, check_chunk, check_decay_domain, check_pass_ignores_rows_outside_sequences, check_recurrent,
                         check_split, check_stages, force_split,
                         check_w_u_copies_match_pointer_loads,
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 DEV = "cuda"
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 GDN_OPS = ("gdn_chunk", "gdn_chunk_cumsum", "gdn_kkt_solve", "gdn_recompute_w_u", "gdn_fwd_h", "gdn_fwd_o",
-           "gdn_recurrent")
+           "gdn_recurrent", "causal_conv1d", "causal_conv1d_update")
 
 
 def _id(case):
@@ -528,10 +530,10 @@ def test_g_outside_the_usual_range(dtype):
 # ------------------------------------------------------------------ new lengths (issue 38)
 def _compiled_variants() -> dict[str, int]:
     """Compiled variants per GDN kernel on this device (Triton's in-memory kernel cache)."""
-    from torch_aura.triton_kernels.gdn import chunk, recurrent
+    from torch_aura.triton_kernels.gdn import chunk, conv, recurrent
 
     dev = torch.cuda.current_device()
-    kernels = {n: k for mod in (chunk, recurrent) for n, k in vars(mod).items() if n.endswith("_kernel")}
+    kernels = {n: k for mod in (chunk, recurrent, conv) for n, k in vars(mod).items() if n.endswith("_kernel")}
     kernels["gdn_state_pass_sm90_kernel"] = chunk._hopper_pass()
     return {n: len(k.device_caches[dev][0]) for n, k in kernels.items() if k is not None and dev in k.device_caches}
 
@@ -556,4 +558,131 @@ def test_new_lengths_compile_nothing():
     before = _compiled_variants()
     for T in [rng.randint(1, 1900) for _ in range(12)]:
         call(T)
+    assert _compiled_variants() == before
+
+
+# ------------------------------------------------------------------ the front end (ops.md §3b)
+@pytest.mark.parametrize("name", ["causal_conv1d", "causal_conv1d_update"])
+def test_conv_samples_match_reference(name):
+    for sample in _samples.all_samples()[name](DEV):
+        check_op(torch_aura, name, sample.args)
+
+
+CONV_CASES = [
+    dict(B=2, T=1000, C=2048, W=4, dtype=BF16, S=4),  # transformers' cache: S = W
+    dict(B=1, T=2048, C=8192, W=4, dtype=BF16, offsets=[0, 1000, 2048], S=4),  # Qwen3-Next's q | k | v at TP 1
+    dict(B=1, T=1000, C=768, W=4, dtype=BF16, offsets=[0, 0, 1, 3, 300, 301, 1000, 1000], S=4),
+    dict(B=1, T=64, C=300, W=8, dtype=F16, offsets=[0, 1, 2, 2, 9, 40, 64], S=9),
+    dict(B=3, T=33, C=136, W=2, dtype=F32, S=1, layout="strided", activation=None),
+    dict(B=2, T=31, C=64, W=1, dtype=BF16, S=1, bias=False),
+    dict(B=2, T=100, C=512, W=4, dtype=BF16, S=4, state_dtype=BF16, weight_dtype=BF16, layout="contiguous"),
+    dict(B=2, T=0, C=512, W=4, dtype=BF16, S=4),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=map(case_id, CONV_CASES))
+def test_conv_matches_reference(case):
+    check_case(torch_aura, DEV, "causal_conv1d", case)
+
+
+UPDATE_CASES = [
+    dict(N=64, L=1, C=8192, W=4, S=4, P=100, dtype=BF16, rows=[-1 if n % 9 == 4 else (37 * n) % 100 for n in range(64)],
+         one_token=True),
+    dict(N=4, L=3, C=1024, W=4, S=3, P=4, dtype=F16),
+    dict(N=3, L=2, C=200, W=8, S=10, P=12, dtype=F32, rows=[-1, 11, 4], pool_dtype=BF16),
+    dict(N=2, L=6, C=136, W=2, S=1, P=2, dtype=BF16, activation=None),
+]
+
+
+@pytest.mark.parametrize("case", UPDATE_CASES, ids=map(case_id, UPDATE_CASES))
+def test_conv_update_matches_reference(case):
+    check_case(torch_aura, DEV, "causal_conv1d_update", case)
+
+
+@pytest.mark.sanitize
+def test_conv_small_for_sanitizer():
+    check_op(torch_aura, "causal_conv1d", conv_args(DEV, 1, 70, 40, 4, BF16, offsets=[0, 2, 2, 70], S=5))
+    check_op(torch_aura, "causal_conv1d_update", update_args(DEV, 3, 2, 40, 4, 5, 4, BF16, rows=[3, -1, 0]))
+
+
+def test_conv_duplicate_pool_rows_rejected_in_debug_mode(monkeypatch):
+    monkeypatch.setenv("TORCH_AURA_DEBUG", "1")
+    x, pool, weight, bias, act, _ = update_args(DEV, 2, 1, 16, 4, 4, 4, BF16)
+    with pytest.raises(ValueError, match="distinct"):
+        torch.ops.aura.causal_conv1d_update(x, pool, weight, bias, act, torch.tensor([1, 1], dtype=torch.int32,
+                                                                                      device=DEV))
+
+
+def _conv_step(x, xd, weight, bias, state, pool, cu, idx):
+    """A packed prefill that leaves its states, then a decode step over a pool: (y, y_decode)."""
+    return (torch_aura.causal_conv1d(x, weight, bias, state, cu, "silu"),
+            torch_aura.causal_conv1d_update(xd, pool, weight, bias, "silu", idx))
+
+
+def test_conv_cuda_graph_replay_is_bitwise_eager():
+    x, weight, bias, state0, cu, _ = conv_args(DEV, 1, 300, 1024, 4, BF16, offsets=[0, 100, 100, 300], S=4, seed=1)
+    xd, pool0, _, _, _, idx = update_args(DEV, 3, 1, 1024, 4, 4, 5, BF16, rows=[4, -1, 0], one_token=True, seed=2)
+    state, pool = state0.clone(), pool0.clone()
+    _conv_step(x, xd, weight, bias, state.clone(), pool.clone(), cu, idx)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_g, yd_g = _conv_step(x, xd, weight, bias, state, pool, cu, idx)
+    x.copy_(conv_args(DEV, 1, 300, 1024, 4, BF16, seed=3)[0])
+    xd.copy_(update_args(DEV, 3, 1, 1024, 4, 4, 5, BF16, one_token=True, seed=4)[0])
+    state.copy_(state0)
+    pool.copy_(pool0)
+    graph.replay()
+    state_e, pool_e = state0.clone(), pool0.clone()
+    y_e, yd_e = _conv_step(x, xd, weight, bias, state_e, pool_e, cu, idx)
+    assert torch.equal(y_g, y_e) and torch.equal(yd_g, yd_e)
+    assert torch.equal(state, state_e) and torch.equal(pool, pool_e)
+
+
+class _ConvBlock(torch.nn.Module):
+    """The front end of a Qwen3-Next linear-attention layer: prefill into the pool's rows, then a decode step."""
+
+    def forward(self, x, xd, weight, bias, state, pool, idx):
+        y = torch_aura.causal_conv1d(x, weight, bias, state, activation="silu")
+        pool[idx.long()] = state
+        yd = torch_aura.causal_conv1d_update(xd, pool, weight, bias, "silu", idx)
+        return y, yd
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compile_fullgraph_module_with_conv_and_update(mode):
+    torch._dynamo.reset()
+    x, weight, bias, state, _, _ = conv_args(DEV, 2, 130, 512, 4, BF16, S=4, seed=5)
+    xd = update_args(DEV, 2, 1, 512, 4, 4, 4, BF16, one_token=True, seed=6)[0]
+    idx = torch.tensor([3, 1], dtype=torch.int32, device=DEV)
+    block = _ConvBlock()
+    state_e, pool_e = state.clone(), torch.zeros(4, 512, 4, device=DEV)
+    y_e, yd_e = block(x, xd, weight, bias, state_e, pool_e, idx)
+    fn = torch.compile(block, fullgraph=True, mode=mode)
+    for _ in range(3):
+        state_c, pool_c = state.clone(), torch.zeros(4, 512, 4, device=DEV)
+        y_c, yd_c = fn(x, xd, weight, bias, state_c, pool_c, idx)
+    assert torch.equal(y_c, y_e) and torch.equal(yd_c, yd_e)
+    assert torch.equal(state_c, state_e) and torch.equal(pool_c, pool_e)
+
+
+def test_conv_new_lengths_compile_nothing():
+    """After one fixed-length and one packed prefill and a decode step, 12 random lengths, batch mixes and
+    pool sizes compile no conv kernel again (tests/build/test_gdn_variants.py: Triton's binder says the same)."""
+    import random
+
+    rng = random.Random(40)
+
+    def call(B, T, offsets, N, P):
+        check_op(torch_aura, "causal_conv1d", conv_args(DEV, B, T, 1024, 4, BF16, offsets=offsets, S=4))
+        rows = rng.sample(range(P), N)
+        check_op(torch_aura, "causal_conv1d_update", update_args(DEV, N, 1, 1024, 4, 4, P, BF16, rows=rows,
+                                                                 one_token=True))
+
+    call(1, 64, None, 2, 8)
+    call(1, 100, [0, 30, 30, 100], 3, 8)
+    before = _compiled_variants()
+    for _ in range(12):
+        cut = rng.randint(0, 900)
+        call(rng.choice((1, 2, 5)), rng.randint(1, 1900), None, rng.randint(1, 40), rng.randint(40, 300))
+        call(1, 900 + cut, [0, cut, cut, 900 + cut], rng.randint(1, 40), rng.randint(40, 300))
     assert _compiled_variants() == before
