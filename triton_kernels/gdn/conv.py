@@ -172,6 +172,8 @@ def _channel_block(C: int, most: int) -> int:
 
 
 def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activation=None):
+    """``torch_aura.causal_conv1d`` on CUDA (arguments there): ``y [B, T, C]`` in x's dtype; ``conv_state
+    [N, C, S]`` rewritten in place after the conv, by a second launch."""
     _check_conv(x, weight, bias, conv_state, cu_seqlens, activation)
     B, T, C = x.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -195,6 +197,8 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None):
+    """``torch_aura.causal_conv1d_update`` on CUDA (arguments there): ``y`` shaped like x ``[N, (L,) C]``;
+    the pool ``conv_state [P, C, S]`` rolled in place."""
     _check_update(x, conv_state, weight, bias, activation, state_indices)
     P, _, S = conv_state.shape
     if state_indices is not None:
@@ -207,5 +211,6 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     BC = _channel_block(C, ROW_BC)
     _causal_conv1d_update_kernel[(N, cdiv(C, BC))](
         x3, conv_state, weight, bias, state_indices, y, L, C, S, P, x3.stride(0), x3.stride(1),
-        *conv_state.stride()[:2], weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC, BS=next_pow2(S), num_warps=2)
+        *conv_state.stride()[:2], weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC,
+        BS=next_pow2(S), num_warps=2)
     return y
