@@ -82,11 +82,11 @@ def test_update_matches_reference(case):
 
 
 def test_update_without_tokens_leaves_the_pool():
-    # not against the reference: its F.conv1d rejects an input shorter than the filter (L = 0)
     x, pool, weight, bias, act, idx = update_args("cpu", 2, 0, 10, 4, 4, 3, F32, rows=[2, 0])
     before = pool.clone()
     assert conv.causal_conv1d_update(x, pool, weight, bias, act, idx).shape == (2, 0, 10)
     assert torch.equal(pool, before)
+    check_case(conv, "cpu", "causal_conv1d_update", dict(N=2, L=0, C=10, W=4, S=4, P=3, dtype=F32))
 
 
 def test_prefill_then_decode_continues_the_sequence():

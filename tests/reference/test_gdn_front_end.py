@@ -105,6 +105,13 @@ def test_update_pool_rows_skip_and_data_errors():
         ta.causal_conv1d_update(x, pool, weight, None, None, torch.tensor([4, 0, -1], dtype=torch.int32))
 
 
+def test_update_with_no_new_token_changes_nothing():
+    pool = torch.randn(2, 4, 3)
+    before = pool.clone()
+    y = ta.causal_conv1d_update(torch.randn(2, 0, 4), pool, torch.randn(4, 3))
+    assert y.shape == (2, 0, 4) and torch.equal(pool, before)
+
+
 def test_argument_errors_are_named():
     x, w = torch.randn(1, 5, 4), torch.randn(4, 3)
     cases = [

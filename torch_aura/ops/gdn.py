@@ -442,7 +442,7 @@ class GdnWarmup(NamedTuple):
 
 def gdn_warmup(num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
                device, *, varlen: bool = True, initial_state: bool = True, use_qk_l2norm: bool = True,
-               state_v_first: bool = False) -> GdnWarmup:
+               state_v_first: bool = False, conv_width: int | None = None) -> GdnWarmup:
     """Compile and tune the GDN kernels for every plan of one head configuration, before serving.
 
     The CUDA kernels never recompile for a new prompt length or batch, but a head configuration has
@@ -463,6 +463,9 @@ def gdn_warmup(num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: 
         initial_state: prefills carry an initial state (transformers' GDN layers do).
         use_qk_l2norm: q and k are L2-normalised in the kernel (transformers' GDN layers: yes).
         state_v_first: states are ``[N, HV, V, K]``.
+        conv_width: also prepare the front end (:func:`causal_conv1d`, :func:`causal_conv1d_update`)
+            for the layers' ``q | k | v`` conv of this many taps (Qwen3-Next: 4), as transformers'
+            GDN layers call it; None leaves it out.
 
     Returns:
         A :class:`GdnWarmup`.
@@ -483,4 +486,7 @@ def gdn_warmup(num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: 
     with torch.inference_mode():
         calls, timed = warmup.run(num_k_heads, num_v_heads, head_k_dim, head_v_dim, dtype, device, varlen,
                                   initial_state, use_qk_l2norm, state_v_first)
+        if conv_width is not None:
+            channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim  # q | k | v
+            calls += warmup.run_conv(channels, conv_width, dtype, device, varlen)
     return GdnWarmup(calls, timed, time.perf_counter() - start)

@@ -510,7 +510,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     rows = _pool_rows(state_indices, N, conv_state.shape[0])
     y = torch.zeros_like(tokens)  # a skipped sequence's rows are 0: deliberately zeros
     for n, row in enumerate(rows):
-        if row < 0:
+        if row < 0 or L == 0:  # skipped, or no new token: the row stays as it is
             continue
         xs = tokens[n].to(cd).transpose(0, 1)  # [C, L]
         context = _left_context(conv_state, row, C, W, cd, x.device)

@@ -47,6 +47,21 @@ def recurrent_batches(num_v_heads: int, head_v_dim: int, sms: int) -> tuple[int,
     return (1, max(wide, 2))
 
 
+def run_conv(C: int, W: int, dtype: torch.dtype, device: torch.device, varlen: bool) -> int:
+    """The front end's variants as transformers' GDN layers call them (no bias, SiLU; the prefill
+    without a state, the decode step over a state of W entries); returns the calls made. Lengths
+    take no part in them (``_jit.LENGTH_ARGS``): one call of each form is enough."""
+    x = torch.randn(1, 2 * CHUNK, C, dtype=dtype, device=device)
+    weight = torch.randn(C, W, dtype=dtype, device=device)
+    calls = [(None,), (torch.tensor([0, CHUNK, 2 * CHUNK], dtype=torch.int32, device=device),)] if varlen \
+        else [(None,)]
+    for (cu,) in calls:
+        torch.ops.aura.causal_conv1d(x, weight, None, None, cu, "silu")
+    state = torch.zeros(2, C, W, dtype=dtype, device=device)
+    torch.ops.aura.causal_conv1d_update(x[0, :2], state, weight, None, "silu", None)
+    return len(calls) + 1
+
+
 def run(H: int, HV: int, K: int, V: int, dtype: torch.dtype, device: torch.device, varlen: bool,
         initial_state: bool, use_qk_l2norm: bool, state_v_first: bool) -> tuple[int, int]:
     """The calls of :func:`torch_aura.gdn_warmup` on a CUDA device; returns ``(calls, keys timed)``."""
