@@ -1,8 +1,8 @@
 """``enable()`` and ``attn_implementation="aura"`` on real (tiny, random-weight) transformers models.
 
-Served: greedy tokens and logits equal the model's own SDPA path, unpadded (flash_decode serves
-decode), left-padded (SDPA with the mask) and on sliding-window models (flash_decode over the
-window the cache keeps). Refused: every feature "aura" cannot compute exactly, by name, before
+Served: greedy tokens and logits equal the model's own SDPA path, unpadded and left-padded
+(flash_decode serves decode, over each row's real tokens when padded) and on sliding-window models
+(flash_decode over the window the cache keeps, or the keys the mask leaves in it). Refused: every feature "aura" cannot compute exactly, by name, before
 anything changes (attention implementation, GDN patch). ``disable()`` restores what the model had.
 """
 
@@ -28,17 +28,18 @@ def _nothing_patched(tat):
 
 @pytest.fixture
 def flash_decode_calls(tat, monkeypatch):
-    """The key shapes ``[B, Hkv, T, D]`` of every unpadded one-token decode the "aura" attention
-    serves itself: flash_decode on a GPU, its grouped-query SDPA form on the CPU."""
+    """``(paged, seq_lens)`` of every one-token decode the "aura" attention serves itself: flash_decode
+    (paged: through a block table of each row's visible keys), or on the CPU for an unmasked batch its
+    grouped-query SDPA form."""
     from torch_aura.integrations.transformers import attention
 
     calls = []
     for name in ("flash_decode", "grouped_sdpa_decode"):
         real = getattr(attention, name)
 
-        def counting(q, k, *args, _real=real, **kwargs):
-            calls.append(tuple(k.shape))
-            return _real(q, k, *args, **kwargs)
+        def counting(q, k, v, seq_lens, block_table, *args, _real=real, **kwargs):
+            calls.append((block_table is not None, seq_lens.tolist()))
+            return _real(q, k, v, seq_lens, block_table, *args, **kwargs)
 
         monkeypatch.setattr(attention, name, counting)
     return calls
@@ -71,10 +72,12 @@ def test_aura_attention_matches_sdpa(hf_transformers, tat, flash_decode_calls, p
         ids, mask = torch.randint(1, 128, (1, 11), generator=g), None
     assert model.config._attn_implementation == "sdpa"
     _same_as_own_path(tat, model, ids, mask)
-    if padded:
-        assert flash_decode_calls == []  # a padded batch must keep its mask: SDPA serves decode
+    assert len(flash_decode_calls) == 18 * 2  # every decode step of both layers
+    if padded:  # each row attends its real tokens only: 11 + step positions less its padding
+        assert all(paged for paged, _ in flash_decode_calls)
+        assert flash_decode_calls[0][1] == [12, 8, 3] and flash_decode_calls[-1][1] == [29, 25, 20]
     else:
-        assert len(flash_decode_calls) == 18 * 2  # every decode step of both layers
+        assert not any(paged for paged, _ in flash_decode_calls)
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma3_text", "qwen2-max-window-layers"])
@@ -90,7 +93,7 @@ def test_sliding_windows_are_served_exactly_over_the_kept_window(hf_transformers
     _same_as_own_path(tat, model, ids, steps=12)
     # a sliding layer never hands flash_decode more than its window (past it transformers masks, and
     # SDPA serves); a full layer reads all 12 + 10 + 1 keys at the last of the 11 decode steps
-    lengths = {T for _, _, T, _ in flash_decode_calls}
+    lengths = {max(seq_lens) for _, seq_lens in flash_decode_calls}
     assert max(lengths) == 23 if "full_attention" in types else max(lengths) <= 16
 
 
@@ -256,4 +259,42 @@ def test_cpu_decode_route_equals_flash_decode(tat, G):
     out, lse = attention.grouped_sdpa_decode(q, k, v, seq_lens, None, 0.3, 0)
     ref, _ = torch.ops.aura.flash_decode(q, k, v, seq_lens, None, 0.3, 0)
     assert lse is None and out.shape == ref.shape
+    assert (out - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "token-major", "unviewable", "mask-batch-1"])
+def test_masked_decode_equals_sdpa_with_the_mask(hf_transformers, tat, monkeypatch, layout):
+    """A one-token decode with a boolean mask (left padding, a window, holes, unfilled static slots)
+    is flash_decode over each row's visible keys, equal to SDPA with the mask; a cache that cannot be
+    viewed as one-token pages (a row stride not a whole number of token strides) goes to SDPA."""
+    import torch.nn.functional as F
+
+    from torch_aura.integrations.transformers import attention
+
+    module = tiny_llama(hf_transformers).model.layers[0].self_attn  # 6 query / 2 KV heads of 64
+    g = torch.Generator().manual_seed(5)
+    B, Hkv, T, D = 4, 2, 37, 64
+    shapes = {"token-major": (B, T, Hkv, D), "unviewable": (B, Hkv, 3 * T + 1, D)}
+    k, v = (torch.randn(shapes.get(layout, (B, Hkv, T, D)), generator=g) for _ in range(2))
+    if layout == "token-major":
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+    elif layout == "unviewable":  # token stride 3D, row stride 2 (3T + 1) D: not a multiple of it
+        k, v = k[:, :, :3 * T:3], v[:, :, :3 * T:3]
+    mask = torch.zeros(B, 1, 1, T, dtype=torch.bool)
+    mask[0, ..., :] = True  # a full static cache
+    mask[1, ..., 5:30] = True  # left padding, then slots not written yet
+    mask[2, ..., 20:36] = True  # a sliding window
+    mask[3, ..., :] = torch.rand(T, generator=g) < 0.5  # holes (a hand-made 2-D mask)
+    mask[3, ..., [0, T - 1]] = True  # the last row's last token: the page view's last page
+    if layout == "mask-batch-1":  # one mask row for every row (a mask transformers broadcasts)
+        mask = mask[1:2]
+    q = torch.randn(B, 6, 1, D, generator=g)
+    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask,
+                                         scale=0.125).transpose(1, 2)
+    paged = attention.mask_pages(mask, k, v)
+    assert (paged is None) == (layout == "unviewable")
+    if paged is not None:  # flash_decode must serve: SDPA is not there to fall back on
+        assert paged[2].tolist() == mask.expand(B, -1, -1, -1).sum((1, 2, 3)).tolist()
+        monkeypatch.setattr(attention, "sdpa_attention_forward", None)
+    out, _ = attention.aura_attention_forward(module, q, k, v, mask, scaling=0.125)
     assert (out - ref).abs().max().item() <= 1e-5

@@ -3,8 +3,9 @@
 - :func:`enable` routes every gated-delta-rule model's GDN layers (found by scanning
   transformers' model sources, no fixed list) to :func:`torch_aura.gdn_chunk` /
   :func:`torch_aura.gdn_recurrent`, and registers the ``"aura"`` attention implementation
-  (one-token decode through :func:`torch_aura.flash_decode`; prefill and padded batches through
-  SDPA with their mask). It refuses, before changing anything, a model whose attention ``"aura"``
+  (one-token decode through :func:`torch_aura.flash_decode`, over each row's visible keys where a
+  mask is given: left padding, a ``StaticCache``'s unfilled slots, a window; prefill through SDPA
+  with its mask). It refuses, before changing anything, a model whose attention ``"aura"``
   would not compute exactly as the model's own SDPA path (``_support.enable_refusals``).
 - :class:`AuraKVCache` stores the attention layers' K/V AURA-compressed and attends in the
   compressed domain through :func:`torch_aura.aura_decode`.

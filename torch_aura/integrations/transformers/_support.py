@@ -8,13 +8,14 @@ they change anything; the feature names label the README's model table. Support 
 argument of a model's attention call that is not known here is refused, not ignored.
 
 What "served" means. The ``"aura"`` attention is transformers' own ``sdpa_attention_forward``
-except for one unpadded query token per row, which :func:`torch_aura.flash_decode` attends over the
-same keys. So a model is served exactly when its own path is SDPA's: it routes attention through
-``ALL_ATTENTION_FUNCTIONS``, declares SDPA support, passes no argument SDPA would ignore (sinks,
-sparse indices) or refuse (soft-capping), keeps one head dim for K and V (no MLA latents), and is a
-decoder without cross attention. ``AuraKVCache`` also needs to know which layers slide: it reads
-that from transformers' own ``get_layer_types_and_kwargs`` (``layer_types``, ``sliding_window``,
-``use_sliding_window`` / ``max_window_layers``, ``attention_chunk_size``, per-layer configs).
+except for one query token per row, which :func:`torch_aura.flash_decode` attends over the same
+keys (those the boolean mask lets each row see, when there is one). So a model is served exactly
+when its own path is SDPA's: it routes attention through ``ALL_ATTENTION_FUNCTIONS``, declares
+SDPA support, passes no argument SDPA would ignore (sinks, sparse indices) or refuse (soft-capping),
+keeps one head dim for K and V (no MLA latents), and is a decoder without cross attention.
+``AuraKVCache`` also needs to know which layers slide: it reads that from transformers' own
+``get_layer_types_and_kwargs`` (``layer_types``, ``sliding_window``, ``use_sliding_window`` /
+``max_window_layers``, ``attention_chunk_size``, per-layer configs).
 """
 
 from __future__ import annotations
@@ -231,8 +232,8 @@ def _model_refusals(model: torch.nn.Module) -> dict[str, str]:
     found = {**_argument_refusals(model), **_config_refusals(model.config)}  # the config's wording wins
     if not getattr(model, "_supports_sdpa", False):
         found["no SDPA"] = (f"{name} does not support SDPA (_supports_sdpa is False; it runs "
-                            f"{model.config._attn_implementation!r}): 'aura' serves prefill and padded batches "
-                            "through transformers' SDPA function")
+                            f"{model.config._attn_implementation!r}): 'aura' serves prefill and "
+                            "what flash_decode cannot through transformers' SDPA function")
     return found
 
 

@@ -12,8 +12,15 @@ gets no mask at all, which would silently unmask padded batches). What serves a 
   SDPA instead (the G query heads of a KV head as G query rows of one attention: no head repeat),
   which beats both the op there (whose lse this call does not need, and whose checks cost more than
   a 100 us kernel) and transformers' ``enable_gqa`` path (benchmarks/results/cpu_2core.md);
-- anything else (prefill, a padded batch, a head dim ``flash_decode`` lacks, dropout, a position
-  bias): transformers' own SDPA function with the mask, so a mask is never dropped.
+- one query token per row with a boolean mask (a ``StaticCache``, whose K/V span its whole
+  capacity; a left-padded batch; a sliding window): ``flash_decode`` over exactly the keys the mask
+  lets each row see (:func:`mask_pages`): the cache is viewed in place as pages of one token, each
+  row's block table lists its visible tokens in order and ``seq_lens`` counts them. Derived on the
+  device from the mask alone (which already holds ``cache_position``'s causal bound, the padding and
+  any window), so a compiled step has no host read and no data-dependent branch, and any boolean
+  mask, holes included, is served exactly;
+- anything else (prefill, a head dim ``flash_decode`` lacks, dropout, a position bias, an additive
+  mask): transformers' own SDPA function with the mask, so a mask is never dropped.
 
 So every call equals ``sdpa_attention_forward`` on the same inputs, or raises: an argument SDPA
 would drop without computing it (attention sinks, sparse indices; ``_support.REFUSED_ARGUMENTS``)
@@ -42,6 +49,52 @@ def grouped_sdpa_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_s
     Hkv = k_cache.shape[1]
     out = F.scaled_dot_product_attention(q.reshape(B, Hkv, Hq // Hkv, D), k_cache, v_cache, scale=scale)
     return out.reshape(B, Hq, D), None
+
+
+def mask_pages(attention_mask: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """The keys a one-query boolean mask lets each row see, in ``flash_decode``'s paged form.
+
+    ``key`` / ``value`` ``[B, Hkv, T, D]`` (a static cache's buffers: any strides where a row's
+    stride is a whole number of token strides) are viewed in place, never copied, as ``[N, 1, Hkv, D]``
+    pages of one token (page ``b * (stride(0) // stride(2)) + t`` is row b's token t, all its heads;
+    the view aliases memory, which the kernels only read). A per-row start offset is then a block
+    table that starts later, and a mask with holes one that skips them: every mask is exact, where
+    ``[start, end)`` ranges would need a schema change (and CUDA and Metal kernel changes) and pages
+    of 16 tokens would run past the storage at the last row's end.
+
+    Args:
+        attention_mask: bool ``[B or 1, 1, 1, T]``, True where the query sees the key.
+        key, value: ``[B, Hkv, T, D]``, one shape and one set of strides.
+
+    Returns:
+        ``(k_pages, v_pages [N, 1, Hkv, D], seq_lens [B] int32, block_table [B, T] int32)``, all derived
+        on the device (no host read), or None when the layout cannot be viewed so (SDPA then serves).
+
+    Example:
+        >>> import torch
+        >>> k = v = torch.zeros(2, 1, 4, 64)  # 2 rows of 4 slots: row 1 starts at page 4
+        >>> mask = torch.tensor([[1, 1, 1, 0], [0, 1, 1, 0]], dtype=torch.bool)[:, None, None]
+        >>> _, _, seq_lens, block_table = mask_pages(mask, k, v)
+        >>> seq_lens.tolist(), block_table[:, :2].tolist()
+        ([3, 2], [[0, 1], [5, 6]])
+    """
+    B, Hkv, T, D = key.shape
+    s0, s1, s2 = key.stride()[:3]
+    if (value.shape != key.shape or value.stride() != key.stride() or attention_mask.dim() != 4
+            or attention_mask.shape[1:] != (1, 1, T) or attention_mask.shape[0] not in (1, B)
+            or s2 < 1 or (B > 1 and s0 % s2)):
+        return None
+    row = s0 // s2 if B > 1 else 0  # pages between two rows' first tokens
+    pages = (B - 1) * row + T  # the last row's last token is the last page: the view stays in bounds
+    k_pages = key.as_strided((pages, 1, Hkv, D), (s2, s2, s1, 1))
+    v_pages = value.as_strided((pages, 1, Hkv, D), (s2, s2, s1, 1))
+    live = attention_mask[:, 0, 0].expand(B, T)
+    seq_lens = live.sum(-1, dtype=torch.int32)
+    # each visible key's place in its row's list; hidden ones go to a spare column, cut off below
+    slot = torch.where(live, live.cumsum(-1) - 1, T)
+    page = (torch.arange(T, device=key.device) + torch.arange(B, device=key.device)[:, None] * row).int()
+    block_table = torch.zeros(B, T + 1, dtype=torch.int32, device=key.device).scatter_(1, slot, page)[:, :T]
+    return k_pages, v_pages, seq_lens, block_table
 
 
 NAME = "aura"
@@ -80,13 +133,18 @@ def aura_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     if layer is not None:
         return layer.attend(module, query, key, value, attention_mask, scaling, dropout, kwargs), None
     B, Hq, L, D = query.shape
-    if (L == 1 and attention_mask is None and dropout == 0.0 and kwargs.get("position_bias") is None
+    if (L == 1 and dropout == 0.0 and kwargs.get("position_bias") is None
             and D in DECODE_HEAD_DIMS and key.shape[-1] == D and value.shape[-1] == D
             and key.stride(-1) == 1 and value.stride(-1) == 1):
-        decode = grouped_sdpa_decode if query.device.type == "cpu" else flash_decode
-        seq_lens = torch.full((B,), key.shape[2], dtype=torch.int32, device=query.device)
-        out, _ = decode(query[:, :, 0], key, value, seq_lens, None, scaling, 0)
-        return out.unsqueeze(1), None
+        if attention_mask is None:
+            decode = grouped_sdpa_decode if query.device.type == "cpu" else flash_decode
+            seq_lens = torch.full((B,), key.shape[2], dtype=torch.int32, device=query.device)
+            out, _ = decode(query[:, :, 0], key, value, seq_lens, None, scaling, 0)
+            return out.unsqueeze(1), None
+        paged = mask_pages(attention_mask, key, value) if attention_mask.dtype == torch.bool else None
+        if paged is not None:
+            out, _ = flash_decode(query[:, :, 0], *paged, scaling, 0)
+            return out.unsqueeze(1), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                   scaling=scaling, **kwargs)
 
