@@ -1,13 +1,17 @@
-"""A compiled decode step over ``AuraKVCache(max_cache_len=...)`` traces once and equals eager (issue 39).
+"""Compiled decode steps trace once, break no graph and equal eager (issue 39, deliverable 1).
 
-The cache's static layers keep every per-step value on the device (the length tensor, ``seq_lens``,
-the codes and norms, all marked as static addresses) and hand transformers one mask shape, so
-``torch.compile(model.forward, fullgraph=True)`` over 20 decode steps compiles one graph, as
-transformers' own ``StaticCache`` does on the same model (three for a model with sliding layers,
-whose static window layers retrace as the window fills: theirs, not ours); no graph break, and
-every step's logits equal eager's. The backend is ``aot_eager``: the dynamo trace and the
-functionalised in-place updates are what is under test, not inductor's CPU code generation; the
-GPU suite (tests/cuda/test_transformers_cuda.py) captures the same step in a CUDA graph.
+Two caches under ``attn_implementation="aura"``: ``AuraKVCache(max_cache_len=...)`` (its static
+layers keep every per-step value on the device: the length tensor, ``seq_lens``, the codes and
+norms, all marked as static addresses) and transformers' own ``StaticCache``, whose one-token steps
+"aura" decodes through ``flash_decode`` over each row's visible keys, read from the mask on the
+device (not SDPA over the whole capacity). ``torch.compile(model.forward, fullgraph=True)`` over 20
+decode steps of a left-padded batch compiles one graph (three for a model with sliding layers,
+whose static window layers retrace as the window fills: transformers', not ours), with no graph
+break; every step's logits equal eager's, and eager "aura" over a ``StaticCache`` equals the model's
+own SDPA path with the mask. ``generate(...)`` with transformers' compile settings
+(``compile_config``) does the same. The backend is ``aot_eager``: the dynamo trace and the
+functionalised in-place updates are what is under test, not inductor's CPU code generation; the GPU
+suite (tests/cuda/test_transformers_cuda.py) captures the same steps in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -27,13 +31,26 @@ def tat(hf_transformers):
 BUILDERS = {"llama": tiny_llama, "qwen3_next": tiny_qwen3_next, "qwen2-sliding": tiny_qwen2_sliding}
 
 
-def _compiled_decode(model, cache, steps: int = 20):
-    """Eager prefill then ``steps`` compiled decode steps (the same inputs through an eager twin of
-    ``cache``): returns (graphs compiled, graph breaks, the cache)."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._dynamo.utils import counters
+def _recording_backend(graphs: list):
+    """aot_eager that keeps each dynamo graph (a plain function: generate deep-copies its compile
+    config, and a counter object would be copied with it)."""
+    from torch._dynamo.backends.registry import lookup_backend
 
-    torch._dynamo.reset()
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+    return backend
+
+
+def _calls(graphs: list, name: str) -> int:
+    """Calls of the op or function ``name`` in the graphs (``aura.flash_decode``, ``scaled_dot_product``)."""
+    return sum(name in str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function")
+
+
+def _decode(model, cache, forward, steps: int = 20) -> torch.Tensor:
+    """Eager prefill of a left-padded batch, then ``steps`` one-token steps through ``forward``:
+    ``[steps, B, vocab]`` logits."""
     g = torch.Generator().manual_seed(39)
     ids, feed = torch.randint(1, 128, (2, 10), generator=g), torch.randint(1, 128, (2, steps), generator=g)
     mask = torch.ones_like(ids)
@@ -43,40 +60,97 @@ def _compiled_decode(model, cache, steps: int = 20):
     # would be a new input shape each step)
     static_mask = torch.zeros(2, 64, dtype=mask.dtype)
     static_mask[:, :ids.shape[1]] = mask
-    eager_cache, compiled_cache = cache(), cache()
-    counter = CompileCounterWithBackend("aot_eager")
-    counters.clear()
-    step = torch.compile(model.forward, backend=counter, fullgraph=True)
+    logits = []
     with torch.inference_mode():
-        for c in (eager_cache, compiled_cache):  # the prefill runs eagerly, as generate's does
-            model(ids, attention_mask=mask, position_ids=positions, cache=c, use_cache=True)
+        model(ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)  # as generate's
         for s in range(steps):
             static_mask[:, ids.shape[1] + s] = 1
             positions = positions[:, -1:] + 1
-            kw = dict(attention_mask=static_mask, position_ids=positions, use_cache=True)
-            eager = model(feed[:, s:s + 1], cache=eager_cache, **kw).logits
-            compiled = step(feed[:, s:s + 1], cache=compiled_cache, **kw).logits
-            # the traced SDPA of a dense layer may sum in another order: fp32 rounding only
-            torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5, msg=f"step {s}")
-    return counter.frame_count, dict(counters["graph_break"]), compiled_cache
+            out = forward(feed[:, s:s + 1], cache=cache, attention_mask=static_mask, position_ids=positions,
+                          use_cache=True)
+            logits.append(out.logits[:, -1].clone())
+    return torch.stack(logits)
+
+
+def _compiled_decode(model, cache, steps: int = 20):
+    """The same steps eager and compiled (each over its own ``cache()``): returns (dynamo graphs,
+    graph breaks, the compiled run's cache, eager logits)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+    eager = _decode(model, cache(), model.forward, steps)
+    compiled_cache = cache()
+    compiled = _decode(model, compiled_cache, torch.compile(model.forward, backend=_recording_backend(graphs),
+                                                            fullgraph=True), steps)
+    # the traced SDPA of a dense layer may sum in another order: fp32 rounding only
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
+    return graphs, dict(counters["graph_break"]), compiled_cache, eager
 
 
 # graphs transformers' own StaticCache compiles for the same 20 steps: one, or three where its
 # sliding-window layers branch on a host length before and after the window fills
 @pytest.mark.parametrize("family,graphs", [("llama", 1), ("qwen3_next", 1), ("qwen2-sliding", 3)])
-def test_compiled_decode_traces_as_static_cache_does_and_equals_eager(hf_transformers, tat, family, graphs,
-                                                                    transformers_torch_gdn):
+def test_compiled_decode_traces_once_and_equals_eager(hf_transformers, tat, family, graphs, transformers_torch_gdn):
     model = BUILDERS[family](hf_transformers)
+    attention_layers = sum(t != "linear_attention" for t in getattr(model.config, "layer_types", None) or
+                           ["full_attention"] * model.config.num_hidden_layers)
+    own = _decode(model, hf_transformers.StaticCache(config=model.config, max_cache_len=64), model.forward)
     tat.enable(model)
     try:
-        frames, breaks, cache = _compiled_decode(model, lambda: tat.AuraKVCache(model, scheme="aura8", max_cache_len=64))
+        ours, breaks, cache, _ = _compiled_decode(model, lambda: tat.AuraKVCache(model, scheme="aura8",
+                                                                                 max_cache_len=64))
         assert cache.is_compileable and int(cache.get_seq_length()) == 30
-        theirs, their_breaks, _ = _compiled_decode(
+        theirs, their_breaks, _, eager = _compiled_decode(
             model, lambda: hf_transformers.StaticCache(config=model.config, max_cache_len=64))
     finally:
         tat.disable(model)
     assert not breaks and not their_breaks, (breaks, their_breaks)
-    assert frames == theirs == graphs, f"AuraKVCache: {frames} graphs, StaticCache: {theirs} (expected {graphs})"
+    assert len(ours) == len(theirs) == graphs, f"AuraKVCache: {len(ours)} graphs, StaticCache: {len(theirs)}"
+    # "aura" over the StaticCache: flash_decode in every attention layer of every graph, no masked SDPA
+    assert _calls(theirs, "aura.flash_decode") == graphs * attention_layers
+    assert _calls(theirs, "scaled_dot_product") == 0 and _calls(ours, "scaled_dot_product") == 0
+    # ... and it is the model's own SDPA path with the mask, left-padded row included
+    torch.testing.assert_close(eager, own, rtol=1e-5, atol=1e-5)
+    assert torch.equal(eager.argmax(-1), own.argmax(-1))
+
+
+@pytest.mark.parametrize("cache_kind", ["static", "aura8"])
+@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+def test_generate_with_compile_config_traces_once(hf_transformers, tat, family, cache_kind, transformers_torch_gdn):
+    """transformers' own compiled generate (``compile_config``; ``_compile_all_devices`` lets it
+    compile on the CPU): 20 tokens, one graph, no break, the tokens of the uncompiled generate."""
+    from torch._dynamo.utils import counters
+
+    model = BUILDERS[family](hf_transformers)
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(1, 128, (2, 7), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+
+    def cache():
+        if cache_kind == "static":
+            return {"cache_implementation": "static"}
+        return {"cache": tat.AuraKVCache(model, scheme=cache_kind, max_cache_len=64)}
+
+    kwargs = dict(attention_mask=mask, max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+    graphs = []
+    config = hf_transformers.CompileConfig(backend=_recording_backend(graphs), fullgraph=True, mode=None)
+    config._compile_all_devices = True
+    tat.enable(model)
+    try:
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = model.generate(ids, compile_config=config, **kwargs, **cache())
+        eager = model.generate(ids, disable_compile=True, **kwargs, **cache())
+    finally:
+        tat.disable(model)
+    assert len(graphs) == 1 and not counters["graph_break"], (len(graphs), dict(counters["graph_break"]))
+    assert _calls(graphs, "aura.flash_decode" if cache_kind == "static" else "aura.aura_decode") >= 1
+    assert _calls(graphs, "scaled_dot_product") == 0
+    assert compiled.shape == (2, 27) and torch.equal(compiled, eager)
 
 
 def test_static_cache_reset_crop_and_length_tensor(hf_transformers, tat):
