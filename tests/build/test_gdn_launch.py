@@ -1,0 +1,158 @@
+"""The cached launch path (``triton_kernels/_launch.py``) runs the variant Triton would pick, and falls back.
+
+No GPU: Triton's runtime runs in full against a stand-in driver modelled as an sm_90 device, and a compile
+that returns a stand-in kernel whose launch only counts. With ``_launch.VERIFY`` every cached launch
+re-derives Triton's own variant key and raises where the cached variant differs, over the GDN launchers
+at random lengths, batch mixes, head dims and strided inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="Triton's compiled-launch path; the interpreter tree runs kernels instead")
+
+
+class _Compiled:
+    def __init__(self):
+        self.function, self.packed_metadata, self.launches = 0, (4, 1, 1, 1, 0), 0
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, *args):
+        self.launches += 1
+
+
+class _Driver:
+    def __init__(self):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+
+@pytest.fixture
+def stub_device(monkeypatch):
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+    from torch_aura.triton_kernels import _launch, _tune
+    from torch_aura.triton_kernels.gdn import chunk
+
+    compiled = []
+
+    def compile_stub(self, key, signature, device, constexprs, options, attrs, warmup):
+        kernel = _Compiled()
+        self.device_caches[device][0][key] = kernel
+        compiled.append(self.__name__)
+        return kernel
+
+    previous = driver._active
+    driver.set_active(_Driver())
+    monkeypatch.setattr(JITFunction, "_do_compile", compile_stub)
+    monkeypatch.setattr(chunk, "interpreting", lambda: True)  # _tma_ready's alignment rules on CPU tensors
+    monkeypatch.setattr(chunk, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
+    monkeypatch.setattr(chunk, "sm_count", lambda device: 132)
+    plan = chunk._segment_plan
+    monkeypatch.setattr(chunk, "_segment_plan", lambda device, *a: plan(torch.device("cuda"), *a))
+    monkeypatch.setattr(chunk, "descriptor_workspace", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(chunk, "_beside", lambda device, first: (first(), contextlib.nullcontext())[1])
+    monkeypatch.setattr(_tune.Tuner, "__call__", lambda self, key, launch, device: launch(self.configs[0]))
+    monkeypatch.setattr(_launch, "VERIFY", True)
+    _launch.clear()
+    for mod in (chunk,):  # a fresh device cache per test: the stand-in driver's
+        for obj in vars(mod).values():
+            if isinstance(obj, JITFunction):
+                obj.device_caches.clear()
+    yield compiled
+    _launch.clear()
+    driver._active = previous
+
+
+def _chunk(B, T, H, HV, K, V, cu=None, dtype=torch.bfloat16, strided=False):
+    from torch_aura.triton_kernels.gdn import chunk
+
+    if strided:  # q, k, v as slices of one fused projection, as a model's layer hands them over
+        qkv = torch.empty(B, T, 2 * H * K + HV * V + 16, dtype=dtype)
+        q = qkv[..., :H * K].unflatten(-1, (H, K))
+        k = qkv[..., H * K:2 * H * K].unflatten(-1, (H, K))
+        v = qkv[..., 2 * H * K:2 * H * K + HV * V].unflatten(-1, (HV, V))
+    else:
+        q, k, v = torch.empty(B, T, H, K, dtype=dtype), torch.empty(B, T, H, K, dtype=dtype), \
+            torch.empty(B, T, HV, V, dtype=dtype)
+    N = B if cu is None else len(cu) - 1
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    chunk.gdn_chunk(q, k, v, torch.empty(B, T, HV), torch.empty(B, T, HV), None, torch.zeros(N, HV, K, V), cu_t,
+                    None, True, False)
+
+
+def test_cached_launches_run_the_variant_triton_derives(stub_device):
+    from torch_aura.triton_kernels import _launch
+    from torch_aura.triton_kernels.gdn import recurrent
+
+    rng = random.Random(38)
+    for _ in range(12):
+        H, K, V = rng.choice(((2, 128, 128), (1, 100, 48), (3, 64, 80)))
+        HV = H * rng.choice((1, 2))
+        B, T = rng.choice((1, 2, 3)), rng.randint(1, 3000)
+        _chunk(B, T, H, HV, K, V, strided=rng.random() < 0.5)
+        lengths = [rng.choice((0, 1, rng.randint(1, 64), rng.randint(65, 2000))) for _ in range(rng.randint(1, 5))]
+        lengths[-1] += sum(lengths) == 0
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        _chunk(1, cu[-1], H, HV, K, V, cu)
+        P = rng.randint(4, 40)
+        q = torch.empty(B, 1, H, K, dtype=torch.bfloat16)
+        recurrent.gdn_recurrent(q, torch.empty_like(q), torch.empty(B, 1, HV, V, dtype=torch.bfloat16),
+                                torch.empty(B, 1, HV), torch.empty(B, 1, HV), torch.zeros(P, HV, K, V),
+                                torch.randperm(P)[:B].to(torch.int32), None, None, True, False)
+    assert _launch._cache, "no launch was cached"
+
+
+def test_repeat_calls_skip_triton_and_fallbacks_launch(stub_device, monkeypatch):
+    """A second call of one shape launches every kernel through the cache, not through ``JITFunction.run``;
+    with the path disabled (an unchecked Triton version) or a launch hook installed, every launch goes
+    through Triton and still runs."""
+    from triton.runtime.jit import JITFunction
+
+    from torch_aura.triton_kernels import _launch
+
+    runs = []
+    real_run = JITFunction.run
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, **kw: (runs.append(self.__name__), real_run(self, *a, **kw))[1])
+    _chunk(1, 4096, 2, 4, 128, 128)
+    first = len(runs)
+    assert first >= 4
+    _chunk(1, 4096, 2, 4, 128, 128)
+    _chunk(1, 3000, 2, 4, 128, 128)  # a new length: same variants
+    assert len(runs) == first, runs[first:]
+    monkeypatch.setattr(_launch, "ENABLED", False)
+    _chunk(1, 4096, 2, 4, 128, 128)
+    assert len(runs) == 2 * first
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    from triton import knobs
+
+    hook_calls = []
+    knobs.runtime.launch_enter_hook.add(hook_calls.append)
+    try:
+        _chunk(1, 4096, 2, 4, 128, 128)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook_calls.append)
+    assert len(runs) == 3 * first
