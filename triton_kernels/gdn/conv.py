@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ..._checks import gdn as _checks
 from ..._checks.common import remembered
+from .._launch import launch, tensor_key
 from .._tune import cdiv, next_pow2
 from ._jit import length_agnostic, seq_span
 from .recurrent import debug_check_pool_rows
@@ -186,13 +187,14 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
     s_sn, s_sc = (0, 0) if conv_state is None else conv_state.stride()[:2]
     BC = _channel_block(C, CONV_BC)
     NT = cdiv(T, CONV_BT)
-    _causal_conv1d_kernel[(B * NT, cdiv(C, BC))](
-        x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, x.stride(0), x.stride(1), weight.stride(0),
-        s_sn, s_sc, W=weight.shape[1], SILU=activation is not None, BT=CONV_BT, BC=BC, num_warps=4)
+    key = (C, S, *map(tensor_key, (x, weight, bias, conv_state, cu_seqlens)))
+    launch(_causal_conv1d_kernel, (B * NT, cdiv(C, BC)), key,
+           x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, x.stride(0), x.stride(1), weight.stride(0),
+           s_sn, s_sc, W=weight.shape[1], SILU=activation is not None, BT=CONV_BT, BC=BC, num_warps=4)
     if conv_state is not None:  # after every read of the old rows: same stream, next launch
         BC = _channel_block(C, ROW_BC)
-        _conv_state_kernel[(N, cdiv(C, BC))](x, conv_state, cu_seqlens, T, C, S, x.stride(0), x.stride(1),
-                                             s_sn, s_sc, BC=BC, BS=next_pow2(S), num_warps=2)
+        launch(_conv_state_kernel, (N, cdiv(C, BC)), key, x, conv_state, cu_seqlens, T, C, S, x.stride(0),
+               x.stride(1), s_sn, s_sc, BC=BC, BS=next_pow2(S), num_warps=2)
     return y
 
 
@@ -209,8 +211,9 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     x3 = x if x.dim() == 3 else x[:, None]  # one token per sequence: L = 1
     N, L, C = x3.shape
     BC = _channel_block(C, ROW_BC)
-    _causal_conv1d_update_kernel[(N, cdiv(C, BC))](
-        x3, conv_state, weight, bias, state_indices, y, L, C, S, P, x3.stride(0), x3.stride(1),
-        *conv_state.stride()[:2], weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC,
-        BS=next_pow2(S), num_warps=2)
+    key = (C, S, *map(tensor_key, (x3, conv_state, weight, bias, state_indices)))
+    launch(_causal_conv1d_update_kernel, (N, cdiv(C, BC)), key,
+           x3, conv_state, weight, bias, state_indices, y, L, C, S, P, x3.stride(0), x3.stride(1),
+           *conv_state.stride()[:2], weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC,
+           BS=next_pow2(S), num_warps=2)
     return y

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from ..._checks import gdn as _checks
 from ..._checks.common import remembered
+from .._launch import launch, tensor_key
 from .._tune import cdiv, next_pow2, sm_count
 from ._jit import decay_log, length_agnostic, seq_span, v_tile_head_row
 
@@ -32,13 +33,13 @@ _check_recurrent = remembered(_checks.gdn_recurrent)  # eager calls repeat their
 @length_agnostic(triton.jit)
 def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o, scale, T, HV, GROUP, K, V, P,
                           s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
-                          s_bb, s_bt, s_bh, s_ob, s_ot, s_oh, s_pn, s_ph, s_pk, s_pv,
-                          HAS_INDICES: tl.constexpr, IS_VARLEN: tl.constexpr, L2NORM: tl.constexpr,
-                          BK: tl.constexpr, BV: tl.constexpr):
+                          s_bb, s_bt, s_bh, s_pn, s_ph, s_pk, s_pv,
+                          L2NORM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """o ``[B, T, HV, V]`` is the launcher's own contiguous buffer: addressed from its shape, no strides."""
     i_v, i_hv, n = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
-    b, bos, eos = seq_span(n, cu_seqlens, T, IS_VARLEN)
-    if HAS_INDICES:
+    b, bos, eos = seq_span(n, cu_seqlens, T, cu_seqlens is not None)
+    if state_indices is not None:
         slot = tl.load(state_indices + n).to(tl.int64)
     else:
         slot = n.to(tl.int64)
@@ -62,7 +63,7 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
         r = v_t - tl.sum(S * k_t[:, None], axis=0)  # 2. read with the decayed state
         S = S + k_t[:, None] * (b_t * r)[None, :]  # 3. rank-1 write
         o_t = scale * tl.sum(S * q_t[:, None], axis=0)  # 4. read after the write
-        tl.store(o + b * s_ob + t * s_ot + i_hv * s_oh + vv, tl.where(live, o_t, 0.0).to(o.dtype.element_ty),
+        tl.store(o + ((b * T + t) * HV + i_hv) * V + vv, tl.where(live, o_t, 0.0).to(o.dtype.element_ty),
                  mask=v_ok)
     if eos > bos:  # a zero-length sequence leaves its row untouched (as does a skipped one)
         tl.store(p_state, S.to(state.dtype.element_ty), mask=live & k_ok[:, None] & v_ok[None, :])
@@ -107,12 +108,12 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     BV = _v_tile(N * HV, V, q.device)
     sp = state.stride()
     pool = (sp[0], sp[1], sp[3], sp[2]) if state_v_first else sp
-    _gdn_recurrent_kernel[(cdiv(V, BV) * N * HV,)](
-        q, k, v, g, beta, state, q if state_indices is None else state_indices,
-        q if cu_seqlens is None else cu_seqlens, o, scale, T, HV, HV // H, K, V, state.shape[0],
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3], *pool,
-        HAS_INDICES=state_indices is not None, IS_VARLEN=cu_seqlens is not None, L2NORM=use_qk_l2norm,
-        # 4 warps up to 64 fp32 state values per thread (K = 128, BV = 64 at B = 256 on an H100: 368 us
-        # with 4 warps, 383 with 8); the same footprint rule gives K = 256, BV = 32 four warps (unmeasured)
-        BK=BK, BV=BV, num_warps=4 if BK * BV <= 8192 else 8)
+    key = (HV, H, K, V, *map(tensor_key, (q, k, v, g, beta, state, state_indices, cu_seqlens)))
+    launch(_gdn_recurrent_kernel, (cdiv(V, BV) * N * HV,), key,
+           q, k, v, g, beta, state, state_indices, cu_seqlens, o, scale, T, HV, HV // H, K, V, state.shape[0],
+           *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *pool,
+           L2NORM=use_qk_l2norm,
+           # 4 warps up to 64 fp32 state values per thread (K = 128, BV = 64 at B = 256 on an H100: 368 us
+           # with 4 warps, 383 with 8); the same footprint rule gives K = 256, BV = 32 four warps (unmeasured)
+           BK=BK, BV=BV, num_warps=4 if BK * BV <= 8192 else 8)
     return o
