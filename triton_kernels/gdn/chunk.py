@@ -43,6 +43,7 @@ import triton.language as tl
 
 from ..._checks import gdn as _checks
 from ..._checks.common import remembered
+from .._launch import launch, tensor_key
 from .._tune import (Config, Tuner, cdiv, cuda_capability, descriptor_workspace, has_tma, interpreting, next_pow2,
                      sm_count)
 from ._jit import (BT, CHUNK, LOG2E, chunk_rows, chunk_span, decay_log, dot_f32, fixed_tile, gate_causal, inv_unit_lower16,
@@ -242,22 +243,24 @@ def _gdn_kkt_solve_kernel(k, g, g_cum, beta, Ai, cu_seqlens, chunk_indices, T, N
 def _gdn_recompute_w_u_kernel(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, wd, ud, qd, aqd,
                               cu_seqlens, chunk_indices, ready,
                               T, NT, HV, GROUP, K, V, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh,
-                              s_ab, s_at, s_ah, s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh,
-                              s_qb, s_qt, s_qh, IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                              s_ab, s_at, s_ah, s_gb, s_gt, s_gh, s_qb, s_qt, s_qh,
+                              IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                               DOT_PREC: tl.constexpr, WITH_Q: tl.constexpr, TMA: tl.constexpr,
                               PUBLISH: tl.constexpr):
     """``w``, ``u`` of one (chunk, value head); ``WITH_Q`` (gdn_chunk) also ``A_qk``. ``PUBLISH``: the
     Hopper state pass runs beside this kernel on another stream (``_overlap_pass``) and waits for
     ``ready[pid]``; the CTA barrier orders every thread's stores (pointer stores only: a TMA store's
-    completion is not covered) before one thread's gpu-scope release."""
+    completion is not covered) before one thread's gpu-scope release. w and u are the launcher's
+    contiguous ``[B, T, HV, K]`` / ``[B, T, HV, V]`` buffers: their strides follow from the shape."""
     pid = tl.program_id(0)
     i_c, i_hv = pid // HV, pid % HV
     b, start, eos = chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN, BT)
+    T64 = T.to(tl.int64)  # a batch stride passes 2^31 at 1M tokens
     _w_u_body(k, v, beta, Ai, g_cum, w, u, q, a_qk, kd, vd, Ad, wd, ud, qd, aqd, b, start, eos, i_hv // GROUP,
               i_hv, K, V,
               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bb, s_bt, s_bh, s_ab, s_at, s_ah,
-              s_gb, s_gt, s_gh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_qb, s_qt, s_qh, BK, BV, DOT_PREC, WITH_Q,
-              TMA)
+              s_gb, s_gt, s_gh, T64 * HV * K, HV * K, K, T64 * HV * V, HV * V, V, s_qb, s_qt, s_qh, BK, BV, DOT_PREC,
+              WITH_Q, TMA)
     if PUBLISH:  # the pass reads these stores through TMA (the async proxy): order them for it first
         tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
                                   is_pure=False, pack=1)
@@ -692,7 +695,7 @@ def _state_strides(s: torch.Tensor | None, state_v_first: bool) -> tuple[int, in
 
 
 def _dummy(t: torch.Tensor) -> torch.Tensor:
-    return t  # any valid pointer; the kernel's constexpr flags keep it unread
+    return t  # the Gluon pass's absent tensors: any valid pointer, its constexpr flags keep it unread
 
 
 def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
@@ -701,10 +704,9 @@ def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
     g_cum = torch.empty((B, T, HV), dtype=torch.float32, device=g.device)
     if NT_total:
-        _gdn_chunk_cumsum_kernel[(NT_total,)](
-            g, g_cum, _dummy(g) if cu_seqlens is None else cu_seqlens, _dummy(g) if ci is None else ci,
-            T, NT, HV, g.stride(0), g.stride(1), g_cum.stride(0), g_cum.stride(1),
-            IS_VARLEN=cu_seqlens is not None, BHV=_pow2(HV, 1))
+        launch(_gdn_chunk_cumsum_kernel, (NT_total,), (HV, *map(tensor_key, (g, cu_seqlens, ci))),
+               g, g_cum, cu_seqlens, ci, T, NT, HV, g.stride(0), g.stride(1), g_cum.stride(0), g_cum.stride(1),
+               IS_VARLEN=cu_seqlens is not None, BHV=_pow2(HV, 1))
     return g_cum
 
 
@@ -715,9 +717,9 @@ def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
     ci, NT, NT_total = _varlen_plan(T, B, cu_seqlens, chunk_indices)
     Ai = torch.empty((B, T, HV, CHUNK), dtype=k.dtype, device=k.device)
     if NT_total:
-        _gdn_kkt_solve_kernel[(NT_total * HV,)](
-            k, _dummy(g_cum), g_cum, beta, Ai, _dummy(k) if cu_seqlens is None else cu_seqlens,
-            _dummy(k) if ci is None else ci, T, NT, HV, HV // H, K,
+        launch(
+            _gdn_kkt_solve_kernel, (NT_total * HV,), (H, HV, K, *map(tensor_key, (k, g_cum, beta, cu_seqlens, ci))),
+            k, None, g_cum, beta, Ai, cu_seqlens, ci, T, NT, HV, HV // H, K,
             *_s3(k), *_s3(g_cum), *_s3(g_cum), *_s3(beta), *_s3(Ai),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
             **_solve_precision(k.dtype), CUMSUM=False, num_warps=4)
@@ -734,11 +736,12 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
     if NT_total:
         tma = _w_u_tma(cu_seqlens is None, k, v, Ai, w, u)
         BK, BV = _w_u_tiles(K, V)
-        _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            k, v, beta, Ai, g_cum, w, u, _dummy(k), _dummy(Ai), *_w_u_descriptors(tma, BK, BV, k, v, Ai, w, u),
-            _dummy(k) if cu_seqlens is None else cu_seqlens,
-            _dummy(k) if ci is None else ci, _dummy(k), T, NT, HV, HV // H, K, V,
-            *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u), *_s3(k),
+        launch(
+            _gdn_recompute_w_u_kernel, (NT_total * HV,),
+            (H, HV, K, V, *map(tensor_key, (k, v, beta, Ai, g_cum, cu_seqlens, ci))),
+            k, v, beta, Ai, g_cum, w, u, None, None, *_w_u_descriptors(tma, BK, BV, k, v, Ai, w, u),
+            cu_seqlens, ci, None, T, NT, HV, HV // H, K, V,
+            *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), 0, 0, 0,
             IS_VARLEN=cu_seqlens is not None, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), WITH_Q=False, TMA=tma,
             PUBLISH=False, num_warps=4)
     return w, u
@@ -832,17 +835,34 @@ def _w_u_tiles(K: int, V: int) -> tuple[int, int]:
 
 def _w_u_descriptors(tma: bool, BK: int, BV: int, k, v, Ai, w, u, q=None, a_qk=None) -> tuple:
     """The w/u kernel's ``kd, vd, Ad, wd, ud, qd, aqd``: host descriptors in ``[1, 64, 1, C]`` boxes
-    (C: ``BK``, ``BV`` or 64) with ``tma`` (q and A_qk only with them given; k's and Ai's stand in,
-    unread, without), else the tensors themselves (the pointer path never reads them)."""
+    (C: ``BK``, ``BV`` or 64) with ``tma`` (q and A_qk only with them given), else None (the pointer
+    path reads none of them)."""
     if not tma:
-        return k, v, Ai, w, u, k, Ai
+        return None, None, None, None, None, None, None
+    return (_descriptor(k, BK), _descriptor(v, BV), _descriptor(Ai, CHUNK), _descriptor(w, BK), _descriptor(u, BV),
+            None if q is None else _descriptor(q, BK), None if a_qk is None else _descriptor(a_qk, CHUNK))
+
+
+_DESCRIPTOR_SHAPES: set = set()
+
+
+def _descriptor(x: torch.Tensor, C: int):
+    """A host TMA descriptor of ``x [B, T, H, C']`` in ``[1, 64, 1, C]`` boxes. Triton's constructor
+    re-validates the geometry at every call; a geometry that passed once (shape, strides, dtype, box;
+    alignment was checked by ``_tma_ready``) is built without it."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    kd, Ad = TensorDescriptor.from_tensor(k, [1, CHUNK, 1, BK]), TensorDescriptor.from_tensor(Ai, [1, CHUNK, 1, CHUNK])
-    return (kd, TensorDescriptor.from_tensor(v, [1, CHUNK, 1, BV]), Ad,
-            TensorDescriptor.from_tensor(w, [1, CHUNK, 1, BK]), TensorDescriptor.from_tensor(u, [1, CHUNK, 1, BV]),
-            kd if q is None else TensorDescriptor.from_tensor(q, [1, CHUNK, 1, BK]),
-            Ad if a_qk is None else TensorDescriptor.from_tensor(a_qk, [1, CHUNK, 1, CHUNK]))
+    shape, strides = x.shape, x.stride()
+    geometry = (shape, strides, x.dtype, C)
+    if geometry not in _DESCRIPTOR_SHAPES:
+        d = TensorDescriptor.from_tensor(x, [1, CHUNK, 1, C])
+        if len(_DESCRIPTOR_SHAPES) >= 1024:
+            _DESCRIPTOR_SHAPES.clear()
+        _DESCRIPTOR_SHAPES.add(geometry)
+        return d
+    d = TensorDescriptor.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.padding = x, shape, strides, [1, CHUNK, 1, C], "zero"
+    return d
 
 
 def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, state_v_first,
@@ -861,7 +881,7 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
         return final
     BK = _pow2(K)
     with_o = o is not None
-    first = _chunk_offsets(cu_seqlens) if cu_seqlens is not None else _dummy(k)
+    first = _chunk_offsets(cu_seqlens) if cu_seqlens is not None else None
     hs = (h.stride(1), h.stride(2), *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4)))) \
         if h is not None else (0, 0, 0, 0)
     out_rows = o if with_o else v_new  # o and v_new share the [B, T, HV, V] layout
@@ -873,27 +893,28 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
             return final
         h0, h0_strides = S0, _state_strides(S0, True)  # S0 is [segment, HV, V, K]
     else:
-        seg_table, NS, rows = _dummy(k), 0, N
+        seg_table, NS, rows = None, 0, N
         h0, h0_strides = initial_state, _state_strides(initial_state, state_v_first)
+    facts = (H, HV, K, V, *map(tensor_key, (k, w, u, g_cum, h0, h, out_rows, q, a_qk, cu_seqlens)))
 
-    def launch(cfg: Config):
+    def run_pass(cfg: Config):
         if cfg.kwargs.get("SM90"):
-            return _hopper_pass()[(cdiv(V, 64) * rows * HV,)](
+            return launch(
+                _hopper_pass(), (cdiv(V, 64) * rows * HV,), facts,
                 k, w, u, g_cum, _dummy(k) if h0 is None else h0, o, final, q, a_qk,
-                _dummy(k) if cu_seqlens is None else cu_seqlens, _dummy(k) if ready is None else ready, first,
-                seg_table, scale, T, NT, NS, cps, HV, HV // H, K, V,
+                _dummy(k) if cu_seqlens is None else cu_seqlens, _dummy(k) if ready is None else ready,
+                _dummy(k) if first is None else first, _dummy(k) if seg_table is None else seg_table,
+                scale, T, NT, NS, cps, HV, HV // H, K, V,
                 *_s3(k), *_s3(w), *_s3(u), *_s3(o), *_s3(g_cum),
                 *h0_strides, *_state_strides(final, state_v_first),
                 *_s3(a_qk), *_s3(q), IS_VARLEN=cu_seqlens is not None, HAS_H0=h0 is not None,
                 BK=K, BV=64, STAGES=cfg.num_stages, WAIT=ready is not None, SEGMENTED=segmented, num_warps=4)
         BV = min(cfg.kwargs["BV"], _pow2(V))
         tma = tma_ready and cfg.kwargs.get("TMA", True)
-        _gdn_state_pass_kernel[(cdiv(V, BV) * rows * HV,)](
-            k, w, u, g_cum, _dummy(k) if h0 is None else h0,
-            _dummy(k) if h is None else h, out_rows, final,
-            _dummy(k) if q is None else q, _dummy(k) if a_qk is None else a_qk,
-            _dummy(k) if cu_seqlens is None else cu_seqlens, first, seg_table,
-            scale, T, NT, NT_total, NS, cps, HV, HV // H, K, V,
+        launch(
+            _gdn_state_pass_kernel, (cdiv(V, BV) * rows * HV,), facts,
+            k, w, u, g_cum, h0, h, out_rows, final, q, a_qk, cu_seqlens, first, seg_table, scale,
+            T, NT, NT_total, NS, cps, HV, HV // H, K, V,
             *_s3(k), *_s3(w), *_s3(u), *_s3(out_rows), *_s3(g_cum),
             *h0_strides, *hs, *_state_strides(final, state_v_first),
             *(_s3(a_qk) if with_o else (0, 0, 0)), *(_s3(q) if with_o else (0, 0, 0)),
@@ -903,7 +924,7 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
 
     if ready is not None:  # _overlap_pass has checked the Hopper kernel's eligibility; it reads no tma_ready
         with descriptor_workspace(k.device), _beside(k.device, w_u):
-            launch(_OVERLAP_PASS)
+            run_pass(_OVERLAP_PASS)
         return final
     tma_ready = _pass_copies_tiles(k, w, u, q, a_qk)
     hopper = _hopper_pass_ready(k, tma_ready, with_o)
@@ -911,7 +932,7 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
     key = (K, V, k.dtype, cu_seqlens is not None, state_v_first, with_o, h0 is not None, tma_ready,
            one_wave_at_32, segmented)
     with descriptor_workspace(k.device):
-        (_STATE_PASS_SM90 if hopper else _STATE_PASS)(key, launch, k.device)
+        (_STATE_PASS_SM90 if hopper else _STATE_PASS)(key, run_pass, k.device)
     return final
 
 
@@ -954,7 +975,8 @@ def _segment_table(cu_seqlens: torch.Tensor, T: int, cps: int, n_seg: int):
     N = cu_seqlens.shape[0] - 1
     table = torch.empty((max(n_seg, 1), 2), dtype=torch.int32, device=cu_seqlens.device)
     seg_first = torch.empty(max(N, 1), dtype=torch.int64, device=cu_seqlens.device)
-    _gdn_segment_table_kernel[(1,)](cu_seqlens, table, seg_first, N, T, cps, n_seg, BLOCK=1024, num_warps=4)
+    launch(_gdn_segment_table_kernel, (1,), (tensor_key(cu_seqlens),), cu_seqlens, table, seg_first, N, T, cps, n_seg,
+           BLOCK=1024, num_warps=4)
     return table[:n_seg], seg_first[:N]
 
 
@@ -1003,18 +1025,20 @@ def _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, NT, NT_total, fin
     else:
         NS = cdiv(NT, cps)
         n_seg = N * NS
-        seg_table = seg_first = _dummy(k)
+        seg_table = seg_first = None
     rows = max(n_seg, 1)  # valid pointers without segments (the scan then only writes final states)
     At = torch.empty((rows, HV, K, K), dtype=torch.float32, device=dev)
     Bt = torch.empty((rows, HV, V, K), dtype=torch.float32, device=dev)
     S0 = torch.empty_like(Bt)
-    cu = _dummy(k) if cu_seqlens is None else cu_seqlens
+    cu = cu_seqlens
+    facts = (H, HV, K, V, *map(tensor_key, (k, w, u, g_cum, initial_state, cu_seqlens)))
     if n_seg:
         tma_ready = _pass_copies_tiles(k, w, u)
 
         def summary(cfg: Config):
             BV = min(cfg.kwargs["BV"], _pow2(V))
-            _gdn_segment_summary_kernel[(cdiv(max(V, K), BV) * HV * n_seg,)](
+            launch(
+                _gdn_segment_summary_kernel, (cdiv(max(V, K), BV) * HV * n_seg,), facts,
                 k, w, u, g_cum, At, Bt, seg_table, cu, T, NT, NS, cps, HV, HV // H, K, V,
                 *_s3(k), *_s3(w), *_s3(u), *_s3(g_cum), IS_VARLEN=varlen,
                 TMA=tma_ready and cfg.kwargs.get("TMA", True), BK=_pow2(K), BV=BV, DOT_PREC=_dot_prec(k.dtype),
@@ -1025,8 +1049,9 @@ def _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, NT, NT_total, fin
     # 16-bit inputs at K <= 128: the state in registers (_scan_in_regs); else 64-wide column blocks
     in_regs = _scan_in_regs(K, k.dtype)
     BV = min(16 if in_regs else 32, _pow2(V))
-    _gdn_segment_scan_kernel[(cdiv(V, BV) * N * HV,)](
-        _dummy(k) if initial_state is None else initial_state, At, Bt, S0, final, cu, seg_first,
+    launch(
+        _gdn_segment_scan_kernel, (cdiv(V, BV) * N * HV,), facts,
+        initial_state, At, Bt, S0, final, cu, seg_first,
         T, NS, cps, HV, K, V, *_state_strides(initial_state, state_v_first), *_state_strides(final, state_v_first),
         IS_VARLEN=varlen, HAS_H0=initial_state is not None, BV=BV, BC=_pow2(K) if in_regs else min(64, _pow2(K)),
         PREC="ieee" if k.dtype == torch.float32 else "tf32x3", IN_REGS=in_regs, num_warps=8 if in_regs else 4,
@@ -1116,10 +1141,11 @@ def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=
     BV = min(64, _pow2(V))
     hs = (h.stride(0), h.stride(1), h.stride(2),
           *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4))))
-    _gdn_fwd_o_kernel[(cdiv(V, BV) * NT_total * HV,)](
-        q, k, v_new, h, g_cum, o, _dummy(q) if cu_seqlens is None else cu_seqlens,
-        _dummy(q) if ci is None else ci, float(K ** -0.5 if scale is None else scale), T, NT, HV, HV // H, K, V,
-        *_s3(q), *_s3(k), *_s3(v_new), *_s3(g_cum), *hs, *_s3(o),
+    launch(
+        _gdn_fwd_o_kernel, (cdiv(V, BV) * NT_total * HV,),
+        (H, HV, K, V, *map(tensor_key, (q, k, v_new, h, g_cum, o, cu_seqlens, ci))),
+        q, k, v_new, h, g_cum, o, cu_seqlens, ci, float(K ** -0.5 if scale is None else scale), T, NT, HV, HV // H,
+        K, V, *_s3(q), *_s3(k), *_s3(v_new), *_s3(g_cum), *hs, *_s3(o),
         IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=BV, DOT_PREC=_dot_prec(q.dtype), num_warps=4)
     return o
 
@@ -1131,8 +1157,8 @@ def _l2norm(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     qn = torch.empty((B, T, H, K), dtype=q.dtype, device=q.device)
     kn = torch.empty_like(qn)  # the kernel writes both with qn's strides
     if B * T * H:
-        _l2norm_kernel[(B * T, 2)](q, k, qn, kn, H, K, *_s3(q), *_s3(k), *_s3(qn), T, BH=_pow2(H, 1),
-                                   BK=_pow2(K, 1), num_warps=4 if H * K <= 4096 else 8)
+        launch(_l2norm_kernel, (B * T, 2), (H, K, *map(tensor_key, (q, k, qn))), q, k, qn, kn, H, K, *_s3(q),
+               *_s3(k), *_s3(qn), T, BH=_pow2(H, 1), BK=_pow2(K, 1), num_warps=4 if H * K <= 4096 else 8)
     return qn, kn
 
 
@@ -1198,14 +1224,14 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = 
     ready = torch.zeros(NT_total * HV, dtype=torch.int32, device=dev) if publish else None
     if NT_total == 0:
         return ChunkPrep(g_cum, w, u, a_qk, ready, None)
-    cu = _dummy(k) if cu_seqlens is None else cu_seqlens
-    cix = _dummy(k) if ci is None else ci
     key = (K, V, k.dtype, cu_seqlens is not None, many_chunks(NT_total, HV, dev))
+    facts = (H, HV, K, V, *map(tensor_key, (q, k, v, g, beta, cu_seqlens, ci)))
     BK, BV = _w_u_tiles(K, V)
 
     def solve(cfg: Config):
-        _gdn_kkt_solve_kernel[(NT_total * HV,)](
-            k, g, g_cum, beta, Ai, cu, cix, T, NT, HV, HV // H, K,
+        launch(
+            _gdn_kkt_solve_kernel, (NT_total * HV,), facts,
+            k, g, g_cum, beta, Ai, cu_seqlens, ci, T, NT, HV, HV // H, K,
             *_s3(k), *_s3(g), *_s3(g_cum), *_s3(beta), *_s3(Ai),
             IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), DOT_PREC=_dot_prec(k.dtype),
             **_solve_precision(k.dtype), CUMSUM=True, **cfg.launch_kwargs())
@@ -1215,10 +1241,10 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = 
     descs = _w_u_descriptors(tma, BK, BV, *tiles)
 
     def w_u(cfg: Config):
-        _gdn_recompute_w_u_kernel[(NT_total * HV,)](
-            k, v, beta, Ai, g_cum, w, u, q, a_qk, *descs, cu, cix,
-            ready if publish else _dummy(k), T, NT, HV, HV // H, K, V,
-            *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(w), *_s3(u), *_s3(q),
+        launch(
+            _gdn_recompute_w_u_kernel, (NT_total * HV,), facts,
+            k, v, beta, Ai, g_cum, w, u, q, a_qk, *descs, cu_seqlens, ci, ready, T, NT, HV, HV // H, K, V,
+            *_s3(k), *_s3(v), *_s3(beta), *_s3(Ai), *_s3(g_cum), *_s3(q),
             IS_VARLEN=cu_seqlens is not None, BK=BK, BV=BV, DOT_PREC=_dot_prec(k.dtype), WITH_Q=True, TMA=tma,
             PUBLISH=publish, **cfg.launch_kwargs())
 
