@@ -83,25 +83,135 @@ def test_aura_kv_cache_on_gpu(tat, scheme, min_agree):
     assert (ours[0].float() - alone[0].float()).abs().max().item() <= 0.05 * ours.float().abs().max().item()
 
 
-def test_compiled_aura_kv_cache_decode_is_a_cuda_graph(tat, caplog):
-    """issue 39: AuraKVCache(max_cache_len) under torch.compile(mode="reduce-overhead"): the decode
-    step is captured (inductor logs no "skipping cudagraphs") and its replays equal eager steps."""
+def _left_padded_steps(model, cache, forward, steps=12, prompt=10, pad=3, capacity=64):
+    """Eager prefill of a 2-row batch whose row 1 is left-padded by ``pad``, then ``steps`` one-token
+    steps through ``forward`` with one mask shape (a static cache's): ``[steps, 2, vocab]`` fp32 logits."""
+    ids, feed = _ids(2, prompt, 2), _ids(2, steps, 3)
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    static_mask = torch.zeros(2, capacity, dtype=mask.dtype, device=DEV)
+    static_mask[:, :prompt] = mask
+    logits = []
+    with torch.inference_mode():
+        model(ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        for s in range(steps):
+            static_mask[:, prompt + s] = 1
+            positions = positions[:, -1:] + 1
+            out = forward(feed[:, s:s + 1], cache=cache, attention_mask=static_mask, position_ids=positions,
+                          use_cache=True)
+            logits.append(out.logits[:, -1].float().clone())  # a CUDA-graph output is overwritten by the next replay
+    return torch.stack(logits)
+
+
+@pytest.mark.parametrize("cache_kind", ["static", "aura8"])
+@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+def test_compiled_decode_is_a_cuda_graph(tat, caplog, family, cache_kind):
+    """issue 39: a left-padded batch's decode step under torch.compile(mode="reduce-overhead",
+    fullgraph=True), over transformers' StaticCache ("aura" attention: flash_decode over each row's
+    visible keys) and over AuraKVCache(max_cache_len): one graph, captured (inductor logs no
+    "skipping cudagraphs"), no graph break, and its replays equal eager steps."""
     import logging
 
-    model = tiny_llama(transformers, device=DEV, dtype=torch.bfloat16)
+    from torch._dynamo.utils import counters
+
+    build = {"llama": tiny_llama, "qwen3_next": lambda t, **kw: tiny_qwen3_next(t, head_dims=(64, 64), **kw)}[family]
+    model = build(transformers, device=DEV, dtype=torch.bfloat16)
+    tat.enable(model)
+    try:
+        def cache():
+            if cache_kind == "static":
+                return transformers.StaticCache(config=model.config, max_cache_len=64)
+            return tat.AuraKVCache(model, scheme=cache_kind, max_cache_len=64)
+
+        torch._dynamo.reset()
+        counters.clear()
+        eager = _left_padded_steps(model, cache(), model.forward)
+        step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        with caplog.at_level(logging.DEBUG, logger="torch._inductor"):
+            compiled = _left_padded_steps(model, cache(), step)
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        tat.disable(model)
+    assert "skipping cudagraphs" not in caplog.text, caplog.text[-2000:]
+    assert graphs == 1 and not counters["graph_break"], (graphs, dict(counters["graph_break"]))
+    torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=2e-2)
+
+
+def test_aura_attention_over_static_cache_equals_sdpa_with_the_mask(tat):
+    """fp32, a 300-token prompt left-padded by 100 in a 512-token StaticCache: the "aura" decode
+    (flash_decode over each row's visible keys, many splits) equals the model's own masked SDPA."""
+    model = tiny_llama(transformers, device=DEV, dtype=torch.float32)
+
+    def run():
+        cache = transformers.StaticCache(config=model.config, max_cache_len=512)
+        return _left_padded_steps(model, cache, model.forward, steps=8, prompt=300, pad=100, capacity=512)
+
+    own = run()
+    tat.enable(model)
+    try:
+        ours = run()
+    finally:
+        tat.disable(model)
+    assert (ours - own).abs().max().item() <= 1e-4 * own.abs().max().item()
+    assert torch.equal(ours.argmax(-1), own.argmax(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("D,G", [(64, 4), (128, 8), (256, 1)])
+def test_mask_pages_flash_decode_equals_masked_sdpa(tat, dtype, D, G):
+    """The CUDA kernel over mask_pages' in-place view (one-token pages aliasing a [B, Hkv, T, D]
+    cache, a block table per row): full rows, left padding, a window, holes, the last row's last token
+    (the view's last page), against SDPA with the mask in fp32."""
+    import torch.nn.functional as F
+
+    from torch_aura.integrations.transformers import attention
+
+    g = torch.Generator().manual_seed(D + G)
+    B, Hkv, T = 5, 2, 4099
+    k, v = (torch.randn(B, Hkv, T, D, generator=g).to(DEV, dtype) for _ in range(2))
+    q = torch.randn(B, Hkv * G, D, generator=g).to(DEV, dtype)
+    mask = torch.zeros(B, 1, 1, T, dtype=torch.bool)
+    mask[0, ..., :] = True
+    mask[1, ..., 1000:3000] = True
+    mask[2, ..., 2900:3029] = True
+    mask[3, ..., :17] = True
+    mask[4, ..., :] = torch.rand(T, generator=g) < 0.3
+    mask[4, ..., T - 1] = True
+    mask = mask.to(DEV)
+    paged = attention.mask_pages(mask, k, v)
+    out, lse = torch.ops.aura.flash_decode(q, *paged, D ** -0.5, 0)
+    ref = F.scaled_dot_product_attention(q.float()[:, :, None], k.float().repeat_interleave(G, 1),
+                                         v.float().repeat_interleave(G, 1), attn_mask=mask)[:, :, 0]
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    tol = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}[dtype]
+    assert (out.float() - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("cache_kind", ["static", "aura8"])
+def test_generate_with_compile_config_on_cuda(tat, caplog, cache_kind):
+    """generate() compiles its decode step itself (transformers' default compile_config: inductor,
+    reduce-overhead) for a StaticCache or an AuraKVCache: captured, and the tokens of eager generate."""
+    import logging
+
+    model = tiny_llama(transformers, device=DEV, dtype=torch.float32)
+    ids = _ids(2, 9, 5)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+
+    def cache():
+        if cache_kind == "static":
+            return {"cache_implementation": "static"}
+        return {"cache": tat.AuraKVCache(model, scheme=cache_kind, max_cache_len=64)}
+
+    kwargs = dict(attention_mask=mask, max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
     tat.enable(model)
     try:
         torch._dynamo.reset()
-        ids, feed = _ids(2, 10, 2), _ids(2, 12, 3)
-        eager_cache, compiled_cache = (tat.AuraKVCache(model, scheme="aura8", max_cache_len=64) for _ in range(2))
-        step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-        with torch.inference_mode(), caplog.at_level(logging.DEBUG, logger="torch._inductor"):
-            for cache in (eager_cache, compiled_cache):
-                model(ids, cache=cache, use_cache=True)
-            for s in range(feed.shape[1]):
-                eager = model(feed[:, s:s + 1], cache=eager_cache, use_cache=True).logits
-                compiled = step(feed[:, s:s + 1], cache=compiled_cache, use_cache=True).logits.clone()
-                torch.testing.assert_close(compiled.float(), eager.float(), rtol=2e-2, atol=2e-2)
-        assert "skipping cudagraphs" not in caplog.text, caplog.text[-2000:]
+        with caplog.at_level(logging.DEBUG, logger="torch._inductor"):
+            compiled = model.generate(ids, **kwargs, **cache())
+        eager = model.generate(ids, disable_compile=True, **kwargs, **cache())
     finally:
         tat.disable(model)
+    assert "skipping cudagraphs" not in caplog.text, caplog.text[-2000:]
+    assert torch.equal(compiled, eager)
