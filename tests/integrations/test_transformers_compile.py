@@ -171,6 +171,10 @@ def test_static_cache_reset_crop_and_length_tensor(hf_transformers, tat):
             model(ids[:, :1], cache=cache, use_cache=True)
             with pytest.raises(ValueError, match="max_cache_len=16"):
                 model(ids[:, :6], cache=cache, use_cache=True)
+            # a row reorder makes new tensors: still static addresses, or CUDA graphs would copy them each step
+            cache.reorder_cache(torch.tensor([0, 0]))
+            assert layer.aura.batch == 2 and all(
+                getattr(t, "_dynamo_static_input_type", None) for t in (layer.aura.k_codes, layer.aura.seq_lens))
             cache.reset()
             assert layer.cumulative_length is length and int(length) == 0
             model(ids, cache=cache, use_cache=True)

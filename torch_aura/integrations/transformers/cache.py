@@ -126,12 +126,16 @@ class AuraKVLayer(CacheLayerMixin):
         self.device, self.dtype = key_states.device, key_states.dtype
         if self.is_compileable:
             self.cumulative_length = torch.zeros((), dtype=torch.int64, device=key_states.device)
+        self._mark_static()
+        self.is_initialized = True
+
+    def _mark_static(self) -> None:
+        """Mark a static layer's tensors as fixed data pointers: a compiled step mutates them in place,
+        and CUDA graphs keep them (again after a row reorder, which makes new tensors)."""
         if self.is_compileable and not torch.compiler.is_compiling():  # (a traced prefill cannot mark)
-            # fixed data pointers: a compiled step mutates them in place, and CUDA graphs keep them
             for t in (self.aura.k_codes, self.aura.v_codes, self.aura.k_norms, self.aura.v_norms, self.aura.seq_lens,
                       self.cumulative_length):
                 torch._dynamo.mark_static_address(t)
-        self.is_initialized = True
 
     def _length(self) -> int:
         """Positions seen, as a host int (one device read for a static layer; eager steps only)."""
@@ -277,6 +281,7 @@ class AuraKVLayer(CacheLayerMixin):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.aura is not None and self._filled:
             self.aura.select_rows(beam_idx.to(self.aura.device, torch.int64))
+            self._mark_static()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.reorder_cache(torch.as_tensor(indices))
@@ -285,6 +290,7 @@ class AuraKVLayer(CacheLayerMixin):
         if self.aura is not None and self._filled:
             rows = torch.arange(self.aura.batch, device=self.aura.device).repeat_interleave(repeats)
             self.aura.select_rows(rows)
+            self._mark_static()
 
     def offload(self):
         raise NotImplementedError("AuraKVCache does not offload to the CPU: the compressed cache is ~4-8x "
