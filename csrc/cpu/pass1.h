@@ -260,12 +260,65 @@ static AURA_INLINE void accumulate_rows(const float* pv, const float* const* v, 
   }
 }
 
-AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v, int64_t item, Scratch& w) {
+// Bytes of one row of a side (codes: D * bits / 8).
+static inline int64_t row_bytes(const RowSource& s, int64_t D) {
+  switch (s.kind) {
+    case RowKind::Codes: return D * s.table->bits / 8;
+    case RowKind::F32: return 4 * D;
+    default: return 2 * D;
+  }
+}
+
+// The cache coordinates of token t of (sequence b, KV head h): (b, h, t) or (page, row, h).
+static AURA_INLINE void coords(const Pass1& a, int64_t b, int64_t h, int64_t t, int64_t* c) {
+  if (a.block_table) {
+    c[0] = a.block_table[b * a.bt_stride[0] + (t / a.page_size) * a.bt_stride[1]];
+    c[1] = t % a.page_size;
+    c[2] = h;
+  } else {
+    c[0] = b, c[1] = h, c[2] = t;
+  }
+}
+
+// Locality 1 (prefetcht2): the next tile waits in L2 and leaves L1 to the tile being computed.
+#if defined(__GNUC__)
+#define AURA_PREFETCH(p) __builtin_prefetch((p), 0, 1)
+#else
+#define AURA_PREFETCH(p) ((void)(p))
+#endif
+
+static AURA_INLINE void prefetch_row(const RowSource& s, const int64_t* c, int64_t bytes) {
+  const uint8_t* row = s.rows + c[0] * s.stride[0] + c[1] * s.stride[1] + c[2] * s.stride[2];
+  for (int64_t off = 0; off < bytes; off += 64) AURA_PREFETCH(row + off);
+  if (s.norms) AURA_PREFETCH(s.norms + c[0] * s.norm_stride[0] + c[1] * s.norm_stride[1] + c[2] * s.norm_stride[2]);
+}
+
+// The live token range [t0, t_end) of an item and its (b, h).
+struct ItemSpan {
+  int64_t b, h, n, t0, t_end;
+};
+
+static AURA_INLINE ItemSpan item_span(const Pass1& a, int64_t item) {
+  const int64_t NB = a.num_blocks;
+  ItemSpan s;
+  s.n = item % NB, s.h = (item / NB) % a.Hkv, s.b = item / (NB * a.Hkv);
+  s.t0 = s.n * a.block_size;
+  s.t_end = std::min({s.t0 + a.block_size, a.capacity, int64_t(a.seq_lens[s.b])});
+  return s;
+}
+
+AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v, int64_t item, int64_t next_item,
+                          Scratch& w) {
   const int64_t NB = a.num_blocks, D = a.D, G = a.Hq / a.Hkv, L = a.L;
-  const int64_t n = item % NB, h = (item / NB) % a.Hkv, b = item / (NB * a.Hkv);
+  const ItemSpan span = item_span(a, item);
+  const int64_t n = span.n, h = span.h, b = span.b;
   const int64_t seq = a.seq_lens[b];
-  const int64_t t0 = n * a.block_size, t1 = std::min(t0 + a.block_size, a.capacity);
-  const int64_t t_end = std::min(t1, seq);
+  const int64_t t0 = span.t0, t_end = span.t_end;
+  // The rows after this tile (this item's next tile, else the next item's first) are prefetched while
+  // this tile is computed: DRAM latency hides behind the work, and 4 KiB pages stop the hardware's
+  // prefetcher at every page of a paged cache.
+  const ItemSpan next = next_item >= 0 ? item_span(a, next_item) : ItemSpan{0, 0, 0, 0, 0};
+  const int64_t kbytes = row_bytes(k, D), vbytes = row_bytes(v, D);
   const int64_t R = L * G;  // query rows of this item: (l, g)
   const float NEG_INF = -std::numeric_limits<float>::infinity();
   std::fill(w.acc.begin(), w.acc.end(), 0.0f);
@@ -275,18 +328,20 @@ AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v
 
   for (int64_t ts = t0; ts < t_end; ts += TILE) {
     const int64_t nt = std::min<int64_t>(TILE, t_end - ts);
+    const bool same = ts + TILE < t_end;
+    const int64_t pb = same ? b : next.b, ph = same ? h : next.h, pt = same ? ts + TILE : next.t0;
+    const int64_t pn = std::max<int64_t>(0, std::min<int64_t>(TILE, same ? t_end - pt : next.t_end - next.t0));
+    for (int64_t i = 0; i < pn; ++i) {
+      int64_t c[3];
+      coords(a, pb, ph, pt + i, c);
+      prefetch_row(k, c, kbytes);
+      prefetch_row(v, c, vbytes);
+    }
     for (int64_t i = 0; i < nt; ++i) {
-      const int64_t t = ts + i;
-      int64_t c0, c1, c2;  // (b, h, t) or (page, row, h)
-      if (a.block_table) {
-        c0 = a.block_table[b * a.bt_stride[0] + (t / a.page_size) * a.bt_stride[1]];
-        c1 = t % a.page_size;
-        c2 = h;
-      } else {
-        c0 = b, c1 = h, c2 = t;
-      }
-      w.krow[i] = row_of(k, c0, c1, c2, D, &w.k[i * D], &w.kn[i]);
-      w.vrow[i] = row_of(v, c0, c1, c2, D, &w.v[i * D], &w.vn[i]);
+      int64_t c[3];  // (b, h, t) or (page, row, h)
+      coords(a, b, h, ts + i, c);
+      w.krow[i] = row_of(k, c[0], c[1], c[2], D, &w.k[i * D], &w.kn[i]);
+      w.vrow[i] = row_of(v, c[0], c[1], c[2], D, &w.v[i * D], &w.vn[i]);
     }
     for (int64_t i = nt; i < (nt + 3) / 4 * 4; ++i) w.krow[i] = w.zeros.data();  // dot4 reads groups of 4 rows
     // Scores and the online-softmax update per query row; pv[r][i] = p * norm_V, 0 where row r does
@@ -366,7 +421,7 @@ inline int run_pass1(const Pass1& a, const RowSource& k, const RowSource& v) {
     w.run_m.resize(rows);
     w.run_l.resize(rows);
     w.poisoned.resize(rows);
-    for (int64_t item = first; item < items; item += step) run_item(a, k, v, item, w);
+    for (int64_t item = first; item < items; item += step) run_item(a, k, v, item, item + step < items ? item + step : -1, w);
   };
   return parallel(items, a.threads, a.B * a.L * a.Hq * a.capacity * a.D, run);
 }

@@ -29,17 +29,6 @@ from . import native
 
 _attend = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
-# Pass-1 items per call the native path aims for (blocks x sequences x KV heads), and its shortest block.
-_ITEMS, _MIN_BLOCK, _TILE = 64, 256, 32
-
-
-def _block_size(B: int, Hkv: int, max_len: int) -> int:
-    """Tokens per native pass-1 item: one block per sequence where B * Hkv already gives _ITEMS items,
-    else up to _ITEMS / (B * Hkv) blocks of at least _MIN_BLOCK tokens, rounded to whole tiles."""
-    splits = max(1, min(-(-max_len // _MIN_BLOCK), -(-_ITEMS // max(B * Hkv, 1))))
-    return max(_TILE, -(-(-(-max_len // splits)) // _TILE) * _TILE)
-
-
 def _tokens(cache: torch.Tensor, rows: slice, n: int, block_table: torch.Tensor | None) -> torch.Tensor:
     """Tokens ``[0, n)`` of the sequences ``rows`` as ``[r, Hkv, n, D]``: a view of a contiguous
     cache, a gather of the used pages of a paged one (ATen path)."""
@@ -75,23 +64,40 @@ def _flash_decode_aten(q, k_cache, v_cache, lens, block_table, scale, Hkv):
 
 
 def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, num_splits=0):
-    lens = ref._validate_data(k_cache, seq_lens, block_table)
-    B, Hq, D = q.shape
-    Hkv = k_cache.shape[2] if block_table is not None else k_cache.shape[1]
-    scale = D ** -0.5 if scale is None else float(scale)
-    uniform = block_table is None and all(n == lens[0] for n in lens)
-    if native.LIB is None or uniform:
-        return _flash_decode_aten(q, k_cache, v_cache, lens, block_table, scale, Hkv)
-    max_len = max(lens, default=0)
-    out = torch.empty(B, Hq, D, dtype=torch.float32)
-    lse = torch.empty(B, Hq, dtype=torch.float32)
-    q_scaled = (q.float() * scale).contiguous()  # a fresh tensor: kept alive for the native call
-    native.flash_decode(q_scaled, k_cache, v_cache, seq_lens.contiguous(), block_table, max_len,
-                        _block_size(B, Hkv, max_len), out, lse)
-    return out.to(q.dtype), lse
+    out = torch.empty(q.shape, dtype=q.dtype)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32)
+    return _decode_into(q, k_cache, v_cache, seq_lens, block_table, scale, out, lse, fresh=True)
 
 
 def flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse):
-    o, l = flash_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits)
-    out.copy_(o)
-    lse.copy_(l)
+    _decode_into(q, k_cache, v_cache, seq_lens, block_table, scale, out, lse, fresh=False)
+
+
+def _decode_into(q, k_cache, v_cache, seq_lens, block_table, scale, out, lse, fresh: bool):
+    """``(out, lse)``, filled. Paged caches go to the native kernel without a host pass over the
+    lengths (it checks them and the used page indices itself, and computes in fp32 from q and into
+    out as they lie); a contiguous cache with one length to ATen."""
+    D = q.shape[-1]
+    scale = D ** -0.5 if scale is None else float(scale)
+    if native.LIB is None or block_table is None:
+        lens = ref._validate_data(k_cache, seq_lens, block_table)
+        Hkv = k_cache.shape[2] if block_table is not None else k_cache.shape[1]
+        if native.LIB is None or all(n == lens[0] for n in lens):
+            o, l = _flash_decode_aten(q, k_cache, v_cache, lens, block_table, scale, Hkv)
+            if fresh:
+                return o, l
+            out.copy_(o)
+            lse.copy_(l)
+            return out, lse
+    # The kernel writes rows with a unit last stride in q's dtype; anything else goes through a copy.
+    direct = out.dtype == q.dtype and out.stride(-1) == 1 and lse.dtype == torch.float32
+    o, l = (out, lse) if direct else (torch.empty(q.shape, dtype=q.dtype), torch.empty(q.shape[:2]))
+    qc = q if q.stride(-1) == 1 else q.contiguous()  # bound to a local: alive for the native call
+    lens = seq_lens.contiguous()
+    if not native.flash_decode(qc, k_cache, v_cache, lens, block_table, scale, o, l):
+        ref._validate_data(k_cache, seq_lens, block_table)  # raises the reference's error
+        raise ValueError("flash_decode: seq_lens or block_table out of range")
+    if not direct:
+        out.copy_(o)
+        lse.copy_(l)
+    return out, lse

@@ -32,10 +32,12 @@ class _P1Args(ctypes.Structure):
 class _DecodeArgs(ctypes.Structure):
     """Field for field the ``DecodeArgs`` struct of csrc/cpu/decode.cpp."""
     _fields_ = [
-        ("q", _ptr), ("k", _ptr), ("v", _ptr), ("kind", _i64), ("k_stride", _i64 * 3), ("v_stride", _i64 * 3),
+        ("q", _ptr), ("q_kind", _i64), ("q_stride", _i64 * 2), ("scale", ctypes.c_double),
+        ("k", _ptr), ("v", _ptr), ("kind", _i64), ("k_stride", _i64 * 3), ("v_stride", _i64 * 3),
         ("seq_lens", _ptr), ("block_table", _ptr), ("bt_stride", _i64 * 2),
-        ("B", _i64), ("Hq", _i64), ("Hkv", _i64), ("D", _i64), ("max_len", _i64), ("page_size", _i64),
-        ("block_size", _i64), ("out", _ptr), ("lse", _ptr), ("threads", _i64),
+        ("B", _i64), ("Hq", _i64), ("Hkv", _i64), ("D", _i64), ("capacity", _i64), ("page_size", _i64),
+        ("num_pages", _i64), ("out", _ptr), ("out_kind", _i64), ("out_stride", _i64 * 2),
+        ("lse", _ptr), ("lse_stride", _i64 * 2), ("threads", _i64), ("bad", _i64 * 2),
     ]
 
 
@@ -144,26 +146,37 @@ def encode(x, sign_mask, codebook, boundaries, bits: int):
     return codes, norms
 
 
-def flash_decode(q, k_cache, v_cache, seq_lens, block_table, max_len: int, block_size: int, out, lse) -> None:
-    """Fill ``out [B, Hq, D]`` and ``lse [B, Hq]`` (fp32, contiguous) in place.
+def flash_decode(q, k_cache, v_cache, seq_lens, block_table, scale: float, out, lse) -> bool:
+    """Fill ``out [B, Hq, D]`` (q's dtype) and ``lse [B, Hq]`` (fp32) in place; False, with nothing
+    written, where a length or a used page index is out of range (the caller raises the reference's
+    error).
 
-    ``q`` is fp32 contiguous ``[B, Hq, D]``, already scaled; ``k_cache`` / ``v_cache`` fp32, bf16 or
-    fp16 with a unit last stride, contiguous ``[B, Hkv, T, D]`` or paged ``[pages, page_size, Hkv, D]``
-    (``block_table`` int32 ``[B, max_pages]``, any strides); ``seq_lens`` int32 contiguous, each at most
-    ``max_len``; ``block_size`` tokens per pass-1 item.
+    ``q``, ``out``: fp32, bf16 or fp16 with a unit last stride; ``k_cache`` / ``v_cache`` likewise,
+    contiguous ``[B, Hkv, T, D]`` or paged ``[pages, page_size, Hkv, D]`` (``block_table`` int32
+    ``[B, max_pages]``, any strides); ``seq_lens`` int32 contiguous.
     """
     B, Hq, D = q.shape
     paged = block_table is not None
     a = _DecodeArgs()
-    a.q, a.k, a.v, a.kind = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _ROW_KIND[k_cache.dtype]
+    a.q, a.q_kind, a.scale = q.data_ptr(), _ROW_KIND[q.dtype], scale
+    a.q_stride[:] = [s * q.element_size() for s in q.stride()[:2]]
+    a.k, a.v, a.kind = k_cache.data_ptr(), v_cache.data_ptr(), _ROW_KIND[k_cache.dtype]
     a.k_stride[:] = [s * k_cache.element_size() for s in k_cache.stride()[:3]]  # elements -> bytes
     a.v_stride[:] = [s * v_cache.element_size() for s in v_cache.stride()[:3]]
     a.seq_lens = seq_lens.data_ptr()
-    a.block_table = block_table.data_ptr() if paged else None
-    a.bt_stride[:] = list(block_table.stride()) if paged else [0, 0]
+    if paged:
+        a.block_table = block_table.data_ptr()
+        a.bt_stride[:] = block_table.stride()
+        a.capacity, a.page_size = block_table.shape[1] * k_cache.shape[1], k_cache.shape[1]
+        a.Hkv, a.num_pages = k_cache.shape[2], k_cache.shape[0]
+    else:
+        a.capacity, a.Hkv = k_cache.shape[2], k_cache.shape[1]
     a.B, a.Hq, a.D = B, Hq, D
-    a.Hkv = k_cache.shape[2] if paged else k_cache.shape[1]
-    a.max_len, a.page_size, a.block_size = max_len, k_cache.shape[1] if paged else 0, block_size
-    a.out, a.lse, a.threads = out.data_ptr(), lse.data_ptr(), torch.get_num_threads()
-    if LIB.aura_cpu_flash_decode(ctypes.byref(a)) != 0:
+    a.out, a.out_kind = out.data_ptr(), _ROW_KIND[out.dtype]
+    a.out_stride[:] = [s * out.element_size() for s in out.stride()[:2]]
+    a.lse, a.lse_stride[:] = lse.data_ptr(), lse.stride()
+    a.threads = torch.get_num_threads()
+    status = LIB.aura_cpu_flash_decode(ctypes.byref(a))
+    if status == 1:
         raise RuntimeError("flash_decode (cpu): the native kernel could not start its threads or allocate")
+    return status == 0
