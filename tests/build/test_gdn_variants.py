@@ -104,20 +104,23 @@ def _recurrent_call(B, T, P):
 C_CONV, W_CONV = 2 * H * K + HV * V, 4  # the conv runs over q | k | v of these heads; Qwen3-Next's 4 taps
 
 
-def _conv_call(B, T, cu=None):
-    """causal_conv1d over B x T tokens (varlen: B = 1 and ``cu`` offsets) with a state, as a prefill runs it."""
+def _conv_call(B, T, cu=None, pad=0):
+    """causal_conv1d over B x T tokens (varlen: B = 1 and ``cu`` offsets) with a state, as a prefill runs it;
+    ``pad`` > 0 reads the channels out of a wider projection (row stride (C + pad) * T: odd pads make its
+    divisibility by 16 follow T)."""
     from torch_aura.triton_kernels.gdn import conv
 
     N = B if cu is None else len(cu) - 1
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    conv.causal_conv1d(torch.empty(B, T, C_CONV, dtype=torch.bfloat16), torch.empty(C_CONV, W_CONV),
+    x = torch.empty(B, T, C_CONV + pad, dtype=torch.bfloat16)[..., :C_CONV]
+    conv.causal_conv1d(x, torch.empty(C_CONV, W_CONV),
                        torch.empty(C_CONV, dtype=torch.bfloat16), torch.zeros(N, C_CONV, W_CONV), cu_t, "silu")
 
 
-def _conv_update_call(B, L, P):
+def _conv_update_call(B, L, P, pad=0):
     from torch_aura.triton_kernels.gdn import conv
 
-    x = torch.empty(B, L, C_CONV, dtype=torch.bfloat16)
+    x = torch.empty(B, L, C_CONV + pad, dtype=torch.bfloat16)[..., :C_CONV]
     conv.causal_conv1d_update(x[:, 0] if L == 1 else x, torch.zeros(P, C_CONV, W_CONV), torch.empty(C_CONV, W_CONV),
                               torch.empty(C_CONV, dtype=torch.bfloat16), "silu", torch.randperm(P)[:B].to(torch.int32))
 
@@ -174,23 +177,25 @@ def test_gdn_chunk_leaves_no_reference_cycle(recorded, B, T):
         gc.enable()
 
 
-def test_conv_new_lengths_add_no_variant(recorded):
+@pytest.mark.parametrize("pad", [0, 5])
+def test_conv_new_lengths_add_no_variant(recorded, pad):
     """The front end's kernels: one variant each for fixed-length and packed prefills and for the decode step,
-    whatever the prompt lengths, batch mix, pool size or tokens per step."""
+    whatever the prompt lengths, batch mix, pool size or tokens per step, on contiguous inputs and on
+    channel slices of a wider projection."""
     variants, _ = recorded
-    _conv_call(1, 100)
-    _conv_call(1, 100, [0, 30, 30, 100])
-    _conv_update_call(2, 1, 8)
+    _conv_call(1, 100, pad=pad)
+    _conv_call(1, 100, [0, 30, 30, 100], pad=pad)
+    _conv_update_call(2, 1, 8, pad=pad)
     warm = set(variants)
     # fixed and packed for the conv and the state pass, one decode step
     assert sorted(v[0] for v in warm) == sorted(["_causal_conv1d_kernel"] * 2 + ["_conv_state_kernel"] * 2
                                                 + ["_causal_conv1d_update_kernel"]), warm
     rng = random.Random(40)
     for _ in range(20):
-        _conv_call(rng.choice((1, 2, 3, 7, 40)), rng.randint(1, 20000))
+        _conv_call(rng.choice((1, 2, 3, 7, 40)), rng.randint(1, 20000), pad=pad)
         lengths = [rng.choice((0, 1, rng.randint(1, 64), rng.randint(65, 5000))) for _ in range(rng.randint(1, 9))]
         lengths[-1] += sum(lengths) == 0
-        _conv_call(1, sum(lengths), _varlen(lengths))
-        _conv_update_call(rng.randint(1, 64), rng.choice((1, 1, 2, 5)), rng.randint(64, 300))
+        _conv_call(1, sum(lengths), _varlen(lengths), pad=pad)
+        _conv_update_call(rng.randint(1, 64), rng.choice((1, 1, 2, 5)), rng.randint(64, 300), pad=pad)
     new = sorted(variants - warm)
     assert not new, "variants compiled only at new lengths:\n" + "\n".join(v[0] + " " + v[1] for v in new[:4])

@@ -20,12 +20,14 @@ import triton
 import triton.language as tl
 
 # Kernel arguments that change with the prompt: lengths, chunk and segment counts, the pool size, the
-# tokens per sequence of a decode step (L), and the batch strides of the [B, T, HV] gate tensors (g: s_gb,
-# g_cum: s_cb, beta: s_bb; T * HV, whose divisibility by 16 follows T where HV is small). Triton
-# specialises an int argument on == 1 and % 16 == 0 and compiles one variant per combination: each would
-# recompile at new prompt lengths. None of them enters an address that could be vectorised (the gates
-# are read a scalar per row; the conv's outputs are addressed through T * C and L * C, vectors of C).
-LENGTH_ARGS = frozenset({"T", "NT", "NT_total", "NS", "CPS", "N", "n_seg", "P", "L", "s_gb", "s_cb", "s_bb"})
+# tokens per sequence of a decode step (L), the batch strides of the [B, T, HV] gate tensors (g: s_gb,
+# g_cum: s_cb, beta: s_bb; T * HV, whose divisibility by 16 follows T where HV is small) and the conv
+# input's row strides counted in token steps (s_xb_t, s_xn_l). Triton specialises an int argument on == 1
+# and % 16 == 0 and compiles one variant per combination: each would recompile at new prompt lengths. None
+# of them enters an address that could be vectorised (the gates are read a scalar per row; the conv's
+# rows start at a multiple of their token step, whose facts are kept; its outputs are vectors of C).
+LENGTH_ARGS = frozenset({"T", "NT", "NT_total", "NS", "CPS", "N", "n_seg", "P", "L", "s_gb", "s_cb", "s_bb",
+                         "s_xb_t", "s_xn_l"})
 
 
 def length_agnostic(jit):

@@ -105,7 +105,7 @@ def _sequence_of(cu_seqlens, rows, N):
 
 # ------------------------------------------------------------------------------------ kernels
 @length_agnostic(triton.jit)
-def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, s_xb, s_xt, s_wc, s_sn, s_sc,
+def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, s_xb_t, s_xt, s_wc, s_sn, s_sc,
                           W: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     """``y [B, T, C]`` (contiguous) for token block ``pid0 % NT`` of batch row ``pid0 // NT``, channel
     block ``pid1``; varlen (``cu_seqlens``, B == 1): each row continues its own sequence."""
@@ -124,13 +124,13 @@ def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, 
     else:
         state_row = None
     p = rows - bos  # each row's position in its sequence
-    acc = _conv(x + b * s_xb + bos[:, None] * s_xt + cols[None, :], state_row, p[:, None] - (W - 1), tl.min(p) < W - 1,
+    acc = _conv(x + (b * s_xb_t + bos[:, None]) * s_xt + cols[None, :], state_row, p[:, None] - (W - 1), tl.min(p) < W - 1,
                 s_xt, S, weight, bias, cols, c_ok, ok, s_wc, W, SILU)
     tl.store(y + (b * T + rows)[:, None] * C + cols[None, :], acc.to(y.dtype.element_ty), mask=ok)
 
 
 @length_agnostic(triton.jit)
-def _conv_state_kernel(x, conv_state, cu_seqlens, T, C, S, s_xb, s_xt, s_sn, s_sc,
+def _conv_state_kernel(x, conv_state, cu_seqlens, T, C, S, s_xb_t, s_xt, s_sn, s_sc,
                        BC: tl.constexpr, BS: tl.constexpr):
     """After the conv: state row ``pid0`` (of sequence ``pid0``) ends with the sequence's inputs; an empty
     sequence leaves it untouched."""
@@ -139,12 +139,12 @@ def _conv_state_kernel(x, conv_state, cu_seqlens, T, C, S, s_xb, s_xt, s_sn, s_s
     bos = tl.maximum(bos, 0)
     cols = i_c * BC + tl.arange(0, BC)
     if eos > bos:
-        _roll_state(conv_state + n * s_sn + cols * s_sc, x + b * s_xb + bos * s_xt + cols, s_xt, eos - bos, S,
+        _roll_state(conv_state + n * s_sn + cols * s_sc, x + (b * s_xb_t + bos) * s_xt + cols, s_xt, eos - bos, S,
                     cols < C, BS)
 
 
 @length_agnostic(triton.jit)
-def _causal_conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, L, C, S, P, s_xn, s_xl, s_sn, s_sc,
+def _causal_conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, L, C, S, P, s_xn_l, s_xl, s_sn, s_sc,
                                  s_wc, W: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
     """Decode step of sequence ``pid0``, channel block ``pid1``: ``y [N, L, C]`` (contiguous) from pool row
     ``state_indices[n]`` (row n without indices), which is then rolled by the L inputs. A row outside
@@ -159,7 +159,7 @@ def _causal_conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, 
     c_ok = cols < C
     ok = live & c_ok
     state_row = conv_state + slot * s_sn + cols * s_sc
-    x_first = x + n * s_xn + cols
+    x_first = x + n * s_xn_l * s_xl + cols
     for l in range(L):
         acc = _conv(x_first, state_row, l - (W - 1), l < W - 1, s_xl, S, weight, bias, cols, c_ok, ok, s_wc, W, SILU)
         tl.store(y + (n * L + l) * C + cols, tl.where(live, acc, 0.0).to(y.dtype.element_ty), mask=c_ok)
@@ -167,6 +167,23 @@ def _causal_conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, 
 
 
 # ----------------------------------------------------------------------------------- launchers
+def _rows_in_steps(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """``(x, outer stride in token steps, token step)`` of a ``[rows, tokens, C]`` input: the kernels address
+    row r's token t at ``(r * outer + t) * step``, so the outer stride (T * step for a slice of a projection,
+    a multiple of 16 or not as T is) is never specialised on, while the step keeps its alignment facts. An
+    outer stride that is no whole number of steps (a rare view) is made contiguous first."""
+    R, T = x.shape[:2]
+    s_outer, s_step = x.stride(0), x.stride(1)
+    if T == 1:
+        s_step = s_outer  # one token: the step is never taken, so any step serves
+    if R == 1:
+        return x, 0, s_step
+    if s_step == 0 or s_outer % s_step:
+        x = x.contiguous()
+        s_outer, s_step = x.stride(0), x.stride(1)
+    return x, s_outer // s_step, s_step
+
+
 def _channel_block(C: int, most: int) -> int:
     """A power-of-two channel block: C rounded up, within 16..most."""
     return min(most, max(16, next_pow2(C)))
@@ -187,14 +204,15 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
     s_sn, s_sc = (0, 0) if conv_state is None else conv_state.stride()[:2]
     BC = _channel_block(C, CONV_BC)
     NT = cdiv(T, CONV_BT)
+    x, s_xb_t, s_xt = _rows_in_steps(x)
     key = (C, S, *map(tensor_key, (x, weight, bias, conv_state, cu_seqlens)))
     launch(_causal_conv1d_kernel, (B * NT, cdiv(C, BC)), key,
-           x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, x.stride(0), x.stride(1), weight.stride(0),
+           x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, s_xb_t, s_xt, weight.stride(0),
            s_sn, s_sc, W=weight.shape[1], SILU=activation is not None, BT=CONV_BT, BC=BC, num_warps=4)
     if conv_state is not None:  # after every read of the old rows: same stream, next launch
         BC = _channel_block(C, ROW_BC)
-        launch(_conv_state_kernel, (N, cdiv(C, BC)), key, x, conv_state, cu_seqlens, T, C, S, x.stride(0),
-               x.stride(1), s_sn, s_sc, BC=BC, BS=next_pow2(S), num_warps=2)
+        launch(_conv_state_kernel, (N, cdiv(C, BC)), key, x, conv_state, cu_seqlens, T, C, S, s_xb_t,
+               s_xt, s_sn, s_sc, BC=BC, BS=next_pow2(S), num_warps=2)
     return y
 
 
@@ -211,9 +229,10 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     x3 = x if x.dim() == 3 else x[:, None]  # one token per sequence: L = 1
     N, L, C = x3.shape
     BC = _channel_block(C, ROW_BC)
+    x3, s_xn_l, s_xl = _rows_in_steps(x3)
     key = (C, S, *map(tensor_key, (x3, conv_state, weight, bias, state_indices)))
     launch(_causal_conv1d_update_kernel, (N, cdiv(C, BC)), key,
-           x3, conv_state, weight, bias, state_indices, y, L, C, S, P, x3.stride(0), x3.stride(1),
+           x3, conv_state, weight, bias, state_indices, y, L, C, S, P, s_xn_l, s_xl,
            *conv_state.stride()[:2], weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC,
            BS=next_pow2(S), num_warps=2)
     return y
