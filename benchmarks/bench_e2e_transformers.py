@@ -1,32 +1,41 @@
-"""transformers end to end: prefill and decode of real-shaped model stacks, default path vs torch_aura.
+"""transformers end to end: prefill and decode of real-shaped model stacks, transformers' paths vs torch_aura.
 
-Two stacks with real layer shapes and random bf16 weights, a few layers each (the per-layer costs
-scale with depth; the embedding and LM head are the real ones):
+Two stacks with real layer shapes and random bf16 weights (the embedding and LM head are the real ones):
 
-- ``llama3-8b``: Llama-3-8B layers (hidden 4096, 32 / 8 heads, D = 128, MLP 14336), 4 layers.
+- ``llama3-8b``: Llama-3-8B layers (hidden 4096, 32 / 8 heads, D = 128, MLP 14336), full depth (32
+  layers) by default: it fits one H200.
 - ``qwen3-next``: Qwen3-Next-80B-A3B layers (3 GDN layers with 16 / 32 heads of 128, then one
-  attention layer with 16 / 2 heads of 256; 512 experts, 10 active, ``grouped_mm`` experts).
+  attention layer with 16 / 2 heads of 256; 512 experts, 10 active, ``grouped_mm`` experts), 4 layers.
 
-Variants (each checked against the default path's logits before it is timed):
+Variants (each checked against the default path's logits before its row counts; ``*-compiled``:
+``torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)`` on CUDA, ``aot_eager`` on the
+CPU, whose rows are a smoke test only):
 
-- ``default``: SDPA + ``DynamicCache``; for Qwen3-Next the GDN functions transformers picked at
-  import (FLA 0.6.0 when installed, else its torch loops, timed at 4k only).
-- ``default-no-cudnn``: the same with SDPA's cuDNN backend off (GPU only), so a slow SDPA backend
-  choice is not mistaken for the cost of the default path.
-- ``aura-attn``: ``enable(model)``: our GDN kernels, ``"aura"`` attention, ``DynamicCache``.
-- ``aura4v2``: the same with ``AuraKVCache("aura4v2")``.
+- baselines: ``default`` (SDPA + ``DynamicCache``; for Qwen3-Next the GDN functions transformers
+  picked at import: FLA when installed, else its torch loops, timed at the shortest context only),
+  ``default-no-cudnn`` (SDPA's cuDNN backend off, GPU only: a slow backend choice is not the cost of
+  the path) and ``static-compiled`` (transformers' ``StaticCache`` + SDPA, compiled);
+- ours: ``aura-attn`` (``enable(model)``: our GDN kernels, ``"aura"`` attention, ``DynamicCache``),
+  ``aura-attn-static`` and ``aura-attn-static-compiled`` (``"aura"`` over a ``StaticCache``:
+  ``flash_decode`` over each row's live keys), ``aura8`` / ``aura4v2`` (``AuraKVCache``) and
+  ``aura8-compiled`` / ``aura4v2-compiled`` (``AuraKVCache(max_cache_len=...)``, compiled).
 
-Per context T in {4k, 32k, 128k} and batch B in {1, 8}: prefill time (one forward over B x T
-tokens, last-token logits only), then decode: the step time of one new token per row
-(median over steps) beside the GPU's busy time in one step (kernel times from torch.profiler: a
-step far longer than its kernels is bound by the host), tokens/s = B / step, and the cache bytes. B = 8 decode reuses the B = 1
-prefill (rows repeated with ``reorder_cache``) when the B = 8 prefill does not fit. Host cost per
-eager call of the decode path's ops is timed separately (back-to-back calls, no sync between).
+Per context T and batch B: prefill time (one forward over B x T tokens, last-token logits only;
+B > 1 reuses a one-row prefill, rows repeated with ``reorder_cache``, when the B-row prefill does not
+fit), then DECODE_STEPS teacher-forced steps: median step time beside the GPU's busy time in one
+step (torch.profiler kernel times: a step far longer than its kernels is bound by the host),
+tokens/s = B / step and its ratio to the fastest baseline of the row, cache bytes, compile time
+(the first compiled step, capture included), logit cosine and teacher-forced argmax agreement with
+``default``. Then the longest context per row at B = 8 that the K/V budget holds at full depth, and
+with ``--agreement-depths`` the agreement of each compressed scheme per model depth (random weights:
+agreement falls with depth). Host cost per eager call of the decode path's ops is timed separately.
 
     python benchmarks/bench_e2e_transformers.py [--out DIR] [--models llama3-8b,qwen3-next]
-        [--contexts 4096,32768,131072] [--layers N] [--tiny]
+        [--contexts 8192,32768,131072] [--batches 1,8,32] [--layers N] [--variants a,b]
+        [--agreement-depths 1,8,32] [--tiny]
 
-``--tiny`` runs tiny shapes on whatever device there is (a CPU smoke test of every code path).
+``--tiny`` runs tiny shapes on whatever device there is (a CPU smoke test of every code path, e.g.
+``--tiny --contexts 64 --batches 1,2 --layers 2 --agreement-depths 1,2``).
 Writes ``e2e_transformers_<model>_<gpu>.md`` per model (committed under benchmarks/results/) and raw JSONL rows.
 """
 
@@ -37,6 +46,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -48,9 +58,32 @@ import torch_aura  # noqa: E402
 DTYPE = torch.bfloat16
 GB = 1e9
 DECODE_STEPS = 16
-# bf16 stacks of random weights: logits of two correct paths differ by rounding order only.
-LOGIT_COSINE_MIN = {"default-no-cudnn": 0.995, "aura-attn": 0.995, "aura4v2": 0.95}
-VARIANTS = ("default", "default-no-cudnn", "aura-attn", "aura4v2")
+
+
+class Variant(NamedTuple):
+    cache: str  # "dynamic", "static" (transformers' StaticCache) or an AURA scheme (AuraKVCache)
+    aura: bool  # enable(model): our GDN kernels and the "aura" attention
+    compiled: bool  # torch.compile(model.forward) over a static cache (AuraKVCache gets max_cache_len)
+    cudnn: bool = True  # SDPA's cuDNN backend (GPU)
+    # bf16 stacks of random weights: the logits of two exact paths differ by rounding order only
+    cosine_min: float = 0.995
+
+
+VARIANTS = {
+    "default": Variant("dynamic", False, False),
+    "default-no-cudnn": Variant("dynamic", False, False, cudnn=False),
+    "static-compiled": Variant("static", False, True),
+    "aura-attn": Variant("dynamic", True, False),
+    "aura-attn-static": Variant("static", True, False),
+    "aura-attn-static-compiled": Variant("static", True, True),
+    "aura8": Variant("aura8", True, False, cosine_min=0.99),
+    "aura8-compiled": Variant("aura8", True, True, cosine_min=0.99),
+    "aura4v2": Variant("aura4v2", True, False, cosine_min=0.95),
+    "aura4v2-compiled": Variant("aura4v2", True, True, cosine_min=0.95),
+}
+BASELINES = ("default", "default-no-cudnn", "static-compiled")
+SCHEMES = ("aura8", "aura4v2")
+FULL_DEPTH = {"llama3-8b": 32, "qwen3-next": 4}  # default --layers: Qwen3-Next-80B does not fit one GPU
 
 
 def _sync(device):
@@ -91,26 +124,48 @@ def build(name: str, layers: int, tiny: bool, device):
     return model
 
 
-def new_cache(model, variant: str):
+def new_cache(model, variant: str, capacity: int):
+    """A fresh cache for ``variant``; static ones hold ``capacity`` tokens per row."""
     import transformers
 
     from torch_aura.integrations import transformers as tat
 
-    if variant == "aura4v2":
-        return tat.AuraKVCache(model.config, scheme="aura4v2")
+    spec = VARIANTS[variant]
+    if spec.cache == "static":
+        return transformers.StaticCache(config=model.config, max_cache_len=capacity)
+    if spec.cache != "dynamic":
+        return tat.AuraKVCache(model.config, scheme=spec.cache, max_cache_len=capacity if spec.compiled else None)
     return transformers.DynamicCache(config=model.config)
 
 
 def set_variant(model, variant: str):
     from torch_aura.integrations import transformers as tat
 
-    if variant.startswith("default"):
-        tat.disable(model)
-    else:
+    spec = VARIANTS[variant]
+    if spec.aura:
         tat.enable(model)
-    # "default-no-cudnn": transformers' path with SDPA's cuDNN backend off (flash / efficient serve)
+    else:
+        tat.disable(model)
     if torch.cuda.is_available():
-        torch.backends.cuda.enable_cudnn_sdp(variant != "default-no-cudnn")
+        torch.backends.cuda.enable_cudnn_sdp(spec.cudnn)
+
+
+def compile_step(model, device):
+    """The decode step a user compiles: CUDA graphs on the GPU; the CPU smoke test traces with aot_eager."""
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        return torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    return torch.compile(model.forward, backend="aot_eager", fullgraph=True)
+
+
+def mark_static(cache):
+    """Mark a static cache's tensors as fixed addresses again after ``reorder_cache`` made new ones
+    (transformers' layers do not; AuraKVCache's do it themselves)."""
+    for layer in cache.layers:
+        for value in vars(layer).values():
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor):
+                    torch._dynamo.mark_static_address(t)
 
 
 def gpu_busy_ms(step) -> float:
@@ -144,13 +199,15 @@ def cache_bytes(cache) -> tuple[int, float]:
 def run_one(model, variant, B, T, device, reps, prefill_rows=None):
     """Prefill B x T tokens then DECODE_STEPS single-token steps; returns timings and the logits."""
     set_variant(model, variant)
+    spec = VARIANTS[variant]
     vocab = model.config.get_text_config().vocab_size
     g = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(1, vocab, (prefill_rows or B, T), generator=g).to(device)
     steps = torch.randint(1, vocab, (DECODE_STEPS, B, 1), generator=g).to(device)
+    capacity = T + DECODE_STEPS + 1  # the last one: the profiled step
     prefill_ms = []
     for _ in range(reps):
-        cache = new_cache(model, variant)
+        cache = new_cache(model, variant, capacity)
         _sync(device)
         t0 = time.perf_counter()
         out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
@@ -158,20 +215,30 @@ def run_one(model, variant, B, T, device, reps, prefill_rows=None):
         prefill_ms.append((time.perf_counter() - t0) * 1e3)
     if prefill_rows is not None and prefill_rows != B:
         cache.reorder_cache(torch.arange(prefill_rows, device=device).repeat_interleave(B // prefill_rows))
+        if spec.cache == "static":
+            mark_static(cache)
     first_logits = out.logits[:, -1].float()
+    forward = compile_step(model, device) if spec.compiled else model.forward
     step_ms, logits = [], []
     for s in range(DECODE_STEPS):
         _sync(device)
         t0 = time.perf_counter()
-        o = model(steps[s], cache=cache, use_cache=True)
+        o = forward(steps[s], cache=cache, use_cache=True)
+        logits.append(o.logits[:, -1].float())  # a copy: a CUDA-graph output is overwritten by the next replay
         _sync(device)
         step_ms.append((time.perf_counter() - t0) * 1e3)
-        logits.append(o.logits[:, -1].float())
-    step = statistics.median(step_ms[2:] or step_ms)
-    gpu = gpu_busy_ms(lambda: model(steps[-1], cache=cache, use_cache=True)) if device.type == "cuda" else float("nan")
+    step = statistics.median(step_ms[3:] or step_ms)  # compiled: the first steps compile and capture
+    gpu = gpu_busy_ms(lambda: forward(steps[-1], cache=cache, use_cache=True)) if device.type == "cuda" else float("nan")
+    held, per_token = cache_bytes(cache)
     return {"prefill_ms": min(prefill_ms), "step_ms": step, "step_gpu_ms": gpu, "tok_s": B / step * 1e3,
-            "cache_bytes": cache_bytes(cache)[0], "bytes_per_token_layer": cache_bytes(cache)[1], "prefill_logits": first_logits,
+            "compile_s": (step_ms[0] + step_ms[1]) / 1e3 if spec.compiled else float("nan"),
+            "cache_bytes": held, "bytes_per_token_layer": per_token, "prefill_logits": first_logits,
             "decode_logits": torch.stack(logits)}
+
+
+def agreement(logits, base) -> float:
+    """Teacher-forced argmax agreement: the share of steps and rows whose top token is the dense path's."""
+    return (logits.argmax(-1) == base.argmax(-1)).float().mean().item()
 
 
 def cosine(a, b) -> float:
@@ -284,14 +351,37 @@ def longest_context_b8(model_name: str, bytes_per_token_layer: float) -> int:
     return int(KV_BUDGET_GB * GB / (8 * FULL_DEPTH_ATTENTION_LAYERS[model_name] * bytes_per_token_layer))
 
 
+def agreement_by_depth(name: str, depth: int, T: int, tiny: bool, device) -> list[dict]:
+    """Teacher-forced argmax agreement and logit cosine of each compressed scheme with the dense
+    path (``aura-attn``: the same kernels, an exact cache) for a ``depth``-layer stack, B = 1."""
+    model = build(name, depth, tiny, device)
+    rows = []
+    try:
+        base = run_one(model, "aura-attn", 1, T, device, reps=1)
+        for scheme in SCHEMES:
+            res = run_one(model, scheme, 1, T, device, reps=1)
+            rows.append({"kind": "depth", "model": name, "variant": scheme, "layers": depth, "T": T,
+                         "agreement": agreement(res["decode_logits"], base["decode_logits"]),
+                         "decode_cos": cosine(res["decode_logits"], base["decode_logits"])})
+            print(f"{name} {scheme} at {depth} layers, 1x{T}: agreement {rows[-1]['agreement']:.3f}, "
+                  f"cos {rows[-1]['decode_cos']:.4f}")
+    finally:
+        from torch_aura.integrations import transformers as tat
+
+        tat.disable(model)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--models", default="llama3-8b,qwen3-next")
-    p.add_argument("--contexts", default="4096,32768,131072")
-    p.add_argument("--batches", default="1,8")
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--contexts", default="8192,32768,131072")
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--layers", type=int, default=None, help=f"default: {FULL_DEPTH}")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"a subset of {','.join(VARIANTS)}")
+    p.add_argument("--agreement-depths", default="", metavar="N,N",
+                   help="also the teacher-forced agreement of each scheme per depth (B=1, the shortest context)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes on any device (smoke test)")
     p.add_argument("--profile", type=int, default=0, metavar="T",
                    help="also print the top GPU kernels of one B=1 prefill of T tokens, default vs ours")
@@ -318,17 +408,20 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         rows += strided_copy_cost(device)
     for name in args.models.split(","):
-        model = build(name, args.layers, args.tiny, device)
+        layers = args.layers or FULL_DEPTH[name]
+        model = build(name, layers, args.tiny, device)
         weights_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / GB
         for T in contexts:
             for B in batches:
                 base = None
                 for variant in args.variants.split(","):
-                    if variant == "default-no-cudnn" and device.type != "cuda":
+                    if variant not in VARIANTS:
+                        raise ValueError(f"--variants: unknown {variant!r}; known: {', '.join(VARIANTS)}")
+                    if not VARIANTS[variant].cudnn and device.type != "cuda":
                         continue
-                    if variant == "default" and name == "qwen3-next" and gdn_default == "torch" and T > 4096:
+                    if variant == "default" and name == "qwen3-next" and gdn_default == "torch" and T > min(contexts):
                         continue  # transformers' torch GDN loops take minutes at long contexts
-                    row = {"kind": "e2e", "model": name, "variant": variant, "B": B, "T": T}
+                    row = {"kind": "e2e", "model": name, "variant": variant, "B": B, "T": T, "layers": layers}
                     res = None
                     # every variant prefills as many rows as the default did, so their logits compare
                     tries = (B, 1) if base is None and B > 1 else ((base or {}).get("prefill_rows", B),)
@@ -356,21 +449,26 @@ def main(argv=None) -> int:
                         # row 0's prompt is the same whether B or one row was prefilled
                         row["prefill_cos"] = cosine(res["prefill_logits"][:1], base["prefill_logits"][:1])
                         row["decode_cos"] = cosine(res["decode_logits"], base["decode_logits"])
-                        row["correct"] = min(row["prefill_cos"], row["decode_cos"]) >= LOGIT_COSINE_MIN[variant]
+                        row["agreement"] = agreement(res["decode_logits"], base["decode_logits"])
+                        row["correct"] = min(row["prefill_cos"], row["decode_cos"]) >= VARIANTS[variant].cosine_min
                     else:
                         row["correct"] = bool(torch.isfinite(res["decode_logits"]).all())
                     row.update({k: v for k, v in res.items() if not k.endswith("logits")})
                     row["weights_gb"] = weights_gb
                     rows.append(row)
-                    print(f"{name} {variant:9s} B={B} T={T:6d}: prefill {row['prefill_ms']:9.1f} ms, step "
-                          f"{row['step_ms']:7.2f} ms (GPU {row['step_gpu_ms']:6.2f}; {row['tok_s']:8.1f} tok/s), cache {row['cache_bytes'] / GB:7.3f} GB, "
-                          f"peak {row.get('peak_gb', float('nan')):.1f} GB"
-                          + (f", cos {row.get('prefill_cos', 1):.4f}/{row.get('decode_cos', 1):.4f}" if base else "")
+                    print(f"{name} {variant:25s} B={B} T={T:6d}: prefill {row['prefill_ms']:9.1f} ms, step "
+                          f"{row['step_ms']:7.2f} ms (GPU {row['step_gpu_ms']:6.2f}; {row['tok_s']:8.1f} tok/s), "
+                          f"cache {row['cache_bytes'] / GB:7.3f} GB, peak {row.get('peak_gb', float('nan')):.1f} GB"
+                          + (f", compile {row['compile_s']:.1f} s" if VARIANTS[variant].compiled else "")
+                          + (f", cos {row.get('prefill_cos', 1):.4f}/{row.get('decode_cos', 1):.4f}, agree "
+                             f"{row.get('agreement', 1):.3f}" if base else "")
                           + ("" if row["correct"] else "  WRONG"))
         if args.profile and device.type == "cuda":
             rows += prefill_profile(model, name, args.profile, device)
         tat.disable(model)
         del model
+        for depth in (int(d) for d in args.agreement_depths.split(",") if d):
+            rows += agreement_by_depth(name, depth, min(contexts), args.tiny, device)
     shared = [r for r in rows if "model" not in r]
     for name in args.models.split(","):
         mine = shared + [r for r in rows if r.get("model") == name]
@@ -389,7 +487,8 @@ def _find(rows, **kw):
 def render(facts, gdn_default, rows, args) -> str:
     lines = [f"# transformers end to end on {facts['gpu']}", "",
              f"torch {facts['torch']}, transformers {facts['transformers']}, commit `{facts['commit']}`; "
-             f"{args.layers}-layer stacks of real layer shapes, random bf16 weights; default GDN = {gdn_default}. "
+             "stacks of real layer shapes (depth per row), random bf16 weights; "
+             f"default GDN = {gdn_default}. "
              "Generated by `benchmarks/bench_e2e_transformers.py`; do not edit by hand.", "",
              "## Host time per eager call (decode path, one token)", "", "| op | host us / call |", "|---|---|"]
     lines += [f"| {r['op']} | {r['host_us']:.1f} |" for r in rows if r["kind"] == "host"]
@@ -406,26 +505,32 @@ def render(facts, gdn_default, rows, args) -> str:
                   f"{mine[0]['total_ms']:.1f} ms of GPU kernels; top kernels)", "", "| kernel | ms |", "|---|---|"]
         lines += [f"| `{r['kernel']}` | {r['ms']:.2f} |" for r in mine]
     lines += ["", "## Prefill and decode", "",
-              "| model | B | T | variant | prefill ms | vs default | decode step ms (GPU busy) | tok/s | vs default | cache GB | peak GB | logits cos (prefill / decode) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "Ratios are against the fastest baseline of the row (default, default-no-cudnn, static-compiled); "
+              "agreement: teacher-forced argmax agreement with `default`.", "",
+              "| model | layers | B | T | variant | prefill ms | decode step ms (GPU busy) | tok/s | vs fastest baseline | "
+              "compile s | cache GB | peak GB | logits cos (prefill / decode) | agreement |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["kind"] == "e2e"):
+        head = f"| {r['model']} | {r['layers']} | {r['B']} | {r['T']} | {r['variant']} |"
         if "prefill_ms" not in r:
-            lines.append(f"| {r['model']} | {r['B']} | {r['T']} | {r['variant']} | OOM | | | | | | | |")
+            lines.append(head + " OOM | | | | | | | | |")
             continue
-        base = _find(rows, kind="e2e", model=r["model"], B=r["B"], T=r["T"], variant="default")
-        have = base is not None and "prefill_ms" in base
-        pre_ratio = f"{base['prefill_ms'] / r['prefill_ms']:.2f}x" if have and r["prefill_rows"] == base["prefill_rows"] else ""
-        dec_ratio = f"{base['step_ms'] / r['step_ms']:.2f}x" if have else ""
+        baselines = [b for b in rows if b["kind"] == "e2e" and b["variant"] in BASELINES and "step_ms" in b
+                     and (b["model"], b["B"], b["T"]) == (r["model"], r["B"], r["T"])]
+        fastest = min(baselines, key=lambda b: b["step_ms"], default=None)
+        ratio = f"{fastest['step_ms'] / r['step_ms']:.2f}x ({fastest['variant']})" if fastest else ""
         prefill = f"{r['prefill_ms']:.1f}" + ("" if r["prefill_rows"] == r["B"] else f" (B={r['prefill_rows']})")
         cos = f"{r['prefill_cos']:.4f} / {r['decode_cos']:.4f}" if "prefill_cos" in r else "-"
-        lines.append(f"| {r['model']} | {r['B']} | {r['T']} | {r['variant']} | {prefill} | {pre_ratio} | "
-                     f"{r['step_ms']:.2f} ({r['step_gpu_ms']:.2f}) | {r['tok_s']:.1f} | {dec_ratio} | {r['cache_bytes'] / GB:.3f} | "
-                     f"{r.get('peak_gb', float('nan')):.1f} | {cos}{'' if r['correct'] else ' WRONG'} |")
+        agree = f"{r['agreement']:.3f}" if "agreement" in r else "-"
+        compile_s = f"{r['compile_s']:.1f}" if r["compile_s"] == r["compile_s"] else ""
+        lines.append(f"{head} {prefill} | {r['step_ms']:.2f} ({r['step_gpu_ms']:.2f}) | {r['tok_s']:.1f} | {ratio} | "
+                     f"{compile_s} | {r['cache_bytes'] / GB:.3f} | {r.get('peak_gb', float('nan')):.1f} | {cos} | "
+                     f"{agree}{'' if r['correct'] else ' WRONG'} |")
     lines += ["", f"## Longest context per row at B = 8, full depth, {KV_BUDGET_GB} GB of K/V (from the measured bytes per token)",
               "", "| model | variant | bytes / token / layer | tokens per row | vs default |", "|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in rows if r["kind"] == "e2e"):
         base = None
-        for v in ("default", "aura4v2"):
+        for v in ("default", *SCHEMES):
             r = next((r for r in rows if r["kind"] == "e2e" and r["model"] == model and r["variant"] == v
                       and "bytes_per_token_layer" in r), None)
             if r is None:
@@ -434,6 +539,12 @@ def render(facts, gdn_default, rows, args) -> str:
             base = n if v == "default" else base
             ratio = f"{n / base:.2f}x" if base else ""
             lines.append(f"| {model} | {v} | {r['bytes_per_token_layer']:.0f} | {n:,} | {ratio} |")
+    depth = [r for r in rows if r["kind"] == "depth"]
+    if depth:
+        lines += ["", "## Teacher-forced agreement with the dense path per depth (B = 1, random weights)", "",
+                  "| model | scheme | layers | T | argmax agreement | logits cos |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['variant']} | {r['layers']} | {r['T']} | {r['agreement']:.3f} | "
+                  f"{r['decode_cos']:.4f} |" for r in depth]
     return "\n".join(lines) + "\n"
 
 
