@@ -13,24 +13,29 @@ each specialised int's ``== 1`` / ``% 16`` (lengths are ``do_not_specialize``: `
 allocates itself are aligned and take their dtype from the inputs. ``VERIFY`` (tests) re-derives
 Triton's own variant key on every cached launch and raises where the cached one differs.
 
-Normal launches, always: under the interpreter (kernels are not ``JITFunction``s there), with a launch
+Off unless ``TORCH_AURA_FAST_LAUNCH=1`` (see ``OPT_IN``). Normal launches, always: under the interpreter (kernels are not ``JITFunction``s there), with a launch
 hook installed (profilers read its metadata), for a Triton version whose internals were not checked
 (``SUPPORTED``), and for stand-ins that tests put in a kernel's place.
 """
 
 from __future__ import annotations
 
+import os
+
 import triton
 from triton.runtime.jit import JITFunction
 
 # Triton versions whose JITFunction.run / CompiledKernel.run this module was written against
 SUPPORTED = ("3.6",)
+# Opt-in until the GPU suite passes with it: its first H200 run (97477d0) hit a sticky CUDA error in
+# test_split_pass_matches_serial_and_reference[B1-T570-...-cps4] that normal launches do not show.
+OPT_IN = os.environ.get("TORCH_AURA_FAST_LAUNCH", "0") == "1"
 try:
     from triton import knobs
     from triton.knobs import HookChain
     from triton.runtime.driver import driver
 
-    ENABLED = ".".join(triton.__version__.split(".")[:2]) in SUPPORTED
+    ENABLED = OPT_IN and ".".join(triton.__version__.split(".")[:2]) in SUPPORTED
 except ImportError:  # another layout of Triton's internals: every launch goes through Triton
     ENABLED = False
 VERIFY = False  # tests: check each cached launch against Triton's own variant key
