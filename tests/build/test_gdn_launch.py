@@ -86,7 +86,7 @@ def stub_device(monkeypatch):
     driver._active = previous
 
 
-def _chunk(B, T, H, HV, K, V, cu=None, dtype=torch.bfloat16, strided=False):
+def _chunk(B, T, H, HV, K, V, cu=None, dtype=torch.bfloat16, strided=False, h0=True, state_v_first=False):
     from torch_aura.triton_kernels.gdn import chunk
 
     if strided:  # q, k, v as slices of one fused projection, as a model's layer hands them over
@@ -99,8 +99,21 @@ def _chunk(B, T, H, HV, K, V, cu=None, dtype=torch.bfloat16, strided=False):
             torch.empty(B, T, HV, V, dtype=dtype)
     N = B if cu is None else len(cu) - 1
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    chunk.gdn_chunk(q, k, v, torch.empty(B, T, HV), torch.empty(B, T, HV), None, torch.zeros(N, HV, K, V), cu_t,
-                    None, True, False)
+    state = torch.zeros(N, HV, *((V, K) if state_v_first else (K, V))) if h0 else None
+    chunk.gdn_chunk(q, k, v, torch.empty(B, T, HV), torch.empty(B, T, HV), None, state, cu_t, None, True,
+                    state_v_first)
+
+
+def _stages(B, T, H, HV, K, V, h0=True, state_v_first=False):
+    """The stage ops fwd_h then fwd_o (h's layout follows ``state_v_first``) over B x T tokens."""
+    from torch_aura.triton_kernels.gdn import chunk
+
+    k, q = torch.empty(B, T, H, K, dtype=torch.bfloat16), torch.empty(B, T, H, K, dtype=torch.bfloat16)
+    w, u = torch.empty(B, T, HV, K, dtype=torch.bfloat16), torch.empty(B, T, HV, V, dtype=torch.bfloat16)
+    g_cum = torch.empty(B, T, HV)
+    state = torch.zeros(B, HV, *((V, K) if state_v_first else (K, V))) if h0 else None
+    h, v_new, _ = chunk.gdn_fwd_h(k, w, u, g_cum, state, None, None, state_v_first)
+    chunk.gdn_fwd_o(q, k, v_new, h, g_cum, None, None, None, state_v_first)
 
 
 def test_cached_launches_run_the_variant_triton_derives(stub_device):
@@ -112,18 +125,22 @@ def test_cached_launches_run_the_variant_triton_derives(stub_device):
         H, K, V = rng.choice(((2, 128, 128), (1, 100, 48), (3, 64, 80)))
         HV = H * rng.choice((1, 2))
         B, T = rng.choice((1, 2, 3)), rng.randint(1, 3000)
-        _chunk(B, T, H, HV, K, V, strided=rng.random() < 0.5)
+        # the state's layout and presence change strides the launchers pass as ints (== 1 is specialised)
+        flags = dict(h0=rng.random() < 0.7, state_v_first=rng.random() < 0.5)
+        _chunk(B, T, H, HV, K, V, strided=rng.random() < 0.5, **flags)
         lengths = [rng.choice((0, 1, rng.randint(1, 64), rng.randint(65, 2000))) for _ in range(rng.randint(1, 5))]
         lengths[-1] += sum(lengths) == 0
         cu = [0]
         for n in lengths:
             cu.append(cu[-1] + n)
-        _chunk(1, cu[-1], H, HV, K, V, cu)
+        _chunk(1, cu[-1], H, HV, K, V, cu, **flags)
+        _stages(B, T, H, HV, K, V, **flags)
         P = rng.randint(4, 40)
         q = torch.empty(B, 1, H, K, dtype=torch.bfloat16)
+        sd = (V, K) if flags["state_v_first"] else (K, V)
         recurrent.gdn_recurrent(q, torch.empty_like(q), torch.empty(B, 1, HV, V, dtype=torch.bfloat16),
-                                torch.empty(B, 1, HV), torch.empty(B, 1, HV), torch.zeros(P, HV, K, V),
-                                torch.randperm(P)[:B].to(torch.int32), None, None, True, False)
+                                torch.empty(B, 1, HV), torch.empty(B, 1, HV), torch.zeros(P, HV, *sd),
+                                torch.randperm(P)[:B].to(torch.int32), None, None, True, flags["state_v_first"])
     assert _launch._cache, "no launch was cached"
 
 

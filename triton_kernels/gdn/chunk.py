@@ -895,7 +895,8 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
     else:
         seg_table, NS, rows = None, 0, N
         h0, h0_strides = initial_state, _state_strides(initial_state, state_v_first)
-    facts = (H, HV, K, V, *map(tensor_key, (k, w, u, g_cum, h0, h, out_rows, q, a_qk, cu_seqlens)))
+    # state_v_first permutes the state strides passed as ints (a 1 among them is specialised)
+    facts = (H, HV, K, V, state_v_first, *map(tensor_key, (k, w, u, g_cum, h0, h, out_rows, q, a_qk, cu_seqlens)))
 
     def run_pass(cfg: Config):
         if cfg.kwargs.get("SM90"):
@@ -1031,7 +1032,7 @@ def _segment_starts(k, w, u, g_cum, initial_state, cu_seqlens, NT, NT_total, fin
     Bt = torch.empty((rows, HV, V, K), dtype=torch.float32, device=dev)
     S0 = torch.empty_like(Bt)
     cu = cu_seqlens
-    facts = (H, HV, K, V, *map(tensor_key, (k, w, u, g_cum, initial_state, cu_seqlens)))
+    facts = (H, HV, K, V, state_v_first, *map(tensor_key, (k, w, u, g_cum, initial_state, cu_seqlens)))
     if n_seg:
         tma_ready = _pass_copies_tiles(k, w, u)
 
@@ -1143,7 +1144,7 @@ def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=
           *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4))))
     launch(
         _gdn_fwd_o_kernel, (cdiv(V, BV) * NT_total * HV,),
-        (H, HV, K, V, *map(tensor_key, (q, k, v_new, h, g_cum, o, cu_seqlens, ci))),
+        (H, HV, K, V, state_v_first, *map(tensor_key, (q, k, v_new, h, g_cum, o, cu_seqlens, ci))),
         q, k, v_new, h, g_cum, o, cu_seqlens, ci, float(K ** -0.5 if scale is None else scale), T, NT, HV, HV // H,
         K, V, *_s3(q), *_s3(k), *_s3(v_new), *_s3(g_cum), *hs, *_s3(o),
         IS_VARLEN=cu_seqlens is not None, BK=min(64, _pow2(K)), BV=BV, DOT_PREC=_dot_prec(q.dtype), num_warps=4)

@@ -108,7 +108,7 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     BV = _v_tile(N * HV, V, q.device)
     sp = state.stride()
     pool = (sp[0], sp[1], sp[3], sp[2]) if state_v_first else sp
-    key = (HV, H, K, V, *map(tensor_key, (q, k, v, g, beta, state, state_indices, cu_seqlens)))
+    key = (HV, H, K, V, state_v_first, *map(tensor_key, (q, k, v, g, beta, state, state_indices, cu_seqlens)))
     launch(_gdn_recurrent_kernel, (cdiv(V, BV) * N * HV,), key,
            q, k, v, g, beta, state, state_indices, cu_seqlens, o, scale, T, HV, HV // H, K, V, state.shape[0],
            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *pool,
