@@ -27,8 +27,7 @@ from triton.runtime.jit import JITFunction
 
 # Triton versions whose JITFunction.run / CompiledKernel.run this module was written against
 SUPPORTED = ("3.6",)
-# Opt-in until the GPU suite passes with it: its first H200 run (97477d0) hit a sticky CUDA error in
-# test_split_pass_matches_serial_and_reference[B1-T570-...-cps4] that normal launches do not show.
+# opt-in until the GPU suite has passed with it (docs/gdn.md §6.1, "Host time")
 OPT_IN = os.environ.get("TORCH_AURA_FAST_LAUNCH", "0") == "1"
 try:
     from triton import knobs
