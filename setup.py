@@ -27,6 +27,21 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 TORCH_TARGET = "-DTORCH_TARGET_VERSION=0x020a000000000000"
 
 
+def _load(name, relpath):
+    """A standard-library-only module of the package, loaded by path: torch_aura is not installed yet."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, relpath))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+# every variable read here is in torch_aura/_env.py's table, with its default and parser
+env = _load("_torch_aura_env", os.path.join("torch_aura", "_env.py"))
+
+
 def _sources(pattern):
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
 
@@ -42,16 +57,16 @@ def _torch():
 
 def _cuda_extension(torch):
     sources = _sources("csrc/cuda/*.cu") + _sources("csrc/cuda/*.cpp")  # register.cpp binds them
-    flag = os.environ.get("AURA_BUILD_CUDA", "")
+    flag = env.get("AURA_BUILD_CUDA")  # "0", "1" or None (auto)
     if not sources or flag == "0" or torch is None:
         return None
-    nvcc = shutil.which("nvcc") or (os.environ.get("CUDA_HOME") and
-                                     os.path.exists(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")))
+    cuda_home = env.get("CUDA_HOME")
+    nvcc = shutil.which("nvcc") or (cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc")))
     if flag != "1" and not (nvcc and torch.version.cuda):
         return None
     from torch.utils.cpp_extension import CUDAExtension
 
-    arch = os.environ.get("AURA_CUDA_ARCH", "90")
+    arch = env.get("AURA_CUDA_ARCH")
     return CUDAExtension(
         "torch_aura._C_cuda", sources, py_limited_api=True,
         include_dirs=[os.path.join(ROOT, "csrc")],
@@ -64,7 +79,7 @@ def _cuda_extension(torch):
 
 def _cpu_extension():
     sources = _sources("csrc/cpu/*.cpp")
-    if not sources or os.environ.get("AURA_BUILD_CPU", "") == "0":
+    if not sources or not env.get("AURA_BUILD_CPU"):
         return None
     from setuptools import Extension
 
@@ -80,13 +95,9 @@ def _mps_extension(torch):
     sources = _sources("csrc/mps/*.mm")
     if sys.platform != "darwin" or torch is None or not sources or not torch.backends.mps.is_built():
         return None
-    import importlib.util
-
     from torch.utils.cpp_extension import CppExtension
 
-    spec = importlib.util.spec_from_file_location("embed_metal", os.path.join(ROOT, "tools", "embed_metal.py"))
-    embed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(embed)
+    embed = _load("embed_metal", os.path.join("tools", "embed_metal.py"))
     generated = os.path.join(ROOT, "build", "aura_generated")
     embed.write_header(__import__("pathlib").Path(generated) / "aura_shader_sources.h")
     # _C_mps uses ordinary ATen (the stable ABI has no MPS surface): it is tied to this torch

@@ -1,4 +1,4 @@
-"""``TORCH_AURA_DEBUG=1``: the reference's data checks on every device.
+"""``TORCH_AURA_DEBUG`` (any value but ``0``; ``_env.py``): the reference's data checks on every device.
 
 The metadata checks (dtype, rank, shapes, devices) run on every call everywhere. The data checks
 (``seq_lens`` within the cache, page indices within the pool, slots, pool rows, sequence offsets)
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 
 import torch
 
-ENABLED = os.environ.get("TORCH_AURA_DEBUG", "0") not in ("", "0")
+from . import _env
+
+ENABLED = _env.get("TORCH_AURA_DEBUG")  # read once: the wrappers are decorated at import
 
 
 def validated(fn):

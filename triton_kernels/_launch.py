@@ -20,15 +20,15 @@ hook installed (profilers read its metadata), for a Triton version whose interna
 
 from __future__ import annotations
 
-import os
-
 import triton
 from triton.runtime.jit import JITFunction
+
+from .. import _env
 
 # Triton versions whose JITFunction.run / CompiledKernel.run this module was written against
 SUPPORTED = ("3.6",)
 # opt-in until the GPU suite has passed with it (docs/gdn.md §6.1, "Host time")
-OPT_IN = os.environ.get("TORCH_AURA_FAST_LAUNCH", "0") == "1"
+OPT_IN = _env.get("TORCH_AURA_FAST_LAUNCH")
 try:
     from triton import knobs
     from triton.knobs import HookChain

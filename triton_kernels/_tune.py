@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from .. import _env  # torch_aura._env: this package installs as torch_aura.triton_kernels
+
 
 @dataclass(frozen=True)
 class Config:
@@ -124,7 +126,7 @@ def descriptor_workspace(device: torch.device):
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _env.get("TRITON_INTERPRET")
 
 
 # --------------------------------------------------------------------- tuned configs on disk
@@ -141,11 +143,12 @@ def gpu_slug(device: torch.device) -> str:
 
 def user_table_path(slug: str) -> Path | None:
     """Where this process keeps the decisions it timed for GPU ``slug``, or None (disabled)."""
-    folder = os.environ.get(TUNE_CACHE_ENV)
-    if folder is not None and folder.strip().lower() in ("", "0", "off", "none", "false"):
-        return None
-    if folder is None:
-        folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_aura" / "tune"
+    if not _env.is_set(TUNE_CACHE_ENV):
+        folder = Path(_env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_aura" / "tune"
+    else:
+        folder = _env.get(TUNE_CACHE_ENV)
+        if folder is None:  # 0 / off: this process only
+            return None
     import triton
 
     from .. import __version__
@@ -242,7 +245,7 @@ class Tuner:
 
     def __call__(self, key: tuple, launch, device: torch.device) -> None:
         """Run ``launch(config)`` with the remembered or freshly tuned config for ``key`` on ``device``."""
-        if len(self.configs) == 1 or interpreting() or os.environ.get("TORCH_AURA_TUNE", "1") == "0":
+        if len(self.configs) == 1 or interpreting() or not _env.get("TORCH_AURA_TUNE"):
             return self._first_that_fits(launch)
         memo = (device.index, key)
         cfg = self.cache.get(memo)

@@ -9,7 +9,7 @@ Environment:
 
 * ``TORCH_AURA_BACKENDS=ref`` loads no kernel backend: the reference serves every device (a
   kill-switch). A comma list (``cuda,triton,mps``) loads only those; unset or ``all`` loads all.
-* ``TORCH_AURA_STRICT=1`` turns the silent (warn-once) fallback to the reference on a non-CPU
+* ``TORCH_AURA_STRICT`` (any value but ``0``) turns the silent (warn-once) fallback to the reference on a non-CPU
   device into a ``RuntimeError``.
 """
 
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 import warnings
 
 import torch
 
+from .. import _env
 from .._schema import CUDA_PROVIDER, OPS
 from ..cpu import FAST_PATHS as CPU_FAST_PATHS  # names only: torch_aura.cpu imports nothing at load
 
@@ -41,12 +41,13 @@ KNOWN_BACKENDS = ("cpu", "cuda", "triton", "mps")
 
 def _requested_backends() -> tuple[set[str], str | None]:
     """Backends allowed by TORCH_AURA_BACKENDS and, if any were excluded, the reason to report."""
-    raw = os.environ.get("TORCH_AURA_BACKENDS", "").strip().lower()
-    if raw in ("", "all"):
+    names = _env.get("TORCH_AURA_BACKENDS")
+    raw = ",".join(names)
+    if names == ("all",):
         return set(KNOWN_BACKENDS), None
-    if raw == "ref":
+    if names == ("ref",):
         return set(), "disabled by TORCH_AURA_BACKENDS=ref"
-    wanted = {w.strip() for w in raw.split(",") if w.strip()}
+    wanted = set(names)
     unknown = wanted - set(KNOWN_BACKENDS)
     if unknown:
         warnings.warn(f"TORCH_AURA_BACKENDS: ignoring unknown backend(s) {sorted(unknown)}; "
@@ -204,7 +205,7 @@ def note_reference_fallback(op: str, device: torch.device) -> None:
     if _FORCED_REF:
         return  # asked for explicitly: nothing to warn about
     reason = why_reference(op, device.type)
-    if os.environ.get("TORCH_AURA_STRICT", "0") not in ("", "0"):
+    if _env.get("TORCH_AURA_STRICT"):
         raise RuntimeError(f"aura::{op} on {device.type}: no kernel ({reason}); "
                            "TORCH_AURA_STRICT=1 forbids the fallback to the reference")
     key = (op, device.type)

@@ -34,13 +34,13 @@ masked ``q k^T``; G and the states are fp32. ``gdn_chunk`` computes its output i
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Callable, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from ... import _env
 from ..._checks import gdn as _checks
 from ..._checks.common import remembered
 from .._launch import launch, tensor_key
@@ -1101,9 +1101,9 @@ def _overlap_pass(k, q, w, u, a_qk, cu_seqlens) -> bool:
     ``TORCH_AURA_GDN_OVERLAP=0`` turns it off (the serial order is kept for every other shape). So does
     an MPS client limited to part of the GPU (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` below 100): the
     device still reports all its SMs, and spinning pass CTAs could then hold every SM the client gets."""
-    if os.environ.get("TORCH_AURA_GDN_OVERLAP", "1") == "0":
+    if not _env.get("TORCH_AURA_GDN_OVERLAP"):
         return False
-    if float(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100") or 100) < 100:
+    if _env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") < 100:
         return False
     if not _hopper_pass_ready(k, _pass_copies_tiles(k, w, u, q, a_qk), True):
         return False

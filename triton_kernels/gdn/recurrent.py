@@ -15,12 +15,11 @@ Duplicate rows race; ``TORCH_AURA_DEBUG=1`` checks for them on the host (one syn
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from ... import _env
 from ..._checks import gdn as _checks
 from ..._checks.common import remembered
 from .._launch import launch, tensor_key
@@ -70,9 +69,9 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
 
 
 def debug_check_pool_rows(state_indices: torch.Tensor, P: int) -> None:
-    """Under ``TORCH_AURA_DEBUG=1``, check a pool launcher's rows on the host (one sync): in ``[0, P)`` or
+    """Under ``TORCH_AURA_DEBUG`` (read per call, so a test can set it), check a pool launcher's rows on the host (one sync): in ``[0, P)`` or
     -1 (skip), and no duplicates (two sequences writing one row race)."""
-    if os.environ.get("TORCH_AURA_DEBUG", "0") != "1":
+    if not _env.get("TORCH_AURA_DEBUG"):
         return
     rows = state_indices.tolist()
     bad = [s for s in rows if not -1 <= s < P]
