@@ -80,7 +80,8 @@ def register() -> None:
     """vLLM's general-plugin hook: idempotent, called once per vLLM process.
 
     Fills the ``CUSTOM`` slot unless another plugin already holds it (then it logs and leaves it),
-    and installs the platform hooks of :mod:`.platform`.
+    and installs the platform hooks of :mod:`.platform` and, on vLLM 0.24, the spec hook of
+    :mod:`._compat`.
     """
     import logging
 
@@ -93,6 +94,8 @@ def register() -> None:
                     custom.get_path())
         return
     register_backend(custom, BACKEND_PATH)
+    from . import _compat
     from .platform import install
 
     install()
+    _compat.install()

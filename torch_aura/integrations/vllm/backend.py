@@ -16,7 +16,6 @@ configuration before any engine process starts.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import ClassVar
 
 import torch
@@ -36,9 +35,9 @@ from vllm.v1.attention.backend import (  # noqa: E402
     MultipleOf,
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills  # noqa: E402
-from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout  # noqa: E402
+from vllm.v1.kv_cache_interface import AttentionSpec  # noqa: E402
 
-from . import SERVING_LOG_PREFIX  # noqa: E402
+from . import SERVING_LOG_PREFIX, _compat  # noqa: E402
 from ._env import Settings, settings  # noqa: E402
 from ._paged import AuraPages, BatchPlan, DensePages, aura_slot_bytes, plan_batch  # noqa: E402
 from ._support import BLOCK_MULTIPLE, DTYPES, head_dims, refusal, refusals  # noqa: E402
@@ -144,6 +143,7 @@ class AuraAttentionBackend(AttentionBackend):
     """vLLM's ``CUSTOM`` slot; the format (dense or AURA) comes from ``TORCH_AURA_VLLM_KV_CACHE``."""
 
     forward_includes_kv_cache_update: bool = False  # vLLM calls do_kv_cache_update first
+    torch_aura_backend: ClassVar[bool] = True  # marks the layers _compat.install may customise
     supported_dtypes: ClassVar[list[torch.dtype]] = list(DTYPES)
     supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
 
@@ -175,8 +175,24 @@ class AuraAttentionBackend(AttentionBackend):
 
     @classmethod
     def supported_kv_cache_layouts(cls):
-        # [block, token, head, K|V]: each page's bytes contiguous, K and V rows [block, N, H, D]
+        """vLLM >= 0.32: [block, token, head, K|V], each page's bytes contiguous."""
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
         return (KVCacheLayout.LBNHC,)
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
+        """vLLM 0.24: the same per-layer view as ``LBNHC`` above (read through the stride order)."""
+        s = settings()
+        slot = aura_slot_bytes(head_size, *s.scheme) if s.is_aura else None
+        return _compat.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, slot)
+
+    @staticmethod
+    def get_kv_cache_stride_order(include_num_layers_dimension: bool = False):
+        """vLLM 0.24; a layers dimension (cross-layer KV connectors) is not offered."""
+        if include_num_layers_dimension:
+            raise NotImplementedError("torch_aura's CUSTOM backend keeps one KV cache tensor per layer")
+        return _compat.STRIDE_ORDER
 
     @classmethod
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
@@ -185,6 +201,6 @@ class AuraAttentionBackend(AttentionBackend):
             raise refusal([f"K head size {spec.head_size} and V head size {spec.head_size_v}: the CUSTOM "
                            "backend needs equal K and V head sizes; drop --attention-backend CUSTOM to serve "
                            "it with vLLM's own attention backend"])
-        if s.scheme is None or spec.state_content_bytes is not None:
+        if s.scheme is None or _compat.is_compressed(spec):
             return spec
-        return replace(spec, dtype=torch.uint8, state_content_bytes=aura_slot_bytes(spec.head_size, *s.scheme))
+        return _compat.compressed_spec(spec, aura_slot_bytes(spec.head_size, *s.scheme))

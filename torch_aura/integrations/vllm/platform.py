@@ -96,7 +96,7 @@ def check_engine_config(vllm_config) -> None:
         return
     import vllm.envs as envs
 
-    per_kind = dict(vllm_config.attention_config.backend_per_kind or {})
+    per_kind = dict(getattr(vllm_config.attention_config, "backend_per_kind", None) or {})  # vLLM >= 0.32
     routed_away = {kind for kind, backend in per_kind.items() if not _ours(backend)}
     text = model.hf_text_config
     parallel, spec = vllm_config.parallel_config, vllm_config.speculative_config
@@ -107,12 +107,13 @@ def check_engine_config(vllm_config) -> None:
         use_mla=model.use_mla and not routed_away & {"mla_attention", "sliding_window_mla"},
         sliding_window=None if "sliding_window" in routed_away else model.get_sliding_window(),
         attn_type="encoder_decoder" if model.is_encoder_decoder else "decoder",
-        use_non_causal=vllm_config.attention_config.use_non_causal,
+        use_non_causal=getattr(vllm_config.attention_config, "use_non_causal", False),
         use_batch_invariant=envs.VLLM_BATCH_INVARIANT,
         use_kv_connector=kv is not None and kv.is_kv_transfer_instance,
         use_pcp=parallel.prefill_context_parallel_size > 1, use_dcp=parallel.decode_context_parallel_size > 1,
-        use_adaptive_verification=spec is not None and spec.enable_adaptive_verification,
-        use_rswa=model.rswa_window is not None,
+        # fields vLLM 0.24 lacks (so cannot be asked for there)
+        use_adaptive_verification=spec is not None and getattr(spec, "enable_adaptive_verification", False),
+        use_rswa=getattr(model, "rswa_window", None) is not None,
         logits_soft_cap=getattr(text, "attn_logit_softcapping", None) or None,
         speculative_method=spec.method if spec is not None else None)
     if reasons:
