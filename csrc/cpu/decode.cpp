@@ -2,6 +2,7 @@
 // bf16 or fp16 rows read in place from a contiguous or paged cache, then the log-sum-exp merge. One
 // call serves a whole ragged batch and reads no row past a sequence's length, where ATen's fused
 // CPU attention needs a call per length (or a mask that still reads the padding).
+#include "dense_avx2.h"
 #include "pass1.h"
 
 using namespace aura_cpu;
@@ -26,6 +27,7 @@ struct DecodeArgs {
   float* lse;  // [B, Hq] fp32
   int64_t lse_stride[2];  // floats
   int64_t threads;
+  int64_t portable;  // 1: pass1.h's portable item even where the AVX2 one could run (tests compare the two)
   int64_t bad[2];  // out: the (b, page) of the first invalid length or page index
 };
 
@@ -104,6 +106,25 @@ void store(RowKind kind, uint8_t* p, float f) {
   }
 }
 
+// Pass 1 with the AVX2 item where the CPU has AVX2, FMA and F16C, else run_item.
+int run_dense_pass1(const Pass1& p, const RowSource& k, const RowSource& v, bool portable) {
+#ifdef AURA_HAVE_DENSE_AVX2
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           __builtin_cpu_supports("f16c");
+  if (avx2 && !portable && p.L == 1) {
+    switch (k.kind) {
+      case RowKind::F32: return run_pass1(p, k, v, dense_item<RowKind::F32>);
+      case RowKind::BF16: return run_pass1(p, k, v, dense_item<RowKind::BF16>);
+      case RowKind::F16: return run_pass1(p, k, v, dense_item<RowKind::F16>);
+      default: break;
+    }
+  }
+#else
+  (void)portable;
+#endif
+  return run_pass1(p, k, v);
+}
+
 }  // namespace
 
 // 0: done; 1: a thread or an allocation failed; 2: a length outside [0, capacity] or a used page index
@@ -154,7 +175,7 @@ extern "C" int aura_cpu_flash_decode(DecodeArgs* a) {
   const RowKind kind = RowKind(a->kind);
   const RowSource k{kind, a->k, {a->k_stride[0], a->k_stride[1], a->k_stride[2]}};
   const RowSource v{kind, a->v, {a->v_stride[0], a->v_stride[1], a->v_stride[2]}};
-  if (run_pass1(p, k, v) != 0) return 1;
+  if (run_dense_pass1(p, k, v, a->portable != 0) != 0) return 1;
   if (parallel(rows, a->threads, rows * NB * D, [&](int64_t first, int64_t step) {
         for (int64_t r = first; r < rows; r += step) merge_row(o.data(), m.data(), l.data(), r, NB, D, y.data(), z.data());
       }) != 0)

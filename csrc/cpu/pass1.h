@@ -217,11 +217,40 @@ static AURA_INLINE float exp_nonpositive(float x) {
   return tiny ? 0.0f : e;
 }
 
+// Locality 1 (prefetcht2): the next tile waits in L2 and leaves L1 to the tile being computed.
+#if defined(__GNUC__)
+#define AURA_PREFETCH(p) __builtin_prefetch((p), 0, 1)
+#else
+#define AURA_PREFETCH(p) ((void)(p))
+#endif
+
+// The next tile's rows of one side, prefetched a few at a time between pieces of this tile's work (a
+// whole tile at once fills the core's miss buffers, and the work then waits behind its own prefetches).
+struct Pump {
+  const uint8_t* rows[TILE];
+  const float* norms[TILE];
+  int64_t n = 0, bytes = 0, done = 0;
+
+  void set(const RowSource& s, int64_t i, const int64_t* c) {
+    rows[i] = s.rows + c[0] * s.stride[0] + c[1] * s.stride[1] + c[2] * s.stride[2];
+    norms[i] = s.norms ? s.norms + c[0] * s.norm_stride[0] + c[1] * s.norm_stride[1] + c[2] * s.norm_stride[2] : nullptr;
+  }
+  AURA_INLINE void upto(int64_t r) {  // rows [done, r) of the n
+    for (r = std::min(r, n); done < r; ++done) {
+      for (int64_t off = 0; off < bytes; off += 64) AURA_PREFETCH(rows[done] + off);
+      if (norms[done]) AURA_PREFETCH(norms[done]);
+    }
+  }
+};
+
 struct Scratch {
   std::vector<float> k, v, kn, vn, s, pv, acc, run_m, run_l, zeros;  // pv, acc: rows padded to a multiple of 4
   std::vector<uint8_t> poisoned;
   const float* krow[TILE];  // the tile's rows: in the cache (fp32) or in k / v (converted)
   const float* vrow[TILE];
+  const uint8_t* kraw[TILE + 8];  // the dense item's rows as they lie (decode.cpp), padded to its token blocks
+  const uint8_t* vraw[TILE];
+  Pump kpump, vpump;
 };
 
 constexpr int RB = 4, JB = 16;  // V accumulation register block: up to 4 query rows x 16 dims
@@ -229,8 +258,10 @@ constexpr int RB = 4, JB = 16;  // V accumulation register block: up to 4 query 
 // acc[r][:] += sum_i pv[r][i] * v[i][:] for R <= RB rows r: each V load feeds R FMAs and the R x 16
 // accumulators stay in registers over the tile's tokens.
 template <int R>
-static AURA_INLINE void accumulate_v(const float* pv, const float* const* v, int64_t nt, int64_t D, float* acc) {
+static AURA_INLINE void accumulate_v(const float* pv, const float* const* v, int64_t nt, int64_t D, float* acc,
+                                     Pump& pump) {
   for (int64_t j0 = 0; j0 < D; j0 += JB) {
+    pump.upto((j0 + JB) * pump.n / D);
     float a[R][JB];
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < JB; ++j) a[r][j] = acc[r * D + j0 + j];
@@ -249,13 +280,13 @@ static AURA_INLINE void accumulate_v(const float* pv, const float* const* v, int
 // All `rows` query rows of an item, RB at a time, then the remainder (a GQA group of 2 does no work
 // for padding rows).
 static AURA_INLINE void accumulate_rows(const float* pv, const float* const* v, int64_t nt, int64_t D, float* acc,
-                                   int64_t rows) {
+                                   int64_t rows, Pump& pump) {
   int64_t r0 = 0;
-  for (; r0 + RB <= rows; r0 += RB) accumulate_v<RB>(pv + r0 * TILE, v, nt, D, acc + r0 * D);
+  for (; r0 + RB <= rows; r0 += RB) accumulate_v<RB>(pv + r0 * TILE, v, nt, D, acc + r0 * D, pump);
   switch (rows - r0) {
-    case 3: accumulate_v<3>(pv + r0 * TILE, v, nt, D, acc + r0 * D); break;
-    case 2: accumulate_v<2>(pv + r0 * TILE, v, nt, D, acc + r0 * D); break;
-    case 1: accumulate_v<1>(pv + r0 * TILE, v, nt, D, acc + r0 * D); break;
+    case 3: accumulate_v<3>(pv + r0 * TILE, v, nt, D, acc + r0 * D, pump); break;
+    case 2: accumulate_v<2>(pv + r0 * TILE, v, nt, D, acc + r0 * D, pump); break;
+    case 1: accumulate_v<1>(pv + r0 * TILE, v, nt, D, acc + r0 * D, pump); break;
     default: break;
   }
 }
@@ -278,19 +309,6 @@ static AURA_INLINE void coords(const Pass1& a, int64_t b, int64_t h, int64_t t, 
   } else {
     c[0] = b, c[1] = h, c[2] = t;
   }
-}
-
-// Locality 1 (prefetcht2): the next tile waits in L2 and leaves L1 to the tile being computed.
-#if defined(__GNUC__)
-#define AURA_PREFETCH(p) __builtin_prefetch((p), 0, 1)
-#else
-#define AURA_PREFETCH(p) ((void)(p))
-#endif
-
-static AURA_INLINE void prefetch_row(const RowSource& s, const int64_t* c, int64_t bytes) {
-  const uint8_t* row = s.rows + c[0] * s.stride[0] + c[1] * s.stride[1] + c[2] * s.stride[2];
-  for (int64_t off = 0; off < bytes; off += 64) AURA_PREFETCH(row + off);
-  if (s.norms) AURA_PREFETCH(s.norms + c[0] * s.norm_stride[0] + c[1] * s.norm_stride[1] + c[2] * s.norm_stride[2]);
 }
 
 // The live token range [t0, t_end) of an item and its (b, h).
@@ -331,11 +349,14 @@ AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v
     const bool same = ts + TILE < t_end;
     const int64_t pb = same ? b : next.b, ph = same ? h : next.h, pt = same ? ts + TILE : next.t0;
     const int64_t pn = std::max<int64_t>(0, std::min<int64_t>(TILE, same ? t_end - pt : next.t_end - next.t0));
+    w.kpump.n = w.vpump.n = pn;
+    w.kpump.bytes = kbytes, w.vpump.bytes = vbytes;
+    w.kpump.done = w.vpump.done = 0;
     for (int64_t i = 0; i < pn; ++i) {
       int64_t c[3];
       coords(a, pb, ph, pt + i, c);
-      prefetch_row(k, c, kbytes);
-      prefetch_row(v, c, vbytes);
+      w.kpump.set(k, i, c);
+      w.vpump.set(v, i, c);
     }
     for (int64_t i = 0; i < nt; ++i) {
       int64_t c[3];  // (b, h, t) or (page, row, h)
@@ -356,7 +377,10 @@ AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v
         const float* q = a.q + ((b * L + lq) * a.Hq + h * G + g) * D;
         float* s = &w.s[0];
         float tile_max = NEG_INF;
-        for (int64_t i = 0; i < seen; i += 4) dot4(q, &w.krow[i], D, s + i);  // rows past nt are zeros
+        for (int64_t i = 0; i < seen; i += 4) {
+          w.kpump.upto(w.kpump.done + 4);
+          dot4(q, &w.krow[i], D, s + i);  // rows past nt are zeros
+        }
         for (int64_t i = 0; i < seen; ++i) {
           s[i] *= w.kn[i];
           if (std::isnan(s[i])) w.poisoned[r] = 1;
@@ -382,7 +406,9 @@ AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v
         w.run_l[r] = l_sum;
       }
     }
-    accumulate_rows(w.pv.data(), w.vrow, nt, D, w.acc.data(), R);
+    accumulate_rows(w.pv.data(), w.vrow, nt, D, w.acc.data(), R, w.vpump);
+    w.kpump.upto(pn);
+    w.vpump.upto(pn);
   }
   const float NaN = std::numeric_limits<float>::quiet_NaN();
   for (int64_t lq = 0; lq < L; ++lq) {
@@ -403,8 +429,10 @@ AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v
   }
 }
 
-// Every item of a pass-1 call on a.threads threads; 0, or 1 where a thread could not start.
-inline int run_pass1(const Pass1& a, const RowSource& k, const RowSource& v) {
+// Every item of a pass-1 call on a.threads threads, through item(a, k, v, item, next_item, scratch)
+// (run_item unless a caller has a specialised one); 0, or 1 where a thread could not start.
+template <class Item>
+inline int run_pass1(const Pass1& a, const RowSource& k, const RowSource& v, const Item& item_fn) {
   const int64_t items = a.B * a.Hkv * a.num_blocks;
   const int64_t rows = a.L * (a.Hq / a.Hkv);
   auto run = [&](int64_t first, int64_t step) {
@@ -421,9 +449,14 @@ inline int run_pass1(const Pass1& a, const RowSource& k, const RowSource& v) {
     w.run_m.resize(rows);
     w.run_l.resize(rows);
     w.poisoned.resize(rows);
-    for (int64_t item = first; item < items; item += step) run_item(a, k, v, item, item + step < items ? item + step : -1, w);
+    for (int64_t item = first; item < items; item += step) item_fn(a, k, v, item, item + step < items ? item + step : -1, w);
   };
   return parallel(items, a.threads, a.B * a.L * a.Hq * a.capacity * a.D, run);
+}
+
+inline int run_pass1(const Pass1& a, const RowSource& k, const RowSource& v) {
+  return run_pass1(a, k, v, [](const Pass1& a, const RowSource& k, const RowSource& v, int64_t item, int64_t next,
+                               Scratch& w) { run_item(a, k, v, item, next, w); });
 }
 
 // Log-sum-exp merge of the NB block partials of row r (reference merge_partials / aura_flash_p2): empty

@@ -5,8 +5,9 @@ ATen's fused CPU attention where the C++ library is not built) against the refer
 ``torch.ops.aura.flash_decode*`` on CPU tensors runs the fast path; the reference runs the CUDA
 kernel's split plan token by token and is the oracle. Cases: the shared samples, every GQA ratio
 1..8 on both layouts, lengths 0 / 1 / page - 1 / page + 1, NaN padding past a row's length (never
-read), NaN in a live token (propagates to its row only), non-contiguous views, 16-bit dtypes; each
-through both implementations, and the native one equal bit for bit at any thread count.
+read), NaN in a live token's K or V (propagates to its row only), non-contiguous views and outputs,
+16-bit dtypes, out-of-range lengths and page indices; each through every implementation (the native
+one with its AVX2 and its portable pass 1), and the native one equal bit for bit at any thread count.
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ def _same(name, ours, ref):
     assert_close(f"{name} lse", lse, r_lse, RATIO[torch.float32])
 
 
-@pytest.fixture(params=["native", "aten"])
+@pytest.fixture(params=["native", "portable", "aten"])
 def impl(request, monkeypatch):
     """Which implementation serves: the C++ library where built (ATen still takes contiguous caches of
-    one length), or ATen's attention for everything without it."""
-    if request.param == "native" and native.LIB is None:
+    one length) with its AVX2 item where the CPU has one, the same with pass1.h's portable item, or
+    ATen's attention for everything without the library."""
+    if request.param != "aten" and native.LIB is None:
         pytest.skip(f"no CPU extension: {native.REASON}")
+    if request.param == "portable":
+        monkeypatch.setattr(native, "SIMD", False)
     if request.param == "aten":
         monkeypatch.setattr(native, "LIB", None)
     return request.param
@@ -154,3 +158,33 @@ def test_native_answer_does_not_depend_on_threads_and_long_rows_split(paged):
         torch.set_num_threads(threads)
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
     _same("long", one, R.flash_decode(q, k, v, lens, table))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
+def test_paged_nan_key_strided_out_and_page_errors(dtype, impl):
+    """A NaN in a live key poisons its KV head's query rows only; flash_decode_out fills strided outputs
+    in place; a length past the table's capacity or a used page index outside the cache raises the
+    reference's error, while unused table entries (-1) are never read."""
+    g = torch.Generator().manual_seed(14)
+    B, Hq, Hkv, D, T, page = 3, 6, 2, 80, 70, 32
+    q = torch.randn(B, Hq, D, generator=g).to(dtype)
+    k, v = (torch.randn(B, Hkv, T, D, generator=g).to(dtype) for _ in range(2))
+    lens = torch.tensor([70, 33, 5], dtype=torch.int32)
+    table = _page_table(B, T, page, g)
+    k, v = _paged_copy(k, table, page), _paged_copy(v, table, page)
+    table[2, 1:] = -1  # row 2 uses one page
+    k[table[1, 1], 0, 1] = math.nan  # token 32 of row 1, KV head 1: query heads 3..5
+    out = torch.full((B, 2 * Hq, D), 7.0, dtype=dtype)[:, ::2]  # a strided view: written in place
+    lse = torch.full((Hq, B), 7.0).t()
+    torch.ops.aura.flash_decode_out(q, k, v, lens, table, None, 0, out, lse)
+    r_out, r_lse = R.flash_decode(q, k, v, lens, table)
+    bad = out.isnan().any(-1)
+    assert bad[1, 3:].all() and int(bad.sum()) == 3
+    keep = ~bad
+    assert_close("out", out[keep].float(), r_out[keep].float(), RATIO[dtype])
+    assert_close("lse", lse[keep], r_lse[keep], RATIO[torch.float32])
+    with pytest.raises(ValueError, match=r"seq_lens: expected values in \[0, 96\]"):
+        ta.flash_decode(q, k, v, torch.tensor([97, 1, 1], dtype=torch.int32), table)
+    table[1, 1] = k.shape[0]
+    with pytest.raises(ValueError, match=r"block_table: expected page indices in \[0, 11\)"):
+        ta.flash_decode(q, k, v, lens, table)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 
 import torch
 
@@ -37,9 +38,13 @@ class _DecodeArgs(ctypes.Structure):
         ("seq_lens", _ptr), ("block_table", _ptr), ("bt_stride", _i64 * 2),
         ("B", _i64), ("Hq", _i64), ("Hkv", _i64), ("D", _i64), ("capacity", _i64), ("page_size", _i64),
         ("num_pages", _i64), ("out", _ptr), ("out_kind", _i64), ("out_stride", _i64 * 2),
-        ("lse", _ptr), ("lse_stride", _i64 * 2), ("threads", _i64), ("bad", _i64 * 2),
+        ("lse", _ptr), ("lse_stride", _i64 * 2), ("threads", _i64), ("portable", _i64), ("bad", _i64 * 2),
     ]
 
+
+# False: dense decode runs pass1.h's portable item even where decode.cpp's AVX2 one could (the tests
+# compare the two; TORCH_AURA_CPU_SIMD=0 sets it for a process).
+SIMD = os.environ.get("TORCH_AURA_CPU_SIMD", "1") != "0"
 
 # pass1.h's RowKind of a dense cache's dtype
 _ROW_KIND = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
@@ -175,7 +180,7 @@ def flash_decode(q, k_cache, v_cache, seq_lens, block_table, scale: float, out, 
     a.out, a.out_kind = out.data_ptr(), _ROW_KIND[out.dtype]
     a.out_stride[:] = [s * out.element_size() for s in out.stride()[:2]]
     a.lse, a.lse_stride[:] = lse.data_ptr(), lse.stride()
-    a.threads = torch.get_num_threads()
+    a.threads, a.portable = torch.get_num_threads(), not SIMD
     status = LIB.aura_cpu_flash_decode(ctypes.byref(a))
     if status == 1:
         raise RuntimeError("flash_decode (cpu): the native kernel could not start its threads or allocate")
