@@ -87,7 +87,7 @@ def clang_or_skip() -> str:
 
 def _digest(clang: str, flags: list[str]) -> str:
     h = hashlib.sha256((clang + " ".join(flags)).encode())
-    files = SHADERS + TEST_SHADERS + HOST_SOURCES + sorted(MPS_SRC.rglob("*.h"))
+    files = SHADERS + TEST_SHADERS + HOST_SOURCES + sorted(MPS_SRC.rglob("*.h")) + sorted((REPO / "csrc" / "generated").glob("*.h"))
     for f in files:
         h.update(str(f).encode())
         h.update(f.read_bytes())

@@ -14,8 +14,6 @@ namespace {
 
 constexpr int kAutoBlockFloor = 256;  // decode.md §4: a split below this costs more than it saves
 
-bool supported_aura_dim(int64_t D) { return D == 64 || D == 128 || D == 256 || D == 512; }
-bool supported_bits(int64_t b) { return b == 2 || b == 3 || b == 4 || b == 8; }
 
 FloatKind float_kind(const Tensor& t, const char* name) {
   switch (t.scalar_type()) {
@@ -34,11 +32,12 @@ FloatKind float_kind(ScalarType t, const char* name) {
 }
 
 void check_head_dim(int64_t D, const char* where) {
-  AURA_CHECK(supported_aura_dim(D), "head_dim: expected one of 64, 128, 256, 512, got ", D, " (", where, ")");
+  AURA_CHECK(limits::is_aura_head_dim(D), "head_dim: expected one of " AURA_LIMITS_AURA_HEAD_DIMS_TEXT ", got ", D, " (",
+             where, ")");
 }
 
 void check_bits(int64_t bits, const char* name) {
-  AURA_CHECK(supported_bits(bits), name, ": expected one of 2, 3, 4, 8, got ", bits);
+  AURA_CHECK(limits::is_aura_bits(bits), name, ": expected one of " AURA_LIMITS_AURA_BITS_TEXT ", got ", bits);
 }
 
 // A CUDA tensor of rank >= min_dim with a unit last stride (or a last dim of size <= 1).
@@ -114,12 +113,9 @@ unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kAuraWa
 // fp16 / bf16 queries take the warp-split tensor-core kernel, fp32 queries the exact one (aura.cuh).
 P1Kernel p1_kernel(int64_t D, int64_t kb, int64_t vb, FloatKind q_kind, int device) {
   const bool warp = q_kind != FloatKind::kF32;
-  switch (D) {
-    case 64: return p1_kernel_for_dim<64>(kb, vb, warp, device);
-    case 128: return p1_kernel_for_dim<128>(kb, vb, warp, device);
-    case 256: return p1_kernel_for_dim<256>(kb, vb, warp, device);
-    default: return p1_kernel_for_dim<512>(kb, vb, warp, device);
-  }
+  P1Kernel k{};
+  with_dim(D, [&](auto d) { k = p1_kernel_for_dim<decltype(d)::value>(kb, vb, warp, device); });
+  return k;
 }
 
 struct CacheShape {
@@ -391,8 +387,8 @@ Tensor aura_dequantize_cuda(Tensor codes, Tensor norms, Tensor codebook, int64_t
   check_dtype(codes, "codes", ScalarType::Int);
   check_bits(bits, "bits");
   const int64_t nd = codes.dim(), PW = codes.size(nd - 1), D = PW * 32 / bits;
-  AURA_CHECK((PW * 32) % bits == 0 && supported_aura_dim(D), "codes.shape[-1]: expected ", bits,
-             "-bit rows of a head_dim in 64, 128, 256, 512, got ", PW, " words");
+  AURA_CHECK((PW * 32) % bits == 0 && limits::is_aura_head_dim(D), "codes.shape[-1]: expected ", bits,
+             "-bit rows of a head_dim in " AURA_LIMITS_AURA_HEAD_DIMS_TEXT ", got ", PW, " words");
   AURA_CHECK(norms.is_cuda() && norms.dim() == nd - 1, "norms: expected a CUDA tensor of rank ", nd - 1);
   check_dtype(norms, "norms", ScalarType::Float);
   for (int64_t d = 0; d + 1 < nd; ++d)

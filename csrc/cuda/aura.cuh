@@ -1462,19 +1462,13 @@ P1Kernel p1_kernel_of(int device) {
   return {fn, smem, threads, ctas[device], WARP};
 }
 
-// Call f(std::integral_constant<int, V>) for a run-time value among four compile-time ones (checked
-// before): the head dims and the bit widths that the kernels are instantiated for.
-template <int A, int B, int C, int Z, typename F>
-void with_one_of(int64_t v, F&& f) {
-  if (v == A) return f(std::integral_constant<int, A>{});
-  if (v == B) return f(std::integral_constant<int, B>{});
-  if (v == C) return f(std::integral_constant<int, C>{});
-  return f(std::integral_constant<int, Z>{});
+// The bit widths and head dims the kernels are instantiated for (csrc/generated/limits.h).
+template <typename F>
+void with_bits(int64_t bits, F&& f) { with_one_of<AURA_LIMITS_AURA_BITS>(bits, "bits", AURA_LIMITS_AURA_BITS_TEXT, f); }
+template <typename F>
+void with_dim(int64_t D, F&& f) {
+  with_one_of<AURA_LIMITS_AURA_HEAD_DIMS>(D, "head_dim", AURA_LIMITS_AURA_HEAD_DIMS_TEXT, f);
 }
-template <typename F>
-void with_bits(int64_t bits, F&& f) { with_one_of<2, 3, 4, 8>(bits, f); }
-template <typename F>
-void with_dim(int64_t D, F&& f) { with_one_of<64, 128, 256, 512>(D, f); }
 
 template <int D>
 P1Kernel p1_kernel_for_dim(int64_t kb, int64_t vb, bool warp, int device);  // defined in aura_p1_d<D>.cu

@@ -20,6 +20,8 @@
 #include <string>
 #include <type_traits>
 
+#include "../generated/limits.h"  // the head dims and bit widths (torch_aura/_limits.py)
+
 // Phase probes of the decode kernels: tools/timeline_probe.cuh defines AURA_PHASE to record a time
 // stamp per CTA and phase (tools/aura_timeline.cu, tools/decode_timeline.cu); compiled out elsewhere.
 #ifndef AURA_PHASE
@@ -185,6 +187,18 @@ template <typename... Args>
   do {                        \
     if (!(cond)) ::aura::detail::fail(__FILE__ ":" AURA_STRINGIFY(__LINE__), __VA_ARGS__); \
   } while (0)
+
+// Call f(std::integral_constant<int, V>) for the run-time value v among the compile-time Vs (the
+// instantiated head dims or bit widths, e.g. AURA_LIMITS_DECODE_HEAD_DIMS); `what` names v on a miss.
+template <int V, int... Rest, typename F>
+void with_one_of(int64_t v, const char* what, const char* listed, F&& f) {
+  if (v == V) return f(std::integral_constant<int, V>{});
+  if constexpr (sizeof...(Rest) > 0) {
+    return with_one_of<Rest...>(v, what, listed, f);
+  } else {
+    detail::fail(__FILE__, what, ": expected one of ", listed, ", got ", v);
+  }
+}
 
 inline std::string dtype_name(ScalarType t) {
   switch (t) {

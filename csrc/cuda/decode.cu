@@ -56,10 +56,6 @@ Schedule pick_schedule(bool tensor_cores, int64_t num_splits) {
   return forced_balanced && tensor_cores && num_splits == 0 ? Schedule::kBalanced : Schedule::kStatic;
 }
 
-bool supported_head_dim(int64_t D) {
-  return D == 64 || D == 80 || D == 96 || D == 128 || D == 192 || D == 256 || D == 512;
-}
-
 // TORCH_AURA_DECODE_COPY=auto|tiles|rows (for comparisons): rows moves K/V row by row (1-D bulk copies
 // for long contiguous splits, cp.async otherwise) instead of as 2-D tensor-map tiles (decode.md §3).
 bool tile_copies_allowed() { return env_choice("TORCH_AURA_DECODE_COPY", {"auto", "tiles", "rows"}) != 2; }
@@ -159,19 +155,10 @@ void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
   }
 }
 
-// f(std::integral_constant<int, D>) for the supported head dims
+// f(std::integral_constant<int, D>) for the supported head dims (csrc/generated/limits.h)
 template <typename F>
 void with_head_dim(int64_t D, F&& f) {
-  switch (D) {
-    case 64: return f(std::integral_constant<int, 64>{});
-    case 80: return f(std::integral_constant<int, 80>{});
-    case 96: return f(std::integral_constant<int, 96>{});
-    case 128: return f(std::integral_constant<int, 128>{});
-    case 192: return f(std::integral_constant<int, 192>{});
-    case 256: return f(std::integral_constant<int, 256>{});
-    case 512: return f(std::integral_constant<int, 512>{});
-    default: AURA_CHECK(false, "head_dim: expected one of 64, 80, 96, 128, 192, 256, 512, got ", D);
-  }
+  with_one_of<AURA_LIMITS_DECODE_HEAD_DIMS>(D, "head_dim", AURA_LIMITS_DECODE_HEAD_DIMS_TEXT, f);
 }
 
 template <typename T>
@@ -229,7 +216,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   check_dtype(v, "v_cache", q.scalar_type());
   const bool paged = block_table.has_value();
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
-  AURA_CHECK(supported_head_dim(D), "head_dim: expected one of 64, 80, 96, 128, 192, 256, 512, got ", D);
+  AURA_CHECK(limits::is_decode_head_dim(D), "head_dim: expected one of " AURA_LIMITS_DECODE_HEAD_DIMS_TEXT ", got ", D);
   for (int i = 0; i < 4; ++i)
     AURA_CHECK(k.size(i) == v.size(i), "v_cache: expected the shape of k_cache, got a mismatch in dim ", i);
   AURA_CHECK(k.size(3) == D, "k_cache: expected head dim ", D, " (q's), got ", k.size(3));

@@ -67,7 +67,7 @@ def test_every_variable_named_in_library_code_is_a_row():
             continue
         text = path.read_text()
         names = set(re.findall(r"\bTORCH_AURA_[A-Z0-9_]+", text))
-        if path.suffix == ".py":
+        if path.suffix == ".py" and path.name != "_limits.py":  # _limits.py's strings are C macro names
             names |= set(re.findall(r"[\"']((?:TORCH_)?AURA_[A-Z0-9_]+)[\"']", text))
         unknown |= {f"{n} ({path.relative_to(REPO)})" for n in names if n not in _env.VARIABLES}
     assert not unknown, "environment variables missing from torch_aura/_env.py:\n" + "\n".join(sorted(unknown))

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from .._limits import AURA_BITS as BITS, AURA_HEAD_DIMS as HEAD_DIMS  # noqa: F401 (re-exported)
 from . import common as c
 
-HEAD_DIMS = (64, 128, 256, 512)  # the FWHT needs a power of two (aura-format.md §1)
-BITS = (2, 3, 4, 8)  # key / value bit widths of the schemes aura{kb}v{vb}
 CODES = (torch.int32,)  # uint32 bit patterns in int32 (torch's uint32 lacks shifts on some backends)
 NORMS = (torch.float32,)  # bf16 norms would put ~0.4% error on every logit (§7)
 

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .._limits import DECODE_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from . import common as c
-
-# Mirrors torch_aura.reference.decode.SUPPORTED_HEAD_DIMS (decode.md §7); kept literal here so the
-# checks import nothing but common.
-SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 192, 256, 512)
 
 
 def _head_dim(D, arg: str = "q") -> None:

@@ -1,6 +1,6 @@
 """Pure-PyTorch reference of the dense decode family: split-K flash decoding (decode.md).
 
-This is the oracle the CUDA kernels (``csrc/cuda/decode_split.cu``, ``decode_merge.cu``) are
+This is the oracle the CUDA kernels (``csrc/cuda/decode.cuh``, launched from ``decode.cu``) are
 diffed against, stage by stage, and the working fallback on every device. It computes exactly what
 the kernels compute, in the same order of stages:
 
@@ -26,8 +26,8 @@ import math
 
 import torch
 
-# Head dims each kernel is instantiated for (decode.md §7). The checks raise on anything else.
-SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 192, 256, 512)
+# Head dims each kernel is instantiated for (torch_aura/_limits.py). The checks raise on anything else.
+from .._limits import DECODE_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 
 # Smallest chunk of tokens a split takes (decode.md §4): one 16-token step for each of the CUDA
 # tensor-core kernel's 4 warps. A larger floor starves short contexts at batch 1 (256 left 4 of 29

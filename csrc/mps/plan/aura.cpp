@@ -1,6 +1,7 @@
 // Launch plans of the AURA family (csrc/mps/shaders/aura.metal; reference/aura.py).
 #include <algorithm>
 
+#include "../../generated/limits.h"
 #include "../shaders/aura_params.h"
 #include "plan_util.h"
 #include "plans.h"
@@ -11,11 +12,14 @@ namespace {
 constexpr std::initializer_list<DType> kFloats = {DType::f32, DType::f16, DType::bf16};
 
 void check_dim_supported(std::int64_t D, const char* where) {
-  if (D != 64 && D != 128 && D != 256 && D != 512) fail("head_dim", "one of [64, 128, 256, 512]", std::to_string(D) + " (" + where + ")");
+  if (!limits::is_aura_head_dim(D))
+    fail("head_dim", "one of [" AURA_LIMITS_AURA_HEAD_DIMS_TEXT "]", std::to_string(D) + " (" + where + ")");
 }
 
 void check_bits(double bits, const char* arg) {
-  if (bits != 2 && bits != 3 && bits != 4 && bits != 8) fail(arg, "one of [2, 3, 4, 8]", std::to_string(bits));
+  bool ok = false;  // compared as doubles (a schema float): 4.5 or NaN is no bit width
+  for (int b : limits::kAuraBits) ok = ok || bits == b;
+  if (!ok) fail(arg, "one of [" AURA_LIMITS_AURA_BITS_TEXT "]", std::to_string(bits));
 }
 
 void check_table(const Args& a, int i, const char* name, std::int64_t entries) {

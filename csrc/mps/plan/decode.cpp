@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../../generated/limits.h"
 #include "../shaders/aura_params.h"
 #include "plan_util.h"
 #include "plans.h"
@@ -9,15 +10,12 @@
 namespace aura::mps {
 namespace {
 
-constexpr std::int64_t kHeadDims[] = {64, 80, 96, 128, 192, 256, 512};
-
 // reference/decode.py: STAND_IN_SMS, CTAS_PER_SM, MAX_AUTO_SPLITS. A Mac has no SM count the
 // reference could see, so both plan the H100 stand-in grid and produce the same partials.
 constexpr int kStandInSms = 132, kCtasPerSm = 2, kMaxAutoSplits = 128;
 
 void check_head_dim(std::int64_t D, const char* arg) {
-  if (std::find(std::begin(kHeadDims), std::end(kHeadDims), D) == std::end(kHeadDims))
-    fail(arg, "one of [64, 80, 96, 128, 192, 256, 512]", std::to_string(D));
+  if (!limits::is_decode_head_dim(D)) fail(arg, "one of [" AURA_LIMITS_DECODE_HEAD_DIMS_TEXT "]", std::to_string(D));
 }
 
 struct DecodeShape {
