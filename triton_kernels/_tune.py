@@ -10,7 +10,7 @@ keeps the decision in our hands:
 * a decision is looked up before it is timed: in this process, then in the user's table on disk
   (``TORCH_AURA_TUNE_CACHE``: a folder, default ``~/.cache/torch_aura/tune``; ``0`` disables it),
   then in the table the package ships for this GPU (``tuned/<gpu>.json``, made on the GPU by
-  ``tools/gdn_tune_tables.py``). A fresh install on a GPU with a shipped table never times a config;
+  ``benchmarks/bench_gdn_first_call.py``). A fresh install on a GPU with a shipped table never times a config;
   every decision timed elsewhere is written to the user's table (one file per GPU name, torch_aura
   version and Triton version);
 * under the interpreter, with ``TORCH_AURA_TUNE=0``, or while a CUDA graph is being captured, the

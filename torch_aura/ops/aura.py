@@ -17,6 +17,7 @@ from .._checks import aura as _check
 from .._checks.aura import BITS, HEAD_DIMS
 from ..aura_cache import AuraCache
 from ..reference import aura as _ref
+from ._call import checked_call
 
 __all__ = [
     "hadamard_rotate",
@@ -134,9 +135,7 @@ def hadamard_rotate(x: torch.Tensor, sign_mask: torch.Tensor | None = None, scal
         >>> torch.allclose(torch_aura.hadamard_rotate(y, s, inverse=True), x, atol=1e-5)
         True
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check.hadamard_rotate(x, sign_mask, scale, inverse)
-    return torch.ops.aura.hadamard_rotate(x, sign_mask, scale, inverse)
+    return checked_call(_check.hadamard_rotate, torch.ops.aura.hadamard_rotate, x, sign_mask, scale, inverse)
 
 
 @_debug.validated
@@ -170,9 +169,7 @@ def aura_encode(x: torch.Tensor, codebook: torch.Tensor, boundaries: torch.Tenso
         >>> codes.shape, codes.dtype, norms.shape
         (torch.Size([5, 16]), torch.int32, torch.Size([5]))
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check.aura_encode(x, codebook, boundaries, bits, sign_mask)
-    return torch.ops.aura.aura_encode(x, codebook, boundaries, bits, sign_mask)
+    return checked_call(_check.aura_encode, torch.ops.aura.aura_encode, x, codebook, boundaries, bits, sign_mask)
 
 
 @_debug.validated
@@ -214,11 +211,8 @@ def aura_write_cache(x: torch.Tensor, codes_cache: torch.Tensor, norms_cache: to
         >>> (norms[0, :, 4] > 0).all().item(), (norms[1, :, 7] > 0).all().item(), int((norms > 0).sum())
         (True, True, 6)
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check.aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits,
-                                sign_mask, paged)
-    torch.ops.aura.aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, boundaries,
-                                    bits, sign_mask, paged)
+    checked_call(_check.aura_write_cache, torch.ops.aura.aura_write_cache,
+                 x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits, sign_mask, paged)
 
 
 @_debug.validated
@@ -250,9 +244,8 @@ def aura_dequantize(codes: torch.Tensor, norms: torch.Tensor, codebook: torch.Te
         >>> bool(torch.nn.functional.cosine_similarity(x, x_hat).min() > 0.999)
         True
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check.aura_dequantize(codes, norms, codebook, bits, sign_mask, out_dtype)
-    return torch.ops.aura.aura_dequantize(codes, norms, codebook, bits, sign_mask, out_dtype)
+    return checked_call(_check.aura_dequantize, torch.ops.aura.aura_dequantize,
+                        codes, norms, codebook, bits, sign_mask, out_dtype)
 
 
 @_debug.validated
@@ -304,12 +297,9 @@ def aura_flash_p1(q_rot: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Ten
         >>> o.shape, m.shape, l[0, 0].gt(0).tolist()
         (torch.Size([1, 4, 3, 64]), torch.Size([1, 4, 3]), [True, True, False])
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check.aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
-                             v_codebook, key_bits, value_bits, block_table, block_size)
-    return torch.ops.aura.aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens,
-                                        k_codebook, v_codebook, key_bits, value_bits, block_table,
-                                        block_size)
+    return checked_call(_check.aura_flash_p1, torch.ops.aura.aura_flash_p1,
+                        q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook, key_bits,
+                        value_bits, block_table, block_size)
 
 
 @_debug.validated
@@ -341,9 +331,7 @@ def aura_flash_p2(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
         >>> out[0, 0, :3].tolist(), round(lse[0, 0].item(), 4)
         ([0.5, 0.5, 0.5], 1.3863)
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check.aura_flash_p2(o, m, l, v_sign_mask, out_dtype)
-    return torch.ops.aura.aura_flash_p2(o, m, l, v_sign_mask, out_dtype)
+    return checked_call(_check.aura_flash_p2, torch.ops.aura.aura_flash_p2, o, m, l, v_sign_mask, out_dtype)
 
 
 @_debug.validated
@@ -397,9 +385,6 @@ def aura_decode(q: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Tensor,
         >>> out.shape, lse.shape
         (torch.Size([1, 4, 64]), torch.Size([1, 4]))
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check.aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook,
-                           k_sign_mask, v_sign_mask, key_bits, value_bits, block_table, scale, num_splits)
-    return torch.ops.aura.aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
-                                      v_codebook, k_sign_mask, v_sign_mask, key_bits, value_bits,
-                                      block_table, scale, num_splits)
+    return checked_call(_check.aura_decode, torch.ops.aura.aura_decode,
+                        q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook, k_sign_mask,
+                        v_sign_mask, key_bits, value_bits, block_table, scale, num_splits)

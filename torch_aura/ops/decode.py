@@ -8,6 +8,7 @@ from .. import _debug
 from .._checks import decode as _check
 from .._checks.common import remembered
 from ..reference import decode as _ref
+from ._call import checked_call
 
 # eager decode repeats its metadata every step and layer: check it once per metadata (host time per call)
 _check_flash_decode = remembered(_check.flash_decode)
@@ -71,9 +72,8 @@ def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, nu
         >>> torch.allclose(out_p, out, atol=1e-6)
         True
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check_flash_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits)
-    return torch.ops.aura.flash_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits)
+    return checked_call(_check_flash_decode, torch.ops.aura.flash_decode,
+                        q, k_cache, v_cache, seq_lens, block_table, scale, num_splits)
 
 
 @_debug.validated
@@ -102,9 +102,8 @@ def flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_spli
         >>> torch.equal(out, torch_aura.flash_decode(q, k, v, torch.tensor([9], dtype=torch.int32))[0])
         True
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check_flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse)
-    torch.ops.aura.flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse)
+    checked_call(_check_flash_decode_out, torch.ops.aura.flash_decode_out,
+                 q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse)
 
 
 @_debug.validated
@@ -139,9 +138,7 @@ def merge_attn_states(partial_out, partial_lse):
         >>> m[0, 2].item(), out[0, 2].abs().max().item()
         (-inf, 0.0)
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _check.merge_attn_states(partial_out, partial_lse)
-    return torch.ops.aura.merge_attn_states(partial_out, partial_lse)
+    return checked_call(_check.merge_attn_states, torch.ops.aura.merge_attn_states, partial_out, partial_lse)
 
 
 def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap: int = 128,

@@ -19,6 +19,7 @@ from .. import _debug
 from .._checks import common as _common
 from .._checks import gdn as _checks
 from ..reference import gdn as _ref
+from ._call import checked_call
 
 __all__ = [
     "gdn_chunk",
@@ -114,11 +115,9 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
         >>> tuple(o.shape), tuple(state.shape), state.dtype
         ((1, 70, 4, 48), (1, 4, 32, 48), torch.float32)
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _checks.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices,
-                          use_qk_l2norm, state_v_first)
-    return torch.ops.aura.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices,
-                                    use_qk_l2norm, state_v_first)
+    return checked_call(_checks.gdn_chunk, torch.ops.aura.gdn_chunk,
+                        q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
+                        state_v_first)
 
 
 @_debug.validated
@@ -145,9 +144,7 @@ def gdn_chunk_cumsum(g, cu_seqlens=None, chunk_indices=None):
         >>> g_cum[0, 63, 0].item(), g_cum[0, 65, 0].item()
         (-32.0, -1.0)
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _checks.gdn_chunk_cumsum(g, cu_seqlens, chunk_indices)
-    return torch.ops.aura.gdn_chunk_cumsum(g, cu_seqlens, chunk_indices)
+    return checked_call(_checks.gdn_chunk_cumsum, torch.ops.aura.gdn_chunk_cumsum, g, cu_seqlens, chunk_indices)
 
 
 @_debug.validated
@@ -177,9 +174,7 @@ def gdn_kkt_solve(k, g_cum, beta, cu_seqlens=None, chunk_indices=None):
         >>> Ai.shape, bool((Ai[0, :, 0].diagonal() == 1).all())
         (torch.Size([1, 40, 2, 64]), True)
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _checks.gdn_kkt_solve(k, g_cum, beta, cu_seqlens, chunk_indices)
-    return torch.ops.aura.gdn_kkt_solve(k, g_cum, beta, cu_seqlens, chunk_indices)
+    return checked_call(_checks.gdn_kkt_solve, torch.ops.aura.gdn_kkt_solve, k, g_cum, beta, cu_seqlens, chunk_indices)
 
 
 @_debug.validated
@@ -210,9 +205,8 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
         >>> tuple(w.shape), tuple(u.shape)
         ((1, 40, 2, 16), (1, 40, 2, 24))
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _checks.gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens, chunk_indices)
-    return torch.ops.aura.gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens, chunk_indices)
+    return checked_call(_checks.gdn_recompute_w_u, torch.ops.aura.gdn_recompute_w_u,
+                        k, v, beta, Ai, g_cum, cu_seqlens, chunk_indices)
 
 
 @_debug.validated
@@ -252,10 +246,8 @@ def gdn_fwd_h(k, w, u, g_cum, initial_state=None, cu_seqlens=None, chunk_indices
         >>> tuple(h.shape), tuple(v_new.shape), tuple(final.shape)
         ((1, 2, 1, 16, 8), (1, 70, 1, 8), (1, 1, 16, 8))
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _checks.gdn_fwd_h(k, w, u, g_cum, initial_state, cu_seqlens, chunk_indices, state_v_first)
-    return torch.ops.aura.gdn_fwd_h(k, w, u, g_cum, initial_state, cu_seqlens, chunk_indices,
-                                    state_v_first)
+    return checked_call(_checks.gdn_fwd_h, torch.ops.aura.gdn_fwd_h,
+                        k, w, u, g_cum, initial_state, cu_seqlens, chunk_indices, state_v_first)
 
 
 @_debug.validated
@@ -290,10 +282,8 @@ def gdn_fwd_o(q, k, v_new, h, g_cum, scale=None, cu_seqlens=None, chunk_indices=
         >>> torch_aura.gdn_fwd_o(q, k, v_new, h, torch.zeros(1, 70, 2)).shape
         torch.Size([1, 70, 2, 8])
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _checks.gdn_fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_indices, state_v_first)
-    return torch.ops.aura.gdn_fwd_o(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_indices,
-                                    state_v_first)
+    return checked_call(_checks.gdn_fwd_o, torch.ops.aura.gdn_fwd_o,
+                        q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_indices, state_v_first)
 
 
 @_debug.validated
@@ -339,11 +329,8 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
         >>> o.shape, bool(o[1].eq(0).all()), bool(pool[3].ne(0).any()), bool(pool[:3].eq(0).all())
         (torch.Size([2, 1, 2, 8]), True, True, True)
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _checks.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm,
-                              state_v_first)
-    return torch.ops.aura.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale,
-                                        use_qk_l2norm, state_v_first)
+    return checked_call(_checks.gdn_recurrent, torch.ops.aura.gdn_recurrent,
+                        q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first)
 
 
 @_debug.validated
@@ -426,9 +413,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
         >>> torch.allclose(y6, torch_aura.causal_conv1d(x, weight)[:, 6], atol=1e-5)
         True
     """
-    if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _checks.causal_conv1d_update(x, conv_state, weight, bias, activation, state_indices)
-    return torch.ops.aura.causal_conv1d_update(x, conv_state, weight, bias, activation, state_indices)
+    return checked_call(_checks.causal_conv1d_update, torch.ops.aura.causal_conv1d_update,
+                        x, conv_state, weight, bias, activation, state_indices)
 
 
 class GdnWarmup(NamedTuple):

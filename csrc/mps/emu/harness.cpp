@@ -1,6 +1,6 @@
 // The emulator harness: runs an op's launch plan (the same plan_op() the Objective-C++ host
 // encodes) on CPU tensors, each launch through the fiber scheduler. A C ABI of raw pointers and
-// the POD TensorMeta, loaded with ctypes by tests/interp/metal/_emu.py; no torch headers here.
+// the POD TensorMeta, loaded with ctypes by tests/_metal.py; no torch headers here.
 #include <sys/mman.h>
 #include <unistd.h>
 

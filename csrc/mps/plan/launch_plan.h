@@ -23,7 +23,7 @@ constexpr int kMaxDims = 8;
 // One tensor argument: sizes and strides in elements, like at::Tensor. The storage offset is not
 // here: the host binds each buffer at `storage_offset * element_size` (the emulator receives the
 // already-offset data pointer), so a kernel always sees element [0, .., 0] at its base.
-// Plain old data with a fixed layout: tests/interp/metal/_emu.py mirrors it with ctypes.
+// Plain old data with a fixed layout: tests/_metal.py mirrors it with ctypes.
 struct TensorMeta {
   std::int32_t defined;  // 0 for an absent optional (Tensor? = None)
   std::int32_t dtype;    // DType
