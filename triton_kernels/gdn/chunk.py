@@ -316,11 +316,8 @@ def _gdn_state_pass_kernel(k, w, u, g_cum, h0, h, out, final, q, a_qk, cu_seqlen
     ``TMA`` (Hopper, 16-byte aligned rows): every chunk tile (w, k, u, q, A_qk) arrives as a
     tensor-memory copy through a descriptor of this sequence's rows built in the kernel (``rows_desc``),
     which zero-fills past the sequence's end exactly as the masked loads do, and which the software
-    pipeline runs ``num_stages`` deep. Measured at 1x32k, 16/32 heads, H100 (with q~ in q's place):
-    1324 us with pointer loads, 961 with copies of w, q~, A_qk through host descriptors (which
-    zero-fill only past T, so k and u stayed pointer loads: 64-bit address tiles, 255 registers and
-    400 B of spills), 892 with all five copied in-kernel, 824 with those at BV = 32 (one wave of
-    128 programs).
+    pipeline runs ``num_stages`` deep: copies beat pointer loads, whose 64-bit address tiles spill
+    (gdn.md §6.3 has the measurements).
     States use explicit (k, v) strides, so both layouts share this code. ``out`` receives ``o``
     (WITH_O) or ``v_new`` (the fwd_h op, with h).
 
@@ -652,11 +649,8 @@ def _solve_precision(dtype: torch.dtype) -> dict[str, str]:
     16x16 inverses and the block merges run as ``"bf16x3"``: each fp32 operand split into two bf16
     parts, three tensor-core products (the lo x lo term dropped), ~2^-16 relative per product, so the
     inverse series' large cancelling terms keep their accuracy without the CUDA-core ``"ieee"`` path,
-    whose operands go through shared memory (704 shared loads per program at one warp, sm_90 PTX).
-    Measured on the H100, bench inputs (16/32 heads, bf16), solve alone at 1 warp / gdn_chunk error vs
-    the reference: ieee inverses + tf32 merges (the previous choice, as FLA's merges) 351 us / 4.3e-3
-    at 1x32k; bf16x3 inverses + tf32 merges 212 / 4.3e-3; bf16x3 both 218 / 3.9e-3 (1x4k 49 -> 36 us,
-    varlen mix 283 -> 197; tf32x3 inverses 277, bf16x6 251). fp32 inputs keep full fp32 (no
+    whose operands go through shared memory (704 shared loads per program at one warp, sm_90 PTX);
+    faster than ieee at the same or lower error (gdn.md §6.3). fp32 inputs keep full fp32 (no
     tensor-core rounding anywhere for them, gdn.md §3.8). The Triton interpreter accepts only
     ieee/tf32/tf32x3 (and computes every product in full precision): it gets ``"tf32x3"``."""
     p = "ieee" if dtype == torch.float32 else "tf32x3" if interpreting() else "bf16x3"
@@ -749,9 +743,8 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
 
 # BV is part of the config and the key says whether the BV = 32 programs fit in one wave: a chunk step
 # costs nearly the same at either width (the chain is latency, not FLOPs), so halving BV pays only
-# where it fills idle SMs. H100, 16/32 heads, all tiles copied: 1x32k BV 64 892 us (64 programs on
-# 132 SMs), BV 32 824; 8x4k 506 vs 862; 2x8k 245 vs 440. The last config (pointer loads, one stage)
-# is the fallback that fits wherever the copies' stages do not.
+# where it fills idle SMs (gdn.md §6.3). The last config (pointer loads, one stage) is the fallback
+# that fits wherever the copies' stages do not.
 _STATE_PASS = Tuner("gdn_state_pass", [
     Config({"BV": 64}, num_warps=4, num_stages=3), Config({"BV": 32}, num_warps=4, num_stages=3),
     Config({"BV": 64}, num_warps=4, num_stages=2), Config({"BV": 32}, num_warps=8, num_stages=2),
@@ -1163,13 +1156,9 @@ def _l2norm(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return qn, kn
 
 
-# The solve is latency-bound on its chain of small 16x16 products (one warp per program keeps the most
-# programs per SM). H100, 1x32k, 16/32 heads, bf16 with the bf16x3 products of _solve_precision:
-# 1 warp 218 us, 2 warps 408 (FLA's kkt + solve: 358); with full-fp32 products (fp32 inputs) 2 warps
-# lead, 512 vs 872 us, which the tuner finds.
-# w/u is bound by its loads and stores: with the q~ operand it also wrote (1.5 KB per token and value
-# head) 4 warps with 3 stages took 631 us, 2 stages 675, 8 warps 826; without it (1.2 KB), 506 us as
-# tuned, 463 with the fixed-length copies (4 warps, 3 stages).
+# The solve is latency-bound on its chain of small 16x16 products: one warp per program keeps the most
+# programs per SM for 16-bit inputs, two lead for fp32 (the tuner finds it). w/u is bound by its loads
+# and stores: 4 warps, 3 stages (gdn.md §6.3).
 _SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=1, num_stages=2), Config(num_warps=2, num_stages=2),
                                    Config(num_warps=2, num_stages=1), Config(num_warps=4, num_stages=2)])
 _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_warps=4, num_stages=2),
@@ -1177,9 +1166,7 @@ _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_war
 
 
 # The prep kernels' parallelism bucket: a config tuned on a small grid is not the best on a large one
-# (H100, w/u at 1x32k, 16/32 heads: 4 warps x 3 stages 468 us, 2 stages 501, 1 stage 570, 2 warps 513;
-# one bench tuned at 1x4k picked 1 stage and ran 1x32k with it). Two values: at most two tunings per
-# head configuration and layout, whatever the lengths.
+# (gdn.md §6.3). Two values: at most two tunings per head configuration and layout, whatever the lengths.
 MANY_CHUNKS_PER_SM = 16
 
 
