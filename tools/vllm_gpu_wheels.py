@@ -109,11 +109,10 @@ def resolve(dest: Path, vllm_wheel: Path, python_version: str, platform: str) ->
         queue = []
         if not level:
             break
-        before = set(dest.glob("*.whl"))
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest),
                         "--python-version", python_version, *plat, "--only-binary=:all:", *level.values()],
                        check=True)
-        for whl in set(dest.glob("*.whl")) - before or set(dest.glob("*.whl")):
+        for whl in sorted(dest.glob("*.whl")):
             name = _norm(whl.name.split("-")[0])
             if name in level and name not in have:
                 have[name] = whl
