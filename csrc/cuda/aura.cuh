@@ -2,22 +2,9 @@
 // (+ the in-place cache write), dequantize, and the compressed-domain split-K decode, pass 1 over
 // the packed codes and pass 2 merging the block partials with the inverse rotation fused.
 //
-// Lane mapping of the per-vector kernels (rotate, dequantize, pass 2): one warp per vector, lane l
-// holds dims l + 32 i, so the butterfly strides 1..16 are lane exchanges and 32..D/2 pair registers
-// inside a lane (§8), in the reference's stage order 1, 2, ..., D/2: the rotation is bitwise the
-// reference's. Encode uses the transposed mapping (a row over D/32 lanes, 32 contiguous dims each;
-// see ChunkRows), same stage order.
-//
-// Pass 1 (aura_flash_p1_kernel) is the headline. One CTA per (token block, KV head, sequence) owns
-// every query row (L x G) of that KV head, so each packed word crosses HBM once and is unpacked once
-// (§9). The products run on tensor cores (mma.m16n8k16, bf16 in, fp32 accumulate) with the codes as
-// the 16-row A operand and the query rows as the 8 columns of B, split in two exact halves:
-//   x = hi + lo, hi = bf16(x), lo = bf16(x - hi)      (16 significant bits, relative error ~2^-17)
-// Columns 0-3 carry the hi parts of four query rows and columns 4-7 their lo parts; the codebook
-// values come from shared-memory tables already split into hi and lo bf16 pairs. Two MMAs (A_hi, A_lo)
-// then produce all four cross terms, and the two column halves add up to the product to ~1e-5
-// relative: fp32-grade logits at tensor-core speed. QK: S^T[tokens x rows] = K_codes . Q^T;
-// PV: O^T[dims x rows] += V_codes^T . P^T with P already multiplied by the value norms.
+// Design: docs/aura-format.md §13. The rotation keeps the reference's stage order (bitwise equal);
+// a pass-1 CTA owns every query row of its KV head, so each packed word is read and unpacked once;
+// the exact pass 1 splits fp32 into bf16 hi + lo so tensor cores give fp32-grade logits.
 #pragma once
 
 #include "common.cuh"
@@ -73,7 +60,7 @@ struct RowIndexer {
 // The two kinds of butterfly stage of the unnormalised FWHT (a, b) -> (a + b, a - b). Across lanes
 // (stride h lanes) the lane whose index has bit h set holds the upper element b and keeps
 // a - b = partner - own; the other keeps own + partner: one FMA by -1 or +1, which rounds exactly as
-// that subtraction or addition (a select between the two cost encode ~10%). Inside a lane:
+// that subtraction or addition (cheaper than a select: aura-format.md §13). Inside a lane:
 // registers i and i + h, for every stride h < N.
 template <int N>
 __device__ __forceinline__ void butterfly_lanes(float (&v)[N], int h) {
@@ -401,8 +388,7 @@ struct CodeTable {
   static constexpr int kEntries = kPairs ? 1 << (2 * BITS) : 1 << BITS;
   static constexpr int kEntryBytes = kPairs ? 8 : 4;
   // Replicas, one per lane of a shared-memory wavefront (16 lanes for 8-byte loads, 32 for 4-byte):
-  // an entry's copies fill one 128-byte bank row, so random codes never collide on a bank (with a
-  // single 256-entry copy they did ~3-way, tripling the lookup time).
+  // an entry's copies fill one 128-byte bank row, so random codes never collide on a bank.
   static constexpr int kCopies = kPairs ? 16 : 32;
   static constexpr int kStride = kCopies * kEntryBytes;  // 128 bytes
   static constexpr int kBytes = kEntries * kStride;
@@ -844,23 +830,10 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
 }
 
 // ------------------------------------------- pass 1 for fp16 / bf16 queries: the warp-split kernel
-// The decode shape of a serving engine (half-precision queries) takes the warp-split design of the
-// dense flash_decode kernel (decode.cuh, docs/decode.md §3): every warp owns interleaved 16-token
-// steps of the CTA's block with a private cp.async ring, keeps its softmax state and output in
-// registers, and the warps merge once at the end, so the main loop has no CTA barrier. One fp16
-// MMA per product instead of the exact kernel's hi/lo pair and its three barriers per stage:
-//   QK:  S^T [16 tok x 8 rows]  = K [16 x D] . Q^T       K dequantized straight into A fragments
-//   PV:  O^T [D x 8 rows]      += V^T [D x 16 tok] . P^T  V from token-pair lookups (2-, 4-bit;
-//                                                        for_each_pv_tile), else transposed by movmatrix
-// Codes are looked up in fp16 tables that return two consecutive codes per operand register, so a
-// lane needs consecutive codes. The dot product does not care which k index carries which dim, so
-// lane (g, c) of an MMA takes its k values from its own quarter of the row, dims [c D/4, (c+1) D/4),
-// in order: k-step kk uses the quarter's codes 4kk .. 4kk + 3 (one table "quad"; q's B fragments
-// follow the same map), so each lane reads one contiguous run of packed bits per row.
-// V uses the same quarters before the transpose (or, with token-pair lookups, a lane's D/8 dims), so
-// O's rows come out permuted; the epilogue knows the map. Precision: q_rot, the codebooks and
-// p * norm_V in fp16 (11-bit significands), fp32 accumulation: relative errors ~1e-3, below the
-// bf16 / fp16 output's own rounding; fp32 queries take the exact kernel above.
+// The dense decode's warp-split design (docs/decode.md §3; aura-format.md §13): no CTA barrier in the
+// main loop, one fp16 MMA per product (errors below the half-precision output's own rounding).
+// Lane (g, c) takes its k values from its own quarter of the row, dims [c D/4, (c+1) D/4), so each
+// lane reads one contiguous run of packed bits; O's rows come out permuted and the epilogue knows the map.
 
 // fp16 codebook tables. Every entry fills 128 bytes with copies for the lanes of a shared-memory
 // wavefront (32 copies of 4 bytes, or 16 of 8), and lane l reads its own copy: random codes never
@@ -1141,8 +1114,7 @@ __host__ __device__ constexpr int merge_dim(int g4, int mt, int c) {
 // Where (column r, dim d) sits in its warp's [8][D] block: d with its low five bits XORed by the bits
 // that tell the 32 lanes of one store apart (g4's bits of d, and c4 = r / 2), so each store's 32
 // lanes hit 32 banks; the XOR reads only bits >= 5 of d or is triangular in them, so 32 consecutive
-// dims of one column (the reduction's reads) still hit 32 banks. (An unswizzled row stride of D + 1
-// put a store's lanes on 8 banks: 4-way conflicts, ~1.2 us of the batch-1 epilogue on an H100.)
+// dims of one column (the reduction's reads) still hit 32 banks (aura-format.md §13).
 template <int D, bool PAIR_V>
 __host__ __device__ constexpr int merge_swizzle(int r, int d) {
   constexpr int g_shift = PAIR_V ? (D == 64 ? 3 : D == 128 ? 4 : D == 256 ? 5 : 6)   // log2(D / 8)
@@ -1182,12 +1154,8 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   AURA_PHASE(0);
   P1Block blk;
   if (!plan_p1_rows(p, blk)) return;
-  // At B = 1 this kernel is latency-bound (tools/aura_timeline.cu), so nothing waits on the sequence
-  // length until the ring's first steps are in flight and the tables are built: the loads of the
-  // query rows warp + W k (rows >= R stay zero: their columns are masked below), the key sign mask
-  // and seq_lens go out together, the first steps are copied speculatively, as if the sequence
-  // filled the cache (below), and the tables are built from the codebooks in global memory (L1 after
-  // the first reads) with no barrier before them.
+  // Latency-bound at B = 1: q, the sign mask, seq_lens and the ring's first (speculative) steps go out
+  // together, and the tables are built before anything waits on the sequence length.
   constexpr int QR = (8 + W - 1) / W;
   float q_row[QR][D / 32];
 #pragma unroll
@@ -1214,10 +1182,8 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 
   // ---- this warp's steps: s = warp, warp + W, ... of the block's ceil(len / 16). Until seq_lens
   // arrives, the block is taken to end where the cache does (t_spec): the first NS - 1 steps are
-  // issued for that extent. Rows of them past the true end hold stale cache contents (never past the
-  // cache: every address stays in it); the softmax masks their logits by a select, their value norms
-  // are selected to 0 (a stale norm may be NaN), and their codes index the tables (finite entries).
-  // The cost: at most NS - 1 steps per warp of reads past a short sequence.
+  // issued for that extent. Rows past the true end (still inside the cache) are masked by a select,
+  // their value norms selected to 0 (a stale norm may be NaN).
   const int t_spec = min(blk.t0 + p.block_size, p.capacity);
   auto steps_of = [&](int t_end) {
     const int n_steps = ceil_div(t_end - blk.t0, 16);
@@ -1229,8 +1195,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   // ---- copies: lane l stages row l % 16 of a step (its codes in two halves by l / 16, and the K norm
   // for l < 16, the V norm otherwise). To keep the issue path short, the block-fixed parts of the
   // offsets (head; contiguous: sequence) and the lane half's first chunk are folded into base
-  // pointers, pinned in registers (left to itself the compiler re-derived them from the parameters
-  // at every issued step: ~60 instructions of 64-bit arithmetic, a sixth of the loop); the rest is
+  // pointers, pinned in registers (else re-derived at every step: aura-format.md §13); the rest is
   // one 32 x 32 -> 64-bit multiply-add per pointer on byte strides from the host (int32, checked
   // there). Rows past the block are clamped to its last token (the copy reads nothing for them: zero
   // fill), so no select guards an address. Paged caches read a row's page one step ahead.
@@ -1502,14 +1467,9 @@ struct AuraP2Params {
   FloatKind kind;
 };
 
-// One warp per (b, (i,) h) row, lane l holding dims l + 32 i (the butterfly's mapping). The merge is
-// latency-bound (at B = 1 it is a few dozen warps), so it counts memory round trips: lane n reads
-// block n's m and l (32 blocks a round), the weights reach the other lanes by shuffles, and the
-// partial rows come U blocks at a time with every load of a group issued before the first sum (64
-// loads in flight per lane). The first group's partial rows are loaded together with the first
-// round's m and l (they do not depend on the weights), so with NB <= min(U, 32) blocks - every
-// automatic split at D <= 128 - the whole merge is one round trip. The row's addresses are worked
-// out before waiting on pass 1.
+// One warp per (b, (i,) h) row, lane l holding dims l + 32 i (the butterfly's mapping). Latency-bound,
+// so it counts round trips: the first group's partial rows load with the first round's m and l
+// (aura-format.md §13), and the row's addresses are worked out before waiting on pass 1.
 // Blocks with l > 0 only (a NaN l compares false): an empty block's partial may be stale or
 // poisoned, so it is dropped by a select, never multiplied by 0.
 template <int D>

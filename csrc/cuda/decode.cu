@@ -102,10 +102,9 @@ void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
     // Tensor cores: the group's heads are the MMA's n (8 per tile), in the head tiles the caller set
     // (set_mma_head_tiles: the balanced plan counts them too).
     using Shape = WarpSplitShape<T, D>;
-    // Copy engine from static values only: bulk copies for a contiguous cache when a full-capacity
-    // split gives each warp >= 16 steps (bandwidth-bound: fewest issue instructions; H200 B=8 T=32k
-    // 270 -> 262 us), else cp.async (latency-bound short splits: B=1 T=1k 13.0 -> 9.6 us; paged
-    // caches, where per-row page lookups cost the bulk engine more). capacity is a shape, not data.
+    // Copy engine from static values only (capacity is a shape, not data): bulk copies where a
+    // full-capacity split gives each warp >= 16 steps (bandwidth-bound), else cp.async (latency-bound
+    // short splits, and paged caches, where per-row page lookups cost bulk more; decode.md §13).
     // The balanced schedule's items are planned for long reads: bulk for every contiguous cache.
     const int per_split = ceil_div(std::max(p.capacity, 1), std::max(p.S, 1));
     const bool bulk = p.block_table == nullptr && (grid_ctas > 0 || ceil_div(per_split, 16 * Shape::kWarps) >= 16);

@@ -1,16 +1,10 @@
 // Split-K flash decoding kernels (docs/decode.md): one query token per sequence against a dense
 // KV cache, contiguous [B, Hkv, T_cap, D] or paged [num_blocks, page_size, Hkv, D].
 //
-// Grid (S, Hkv * head_tiles, B). A CTA owns (split s, KV head kvh, sequence b) and the query heads
-// of that KV head's group (all G of them up to 16 heads at D <= 128, 8 above; larger groups take
-// balanced head tiles), so each K/V byte of a split crosses HBM once for the group (§3).
-// fp16/bf16 caches take the tensor-core kernel: warps own token slices with private copy rings
-// (swizzled 2-D TMA tiles where the layout allows, else bulk row copies or cp.async) and
-// register-resident softmax state, merged once at the end (no CTA barrier in the main loop).
-// fp32 caches take the CUDA-core kernel (exact fp32 products; a CTA-wide double-buffered stage).
-// The split rule runs on the device from seq_lens (the host only fixes S from static values),
-// matching torch_aura/reference/decode.py's split_chunk bit for bit. With S > 1 the merge kernel is
-// a programmatic dependent launch: its CTAs start while the split kernel drains.
+// A CTA owns (split, KV head, sequence) and the group's query heads, so each K/V byte of a split
+// crosses HBM once for the group (§3). fp16/bf16 take the tensor-core kernel, fp32 the CUDA-core
+// one (exact fp32 products). The split rule runs on the device from seq_lens, bit for bit the
+// reference's split_chunk, so the host fixes S from static values only (§4, §8).
 #pragma once
 
 #include "common.cuh"
@@ -24,10 +18,8 @@ constexpr int kSimtThreads = 128;
 #ifndef AURA_DECODE_SMEM_BUDGET
 #define AURA_DECODE_SMEM_BUDGET (110 * 1024)  // (experiments override it: tools/decode_timeline.cu)
 #endif
-constexpr size_t kSmemBudget = AURA_DECODE_SMEM_BUDGET;  // per CTA: two CTAs share an H100 SM's 228 KB (CTAS_PER_SM = 2)
-// decode.md §4: the smallest split, one 16-token step per warp of the tensor-core kernel. 256 cost
-// B = 1 short contexts dearly: at T = 1k only 4 of 29 splits per head were live, each warp walking
-// 4 steps (tools/decode_timeline.cu, H100 graph: 10.25 -> 7.37 us with 64, T = 4k 10.85 -> 10.26).
+constexpr size_t kSmemBudget = AURA_DECODE_SMEM_BUDGET;  // per CTA: two CTAs share a Hopper SM's 228 KB (CTAS_PER_SM = 2)
+// The smallest split, one 16-token step per warp: larger ones left short contexts' splits idle (decode.md §13).
 constexpr int kMinChunk = 64;
 constexpr int kContiguousTile = 64;     // split granularity of the contiguous layout (reference too)
 constexpr double kLog2e = 1.4426950408889634;  // host-side: the scale is formed in double
@@ -104,18 +96,8 @@ __host__ __device__ __forceinline__ void split_rule(int T, int S, int tile, int&
   live_splits = ceil_div(T, chunk);
 }
 
-// The automatic split count of the static schedule (decode.md §4; reference: auto_splits with
-// plan_ctas_per_sm and plan_split_floor). One wave of one CTA per SM (two on paged caches without tile
-// copies, whose cp.async copies want the second CTA's warps, and two of the one-warp D = 512 CTA),
-// plus one split when that wave leaves a fifth of the slots idle, at most 128, and no more splits than
-// a sequence of `capacity` tokens can fill (a split no sequence reaches is an idle CTA and a merge
-// input). Then, from the capacity (decode.md §4 has the measurements):
-//  * past the splits one merge CTA loads in one round trip (kMergeWarps * kMergeUnroll = 32), no
-//    split shorter than 128 tokens, 32 for the D = 512 dim-split CTA: 64 KB of K and V either way
-//    (another merge round trip costs more than short splits gain);
-//  * at most a sixteenth of the slots busy and splits of 128-256 tokens at 32: 32 splits (two CTAs
-//    on most SMs hide a medium read's latency better than one);
-//  * finally as many splits as a full-capacity sequence fills, none left empty.
+// The automatic split count of the static schedule: the reference's auto_splits (its docstring states
+// the rule) with plan_ctas_per_sm and plan_split_floor, step for step (decode.md §4).
 // d512_dims: the launcher runs flash_decode_split_dims_kernel where D = 512 tiles fit.
 inline int decode_auto_splits(int64_t batch, int64_t kv_heads, int sms, int head_dim, int page_size, int64_t capacity,
                               int tile, bool d512_dims = true) {  // page_size 0: contiguous
@@ -387,26 +369,18 @@ __global__ void __launch_bounds__(kSimtThreads) flash_decode_split_simt_kernel(c
 }
 
 // --------------------------------------------------------------- tensor-core kernel (fp16, bf16)
-// Warp-split design (decode.md §3): each warp owns a token slice of the split (16-token steps,
-// interleaved over the warps) with a private cp.async ring in shared memory, and keeps its own
-// running max, sum and output per head in registers. Nothing is shared between warps until the
-// end, so the main loop has no CTA barrier at all; the warps' states merge once through shared
-// memory. Per 16-token step, with tokens as the MMA's m and the group's heads as its n:
-//   QK:  S^T [16 tok x 8 heads]  = K [16 x D] . Q^T            (D/16 mma.m16n8k16, K from ldmatrix)
-//   softmax over each head's column (3 shuffles), p rounded to the input dtype, transposed in
-//   registers by movmatrix into the B operand of
-//   PV:  O^T [D x 8 heads]      += V^T [D x 16 tok] . P^T       (D/16 mmas, V from ldmatrix.trans)
-// Heads on n (8 wide) instead of m (16) halves the MMAs of a GQA-4/8 group and leaves P in the
-// registers FA2-style. Groups of 9-16 heads take two n tiles (D <= 128: registers) or two CTAs.
-// q stays in the input dtype (exact); the scale multiplies the fp32 logits; l sums fp32 p.
+// Warp-split design (decode.md §3): warps own interleaved 16-token steps with private rings and keep
+// their softmax state in registers, so the main loop has no CTA barrier; they merge once at the end.
+//   QK:  S^T [16 tok x 8 heads]  = K [16 x D] . Q^T        (K from ldmatrix)
+//   PV:  O^T [D x 8 heads]      += V^T [D x 16 tok] . P^T   (P transposed in registers by movmatrix)
+// Heads on the MMA's n (8 wide), not m (16): half the MMAs of a GQA-4/8 group, and P stays in registers.
 
 // The end-of-split merge: warp w's output for head g, dim d at [w][g][kMergeRow] + merge_col(g, d).
 // A fragment store (fixed m-tile, head tile, register) has its 32 lanes on heads 2 (lane % 4) + e
 // and dims lane / 4 + const; XORing bits 3-4 of d with (g / 2) % 4 gives those 32 lanes 32 banks,
 // and 32 consecutive dims of one head (the reduction's reads) stay a permutation of one 32-dim run.
 // Rows are D floats when D is a multiple of 32, else 112 for D = 80 (split_merge_conflict_free
-// checks every instantiation). The old D + 1 row put a store's 32 lanes on 14 banks (up to 4-way
-// conflicts in every store of the epilogue).
+// checks every instantiation).
 template <int D>
 constexpr int kMergeRow = D % 32 == 0 ? D : (D + 31) / 32 * 32 + 16;
 
@@ -533,10 +507,9 @@ struct MmaSmem {
         bars(reinterpret_cast<uint64_t*>(qs + Shape::kMaxHeads * Shape::kRow)) {}
 };
 
-// q of the CTA's heads as one cp.async group, the CTA's first request: staged after seq_lens and the
-// ring's copies it queued behind the whole grid's prefetch (tools/decode_timeline.cu: 2.5 us at B=1
-// T=4k, 6.5 us at T=32k, 19 us at D=512 before the main loop could start). A q view the 16-byte
-// copies cannot move is copied element by element later (run_split_mma).
+// q of the CTA's heads as one cp.async group, the CTA's first request: issued later, it queues behind
+// the whole grid's prefetch (decode.md §13). A q view the 16-byte copies cannot move is copied
+// element by element later (run_split_mma).
 template <typename T, int D, int NHT, int THREADS = WarpSplitShape<T, D>::kWarps * 32>
 __device__ __forceinline__ void stage_q_async(const DecodeParams& p, const SplitWork& w, T* qs) {
   using Shape = WarpSplitShape<T, D>;
@@ -612,15 +585,10 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
   const int my_n = n_steps > warp ? ceil_div(n_steps - warp, W) : 0;
   auto step_t0 = [&](int i) { return w.start + (warp + W * i) * 16; };
 
-  // ---- copies. Two engines, picked on the host from static values (the launcher's comment):
-  //  * BULK (contiguous caches): lane r < 16 brings K row r of a step and lane 16 + r its V row with
-  //    one cp.async.bulk each, completing on the slot's mbarrier: almost no issue instructions, the
-  //    better engine for long splits (bandwidth-bound), but the TMA engine's latency for many small
-  //    copies sets the step time when a warp has only a few steps (and per-row page lookups made
-  //    paged caches slower with it than with cp.async);
-  //  * cp.async, 16 bytes per instruction: slot j of a lane is row r_j and 16-byte column c_j of a
-  //    16-row tile, the same in every step (loop-invariant offsets); lower latency for short splits.
-  // Rows past the end are never read: zero-filled (P = 0 must meet finite V, not stale memory).
+  // ---- copies, engine picked on the host (launch_split): TILES (2-D tensor-map boxes); BULK (lane
+  // r < 16 brings K row r, lane 16 + r its V row, on the slot's mbarrier: fewest issue instructions
+  // for long splits); else cp.async, 16 bytes per instruction at loop-invariant offsets (lower
+  // latency for short splits). Rows past the end are zero-filled: P = 0 must meet finite V.
   const bool paged = p.block_table != nullptr;
   const bool linear = !paged || p.page_size % 16 == 0;  // a step's rows are consecutive in memory
   const T* kg = static_cast<const T*>(p.k);
@@ -858,13 +826,9 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
     }
   };
   if constexpr (W == 1) {
-    // One warp (D = 512): nothing to merge between warps (a round trip of the warp state through
-    // shared memory cost more than the main loop's last quarter). The split is live, so every head
-    // saw a token and l >= 1. A partial (S > 1) goes out as coalesced 16-byte rows, staged in the
-    // drained ring (dims swizzled by merge_col: conflict-free fragment stores): storing the fragments
-    // directly (8 segments of 32 bytes per instruction) held the epilogue 8 us, staged 5 us, under the
-    // other CTAs' streaming (B=1 T=32k, tools/decode_timeline.cu on an H100). S == 1 writes out
-    // directly (q's dtype, any strides).
+    // One warp (D = 512): nothing to merge between warps. The split is live, so every head saw a
+    // token and l >= 1. A partial (S > 1) is staged in the drained ring and stored as coalesced
+    // 16-byte rows, faster than scattered fragment stores (decode.md §13); S == 1 writes out directly.
     if (p.S != 1) {
       static_assert(D % 32 == 0 && 8 * NHT * D * sizeof(float) <= NS * 2 * TILE * sizeof(T), "staging area");
       float* ow = reinterpret_cast<float*>(smem_raw);  // [8 NHT][D]
@@ -925,15 +889,11 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32)
 }
 
 // ------------------------------------------------------------------------ D = 512 across four warps
-// decode.md §7: the one-warp D = 512 CTA is issue- and latency-bound (one warp per scheduler). Here
-// four warps share every 16-token step, warp w owning dims [128 w, 128 w + 128) of K, V and O: each
-// sums its quarter of the QK products, the four partial logit tiles meet in shared memory (one CTA
-// barrier per step, double-buffered), every warp runs the same online softmax on the summed logits,
-// and each accumulates its quarter of O, so the end needs no merge of warp states. The ring belongs
-// to the CTA: warp 0 issues each step's tile copies (16 boxes of 16 tokens x 64 dims, one per lane)
-// on the slot's full barrier, and refills the slot of step i - 1 right after step i's exchange
-// barrier, which every warp passes only after its reads of step i - 1 (no empty barrier to wait
-// on). Tile copies only (contiguous, or pages of 16k).
+// decode.md §7: the one-warp D = 512 CTA is issue- and latency-bound. Here four warps share every
+// step, warp w owning dims [128 w, 128 w + 128): their partial logits meet in shared memory (one CTA
+// barrier per step), so each runs the same softmax and the end needs no merge of warp states. Warp 0
+// refills step i - 1's slot after step i's barrier, which every warp passes only after reading it.
+// Tile copies only (contiguous, or pages of 16k).
 template <typename T>
 struct DimSplitShape {
   static constexpr int kDim = 512, kWarps = 4, kWarpDims = kDim / kWarps;
@@ -1242,15 +1202,10 @@ __device__ __forceinline__ float4 load4_merge(const TI* x) {
   }
 }
 
-// One CTA per (b, query head, 128-dim chunk): the log-sum-exp merge of decode.md §5. Every warp
-// finds the max lse (lanes over splits); the weights of 128 splits at a time go to shared memory;
-// warp w takes the splits w, w + 4, ... of them, U at once, so a row's partial loads are in flight
-// together (one memory round trip for up to 32 live splits, instead of one per few splits); lane l
-// owns dims 4l..4l+3 of the chunk; the warps' sums meet in shared memory. The first U splits of each
-// warp are loaded together with the lse values, before any weight is known (at batch 1, S <= 4 U:
-// the whole merge is one round trip). Dims in chunks of their own CTAs: with a CTA per (b, head)
-// walking all of D = 512, B = 1 (16 CTAs, 109 splits of 2 KB each) took 7.7 us after its dependency
-// resolved (tools/decode_timeline.cu, H100): a few SMs' bandwidth.
+// One CTA per (b, query head, 128-dim chunk): the log-sum-exp merge of decode.md §5. The merge is
+// latency-bound, so it counts round trips: warp w loads splits w, w + 4, ... U at once, the first U
+// together with the lse values (at batch 1 the whole merge is one round trip). Dims in 128-wide
+// chunks give a long D more CTAs (decode.md §13).
 // A split with lse = -inf has weight 0 and its partial, possibly stale or NaN, is dropped by a select;
 // a NaN lse (NaN/Inf in the data) makes the whole row NaN, as one split would
 // (past each warp's first U splits it is not even loaded). With no live split out = 0, lse = -inf

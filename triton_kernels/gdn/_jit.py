@@ -244,7 +244,7 @@ def inv_unit_lower16(A, PREC: tl.constexpr):
     A is nilpotent (``A^16 = 0``), so ``(I + A)^-1 = sum_k (-A)^k = (I - A)(I + A^2)(I + A^4)(I + A^8)``:
     six 16x16 products (``dot_f32`` at ``PREC``). Row-by-row forward substitution (the reference's order) needs
     fifteen dependent steps, each two cross-warp reductions; in the prep kernel that took more time
-    than all of FLA's kkt + solve (1.65 ms at 1x32k, 16/32 heads, H200). Terms of the series grow at
+    than all of FLA's kkt + solve (gdn.md §6.3). Terms of the series grow at
     most like ``C(15, k) |A|^k``; with ``|A_ij| = beta |k_i . k_j| e^(G_i - G_j) <= 1`` the fp32
     products stay far inside the bf16/fp16 rounding of the stored result. Those growing terms cancel,
     so tf32 inputs (2^-11) would cost accuracy; the launchers use ``"bf16x3"`` (~2^-16) or ``"ieee"``

@@ -1089,8 +1089,8 @@ def _overlap_pass(k, q, w, u, a_qk, cu_seqlens) -> bool:
     w, u and A_qk are published (a flag per chunk and value head) and w/u's CTAs fill the other SMs.
     Spinning CTAs cannot starve the producer only while every pass program is resident with SMs to
     spare; w/u itself never waits, so any launch order completes. It pays only while w/u keeps most
-    SMs, hence the bound of half of them: at 128 pass programs (8/16 heads, 4x8k, H100) w/u ran on the
-    4 left over, 1437 us against 233 in the serial order, and the call took 2220 us instead of ~660.
+    SMs, hence the bound of half of them: with more pass programs w/u starves on the SMs left over
+    (gdn.md §6.3).
     ``TORCH_AURA_GDN_OVERLAP=0`` turns it off (the serial order is kept for every other shape). So does
     an MPS client limited to part of the GPU (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` below 100): the
     device still reports all its SMs, and spinning pass CTAs could then hold every SM the client gets."""
@@ -1197,8 +1197,8 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = 
     holds a flag per chunk and value head, which w/u sets as it finishes each.
 
     Two launches, the stage kernels with their gdn_chunk flags: cumsum + kkt + solve, then w/u +
-    A_qk. One fused kernel (Ai through the same scratch behind a CTA barrier) measured slower on an
-    H200 at 1x32k, 16/32 heads: 1379 vs 1127 us, since each phase gets its own occupancy and config.
+    A_qk, so each phase gets its own occupancy and config (one fused kernel measured slower:
+    gdn.md §6.3).
     """
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]

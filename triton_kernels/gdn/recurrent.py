@@ -81,9 +81,8 @@ def debug_check_pool_rows(state_indices: torch.Tensor, P: int) -> None:
 
 
 def _v_tile(rows: int, V: int, device: torch.device) -> int:
-    """V tile: 64 when 64-wide tiles still give >= 8 programs per SM (B = 256 at 32 heads: 379 ->
-    368 us on an H100, 128-byte fp32 rows either way), else 32, so small batches fill the GPU
-    (B = 1 at 32 heads: 128 programs)."""
+    """V tile: 64 when 64-wide tiles still give >= 8 programs per SM, else 32, so small batches fill
+    the GPU (gdn.md §6.3)."""
     bv = min(32, max(16, next_pow2(V)))
     if V > 32 and rows * cdiv(V, 64) >= 8 * sm_count(device):
         bv = 64
@@ -112,7 +111,6 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
            q, k, v, g, beta, state, state_indices, cu_seqlens, o, scale, T, HV, HV // H, K, V, state.shape[0],
            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *pool,
            L2NORM=use_qk_l2norm,
-           # 4 warps up to 64 fp32 state values per thread (K = 128, BV = 64 at B = 256 on an H100: 368 us
-           # with 4 warps, 383 with 8); the same footprint rule gives K = 256, BV = 32 four warps (unmeasured)
+           # 4 warps up to 64 fp32 state values per thread, 8 beyond (gdn.md §6.3)
            BK=BK, BV=BV, num_warps=4 if BK * BV <= 8192 else 8)
     return o

@@ -3,11 +3,10 @@ dialect) so that the four warpgroup MMAs of a chunk step overlap instead of runn
 
 Why a second implementation of ``chunk._gdn_state_pass_kernel``: that kernel's step is a chain of
 four ``tl.dot``s. Triton waits for each warpgroup MMA right after issuing it, and at BV = 32 it picks
-warp-split MMA v2 layouts whose register operands go through shared memory every step. At 1x32k
-(16/32 heads, H100) the step takes ~1.6 us, of which the tensor cores are busy for ~0.5 us. Here
-each step issues its MMAs asynchronously, in the order the chain needs them, and waits only where a
-result is read (waiting for v^T and o1 separately, with o1's gating folded into the last MMA's
-accumulator, took the pass from 708 to 675 us at 1x32k and 188 to 181 at 1x8k; 8x4k unchanged):
+warp-split MMA v2 layouts whose register operands go through shared memory every step, so the tensor
+cores idle through most of a step (gdn.md §6.3). Here each step issues its MMAs asynchronously, in
+the order the chain needs them, and waits only where a result is read (v^T and o1 separately, with
+o1's gating folded into the last MMA's accumulator):
 
     M_op   = rnd(M)                                  (M = S^T, [BV, K] fp32 in the MMA layout)
     v^T    = u^T - M_op @ w^T          async  \\  issued back to back; MMAs retire in issue order, so
@@ -61,9 +60,9 @@ def _issue_chunk(c, NC, c_base, n_rows, w_d, k_d, u_d, q_d, a_d, w_s, k_s, u_s, 
     """Start the copies of chunk ``c_base + c``'s tiles into stage ``c % STAGES`` (nothing from ``c = NC``):
     five TMA copies completing on the stage's mbarrier, and the chunk's gate cumsum (one fp32 per token,
     a strided column: too narrow for TMA) as a cp.async group of its own, zero past the sequence's end.
-    Gates read ahead into registers instead spilled at 255 registers, and each spill store waited for
-    its load: 4 us per step. ``WAIT``: w, u and A_qk are still being written by the w/u kernel on
-    another stream; wait for chunk ``c``'s flag first (the gates come from the solve, already done)."""
+    Gates read ahead into registers instead spilled at 255 registers (gdn.md §6.3). ``WAIT``: w, u and
+    A_qk are still being written by the w/u kernel on another stream; wait for chunk ``c``'s flag
+    first (the gates come from the solve, already done)."""
     s = c % STAGES
     live = c < NC
     bar = bars.index(s)
