@@ -152,10 +152,12 @@ AURA_AVX2 void dense_item(const Pass1& a, const RowSource& k, const RowSource& v
     for (int64_t g = 0; g < G; ++g) {
       float* pg = s + g * TILE;
       float tile_max = NEG_INF;
+      bool nan = false;  // branch-free, so the loop vectorises
       for (int64_t i = 0; i < nt; ++i) {
-        if (std::isnan(pg[i])) w.poisoned[g] = 1;
+        nan |= pg[i] != pg[i];
         tile_max = std::max(tile_max, pg[i]);
       }
+      w.poisoned[g] |= nan;
       const float m_new = std::max(w.run_m[g], tile_max);
       if (w.poisoned[g] || m_new == NEG_INF) {  // adds nothing (a poisoned row's partial is NaN anyway)
         std::fill(pg, pg + nt, 0.0f);

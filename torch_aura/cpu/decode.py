@@ -5,10 +5,13 @@ checks and results up to fp32 rounding.
   heads of a KV head as G query rows (it returns the lse too), in one call over a view. Its GEMM
   micro-kernels beat ours there (1 thread, 8/2 heads of 64, 4 x 2000 tokens: 0.60 against 1.5 ms).
 * Anything else (paged, or rows of different lengths), with the native library
-  (``csrc/cpu/decode.cpp`` through ``native``): one call for the whole batch. Rows are read in place
-  (fp32, bf16, fp16) up to each sequence's length only, so padding may hold anything; blocks of tokens
-  are split across threads and merged, with a block size from the shapes alone (the answer does not
-  depend on the thread count). ATen there needs a call per length (a mask would still read, and
+  (``csrc/cpu/decode.cpp`` through ``native``): one call for the whole batch, with no host pass over
+  the lengths (the kernel checks them and the used page indices, and reads q and writes out and lse
+  as they lie). Rows are read in place (fp32, bf16, fp16) up to each sequence's length only, so
+  padding may hold anything; pass 1 is ``csrc/cpu/dense_avx2.h``'s item where the CPU has AVX2 / FMA /
+  F16C (``TORCH_AURA_CPU_SIMD=0``: ``pass1.h``'s portable one); blocks of tokens are split across
+  threads and merged, with a block size from the shapes alone (the answer does not depend on the
+  thread count). ATen there needs a call per length (a mask would still read, and
   multiply, the padding) and a gathered copy of the pages: 2-4x slower on vLLM-shaped batches.
 * Without the native library (no C++ compiler at install): ATen for every case, one call per row
   where lengths differ.

@@ -166,6 +166,12 @@ def prefill_sdpa(q, k_pages, v_pages, pf: PrefillBatch, scale: float) -> torch.T
     table = pf.block_table.long()
     k = k_pages[table].reshape(P, S, Hkv, D).transpose(1, 2).to(dtype)  # [P, Hkv, S, D]
     v = v_pages[table].reshape(P, S, Hkv, D).transpose(1, 2).to(dtype)
+    if not q.is_cuda and N == P * L and bool((pf.seq_lens == L).all()):
+        # CPU, every request a whole fresh prompt of L tokens (no cached prefix, no padding): plain
+        # causal attention, which ATen's CPU flash kernel runs without materialising a mask (~20% less)
+        o = F.scaled_dot_product_attention(q.to(dtype).view(P, L, Hq, D).transpose(1, 2), k[:, :, :L],
+                                           v[:, :, :L], is_causal=True, scale=scale, enable_gqa=Hq != Hkv)
+        return o.transpose(1, 2).reshape(N, Hq, D).to(q.dtype)
     qp = q.new_zeros(P, L, Hq, D, dtype=dtype)
     qp[pf.token_row, pf.token_index] = q.to(dtype)
     seq = pf.seq_lens.long()[:, None, None]
