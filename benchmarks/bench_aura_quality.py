@@ -254,7 +254,16 @@ def check_package_path(K, V, q):
     ref = attend(q[:1], aura_roundtrip(k, 4, "k"), aura_roundtrip(v, 2, "v"), 1.0)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < 1e-4, f"AuraCache.decode differs from dequantize + attention: rel {err:.2e}"
-    return err
+    # the +sS/wW rows: the cache's exact sinks and ring merged with the middle == with_exact
+    S, W = 4, 64
+    cache = torch_aura.AuraCache("aura4v2", batch=1, kv_heads=HKV, head_dim=D, capacity=n,
+                                 sink_tokens=S, recent_tokens=W)
+    cache.append(k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous())
+    out, _ = cache.decode(q[:1].float(), scale=1.0)
+    ref = attend(q[:1], with_exact(aura_roundtrip(k, 4, "k"), k, S, W), with_exact(aura_roundtrip(v, 2, "v"), v, S, W), 1.0)
+    err_w = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err_w < 1e-4, f"AuraCache(sink_tokens, recent_tokens).decode differs from the harness: rel {err_w:.2e}"
+    return err, err_w
 
 
 def check_peer():
@@ -298,8 +307,10 @@ def main(argv=None):
     K, V, q, probe_q, probe_t = make_case(T, trials)
     ev = Evaluator(K, V, q, probe_q, probe_t)
 
+    err, err_w = check_package_path(K, V, q)
     checks = [f"AuraCache.decode (compressed domain) vs the harness's dequantize + attention, aura4v2, "
-              f"1000 tokens: rel err {check_package_path(K, V, q):.1e} (< 1e-4)"]
+              f"1000 tokens: rel err {err:.1e} (< 1e-4); with sink_tokens=4, recent_tokens=64 (exact "
+              f"sinks and ring merged by merge_attn_states) vs the +s4/w64 row's construction: {err_w:.1e}"]
     mse, bias = check_peer()
     checks.append(f"peer TurboQuant_mse 4-bit distortion {mse:.4f} (paper 0.009); TurboQuant_prod "
                   f"3-bit relative inner-product bias {bias:+.4f} (unbiased)")

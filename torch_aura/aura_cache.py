@@ -98,6 +98,13 @@ class AuraCache:
         seed: uint64 seed of the sign masks (default 0).
         layer: 0-based layer index of the sign masks (default 0).
         device: device of every tensor (default: the block table's, else CPU).
+        sink_tokens: S, the first S tokens of each row kept exact (contiguous layout only).
+        recent_tokens: W, the last W tokens of each row kept exact in a ring buffer (contiguous
+            only). Every token is also encoded as it arrives, so ``crop`` stays exact; decode
+            attends ``[sinks | compressed middle | recent]`` and merges the two partial results
+            by their lse (``merge_attn_states``), all on the device.
+        dtype: dtype of the exact sink/recent tokens (the model's; default: that of the first
+            ``append``).
 
     Attributes:
         k_codes, v_codes: int32 code tensors; k_norms, v_norms: fp32 norm tensors (zero-initialised:
@@ -131,7 +138,8 @@ class AuraCache:
     def __init__(self, scheme: str = "aura4v4", *, batch: int, kv_heads: int, head_dim: int,
                  capacity: int | None = None, num_blocks: int | None = None,
                  page_size: int | None = None, block_table: torch.Tensor | None = None,
-                 seed: int = 0, layer: int = 0, device=None):
+                 seed: int = 0, layer: int = 0, device=None, sink_tokens: int = 0,
+                 recent_tokens: int = 0, dtype: torch.dtype | None = None):
         self.scheme = scheme
         self.key_bits, self.value_bits = parse_scheme(scheme)
         if head_dim not in HEAD_DIMS:
@@ -152,6 +160,15 @@ class AuraCache:
         self.batch, self.kv_heads, self.head_dim = batch, kv_heads, head_dim
         self.seed, self.layer = seed, layer
         self.paged = capacity is None
+        sink_tokens, recent_tokens = _as_int(sink_tokens), _as_int(recent_tokens)
+        for name, v in (("sink_tokens", sink_tokens), ("recent_tokens", recent_tokens)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+        self.sink_tokens, self.recent_tokens = sink_tokens, recent_tokens
+        self.windowed = bool(sink_tokens or recent_tokens)
+        if self.windowed and self.paged:
+            raise ValueError("sink_tokens: exact sinks and recent window need the contiguous layout "
+                             "(AuraCache(capacity=...)); this cache is paged")
         if self.paged:
             if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 \
                     or block_table.dim() != 2 or block_table.shape[0] != batch:
@@ -171,7 +188,8 @@ class AuraCache:
             device = torch.device("cpu") if device is None else torch.device(device)
             self.page_size = None
             self.capacity = capacity
-            rows = (batch, kv_heads, capacity)  # [B, Hkv, T_cap(, PW)]
+            # windowed: compressed slot t - S holds token t >= S (the sinks are never compressed)
+            rows = (batch, kv_heads, self._compressed_capacity())  # [B, Hkv, T_cap(, PW)]
         self.device = device
         self.block_table = block_table
         (self.k_codebook, self.k_boundaries, self.v_codebook, self.v_boundaries, self.k_sign_mask,
@@ -194,7 +212,18 @@ class AuraCache:
         self._write_op = torch.ops.aura.aura_write_cache.default
         self._encode_op = torch.ops.aura.aura_encode.default
         self._decode_op = torch.ops.aura.aura_decode.default
+        self._dense_op = torch.ops.aura.flash_decode.default
+        self._merge_op = torch.ops.aura.merge_attn_states.default
         self._layout_changed()
+        self._exact_dtype = dtype
+        self.k_exact = self.v_exact = None
+        if self.windowed:
+            self._window_state()
+            if dtype is not None:
+                self._alloc_exact(dtype)
+
+    def _compressed_capacity(self) -> int:
+        return max(self.capacity - self.sink_tokens, 1) if self.windowed else self.capacity
 
     def _layout_changed(self) -> None:
         """Recompute what slot computation needs after batch or capacity changed."""
@@ -202,10 +231,152 @@ class AuraCache:
             self._n_slots = self.k_codes.shape[0] * self.page_size
             self._row_base = None
         else:
-            self._n_slots = self.batch * self.capacity
+            c_cap = self._compressed_capacity()
+            self._n_slots = self.batch * c_cap
             self._rows = torch.arange(self.batch, dtype=torch.int64, device=self._dev)
             # Slot of (b, t) is row_base[b] + t: a one-token append is a single add.
-            self._row_base = self._rows * self.capacity
+            self._row_base = self._rows * c_cap
+            if self.windowed:
+                # exact buffer row b, slot s is page b * (S + W + 1) + s of flash_decode's paged view
+                self._exact_base = self._rows[:, None] * (self.sink_tokens + self.recent_tokens + 1)
+
+    # ------------------------------------------------------------------- exact sinks and window
+    def _window_state(self) -> None:
+        """Device-side window bookkeeping, updated in place by every append and crop.
+
+        ``_ring_start[b]``: the first position of row b's exact recent tokens (at least S); the
+        compressed middle is ``[S, _ring_start)``. ``_c_lens``: its length (aura_decode's
+        seq_lens). ``_dense_lens`` / ``_dense_table``: the exact tokens as flash_decode's paged
+        cache of one-token pages (sinks first, then the ring from its oldest token)."""
+        S, W, B = self.sink_tokens, self.recent_tokens, self.batch
+        self._ring_start = torch.full((B,), S, dtype=torch.int64, device=self._dev)
+        self._c_lens = torch.zeros(B, dtype=torch.int32, device=self._dev)
+        self._dense_lens = torch.zeros(B, dtype=torch.int32, device=self._dev)
+        self._dense_table = torch.zeros(B, max(S + W, 1), dtype=torch.int32, device=self._dev)
+        self._slot_j = torch.arange(max(S + W, 1), device=self._dev)[None, :]
+
+    def window_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The device tensors the exact sinks/window add (mutated in place by append, crop and
+        reset; new after select_rows), for callers that mark static addresses; () when unwindowed."""
+        if not self.windowed:
+            return ()
+        exact = (self.k_exact, self.v_exact) if self.k_exact is not None else ()
+        return (*exact, self._ring_start, self._c_lens, self._dense_lens, self._dense_table)
+
+    def _alloc_exact(self, dtype: torch.dtype) -> None:
+        self._exact_dtype = dtype
+        # [B, S + W + 1, Hkv, D]: slot S + W is a scratch row that skipped writes land in
+        shape = (self.batch, self.sink_tokens + self.recent_tokens + 1, self.kv_heads, self.head_dim)
+        self.k_exact = torch.zeros(shape, dtype=dtype, device=self._dev)
+        self.v_exact = torch.zeros(shape, dtype=dtype, device=self._dev)
+        self._refresh_window()
+
+    def _refresh_window(self) -> None:
+        """Recompute the compressed length and the exact tokens' page table from ``seq_lens`` and
+        ``_ring_start``, in place (fixed addresses for CUDA graphs)."""
+        S, W = self.sink_tokens, self.recent_tokens
+        n, rs = self.seq_lens.to(torch.int64), self._ring_start
+        self._c_lens.copy_(rs - S)
+        self._dense_lens.copy_(n.clamp(max=S) + (n - rs).clamp(min=0))
+        j = self._slot_j
+        ring = S + torch.remainder(rs[:, None] - S + (j - S), max(W, 1))
+        slot = torch.where(j < S, j, ring) if W else j.expand(self.batch, -1)
+        self._dense_table.copy_(self._exact_base + slot)
+
+    def _append_windowed(self, k: torch.Tensor, v: torch.Tensor, n: torch.Tensor | None,
+                         left_padded: bool, compiling: bool) -> None:
+        """Every real token is encoded at compressed slot t - S (t >= S) and, when it is one of
+        the first S or the last W of its row, also stored exact."""
+        S, W, B = self.sink_tokens, self.recent_tokens, self.batch
+        if self.k_exact is None:
+            self._alloc_exact(k.dtype)
+        # the exact dtype for both copies, so a token's compressed form does not depend on its path
+        k, v = k.to(self._exact_dtype), v.to(self._exact_dtype)
+        L = k.shape[1]
+        i = torch.arange(L, device=self._dev)[None, :]
+        if n is not None and left_padded:  # make the chunk right-padded: real token i is chunk[L - n + i]
+            idx = (i + (L - n)[:, None]).clamp(max=L - 1)[:, :, None, None].expand_as(k)
+            k, v = k.gather(1, idx), v.gather(1, idx)
+        valid = i < (L if n is None else n[:, None])
+        pos = self.seq_lens.to(torch.int64)[:, None] + i  # [B, L]
+        n_new = self.seq_lens.to(torch.int64) + (L if n is None else n)
+        in_cap = pos < self.capacity
+        cslot = torch.where(in_cap, self._row_base[:, None] + (pos - S), self._n_slots)
+        cslot = torch.where(valid & (pos >= S), cslot, -1).reshape(-1)
+        flat_k, flat_v = (x.reshape(B * L, self.kv_heads, self.head_dim) for x in (k, v))
+        self._write_op(flat_k, self.k_codes, self.k_norms, cslot, self.k_codebook, self.k_boundaries,
+                       self.key_bits, self.k_sign_mask, False)
+        self._write_op(flat_v, self.v_codes, self.v_norms, cslot, self.v_codebook, self.v_boundaries,
+                       self.value_bits, self.v_sign_mask, False)
+        eslot = torch.where(valid & (pos < S), pos, S + W)
+        if W:  # only the last W of the row: earlier chunk tokens would collide in the ring
+            recent = valid & in_cap & (pos >= S) & (pos >= n_new[:, None] - W)
+            eslot = torch.where(recent, S + torch.remainder(pos - S, W), eslot)
+        rows = self._rows[:, None].expand(B, L)
+        self.k_exact.index_put_((rows, eslot), k)
+        self.v_exact.index_put_((rows, eslot), v)
+        self._ring_start.copy_(torch.maximum(self._ring_start, n_new - W))
+        self.seq_lens.copy_(n_new)
+        self._refresh_window()
+        if not compiling:
+            self._appended += L
+
+    def _exact_positions(self) -> torch.Tensor:
+        """int64 ``[B, S + W + 1]`` position held by each exact slot, -1 where the slot is not live."""
+        S, W = self.sink_tokens, self.recent_tokens
+        n, rs = self.seq_lens.to(torch.int64)[:, None], self._ring_start[:, None]
+        s = torch.arange(S + W + 1, device=self._dev)[None, :]
+        pos = torch.where(s < n, s, -1)
+        if W:  # ring slot r holds the latest position p < n with (p - S) mod W = r
+            r = s - S
+            ring_pos = S + r + W * torch.div(n - 1 - S - r, W, rounding_mode="floor")
+            ring_pos = torch.where((ring_pos >= rs) & (ring_pos < n), ring_pos, -1)
+            pos = torch.where(s >= S, ring_pos, pos)
+        pos[:, S + W:] = -1
+        return pos
+
+    def _decode_windowed(self, q: torch.Tensor, scale: float | None, num_splits: int):
+        S, W, Hkv, D = self.sink_tokens, self.recent_tokens, self.kv_heads, self.head_dim
+        if self.k_exact is None:
+            self._alloc_exact(q.dtype)
+        tables = (self.k_codebook, self.v_codebook, self.k_sign_mask, self.v_sign_mask,
+                  self.key_bits, self.value_bits, None, scale, num_splits)
+        codes = (self.k_codes, self.k_norms, self.v_codes, self.v_norms)
+        if q.dim() == 3:
+            out_c, lse_c = self._decode_op(q, *codes, self._c_lens, *tables)
+            B1 = self.batch * (S + W + 1)
+            out_d, lse_d = self._dense_op(q.to(self._exact_dtype), self.k_exact.view(B1, 1, Hkv, D),
+                                          self.v_exact.view(B1, 1, Hkv, D), self._dense_lens,
+                                          self._dense_table, scale, 0)
+            return self._merge_op(torch.stack([out_c, out_d.to(out_c.dtype)]), torch.stack([lse_c, lse_d]))
+        B, L, Hq, _ = q.shape
+        G = Hq // Hkv
+        # compressed middle: query i (position seq_len - L + i) sees all of it once i >= L - W
+        full = q[:, max(L - W, 0):]
+        Lf = full.shape[1]
+        folded = full.view(B, Lf, Hkv, G, D).transpose(1, 2).reshape(B, Hkv * Lf * G, D)
+        o, m = self._decode_op(folded, *codes, self._c_lens, *tables)
+        out_c = o.view(B, Hkv, Lf, G, D).transpose(1, 2).reshape(B, Lf, Hq, D)
+        lse_c = m.view(B, Hkv, Lf, G).transpose(1, 2).reshape(B, Lf, Hq)
+        if L > W:  # the first L - W queries see a causal prefix of it
+            o, m = self._decode_op(q[:, :L - W].contiguous(), *codes, self._c_lens, *tables)
+            out_c, lse_c = torch.cat([o, out_c], 1), torch.cat([m, lse_c], 1)
+        # exact sinks and window, causal by position (tokens of the chunk are in the window or compressed)
+        pos = self._exact_positions()  # [B, S + W + 1]
+        qpos = self.seq_lens.to(torch.int64)[:, None] - L + torch.arange(L, device=self._dev)[None, :]
+        see = (pos[:, None, :] >= 0) & (pos[:, None, :] <= qpos[:, :, None])  # [B, L, slots]
+        scale_ = D ** -0.5 if scale is None else scale
+        qg = q.float().view(B, L, Hkv, G, D).transpose(1, 2)  # [B, Hkv, L, G, D]
+        logits = scale_ * torch.einsum("bhlgd,bshd->bhlgs", qg, self.k_exact.float())
+        logits = logits.masked_fill(~see[:, None, :, None, :], -torch.inf)
+        lse_d = torch.logsumexp(logits, -1)
+        p = torch.exp(logits - lse_d.clamp(min=-1e30)[..., None])
+        out_d = torch.einsum("bhlgs,bshd->bhlgd", p, self.v_exact.float())
+        out_d = out_d.transpose(1, 2).reshape(B, L, Hq, D)
+        lse_d = lse_d.transpose(1, 2).reshape(B, L, Hq)
+        out, lse = self._merge_op(torch.stack([out_c.reshape(B * L, Hq, D), out_d.to(out_c.dtype).reshape(B * L, Hq, D)]),
+                                  torch.stack([lse_c.reshape(B * L, Hq), lse_d.reshape(B * L, Hq)]))
+        return out.view(B, L, Hq, D), lse.view(B, L, Hq)
 
     def _contiguous_only(self, what: str) -> None:
         if self.paged:
@@ -325,6 +496,9 @@ class AuraCache:
                 _c.fail("lengths", f"one length per sequence, [B={self.batch}]", tuple(lengths.shape))
             self._on_device("lengths", lengths)
             n = lengths.clamp(0, L)  # out-of-range values cannot be reported without a sync
+        if self.windowed:
+            self._append_windowed(k if four_d else k[:, None], v if four_d else v[:, None], n, left_padded, compiling)
+            return
         if L == 1 and n is None and not self.paged and self._dev.type == "cpu" and not compiling:
             self._append_token_cpu(k[:, 0] if four_d else k, v[:, 0] if four_d else v)
             return
@@ -397,6 +571,8 @@ class AuraCache:
             _c.fail("q", f"query heads (shape[-2]) a positive multiple of KV heads ({self.kv_heads})",
                     tuple(shape))
         self._on_device("q", q)
+        if self.windowed:
+            return self._decode_windowed(q, scale, num_splits)
         return self._decode_op(q, self.k_codes, self.k_norms, self.v_codes, self.v_norms,
                                self.seq_lens, self.k_codebook, self.v_codebook, self.k_sign_mask,
                                self.v_sign_mask, self.key_bits, self.value_bits,
@@ -407,6 +583,9 @@ class AuraCache:
         """Forget every token (``seq_lens = 0``); the tensors stay allocated and are not cleared."""
         self.seq_lens.zero_()
         self._appended = 0
+        if self.windowed:
+            self._ring_start.fill_(self.sink_tokens)
+            self._refresh_window()
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep, reorder or repeat sequences: row i becomes old row ``index[i]`` (contiguous only).
@@ -445,6 +624,13 @@ class AuraCache:
         self.seq_lens = self.seq_lens.index_select(0, index)
         self.batch = index.shape[0]
         self._layout_changed()
+        if self.windowed:
+            ring_start, exact = self._ring_start.index_select(0, index), self.k_exact is not None
+            kx, vx = (self.k_exact.index_select(0, index), self.v_exact.index_select(0, index)) if exact else (None, None)
+            self._window_state()
+            self._ring_start.copy_(ring_start)
+            self.k_exact, self.v_exact = kx, vx
+            self._refresh_window()
 
     def crop(self, n: int) -> None:
         """Drop the last ``n`` tokens of every sequence (contiguous only).
@@ -474,6 +660,10 @@ class AuraCache:
         if n:
             self.seq_lens.sub_(n).clamp_(min=0)
             self._appended = max(self._appended - n, 0)
+            if self.windowed:  # dropped window tokens leave the middle's tail as the (shorter) window
+                self._ring_start.copy_(torch.minimum(self._ring_start, self.seq_lens.to(torch.int64))
+                                       .clamp_(min=self.sink_tokens))
+                self._refresh_window()
 
     def grow(self, capacity: int) -> None:
         """Reallocate to ``capacity`` tokens per sequence, keeping the cached tokens (contiguous only).
@@ -505,22 +695,26 @@ class AuraCache:
         old = self.capacity
         if capacity <= old:
             return
+        old_c = self._compressed_capacity()
+        self.capacity = capacity
         for name in ("k_codes", "v_codes", "k_norms", "v_norms"):
             t = getattr(self, name)
-            bigger = t.new_zeros(t.shape[0], t.shape[1], capacity, *t.shape[3:])
-            bigger[:, :, :old].copy_(t)
+            bigger = t.new_zeros(t.shape[0], t.shape[1], self._compressed_capacity(), *t.shape[3:])
+            bigger[:, :, :old_c].copy_(t)
             setattr(self, name, bigger)
-        self.capacity = capacity
         self._layout_changed()
 
     # --------------------------------------------------------------------------------- reporting
     def memory_bytes(self) -> int:
-        """Bytes held by the K and V codes and norms."""
-        return sum(t.numel() * t.element_size() for t in (self.k_codes, self.k_norms, self.v_codes, self.v_norms))
+        """Bytes held by the K and V codes and norms, and the exact sink/recent tokens."""
+        held = [self.k_codes, self.k_norms, self.v_codes, self.v_norms]
+        if self.k_exact is not None:
+            held += [self.k_exact, self.v_exact]
+        return sum(t.numel() * t.element_size() for t in held)
 
     def dense_bytes(self, dtype: torch.dtype = torch.bfloat16) -> int:
         """Bytes an uncompressed K+V cache of ``dtype`` with the same token slots would take."""
-        slots = self.k_norms.numel()  # token-heads
+        slots = self.batch * self.kv_heads * self.capacity if not self.paged else self.k_norms.numel()
         return 2 * slots * self.head_dim * dtype.itemsize
 
     def bf16_equivalent_bytes(self) -> int:
@@ -532,5 +726,6 @@ class AuraCache:
                   else f"capacity={self.capacity}")
         return (f"AuraCache({self.scheme!r}, batch={self.batch}, kv_heads={self.kv_heads}, "
                 f"head_dim={self.head_dim}, {layout}, seed={self.seed}, layer={self.layer}, "
-                f"device={self.device}, {self.memory_bytes()} bytes = "
+                + (f"sink_tokens={self.sink_tokens}, recent_tokens={self.recent_tokens}, " if self.windowed else "")
+                + f"device={self.device}, {self.memory_bytes()} bytes = "
                 f"{self.bf16_equivalent_bytes() / self.memory_bytes():.2f}x smaller than bf16)")

@@ -93,6 +93,8 @@ class AuraKVLayer(CacheLayerMixin):
         seed: seed of the sign masks.
         max_cache_len: tokens per row allocated at the first write and never exceeded, or None
             (grow by doubling).
+        sink_tokens, recent_tokens: the first / last tokens of each row kept exact in the model's
+            dtype (:class:`torch_aura.AuraCache`).
         _layout: the owning :class:`AuraKVCache`'s layer layout, checked against each model that
             attends through this layer (None: a layer used on its own, unchecked).
     """
@@ -102,9 +104,10 @@ class AuraKVLayer(CacheLayerMixin):
     supports_early_init = False
 
     def __init__(self, scheme: str, layer_idx: int, seed: int = 0, max_cache_len: int | None = None,
-                 _layout: _Layout | None = None):
+                 _layout: _Layout | None = None, sink_tokens: int = 0, recent_tokens: int = 0):
         super().__init__()
         self.scheme, self.layer_idx, self.seed, self.max_cache_len = scheme, layer_idx, seed, max_cache_len
+        self.sink_tokens, self.recent_tokens = sink_tokens, recent_tokens
         self.aura: AuraCache | None = None
         self.is_compileable = max_cache_len is not None  # static: see the module docstring
         # positions seen (padding included), what generate counts: a device tensor when static
@@ -122,7 +125,9 @@ class AuraKVLayer(CacheLayerMixin):
         B, Hkv, L, D = key_states.shape
         capacity = self.max_cache_len or _round_up(max(L, 1) + _GRANULE, _GRANULE)
         self.aura = AuraCache(self.scheme, batch=B, kv_heads=Hkv, head_dim=D, capacity=capacity,
-                              seed=self.seed, layer=self.layer_idx, device=key_states.device)
+                              seed=self.seed, layer=self.layer_idx, device=key_states.device,
+                              sink_tokens=self.sink_tokens, recent_tokens=self.recent_tokens,
+                              dtype=key_states.dtype)
         self.device, self.dtype = key_states.device, key_states.dtype
         if self.is_compileable:
             self.cumulative_length = torch.zeros((), dtype=torch.int64, device=key_states.device)
@@ -134,7 +139,7 @@ class AuraKVLayer(CacheLayerMixin):
         and CUDA graphs keep them (again after a row reorder, which makes new tensors)."""
         if self.is_compileable and not torch.compiler.is_compiling():  # (a traced prefill cannot mark)
             for t in (self.aura.k_codes, self.aura.v_codes, self.aura.k_norms, self.aura.v_norms, self.aura.seq_lens,
-                      self.cumulative_length):
+                      self.cumulative_length, *self.aura.window_tensors()):
                 torch._dynamo.mark_static_address(t)
 
     def _length(self) -> int:
@@ -366,6 +371,11 @@ class AuraKVCache(Cache):
         seed: seed of the per-layer sign masks, an int in ``[0, 2**64)``.
         max_cache_len: tokens per row allocated up front and never exceeded (a step past it raises
             before anything changes), or None to grow by doubling.
+        sink_tokens: the first tokens of each row kept exact in the model's dtype (attention
+            sinks); recommended 4 (benchmarks/results/aura_quality_cpu.md, aura-format.md §14).
+        recent_tokens: the last tokens of each row kept exact, a ring buffer (local heads);
+            recommended 128. Default 0 and 0: every token compressed, until the window's GPU path
+            has run on the device.
 
     Attributes:
         layout: one ``_support.LayerSpec`` per layer: ``kind`` ``"aura"`` (compressed),
@@ -392,7 +402,8 @@ class AuraKVCache(Cache):
         (torch.Size([1, 7]), 6, ['aura', 'aura'])
     """
 
-    def __init__(self, config, scheme: str = "aura4v2", seed: int = 0, max_cache_len: int | None = None):
+    def __init__(self, config, scheme: str = "aura4v2", seed: int = 0, max_cache_len: int | None = None,
+                 sink_tokens: int = 0, recent_tokens: int = 0):
         model = config if isinstance(config, torch.nn.Module) else None
         config = getattr(model, "config", config)
         if not callable(getattr(config, "get_text_config", None)):
@@ -401,14 +412,17 @@ class AuraKVCache(Cache):
         parse_scheme(scheme)  # names a bad scheme before anything is built
         _check_int("seed", seed, 0, 2 ** 64)
         _check_int("max_cache_len", max_cache_len, 1, none_ok=True)
+        _check_int("sink_tokens", sink_tokens, 0)
+        _check_int("recent_tokens", recent_tokens, 0)
         specs, problems = _support.cache_layout(config, max_cache_len, model)
         if problems:
             raise ValueError(f"AuraKVCache cannot hold {type(config).__name__}: " + " ".join(problems.values()))
         layout = _Layout(tuple(s.layer_type for s in specs))
-        layers = [AuraKVLayer(scheme, i, seed, max_cache_len, layout) if s.kind == "aura" else _other_layer(s, max_cache_len)
-                  for i, s in enumerate(specs)]
+        layers = [AuraKVLayer(scheme, i, seed, max_cache_len, layout, sink_tokens, recent_tokens) if s.kind == "aura"
+                  else _other_layer(s, max_cache_len) for i, s in enumerate(specs)]
         super().__init__(layers=layers)
         self.scheme, self.layout = scheme, tuple(specs)
+        self.sink_tokens, self.recent_tokens = sink_tokens, recent_tokens
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         if not 0 <= layer_idx < len(self.layers) or self.layout[layer_idx].kind not in ("aura", "window"):
