@@ -71,11 +71,11 @@ def make_inputs(lens, H_, HV, K, V, seed=0):
 
 def segment_plan(lens, HV, V) -> int:
     """Chunks per segment of our sequence-parallel state pass at this shape (0: the serial pass)."""
-    from torch_aura.triton_kernels.gdn import chunk
+    from torch_aura.triton_kernels.gdn import segments
 
     fixed = len(set(lens)) == 1
     nt = [-(-n // 64) for n in lens]
-    return chunk._segment_plan(torch.device("cuda"), len(lens), HV, V, nt[0] if fixed else 0, sum(nt), not fixed)
+    return segments._segment_plan(torch.device("cuda"), len(lens), HV, V, nt[0] if fixed else 0, sum(nt), not fixed)
 
 
 def fla_or_none():

@@ -152,10 +152,13 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
     """The sequential pass fetches whole 64-row chunks (TMA copies through per-sequence descriptors, or
     masked pointer loads): past a varlen sequence's end lie the next sequence's rows or, past
     ``cu_seqlens[-1]``, memory no kernel wrote. NaN in every such row of w, u, A_qk, q and k must
-    change nothing. ``chunk`` is the launcher module; the TMA and pointer paths must also agree (bit for
+    change nothing. ``chunk`` is the launcher module (the seams are patched where they live:
+    ``_common``, ``state_pass``); the TMA and pointer paths must also agree (bit for
     bit within the Triton kernel; to rounding where the default is the Hopper pass, whose MMAs sum in
     another order). Returns ``(tma, hopper)``: whether the default run copied its tiles, and whether it
     was the Hopper (Gluon) pass."""
+    from torch_aura.triton_kernels.gdn import _common, state_pass
+
     T, H, HV = 150, 1, 2
     q, k, v, g, beta = make_inputs(device, 1, T, H, HV, K, V, dtype, seed=3)
     cu = _cu(device, [0, 40, 100])  # rows 100..149 belong to no sequence
@@ -170,20 +173,20 @@ def check_pass_ignores_rows_outside_sequences(chunk, device, K, V, dtype):
         for x in (*xs.values(), kk):
             x[:, 100:] = fill
         o = torch.zeros(1, T, HV, V, dtype=dtype, device=device)
-        ready, hopper_ready = chunk._tma_ready, chunk._hopper_pass_ready
+        ready, hopper_ready = _common._tma_ready, state_pass._hopper_pass_ready
         if tma is not None:
-            chunk._tma_ready = lambda *a: tma
+            _common._tma_ready = lambda *a: tma
         if not hopper:
-            chunk._hopper_pass_ready = lambda *a: False
+            state_pass._hopper_pass_ready = lambda *a: False
         try:
             fin = chunk._state_pass(kk, xs["w"], xs["u"], p.g_cum, None, cu, ci, 3, NT_total, False,
                                     q=xs["q"], a_qk=xs["a_qk"], o=o, scale=K ** -0.5)
         finally:
-            chunk._tma_ready, chunk._hopper_pass_ready = ready, hopper_ready
+            _common._tma_ready, state_pass._hopper_pass_ready = ready, hopper_ready
         return o[:, :100], fin
 
-    tma = chunk._pass_copies_tiles(k, p.w, p.u, q, p.a_qk)
-    hopper = chunk._hopper_pass_ready(k, tma, True)
+    tma = _common._pass_copies_tiles(k, p.w, p.u, q, p.a_qk)
+    hopper = state_pass._hopper_pass_ready(k, tma, True)
     for use_hopper in (True, False) if hopper else (False,):  # both passes ignore those rows
         o0, f0 = run(0.0, hopper=use_hopper)
         o1, f1 = run(float("nan"), hopper=use_hopper)
@@ -206,19 +209,21 @@ def check_w_u_copies_match_pointer_loads(chunk, device, B, T, H, HV, K, V, dtype
     partial last chunk (T % 64 != 0, where the copies zero-fill and clip at T). Returns whether the TMA
     path ran."""
     q, k, v, g, beta = make_inputs(device, B, T, H, HV, K, V, dtype, seed=4)
+    from torch_aura.triton_kernels.gdn import prep
+
     NT = -(-T // 64)
-    ready, decided, runs = chunk._w_u_tma, [], []
+    ready, decided, runs = prep._w_u_tma, [], []
 
     def spy(*args):
         decided.append(ready(*args))
         return decided[-1]
 
     for choose in (spy, lambda *args: False):
-        chunk._w_u_tma = choose
+        prep._w_u_tma = choose
         try:
             runs.append(chunk._chunk_prep(q, k, v, g, beta, None, None, NT, B * NT))
         finally:
-            chunk._w_u_tma = ready
+            prep._w_u_tma = ready
     for name in ("w", "u", "a_qk"):
         assert torch.equal(getattr(runs[0], name), getattr(runs[1], name)), f"w/u {name}: copies vs pointer loads"
     return decided[0]
@@ -281,10 +286,13 @@ SPLIT_RATIO = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 5e-3}
 
 def force_split(monkeypatch, chunk, cps):
     """Make every launcher call take the sequence-parallel pass with ``cps`` chunks per segment (0: the
-    serial pass, beside w/u where it would be); returns the list that records each summary + scan."""
-    ran, real = [], chunk._segment_starts
-    monkeypatch.setattr(chunk, "_segment_plan", lambda *a: cps)
-    monkeypatch.setattr(chunk, "_segment_starts", lambda *a, **kw: ran.append(a[-1]) or real(*a, **kw))
+    serial pass, beside w/u where it would be); returns the list that records each summary + scan.
+    ``chunk`` is the launcher module; the plan and the summary + scan live in ``segments``."""
+    from torch_aura.triton_kernels.gdn import segments
+
+    ran, real = [], segments._segment_starts
+    monkeypatch.setattr(segments, "_segment_plan", lambda *a: cps)
+    monkeypatch.setattr(segments, "_segment_starts", lambda *a, **kw: ran.append(a[-1]) or real(*a, **kw))
     return ran
 
 

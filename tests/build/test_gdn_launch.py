@@ -53,7 +53,7 @@ def stub_device(monkeypatch):
     from triton.runtime.jit import JITFunction
 
     from torch_aura.triton_kernels import _launch, _tune
-    from torch_aura.triton_kernels.gdn import chunk
+    from torch_aura.triton_kernels.gdn import _common, chunk, prep, segments, state_pass
 
     compiled = []
 
@@ -66,18 +66,18 @@ def stub_device(monkeypatch):
     previous = driver._active
     driver.set_active(_Driver())
     monkeypatch.setattr(JITFunction, "_do_compile", compile_stub)
-    monkeypatch.setattr(chunk, "interpreting", lambda: True)  # _tma_ready's alignment rules on CPU tensors
-    monkeypatch.setattr(chunk, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
-    monkeypatch.setattr(chunk, "sm_count", lambda device: 132)
-    plan = chunk._segment_plan
-    monkeypatch.setattr(chunk, "_segment_plan", lambda device, *a: plan(torch.device("cuda"), *a))
-    monkeypatch.setattr(chunk, "descriptor_workspace", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(chunk, "_beside", lambda device, first: (first(), contextlib.nullcontext())[1])
+    monkeypatch.setattr(_common, "interpreting", lambda: True)  # _tma_ready's alignment rules on CPU tensors
+    monkeypatch.setattr(state_pass, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
+    monkeypatch.setattr(_common, "sm_count", lambda device: 132)
+    plan = segments._segment_plan
+    monkeypatch.setattr(segments, "_segment_plan", lambda device, *a: plan(torch.device("cuda"), *a))
+    monkeypatch.setattr(_common, "descriptor_workspace", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(state_pass, "_beside", lambda device, first: (first(), contextlib.nullcontext())[1])
     monkeypatch.setattr(_tune.Tuner, "__call__", lambda self, key, launch, device: launch(self.configs[0]))
     monkeypatch.setattr(_launch, "VERIFY", True)
     monkeypatch.setattr(_launch, "ENABLED", True)  # opt-in (TORCH_AURA_FAST_LAUNCH=1): the mechanism is under test
     _launch.clear()
-    for mod in (chunk,):  # a fresh device cache per test: the stand-in driver's
+    for mod in (chunk, prep, state_pass, segments):  # a fresh device cache per test: the stand-in driver's
         for obj in vars(mod).values():
             if isinstance(obj, JITFunction):
                 obj.device_caches.clear()

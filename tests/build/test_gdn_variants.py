@@ -54,22 +54,22 @@ def recorded(monkeypatch):
     monkeypatch.setattr(torch, "empty", real.get("_real_empty", torch.empty))
     monkeypatch.setattr(torch, "empty_like", real.get("_real_empty_like", torch.empty_like))
     from torch_aura.triton_kernels import _tune
-    from torch_aura.triton_kernels.gdn import chunk, conv, recurrent
+    from torch_aura.triton_kernels.gdn import _common, chunk, conv, prep, recurrent, segments, state_pass
 
     variants, keys = set(), set()
-    for mod in (chunk, recurrent, conv):
+    for mod in (chunk, prep, state_pass, segments, recurrent, conv):
         for name, obj in list(vars(mod).items()):
             if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel"):
                 monkeypatch.setattr(mod, name, _Recorder(obj, variants))
-    hopper = _Recorder(chunk._hopper_pass(), variants)
-    monkeypatch.setattr(chunk, "_hopper_pass", lambda: hopper)
+    hopper = _Recorder(state_pass._hopper_pass(), variants)
+    monkeypatch.setattr(state_pass, "_hopper_pass", lambda: hopper)
     # an H100 / H200: TMA copies, the Gluon pass, 132 SMs for every plan decision
-    monkeypatch.setattr(chunk, "_tma_ready", lambda *xs: True)
-    monkeypatch.setattr(chunk, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
-    monkeypatch.setattr(chunk, "sm_count", lambda device: SMS)
-    plan = chunk._segment_plan
-    monkeypatch.setattr(chunk, "_segment_plan", lambda device, *a: plan(torch.device("cuda"), *a))
-    monkeypatch.setattr(chunk, "_beside", lambda device, first: (first(), contextlib.nullcontext())[1])
+    monkeypatch.setattr(_common, "_tma_ready", lambda *xs: True)
+    monkeypatch.setattr(state_pass, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
+    monkeypatch.setattr(_common, "sm_count", lambda device: SMS)
+    plan = segments._segment_plan
+    monkeypatch.setattr(segments, "_segment_plan", lambda device, *a: plan(torch.device("cuda"), *a))
+    monkeypatch.setattr(state_pass, "_beside", lambda device, first: (first(), contextlib.nullcontext())[1])
 
     def first_config(self, key, launch, device):
         keys.add((self.name, key))

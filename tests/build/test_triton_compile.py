@@ -68,22 +68,22 @@ def compile_only(monkeypatch, request):
     (bf16, the tuned production dtype, with the state pass's TMA copies), else only its default
     (compile time on 2 CI cores)."""
     from torch_aura.triton_kernels import _tune
-    from torch_aura.triton_kernels.gdn import chunk, conv, recurrent
+    from torch_aura.triton_kernels.gdn import _common, chunk, conv, prep, recurrent, segments, state_pass
 
     seen = set()
-    for mod in (chunk, recurrent, conv):
+    for mod in (chunk, prep, state_pass, segments, recurrent, conv):
         for name, obj in list(vars(mod).items()):
             if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel"):
                 monkeypatch.setattr(mod, name, _CompileOnly(obj, seen))
 
     all_configs = request.node.callspec.params.get("dtype") == torch.bfloat16
     if all_configs:  # the TMA paths too (state pass, w/u; CPU tensors never take them at run time)
-        monkeypatch.setattr(chunk, "_tma_ready", lambda *xs: True)
+        monkeypatch.setattr(_common, "_tma_ready", lambda *xs: True)
         # and the Gluon pass for Hopper, which only an sm_90 device selects at run time
-        hopper = chunk._hopper_pass()
+        hopper = state_pass._hopper_pass()
         assert hopper is not None, "state_pass_sm90 failed to import (Gluon)"
-        monkeypatch.setattr(chunk, "_hopper_pass", lambda: _CompileOnly(hopper, seen))
-        monkeypatch.setattr(chunk, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
+        monkeypatch.setattr(state_pass, "_hopper_pass", lambda: _CompileOnly(hopper, seen))
+        monkeypatch.setattr(state_pass, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
 
     def every_config(self, key, launch, device):
         for cfg in self.configs if all_configs else self.configs[:1]:
@@ -100,7 +100,7 @@ def _gdn_inputs(dtype, B, T, H, HV, K, V):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
 def test_gdn_kernels_compile_for_sm90(compile_only, monkeypatch, dtype):
-    from torch_aura.triton_kernels.gdn import chunk, recurrent
+    from torch_aura.triton_kernels.gdn import chunk, prep, recurrent, segments, state_pass
 
     K = V = 128
     q, k, v, g, beta = _gdn_inputs(dtype, 2, 100, 2, 4, K, V)
@@ -117,15 +117,15 @@ def test_gdn_kernels_compile_for_sm90(compile_only, monkeypatch, dtype):
     recurrent.gdn_recurrent(q, k, v, g, beta, h0.clone())
     recurrent.gdn_recurrent(qv, kv, vv, gv, bv, torch.randn(3, 4, V, K), torch.tensor([2, -1, 0], dtype=torch.int32),
                             cu, None, True, True)
-    # the sequence-parallel pass (chunk._segment_plan chooses it on a GPU only): summary, scan and the
+    # the sequence-parallel pass (segments._segment_plan chooses it on a GPU only): summary, scan and the
     # segmented pass (Triton and Gluon), fixed length and varlen, gdn_chunk and gdn_fwd_h
-    monkeypatch.setattr(chunk, "_segment_plan", lambda *a: 1)
+    monkeypatch.setattr(segments, "_segment_plan", lambda *a: 1)
     chunk.gdn_chunk(q, k, v, g, beta, None, h0, None, None, True, False)
     chunk.gdn_chunk(qv, kv, vv, gv, bv, None, torch.randn(3, 4, V, K), cu, None, False, True)
     chunk.gdn_fwd_h(k, w.to(dtype), u.to(dtype), g_cum, None)
     scan_paths = {dict(key[2])["IN_REGS"] for key in compile_only if key[0] == "_gdn_segment_scan_kernel"}
     assert scan_paths == {dtype != torch.float32}, f"segment scan paths compiled (IN_REGS): {scan_paths}"
-    expected = {n for n in (*vars(chunk), *vars(recurrent)) if n.endswith("_kernel")}
+    expected = {n for mod in (chunk, prep, state_pass, segments, recurrent) for n in vars(mod) if n.endswith("_kernel")}
     assert expected <= {key[0] for key in compile_only}, "a kernel was never compiled"
     if dtype == torch.bfloat16:
         hopper = {(dict(key[2])["IS_VARLEN"], dict(key[2])["STAGES"]) for key in compile_only
@@ -142,15 +142,15 @@ def test_gdn_kernels_compile_for_sm90(compile_only, monkeypatch, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16], ids=["bf16"])
 def test_gdn_overlapped_pass_compiles_for_sm90(compile_only, monkeypatch, dtype):
-    """gdn_chunk with the Hopper pass beside w/u (chunk._overlap_pass): the pass's WAIT variant, which
+    """gdn_chunk with the Hopper pass beside w/u (state_pass._overlap_pass): the pass's WAIT variant, which
     spins on w/u's flags, and w/u's PUBLISH variant, fixed length and varlen. The side stream is
     stubbed out (CPU): w/u then the pass, in order."""
     import contextlib
 
-    from torch_aura.triton_kernels.gdn import chunk
+    from torch_aura.triton_kernels.gdn import chunk, state_pass
 
-    monkeypatch.setattr(chunk, "_overlap_pass", lambda *a: True)
-    monkeypatch.setattr(chunk, "_beside", lambda device, first: (first(), contextlib.nullcontext())[1])
+    monkeypatch.setattr(state_pass, "_overlap_pass", lambda *a: True)
+    monkeypatch.setattr(state_pass, "_beside", lambda device, first: (first(), contextlib.nullcontext())[1])
     q, k, v, g, beta = _gdn_inputs(dtype, 1, 100, 2, 4, 128, 128)
     chunk.gdn_chunk(q, k, v, g, beta, None, torch.randn(1, 4, 128, 128), None, None, True, False)
     cu = torch.tensor([0, 30, 30, 100], dtype=torch.int32)

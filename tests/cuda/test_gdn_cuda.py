@@ -126,7 +126,7 @@ def test_chunk_tma_small_for_sanitizer():
     check_chunk(torch_aura, DEV, 1, 150, 2, 4, 64, 40, BF16, offsets=[0, 50, 50, 150], h0=True)
 
 
-# Shapes whose Hopper pass runs beside the w/u kernel (chunk._overlap_pass): one or few sequences, 16-bit,
+# Shapes whose Hopper pass runs beside the w/u kernel (state_pass._overlap_pass): one or few sequences, 16-bit,
 # K in {64, 128}; the last one is the bench's head count, where w/u has the most to do per chunk.
 OVERLAP_CASES = [
     (1, 1000, 2, 4, 128, 128, BF16, {"h0": True}),
@@ -145,13 +145,13 @@ def test_chunk_overlapped_pass_matches_reference_and_serial(case, monkeypatch):
     its copies later in the step, and ptxas then contracts the gate exponent's multiply-subtract
     differently (H100: max |diff| 2e-5 .. 3e-4, the same for the waiting kernel run after w/u on one
     stream, and deterministic run to run)."""
-    from torch_aura.triton_kernels.gdn import chunk
+    from torch_aura.triton_kernels.gdn import state_pass
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the overlapped pass is the Hopper (sm_90) pass's")
     B, T, H, HV, K, V, dt, extra = case
-    taken, real = [], chunk._overlap_pass
-    monkeypatch.setattr(chunk, "_overlap_pass", lambda *a: taken.append(real(*a)) or taken[-1])
+    taken, real = [], state_pass._overlap_pass
+    monkeypatch.setattr(state_pass, "_overlap_pass", lambda *a: taken.append(real(*a)) or taken[-1])
     o1, f1 = check_chunk(torch_aura, DEV, B, T, H, HV, K, V, dt, **extra)
     assert taken and all(taken), "the overlapped pass did not run"
     monkeypatch.setenv("TORCH_AURA_GDN_OVERLAP", "0")
@@ -165,7 +165,7 @@ def test_chunk_overlapped_pass_matches_reference_and_serial(case, monkeypatch):
 def test_overlapped_pass_switches_and_bound(monkeypatch):
     """Eligible at one sequence on sm_90; off with TORCH_AURA_GDN_OVERLAP=0, under an MPS SM limit, and
     once the pass programs would take more than half of the SMs (w/u must keep the rest)."""
-    from torch_aura.triton_kernels.gdn import chunk
+    from torch_aura.triton_kernels.gdn import state_pass
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the overlapped pass is the Hopper (sm_90) pass's")
@@ -174,7 +174,7 @@ def test_overlapped_pass_switches_and_bound(monkeypatch):
     def eligible(N, HV=4, V=128):
         q = torch.empty(N, 64, 2, 128, dtype=BF16, device=DEV)
         u, a = torch.empty(N, 64, HV, V, dtype=BF16, device=DEV), torch.empty(N, 64, HV, 64, dtype=BF16, device=DEV)
-        return chunk._overlap_pass(q, q, torch.empty(N, 64, HV, 128, dtype=BF16, device=DEV), u, a, None)
+        return state_pass._overlap_pass(q, q, torch.empty(N, 64, HV, 128, dtype=BF16, device=DEV), u, a, None)
 
     assert eligible(1)
     assert eligible(sms // 2 // 8) and not eligible(sms // 2 // 8 + 1)  # 2 V tiles x 4 heads per sequence
@@ -192,12 +192,12 @@ def test_chunk_overlapped_pass_small_for_sanitizer():
 
 
 # ------------------------------------------------------------------ the sequence-parallel pass
-# Forced (chunk._segment_plan chooses it only for few heads and sequences): (B, T, H, HV, K, V, dtype,
+# Forced (segments._segment_plan chooses it only for few heads and sequences): (B, T, H, HV, K, V, dtype,
 # chunks per segment, extra). Weak decay (gate_norm 20, 30% of g at 0) so that a segment's start
 # state still matters at its end. T = 0, 1, 63, 64, 65; 7 / 8 / 9 chunks at 4 per segment (a segment
 # boundary -1, 0, +1 chunk); varlen with empty sequences first, inside and last; the Hopper (Gluon)
 # pass (16-bit, K in {64, 128}) and the Triton one (K = 60, K = 256 pointer loads, fp32). The scan
-# (chunk._scan_in_regs): the register path at 16 bits with K <= 128 (K = 128, 64, 60; 32 segments in
+# (segments._scan_in_regs): the register path at 16 bits with K <= 128 (K = 128, 64, 60; 32 segments in
 # one sequence for the pipelined loop's steady state), the column-block path at K = 256 (bf16) and fp32.
 SPLIT_CASES = [
     (1, 0, 1, 2, 128, 128, BF16, 1, {"h0": True}),
@@ -251,12 +251,12 @@ TP_CASES = [
 def test_tp_shard_shapes_split_as_planned(name, lens, H, HV, splits, monkeypatch):
     """At the bench's TP shapes the plan (static: SM count, sequences, heads, chunk count) splits where
     the GPU would idle, and the result equals the reference and the serial pass."""
-    from torch_aura.triton_kernels.gdn import chunk
+    from torch_aura.triton_kernels.gdn import segments
 
     if torch.cuda.get_device_properties(0).multi_processor_count < 100:
         pytest.skip("the plan's expectations assume an H100-class SM count")
-    ran, real = [], chunk._segment_starts
-    monkeypatch.setattr(chunk, "_segment_starts", lambda *a, **kw: ran.append(a[-1]) or real(*a, **kw))
+    ran, real = [], segments._segment_starts
+    monkeypatch.setattr(segments, "_segment_starts", lambda *a, **kw: ran.append(a[-1]) or real(*a, **kw))
     varlen = len(set(lens)) > 1
     offsets = [0, *torch.tensor(lens).cumsum(0).tolist()] if varlen else None
     B, T = (1, sum(lens)) if varlen else (len(lens), lens[0])
@@ -484,11 +484,18 @@ def test_compile_fullgraph_module_with_chunk_and_recurrent(mode):
 def _tuner_configs():
     if not torch.cuda.is_available():  # skipped anyway; never import triton at collection on CPU
         return [("_SOLVE", 0)]
-    from torch_aura.triton_kernels.gdn import chunk
+    return [(name, i) for name in ("_SOLVE", "_W_U", "_STATE_PASS") for i in range(len(_tuner(name).configs))] \
+        + [("_STATE_PASS_SM90", i) for i, c in enumerate(_tuner("_STATE_PASS_SM90").configs) if c.kwargs.get("SM90")] \
+        + [("_SEG_SUMMARY", i) for i in range(len(_tuner("_SEG_SUMMARY").configs))]
 
-    return [(name, i) for name in ("_SOLVE", "_W_U", "_STATE_PASS") for i in range(len(getattr(chunk, name).configs))] \
-        + [("_STATE_PASS_SM90", i) for i, c in enumerate(chunk._STATE_PASS_SM90.configs) if c.kwargs.get("SM90")] \
-        + [("_SEG_SUMMARY", i) for i in range(len(chunk._SEG_SUMMARY.configs))]
+
+def _tuner(name):
+    """A GDN tuner by name, from the module of the kernel it tunes."""
+    from torch_aura.triton_kernels.gdn import prep, segments, state_pass
+
+    home = {"_SOLVE": prep, "_W_U": prep, "_STATE_PASS": state_pass, "_STATE_PASS_SM90": state_pass,
+            "_SEG_SUMMARY": segments}
+    return getattr(home[name], name)
 
 
 # one test per config, so xdist spreads their compiles over workers
@@ -498,15 +505,15 @@ def test_every_tuner_config_is_correct(monkeypatch, tuner, index):
     so each must be right wherever it fits, and must fit somewhere (else it is dead weight)."""
     from triton.runtime.errors import OutOfResources
 
-    from torch_aura.triton_kernels.gdn import chunk
+    from torch_aura.triton_kernels.gdn import segments, state_pass
 
-    t = getattr(chunk, tuner)
+    t = _tuner(tuner)
     cfg = t.configs[index]
     monkeypatch.setenv("TORCH_AURA_GDN_OVERLAP", "0")  # the overlapped pass has one fixed config, tested above
     if tuner == "_SEG_SUMMARY":  # runs only in the sequence-parallel pass
-        monkeypatch.setattr(chunk, "_segment_plan", lambda *a: 2)
+        monkeypatch.setattr(segments, "_segment_plan", lambda *a: 2)
     # a Triton pass config serves both pass tuners (the Hopper one lists them after its own)
-    for u in (t, chunk._STATE_PASS_SM90) if tuner == "_STATE_PASS" else (t,):
+    for u in (t, state_pass._STATE_PASS_SM90) if tuner == "_STATE_PASS" else (t,):
         monkeypatch.setattr(u, "configs", [cfg])
         monkeypatch.setattr(u, "cache", {})
     ran = 0
@@ -530,11 +537,12 @@ def test_g_outside_the_usual_range(dtype):
 # ------------------------------------------------------------------ new lengths (issue 38)
 def _compiled_variants() -> dict[str, int]:
     """Compiled variants per GDN kernel on this device (Triton's in-memory kernel cache)."""
-    from torch_aura.triton_kernels.gdn import chunk, conv, recurrent
+    from torch_aura.triton_kernels.gdn import chunk, conv, prep, recurrent, segments, state_pass
 
     dev = torch.cuda.current_device()
-    kernels = {n: k for mod in (chunk, recurrent, conv) for n, k in vars(mod).items() if n.endswith("_kernel")}
-    kernels["gdn_state_pass_sm90_kernel"] = chunk._hopper_pass()
+    kernels = {n: k for mod in (chunk, prep, state_pass, segments, recurrent, conv) for n, k in vars(mod).items()
+               if n.endswith("_kernel")}
+    kernels["gdn_state_pass_sm90_kernel"] = state_pass._hopper_pass()
     return {n: len(k.device_caches[dev][0]) for n, k in kernels.items() if k is not None and dev in k.device_caches}
 
 

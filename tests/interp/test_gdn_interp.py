@@ -95,7 +95,7 @@ def test_g_outside_the_usual_range(gdn_kernels, dtype):
 
 
 # ------------------------------------------------------------------ the sequence-parallel pass
-# Forced onto tiny shapes (chunk._segment_plan picks it only on a GPU with few heads and sequences):
+# Forced onto tiny shapes (segments._segment_plan picks it only on a GPU with few heads and sequences):
 # (B, T, H, HV, K, V, dtype, chunks per segment, extra). Weak decay (gate_norm 20, 30% of g at 0) so a
 # segment's start state still matters at its end. T = 0, 1, 63, 64, 65; 3 / 4 / 5 chunks at 2 per
 # segment (segment boundary -1, 0, +1 chunk); varlen with empty sequences first, inside and last.
@@ -142,15 +142,15 @@ def test_split_pass_stages_match_reference(gdn_kernels, monkeypatch, dtype):
 def test_segment_plan_rule(monkeypatch):
     """The split is chosen from static facts only: few heads and sequences split, shapes that fill the
     GPU keep the serial pass, short sequences do not split; the varlen segment count stays in one wave."""
-    from torch_aura.triton_kernels.gdn import chunk
+    from torch_aura.triton_kernels.gdn import _common, segments
 
-    monkeypatch.setattr(chunk, "sm_count", lambda device: 132)
+    monkeypatch.setattr(_common, "sm_count", lambda device: 132)
     cuda = torch.device("cuda")
 
     def plan(N, HV, T):
-        return chunk._segment_plan(cuda, N, HV, 128, -(-T // 64), N * -(-T // 64), False)
+        return segments._segment_plan(cuda, N, HV, 128, -(-T // 64), N * -(-T // 64), False)
 
-    assert chunk._segment_plan(torch.device("cpu"), 1, 4, 128, 512, 512, False) == 0
+    assert segments._segment_plan(torch.device("cpu"), 1, 4, 128, 512, 512, False) == 0
     assert plan(1, 32, 32768) == 0  # 16/32 heads: 64 pass programs, two segments would not pay
     assert plan(1, 4, 32768) == 32  # 2/4 heads: 16 segments of 32 chunks, 128 programs
     assert plan(1, 8, 8192) == 16  # 4/8 heads: 8 segments of 16 chunks
@@ -158,11 +158,11 @@ def test_segment_plan_rule(monkeypatch):
     assert plan(64, 4, 8192) == 0  # 512 programs already
     assert plan(1, 4, 1024) == 0  # 16 chunks: segments would be shorter than _SEG_MIN_CHUNKS
     for N, NT_total in ((1, 512), (3, 400), (9, 384)):
-        cps = chunk._segment_plan(cuda, N, 4, 128, 0, NT_total, True)
+        cps = segments._segment_plan(cuda, N, 4, 128, 0, NT_total, True)
         if cps:
             assert (-(-NT_total // cps) + N) * 4 * 2 <= 132
-    assert chunk._segment_plan(cuda, 3, 4, 128, 0, 400, True) > 0  # 13 spare slots for 3 sequences
-    assert chunk._segment_plan(cuda, 9, 4, 128, 0, 390, True) == 0  # bench's varlen mix: 7 for 9
+    assert segments._segment_plan(cuda, 3, 4, 128, 0, 400, True) > 0  # 13 spare slots for 3 sequences
+    assert segments._segment_plan(cuda, 9, 4, 128, 0, 390, True) == 0  # bench's varlen mix: 7 for 9
 
 
 @pytest.mark.parametrize("offsets,T,cps,n_seg", [
@@ -175,7 +175,7 @@ def test_segment_plan_rule(monkeypatch):
 def test_segment_table_kernel(gdn_kernels, offsets, T, cps, n_seg):
     """The varlen plan (one program) against a plain Python construction: rows (sequence, first chunk) in
     sequence order, -1 up to the static bound, and each sequence's first row."""
-    from torch_aura.triton_kernels.gdn import chunk
+    from torch_aura.triton_kernels.gdn import segments
 
     rows, first = [], []
     for n in range(len(offsets) - 1):
@@ -183,6 +183,6 @@ def test_segment_table_kernel(gdn_kernels, offsets, T, cps, n_seg):
         chunks = -(-max(min(offsets[n + 1], T) - offsets[n], 0) // 64)
         rows += [[n, c] for c in range(0, chunks, cps)]
     rows = (rows + [[-1, -1]] * n_seg)[:n_seg]
-    table, seg_first = chunk._segment_table(torch.tensor(offsets, dtype=torch.int32), T, cps, n_seg)
+    table, seg_first = segments._segment_table(torch.tensor(offsets, dtype=torch.int32), T, cps, n_seg)
     assert table.tolist() == rows
     assert seg_first.tolist() == first

@@ -1,3 +1,3 @@
-"""Gated DeltaNet Triton kernels (gdn.md): ``chunk`` (prefill stages and the fused ``gdn_chunk``),
-``recurrent`` (decode) and ``conv`` (the causal conv of the front end, ops.md §3b). Launchers take
+"""Gated DeltaNet Triton kernels (gdn.md): ``chunk`` (the fused ``gdn_chunk``; its pipeline in ``prep``,
+``state_pass``, ``segments`` and ``state_pass_sm90``, helpers in ``_common`` and ``_jit``), ``recurrent`` (decode) and ``conv`` (the causal conv of the front end, ops.md §3b). Launchers take
 exactly their op's schema arguments."""

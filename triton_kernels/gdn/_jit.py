@@ -94,7 +94,7 @@ def segment_span(j, seg_table, cu_seqlens, T, NT, NS, CPS, IS_VARLEN: tl.constex
 
     A segment is up to ``CPS`` whole chunks of one sequence. Fixed length: ``NS`` segments per
     sequence, segment ``j`` is number ``j % NS`` of sequence ``j // NS``. Varlen: ``seg_table[j] =
-    (n, c_lo)``, built on the device from cu_seqlens (``chunk._segment_table``); the grid is a
+    (n, c_lo)``, built on the device from cu_seqlens (``segments._segment_table``); the grid is a
     static upper bound, and rows past the real count hold ``n = -1``: such a program gets an empty
     chunk range and ``last = False``, so it reads and writes nothing. Scalar code (Gluon calls it too).
     """
@@ -248,7 +248,7 @@ def inv_unit_lower16(A, PREC: tl.constexpr):
     most like ``C(15, k) |A|^k``; with ``|A_ij| = beta |k_i . k_j| e^(G_i - G_j) <= 1`` the fp32
     products stay far inside the bf16/fp16 rounding of the stored result. Those growing terms cancel,
     so tf32 inputs (2^-11) would cost accuracy; the launchers use ``"bf16x3"`` (~2^-16) or ``"ieee"``
-    (``chunk._solve_precision``).
+    (``prep._solve_precision``).
     """
     A2 = dot_f32(A, A, PREC)
     A4 = dot_f32(A2, A2, PREC)
@@ -266,3 +266,22 @@ def dot_f32(a, b, PREC: tl.constexpr):
     (tensor cores: each operand split into two bf16 parts, three products, ~16 mantissa bits) or
     ``"tf32"`` (tensor cores; inputs keep 10 mantissa bits)."""
     return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _chain_operands(k, w, u, g_cum, k_d, w_d, u_d, b, start, rows, ok, eos, i_h, i_hv, vv, v0, K, V,
+                    s_kb, s_kt, s_kh, s_wb, s_wt, s_wh, s_ub, s_ut, s_uh, s_gb, s_gt, s_gh,
+                    TMA: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """What one step of the state chain reads of the chunk at ``start`` (rows ``rows``, valid where
+    ``ok``), the pass and the segment summary alike: the w and k tiles, ``u^T`` of the V tile
+    ``vv = v0 + arange(BV)``, and the gates ``G_L`` (the last valid row) and ``G``, scaled to log2."""
+    wt = chunk_rows(w, w_d, b, start, rows, ok, i_hv, 0, BK, K, s_wb, s_wt, s_wh, TMA)
+    kt = chunk_rows(k, k_d, b, start, rows, ok, i_h, 0, BK, K, s_kb, s_kt, s_kh, TMA)
+    if TMA:
+        uT = tl.trans(chunk_rows(u, u_d, b, start, rows, ok, i_hv, v0, BV, V, s_ub, s_ut, s_uh, TMA))
+    else:
+        uT = load_tile_t(u, b, rows, ok, i_hv, vv, V, s_ub, s_ut, s_uh)
+    last = tl.minimum(start + BT, eos) - 1
+    G2_L = tl.load(g_cum + b * s_gb + last * s_gt + i_hv * s_gh) * LOG2E
+    G2 = load_rows(g_cum, b, rows, ok, i_hv, s_gb, s_gt, s_gh) * LOG2E
+    return wt, kt, uT, G2_L, G2

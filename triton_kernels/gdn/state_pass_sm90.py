@@ -1,7 +1,7 @@
 """gdn_chunk's sequential state pass for Hopper (sm_90), written in Gluon (Triton's explicit-layout
 dialect) so that the four warpgroup MMAs of a chunk step overlap instead of running one after another.
 
-Why a second implementation of ``chunk._gdn_state_pass_kernel``: that kernel's step is a chain of
+Why a second implementation of ``state_pass._gdn_state_pass_kernel``: that kernel's step is a chain of
 four ``tl.dot``s. Triton waits for each warpgroup MMA right after issuing it, and at BV = 32 it picks
 warp-split MMA v2 layouts whose register operands go through shared memory every step, so the tensor
 cores idle through most of a step (gdn.md §6.3). Here each step issues its MMAs asynchronously, in
@@ -21,11 +21,11 @@ of the V tile), so nothing on the chain goes through shared memory. All five chu
 TMA copies through descriptors of this sequence's rows (zero past its end), ``STAGES`` deep; o leaves
 through a descriptor of the same rows, so its last chunk's rows past the end are dropped.
 
-``WAIT`` (``chunk._overlap_pass``, few sequences): the kernel runs beside the w/u kernel that is still
+``WAIT`` (``state_pass._overlap_pass``, few sequences): the kernel runs beside the w/u kernel that is still
 writing w, u and A_qk, and waits for each chunk's flag before copying its tiles.
 
 Scope: sm_90 (warpgroup MMA), 16-bit inputs, K in {64, 128}, the output path of gdn_chunk. Everything
-else, and every other GPU, runs the Triton pass; ``chunk._state_pass`` chooses, and its tuner may still prefer a Triton
+else, and every other GPU, runs the Triton pass; ``state_pass._state_pass`` chooses, and its tuner may still prefer a Triton
 config for a shape. Gluon is experimental in Triton 3.6: an import failure simply disables this path.
 """
 
@@ -45,7 +45,7 @@ BT: gl.constexpr = gl.constexpr(64)  # chunk length, as chunk.CHUNK
 @gluon.jit
 def _wait_published(flag):
     """Spin until the w/u kernel running beside this one has published a chunk (its release of the
-    chunk's flag, ``chunk._gdn_recompute_w_u_kernel`` with ``PUBLISH``), then order this thread's later
+    chunk's flag, ``prep._gdn_recompute_w_u_kernel`` with ``PUBLISH``), then order this thread's later
     TMA copies (async proxy) after the acquire (generic proxy)."""
     while gl.atomic_add(flag, 0, sem="acquire", scope="gpu") == 0:
         pass

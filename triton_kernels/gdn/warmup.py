@@ -18,7 +18,7 @@ import torch
 
 from .._tune import cdiv, sm_count
 from ._jit import CHUNK
-from .chunk import MANY_CHUNKS_PER_SM
+from .prep import MANY_CHUNKS_PER_SM
 
 # Sequences per call and tokens per sequence of the grid: plans change with N (pass programs per
 # wave, the overlap bound, segments per sequence) and with chunks per sequence (segmenting).
