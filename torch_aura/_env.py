@@ -130,7 +130,7 @@ _VARS = [
         read="per call, by csrc/cuda/decode.cu"),
     Var("TORCH_AURA_CPU_SIMD", "1", flag, DEVELOPER,
         "0: the CPU dense decode runs the portable item where the AVX2 one could (for comparisons)",
-        read="at import, by torch_aura/cpu/native.py (its own read until it moves here)", readme=False),
+        read="at import, by torch_aura/cpu/native.py"),
     # ------------------------------------------------------------------ install
     Var("AURA_BUILD_CUDA", None, _build_cuda, BUILD,
         "1 builds the CUDA extension, 0 skips it; unset: built where nvcc and a CUDA torch exist",

@@ -13,8 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"\b(?:TORCH_AURA|AURA)_[A-Z0-9_]+\b")
 # Files of other owners still reading their own variables (the table lists them, naming the reader):
 # they move onto _env.get when their owners next edit them.
-PENDING = {"torch_aura/integrations/vllm/_env.py", "torch_aura/integrations/vllm/platform.py",
-           "torch_aura/cpu/native.py"}
+PENDING = {"torch_aura/integrations/vllm/_env.py", "torch_aura/integrations/vllm/platform.py"}
 
 
 def _readme_section() -> str:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import os
 
 import torch
+
+from .. import _env
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
@@ -44,7 +45,7 @@ class _DecodeArgs(ctypes.Structure):
 
 # False: dense decode runs pass1.h's portable item even where decode.cpp's AVX2 one could (the tests
 # compare the two; TORCH_AURA_CPU_SIMD=0 sets it for a process).
-SIMD = os.environ.get("TORCH_AURA_CPU_SIMD", "1") != "0"
+SIMD = _env.get("TORCH_AURA_CPU_SIMD")
 
 # pass1.h's RowKind of a dense cache's dtype
 _ROW_KIND = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
