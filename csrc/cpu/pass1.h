@@ -235,7 +235,9 @@ struct Pump {
     rows[i] = s.rows + c[0] * s.stride[0] + c[1] * s.stride[1] + c[2] * s.stride[2];
     norms[i] = s.norms ? s.norms + c[0] * s.norm_stride[0] + c[1] * s.norm_stride[1] + c[2] * s.norm_stride[2] : nullptr;
   }
-  AURA_INLINE void upto(int64_t r) {  // rows [done, r) of the n
+  // Never inlined: inside the FP loops it changed their code (its trip count follows the thread's next
+  // item), and the output differed in the last bit between thread counts.
+  __attribute__((noinline)) void upto(int64_t r) {  // rows [done, r) of the n
     for (r = std::min(r, n); done < r; ++done) {
       for (int64_t off = 0; off < bytes; off += 64) AURA_PREFETCH(rows[done] + off);
       if (norms[done]) AURA_PREFETCH(norms[done]);

