@@ -190,20 +190,7 @@ AURA_AVX2 void dense_item(const Pass1& a, const RowSource& k, const RowSource& v
     w.kpump.upto(pn);
     w.vpump.upto(pn);
   }
-  const float NaN = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t row = (b * a.Hq + h * G + g) * NB + n;  // index into m / l
-    float* o = a.o + row * D;
-    if (w.poisoned[g]) {
-      std::fill(o, o + D, NaN);
-      a.m[row] = NaN;
-      a.l[row] = NaN;
-    } else {
-      std::memcpy(o, &w.acc[g * D], sizeof(float) * D);
-      a.m[row] = w.run_m[g];
-      a.l[row] = w.run_l[g];
-    }
-  }
+  for (int64_t g = 0; g < G; ++g) store_partial(a, w, g, (b * a.Hq + h * G + g) * NB + n);
 }
 
 }  // namespace

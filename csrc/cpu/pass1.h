@@ -327,6 +327,21 @@ static AURA_INLINE ItemSpan item_span(const Pass1& a, int64_t item) {
   return s;
 }
 
+// Query row r of an item's scratch into partial `row` of o / m / l.
+static inline void store_partial(const Pass1& a, const Scratch& w, int64_t r, int64_t row) {
+  float* o = a.o + row * a.D;
+  if (w.poisoned[r]) {  // NaN / Inf data: the reference's partial is NaN, so is ours
+    const float NaN = std::numeric_limits<float>::quiet_NaN();
+    std::fill(o, o + a.D, NaN);
+    a.m[row] = NaN;
+    a.l[row] = NaN;
+  } else {
+    std::memcpy(o, &w.acc[r * a.D], sizeof(float) * a.D);
+    a.m[row] = w.run_m[r];
+    a.l[row] = w.run_l[r];
+  }
+}
+
 AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v, int64_t item, int64_t next_item,
                           Scratch& w) {
   const int64_t NB = a.num_blocks, D = a.D, G = a.Hq / a.Hkv, L = a.L;
@@ -412,23 +427,8 @@ AURA_CLONES void run_item(const Pass1& a, const RowSource& k, const RowSource& v
     w.kpump.upto(pn);
     w.vpump.upto(pn);
   }
-  const float NaN = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t lq = 0; lq < L; ++lq) {
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t r = lq * G + g;
-      const int64_t row = ((b * L + lq) * a.Hq + h * G + g) * NB + n;  // index into m / l
-      float* o = a.o + row * D;
-      if (w.poisoned[r]) {  // NaN / Inf data: the reference's partial is NaN, so is ours
-        std::fill(o, o + D, NaN);
-        a.m[row] = NaN;
-        a.l[row] = NaN;
-      } else {
-        std::memcpy(o, &w.acc[r * D], sizeof(float) * D);
-        a.m[row] = w.run_m[r];
-        a.l[row] = w.run_l[r];
-      }
-    }
-  }
+  for (int64_t lq = 0; lq < L; ++lq)
+    for (int64_t g = 0; g < G; ++g) store_partial(a, w, lq * G + g, ((b * L + lq) * a.Hq + h * G + g) * NB + n);
 }
 
 // Every item of a pass-1 call on a.threads threads, through item(a, k, v, item, next_item, scratch)
