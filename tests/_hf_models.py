@@ -40,6 +40,16 @@ def greedy(model, ids, mask=None, steps=20, **kwargs):
                           output_logits=True, return_dict_in_generate=True, pad_token_id=0, **kwargs)
 
 
+def static_generate_kwargs(tat, model, cache_kind, mask, steps=20):
+    """``generate`` keyword arguments for ``steps`` greedy tokens over a static cache: transformers'
+    own (``cache_kind="static"``) or a fresh ``AuraKVCache`` of that scheme with ``max_cache_len=64``.
+    Call once per ``generate``: each call gets its own cache."""
+    cache = ({"cache_implementation": "static"} if cache_kind == "static"
+             else {"cache": tat.AuraKVCache(model, scheme=cache_kind, max_cache_len=64)})
+    return dict(attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0,
+                **cache)
+
+
 @torch.no_grad()
 def teacher_forced(model, ids, mask, cache, steps):
     """Prefill ``ids [B, P]`` then feed ``steps [B, S]`` one token at a time: ``[B, S + 1, vocab]`` logits.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _hf_models import greedy, teacher_forced, tiny_llama, tiny_qwen3_next
+from _hf_models import greedy, static_generate_kwargs, teacher_forced, tiny_llama, tiny_qwen3_next
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 transformers = pytest.importorskip("transformers")
@@ -198,19 +198,12 @@ def test_generate_with_compile_config_on_cuda(tat, caplog, cache_kind):
     ids = _ids(2, 9, 5)
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
-
-    def cache():
-        if cache_kind == "static":
-            return {"cache_implementation": "static"}
-        return {"cache": tat.AuraKVCache(model, scheme=cache_kind, max_cache_len=64)}
-
-    kwargs = dict(attention_mask=mask, max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
     tat.enable(model)
     try:
         torch._dynamo.reset()
         with caplog.at_level(logging.DEBUG, logger="torch._inductor"):
-            compiled = model.generate(ids, **kwargs, **cache())
-        eager = model.generate(ids, disable_compile=True, **kwargs, **cache())
+            compiled = model.generate(ids, **static_generate_kwargs(tat, model, cache_kind, mask))
+        eager = model.generate(ids, disable_compile=True, **static_generate_kwargs(tat, model, cache_kind, mask))
     finally:
         tat.disable(model)
     assert "skipping cudagraphs" not in caplog.text, caplog.text[-2000:]

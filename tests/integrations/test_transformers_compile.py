@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _hf_models import tiny_llama, tiny_qwen2_sliding, tiny_qwen3_next
+from _hf_models import static_generate_kwargs, tiny_llama, tiny_qwen2_sliding, tiny_qwen3_next
 
 
 @pytest.fixture(scope="module")
@@ -129,13 +129,6 @@ def test_generate_with_compile_config_traces_once(hf_transformers, tat, family, 
     ids = torch.randint(1, 128, (2, 7), generator=g)
     mask = torch.ones_like(ids)
     mask[1, :3] = 0
-
-    def cache():
-        if cache_kind == "static":
-            return {"cache_implementation": "static"}
-        return {"cache": tat.AuraKVCache(model, scheme=cache_kind, max_cache_len=64)}
-
-    kwargs = dict(attention_mask=mask, max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
     graphs = []
     config = hf_transformers.CompileConfig(backend=_recording_backend(graphs), fullgraph=True, mode=None)
     config._compile_all_devices = True
@@ -143,8 +136,8 @@ def test_generate_with_compile_config_traces_once(hf_transformers, tat, family, 
     try:
         torch._dynamo.reset()
         counters.clear()
-        compiled = model.generate(ids, compile_config=config, **kwargs, **cache())
-        eager = model.generate(ids, disable_compile=True, **kwargs, **cache())
+        compiled = model.generate(ids, compile_config=config, **static_generate_kwargs(tat, model, cache_kind, mask))
+        eager = model.generate(ids, disable_compile=True, **static_generate_kwargs(tat, model, cache_kind, mask))
     finally:
         tat.disable(model)
     assert len(graphs) == 1 and not counters["graph_break"], (len(graphs), dict(counters["graph_break"]))
