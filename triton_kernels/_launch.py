@@ -46,7 +46,7 @@ _cache: dict[tuple, tuple] = {}
 def tensor_key(x) -> tuple | None:
     """What Triton specialises on for a caller's tensor and its strides, lengths aside: dtype, 16-byte
     alignment, and each stride's class (``== 1``, ``% 16``, 64-bit), not its value, which may hold a length."""
-    if x is None:
+    if x is None or not ENABLED:  # off (the default): launch() ignores keys, so build none on the hot path
         return None
     return (x.dtype, not x.data_ptr() & 15, *[-1 if s == 1 else (not s & 15) + 2 * (s > 0x7FFFFFFF) for s in x.stride()])
 
