@@ -114,8 +114,9 @@ _VARS = [
     # ------------------------------------------------------------------ developers
     Var("TORCH_AURA_TUNE", "1", flag, DEVELOPER,
         "0 runs every Triton kernel's first config untuned (the GPU tests use it)"),
-    Var("TORCH_AURA_FAST_LAUNCH", "0", flag, DEVELOPER,
-        "the GDN and conv Triton kernels launch through cached launchers (experimental)", read="at import"),
+    Var("TORCH_AURA_FAST_LAUNCH", "1", flag, DEVELOPER,
+        "0 launches the GDN and conv Triton kernels through Triton's own JIT path instead of the cached "
+        "launchers (for comparisons)", read="at import"),
     Var("TORCH_AURA_GDN_OVERLAP", "1", flag, DEVELOPER,
         "0 keeps the serial order of the chunked GDN's w/u and state passes (no stream overlap)"),
     Var("TORCH_AURA_DECODE_SCHEDULE", "auto", _choice("auto", "static", "balanced"), DEVELOPER,

@@ -13,9 +13,10 @@ each specialised int's ``== 1`` / ``% 16`` (lengths are ``do_not_specialize``: `
 allocates itself are aligned and take their dtype from the inputs. ``VERIFY`` (tests) re-derives
 Triton's own variant key on every cached launch and raises where the cached one differs.
 
-Off unless ``TORCH_AURA_FAST_LAUNCH=1`` (see ``OPT_IN``). Normal launches, always: under the interpreter (kernels are not ``JITFunction``s there), with a launch
-hook installed (profilers read its metadata), for a Triton version whose internals were not checked
-(``SUPPORTED``), and for stand-ins that tests put in a kernel's place.
+On by default; ``TORCH_AURA_FAST_LAUNCH=0`` turns it off (``SWITCH``). Normal launches, always: under the
+interpreter (kernels are not ``JITFunction``s there), with a launch hook installed (profilers read its
+metadata), for a Triton version whose internals were not checked (``SUPPORTED``), and for stand-ins
+that tests put in a kernel's place.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ from .. import _env
 
 # Triton versions whose JITFunction.run / CompiledKernel.run this module was written against
 SUPPORTED = ("3.6",)
-# opt-in until the GPU suite has passed with it (docs/gdn.md §6.1, "Host time")
-OPT_IN = _env.get("TORCH_AURA_FAST_LAUNCH")
+SWITCH = _env.get("TORCH_AURA_FAST_LAUNCH")  # 0: every launch through Triton, for comparisons
 try:
     from triton import knobs
     from triton.knobs import HookChain
     from triton.runtime.driver import driver
 
-    ENABLED = OPT_IN and ".".join(triton.__version__.split(".")[:2]) in SUPPORTED
+    ENABLED = SWITCH and ".".join(triton.__version__.split(".")[:2]) in SUPPORTED
 except ImportError:  # another layout of Triton's internals: every launch goes through Triton
     ENABLED = False
 VERIFY = False  # tests: check each cached launch against Triton's own variant key
@@ -46,7 +46,7 @@ _cache: dict[tuple, tuple] = {}
 def tensor_key(x) -> tuple | None:
     """What Triton specialises on for a caller's tensor and its strides, lengths aside: dtype, 16-byte
     alignment, and each stride's class (``== 1``, ``% 16``, 64-bit), not its value, which may hold a length."""
-    if x is None or not ENABLED:  # off (the default): launch() ignores keys, so build none on the hot path
+    if x is None or not ENABLED:  # off: launch() ignores keys, so build none on the hot path
         return None
     return (x.dtype, not x.data_ptr() & 15, *[-1 if s == 1 else (not s & 15) + 2 * (s > 0x7FFFFFFF) for s in x.stride()])
 

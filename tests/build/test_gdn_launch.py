@@ -75,7 +75,7 @@ def stub_device(monkeypatch):
     monkeypatch.setattr(state_pass, "_beside", lambda device, first: (first(), contextlib.nullcontext())[1])
     monkeypatch.setattr(_tune.Tuner, "__call__", lambda self, key, launch, device: launch(self.configs[0]))
     monkeypatch.setattr(_launch, "VERIFY", True)
-    monkeypatch.setattr(_launch, "ENABLED", True)  # opt-in (TORCH_AURA_FAST_LAUNCH=1): the mechanism is under test
+    monkeypatch.setattr(_launch, "ENABLED", True)  # whatever TORCH_AURA_FAST_LAUNCH says: the mechanism is under test
     _launch.clear()
     for mod in (chunk, prep, state_pass, segments):  # a fresh device cache per test: the stand-in driver's
         for obj in vars(mod).values():
