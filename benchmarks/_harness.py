@@ -1,6 +1,14 @@
 """Shared benchmark machinery: device facts, the copy-bandwidth ceiling, timing, result files.
 
-Timing follows docs/style.md §7 and the anchors of docs/targets.md: ``triton.testing.do_bench``
+The scripts run as files (``python benchmarks/bench_gdn.py``): Python puts the script's folder first on
+``sys.path``, so they import this module and ``shapes`` as ``import _harness``, with no path edits.
+``tests_module`` loads a helper of ``tests/`` (the vLLM tests' model builder) from its file.
+
+Every timing goes through this module: ``time_us`` (device time, cold L2, or CUDA-graph replays),
+``host_us`` (host time of one eager call) and ``timed`` / ``median_s`` (wall clock around whole calls:
+the CPU rows, model steps, engine runs).
+
+Device timing follows docs/style.md §7 and the anchors of docs/targets.md: ``triton.testing.do_bench``
 (eager: it flushes a buffer larger than L2 before every call, so reads come from HBM; median of
 its runs) beside ``triton.testing.do_bench_cudagraph`` (graph replays of the same call; launch
 overhead removed). Every provider is checked against a reference answer before it is timed, and
@@ -10,16 +18,32 @@ a provider that fails its check is reported as wrong and not timed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
+import statistics
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import torch
 
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parents[1]
+
+
+def tests_module(name: str):
+    """``tests/<name>.py`` imported under its own name (as the tests import it), loaded from its file so
+    that the benchmarks and the tests share one definition without putting ``tests/`` on ``sys.path``."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def commit() -> str:
@@ -71,22 +95,48 @@ def time_us(fn, graph: bool = False) -> float:
     return do_bench(fn, warmup=50, rep=200, return_mode="median") * 1e3
 
 
-def host_us(fn, calls: int = 30) -> float:
-    """Host (CPU) time of one eager call in microseconds: ``calls`` calls queued behind a GPU sleep that
-    outlasts them, so the device never waits for the host and the host never waits for the device (the
-    launch queue holds them); the clock stops when the last call returns. Where this exceeds the device
-    time, an eager caller waits for the host, not the GPU."""
-    import time
-
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(calls * 5e-3 * 2e9))  # ~5 ms of device time per call at ~2 GHz: never drained
+def host_us(fn, calls: int = 30, device="cuda", warmup: bool = True) -> float:
+    """Host (CPU) time of one eager call in microseconds. On CUDA, ``calls`` calls queued behind a GPU
+    sleep that outlasts them, so the device never waits for the host and the host never waits for the
+    device (the launch queue holds them); the clock stops when the last call returns. Where this exceeds
+    the device time, an eager caller waits for the host, not the GPU. With ``device="cpu"``, the mean of
+    ``calls`` back-to-back calls. ``warmup=False`` skips the one untimed call first (for a ``fn`` with a side
+    effect the caller counts, such as an append)."""
+    if warmup:
+        fn()
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(calls * 5e-3 * 2e9))  # ~5 ms of device time per call at ~2 GHz: never drained
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
     elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     return elapsed / calls * 1e6
+
+
+def _sync(device) -> None:
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device=None):
+    """``(seconds, fn())``: the wall-clock time of one call, ``device`` synchronized before and after
+    (None: nothing to wait for, a CPU call). The one stopwatch of every wall-clock measurement."""
+    _sync(device)
+    t0 = time.perf_counter()
+    result = fn()
+    _sync(device)
+    return time.perf_counter() - t0, result
+
+
+def median_s(fn, repeats: int, device=None, warmup: int = 1) -> float:
+    """Median wall-clock seconds of ``repeats`` calls of ``fn()`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(timed(fn, device)[0] for _ in range(repeats))
 
 
 def copy_bandwidth_tbs(gib: float = 2.0) -> float:

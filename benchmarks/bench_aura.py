@@ -22,15 +22,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H  # noqa: E402
-import shapes  # noqa: E402
+import torch_aura as ta
+from torch_aura import backends
+from torch_aura.aura_cache import parse_scheme
+from torch_aura.reference import aura as R
+from torch_aura.testing import max_rel, rel_rms
 
-import torch_aura as ta  # noqa: E402
-from torch_aura import backends  # noqa: E402
-from torch_aura.aura_cache import parse_scheme  # noqa: E402
-from torch_aura.reference import aura as R  # noqa: E402
-from torch_aura.testing import max_rel, rel_rms  # noqa: E402
+import _harness as H
+import shapes
+
 
 DTYPE = torch.bfloat16
 

@@ -29,7 +29,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -39,18 +38,7 @@ import torch_aura
 from torch_aura import reference
 from torch_aura.testing import exact_decode_attention, max_rel, rel_rms
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
+import _harness as harness
 
 def sdpa_decode(q, k, v):
     return F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)[:, :, 0]
@@ -98,8 +86,8 @@ def paged_decode_row(repeats: int) -> str:
     assert max_rel(ours, sdpa_rows()) < 1e-4
     # 1.2x: the pages are read in table order (a random permutation here), the peer's rows contiguously
     return row(f"flash_decode paged (page {page}) B{B} {Hq}/{Hkv} D{D} T{min(lens)}-{max(lens)}",
-               median_s(lambda: torch_aura.flash_decode(q, k_pages, v_pages, seq, table), repeats),
-               "SDPA per row, contiguous", median_s(sdpa_rows, repeats), 1.2)
+               harness.median_s(lambda: torch_aura.flash_decode(q, k_pages, v_pages, seq, table), repeats),
+               "SDPA per row, contiguous", harness.median_s(sdpa_rows, repeats), 1.2)
 
 
 def transformers_decode_rows(repeats: int) -> list[str]:
@@ -174,14 +162,12 @@ class DecodeLoop:
             return self.model(tokens[:, None], cache=self.cache, use_cache=True).logits[:, -1].float()
 
     def timed_step(self, tokens: torch.Tensor) -> float:
-        t0 = time.perf_counter()
-        self.step(tokens)
-        return time.perf_counter() - t0
+        return harness.timed(lambda: self.step(tokens))[0]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=harness.RESULTS)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -195,8 +181,8 @@ def main(argv=None) -> int:
     exact = exact_decode_attention(q, k, v, seq)[0]
     assert max_rel(torch_aura.flash_decode(q, k, v, seq)[0], exact) < 1e-4
     assert max_rel(sdpa_decode(q, k, v), exact) < 1e-4
-    lines.append(row(f"flash_decode B{B} {Hq}/{Hkv} D{D} T{T}", median_s(lambda: torch_aura.flash_decode(q, k, v, seq), args.repeats),
-                     "SDPA", median_s(lambda: sdpa_decode(q, k, v), args.repeats), 1.0))
+    lines.append(row(f"flash_decode B{B} {Hq}/{Hkv} D{D} T{T}", harness.median_s(lambda: torch_aura.flash_decode(q, k, v, seq), args.repeats),
+                     "SDPA", harness.median_s(lambda: sdpa_decode(q, k, v), args.repeats), 1.0))
     lines.append(paged_decode_row(args.repeats))
 
     # AuraCache.decode vs SDPA on the dense cache
@@ -212,8 +198,8 @@ def main(argv=None) -> int:
         assert max_rel(ours, oracle) < 1e-5  # the fast path is the reference's answer
         assert F.cosine_similarity(ours.flatten(1), sdpa_decode(q, kd, vd).flatten(1)).mean() > 0.8
         lines.append(row(f"AuraCache.decode aura4v2 B{B} {Hq}/{Hkv} D{D} T{T}",
-                         median_s(lambda: cache.decode(q), args.repeats), "SDPA (dense fp32)",
-                         median_s(lambda: sdpa_decode(q, kd, vd), args.repeats), 2.0))
+                         harness.median_s(lambda: cache.decode(q), args.repeats), "SDPA (dense fp32)",
+                         harness.median_s(lambda: sdpa_decode(q, kd, vd), args.repeats), 2.0))
 
     # gdn_chunk vs transformers' torch fallback
     T, H, HV, K, V = 2048, 4, 8, 128, 128
@@ -232,15 +218,15 @@ def main(argv=None) -> int:
         qr, kr = qg.repeat_interleave(HV // H, 2), kg.repeat_interleave(HV // H, 2)
         peer = lambda: torch_chunk_gated_delta_rule(qr, kr, vg, g, beta)[0]  # noqa: E731
         assert rel_rms(ours_o, peer()) < 1e-4
-        lines.append(row(f"gdn_chunk 1x{T} {H}/{HV} K{K} V{V}", median_s(lambda: torch_aura.gdn_chunk(qg, kg, vg, g, beta), 3),
-                         "transformers torch_chunk_gated_delta_rule", median_s(peer, 3), 1.0))
+        lines.append(row(f"gdn_chunk 1x{T} {H}/{HV} K{K} V{V}", harness.median_s(lambda: torch_aura.gdn_chunk(qg, kg, vg, g, beta), 3),
+                         "transformers torch_chunk_gated_delta_rule", harness.median_s(peer, 3), 1.0))
     except ImportError:
         lines.append(f"| gdn_chunk 1x{T} | not compared: transformers is not installed | | | | |")
 
     # one-token append
     cache = torch_aura.AuraCache("aura4v2", batch=B, kv_heads=Hkv, head_dim=D, capacity=100_000)
     kt, vt = torch.randn(B, Hkv, D), torch.randn(B, Hkv, D)
-    lines.append(row(f"AuraCache.append one token B{B} Hkv{Hkv} D{D}", median_s(lambda: cache.append(kt, vt), 50),
+    lines.append(row(f"AuraCache.append one token B{B} Hkv{Hkv} D{D}", harness.median_s(lambda: cache.append(kt, vt), 50),
                      "-", None, 0.15, unit_target="ms"))
     lines.extend(transformers_decode_rows(args.repeats))
 

@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H  # noqa: E402
-import shapes  # noqa: E402
+import torch_aura  # noqa: F401  (defines the ops, loads the CUDA kernels)
+from torch_aura.reference import decode as ref
+from torch_aura.testing import rel_rms
 
-import torch_aura  # noqa: E402,F401  (defines the ops, loads the CUDA kernels)
-from torch_aura.reference import decode as ref  # noqa: E402
-from torch_aura.testing import rel_rms  # noqa: E402
+import _harness as H
+import shapes
+
 
 DTYPE = torch.bfloat16
 

@@ -44,16 +44,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H  # noqa: E402
+import torch_aura
 
-import torch_aura  # noqa: E402
+import _harness as H
 
 DTYPE = torch.bfloat16
 GB = 1e9
@@ -84,11 +82,6 @@ VARIANTS = {
 BASELINES = ("default", "default-no-cudnn", "static-compiled")
 SCHEMES = ("aura8", "aura4v2")
 FULL_DEPTH = {"llama3-8b": 32, "qwen3-next": 4}  # default --layers: Qwen3-Next-80B does not fit one GPU
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def build(name: str, layers: int, tiny: bool, device):
@@ -208,11 +201,8 @@ def run_one(model, variant, B, T, device, reps, prefill_rows=None):
     prefill_ms = []
     for _ in range(reps):
         cache = new_cache(model, variant, capacity)
-        _sync(device)
-        t0 = time.perf_counter()
-        out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
-        _sync(device)
-        prefill_ms.append((time.perf_counter() - t0) * 1e3)
+        seconds, out = H.timed(lambda: model(ids, cache=cache, use_cache=True, logits_to_keep=1), device)
+        prefill_ms.append(seconds * 1e3)
     if prefill_rows is not None and prefill_rows != B:
         cache.reorder_cache(torch.arange(prefill_rows, device=device).repeat_interleave(B // prefill_rows))
         if spec.cache == "static":
@@ -221,12 +211,10 @@ def run_one(model, variant, B, T, device, reps, prefill_rows=None):
     forward = compile_step(model, device) if spec.compiled else model.forward
     step_ms, logits = [], []
     for s in range(DECODE_STEPS):
-        _sync(device)
-        t0 = time.perf_counter()
-        o = forward(steps[s], cache=cache, use_cache=True)
-        logits.append(o.logits[:, -1].float())  # a copy: a CUDA-graph output is overwritten by the next replay
-        _sync(device)
-        step_ms.append((time.perf_counter() - t0) * 1e3)
+        # a copy of the logits: a CUDA-graph output is overwritten by the next replay
+        seconds, last = H.timed(lambda: forward(steps[s], cache=cache, use_cache=True).logits[:, -1].float(), device)
+        logits.append(last)
+        step_ms.append(seconds * 1e3)
     step = statistics.median(step_ms[3:] or step_ms)  # compiled: the first steps compile and capture
     gpu = gpu_busy_ms(lambda: forward(steps[-1], cache=cache, use_cache=True)) if device.type == "cuda" else float("nan")
     held, per_token = cache_bytes(cache)
@@ -247,7 +235,9 @@ def cosine(a, b) -> float:
 
 def host_costs(device) -> list[dict]:
     """Host (Python + dispatch) time of one eager call of each per-token, per-layer decode op."""
-    n = 300 if device.type == "cuda" else 50
+    # on CUDA the calls queue behind a GPU sleep (_harness.host_us): 30 calls of a few kernels each stay
+    # well inside the launch queue, which would otherwise block the host until the sleep ends
+    n = 30 if device.type == "cuda" else 50
     B, Hq, Hkv, D, T = 1, 32, 8, 128, 256
     q = torch.randn(B, Hq, D, device=device, dtype=DTYPE)
     kv = torch.randn(B, Hkv, T, D, device=device, dtype=DTYPE)
@@ -275,12 +265,7 @@ def host_costs(device) -> list[dict]:
             fn()
         if name.startswith("AuraCache.append"):
             cache.crop(5)
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        host = (time.perf_counter() - t0) / n * 1e6
-        _sync(device)
+        host = H.host_us(fn, calls=n, device=device, warmup=False)
         if name.startswith("AuraCache.append"):
             cache.crop(n)
         rows.append({"kind": "host", "op": name, "host_us": host})

@@ -30,13 +30,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H  # noqa: E402
-import shapes  # noqa: E402
+import torch_aura
+from torch_aura.reference import gdn as ref
+from torch_aura.testing import rel_rms
 
-import torch_aura  # noqa: E402
-from torch_aura.reference import gdn as ref  # noqa: E402
-from torch_aura.testing import rel_rms  # noqa: E402
+import _harness as H
+import shapes
+
 
 DTYPE = torch.bfloat16
 # Qwen3-Next's 16/32 heads (q/k, v) on one GPU and split over TP2, TP4, TP8; K = V = 128

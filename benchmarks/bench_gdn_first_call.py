@@ -27,8 +27,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+import _harness
 
 HEADS, KV = (16, 32), 128
 # (B, T): the stream; the first is the process's first call
@@ -74,31 +75,20 @@ def child(provider: str, warmup: bool, no_shipped_table: bool) -> dict:
         out["warmup_s"], out["warmup_keys_timed"] = report.seconds, report.keys_timed
     for i, (B, T) in enumerate(STREAM):
         x = inputs(B, T)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        o = call(*x)
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
+        first, o = _harness.timed(lambda: call(*x), "cuda")
         if i == 0:  # correctness before any time is reported
             r = ref.gdn_chunk(*(t[:, :512] for t in x), use_qk_l2norm=True)[0]
             err = rel_rms(call(*(t[:, :512] for t in x)).float(), r.float())
             assert err < 1e-2, f"{provider}: rel RMS {err:.2e} against the reference"
-        warm = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            call(*x)
-            torch.cuda.synchronize()
-            warm.append(time.perf_counter() - t0)
+        warm = [_harness.timed(lambda: call(*x), "cuda")[0] for _ in range(3)]
         out["rows"].append({"B": B, "T": T, "first_s": first, "warm_s": sorted(warm)[1]})
         del o
     return out
 
 
 def run_child(provider, env, warmup=False, no_shipped_table=False) -> dict:
-    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
-            f"import bench_gdn_first_call as b; print('RESULT', json.dumps(b.child({provider!r}, {warmup}, "
-            f"{no_shipped_table})))")
-    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
+    cmd = [sys.executable, __file__, "--child", json.dumps([provider, warmup, no_shipped_table])]
+    proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not lines:
         return {"provider": provider, "error": (proc.stderr or proc.stdout)[-800:]}
@@ -107,15 +97,12 @@ def run_child(provider, env, warmup=False, no_shipped_table=False) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--out", type=Path, default=_harness.RESULTS)
     parser.add_argument("--write-table", action="store_true")
     args = parser.parse_args(argv)
     import importlib.util
 
     import torch
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _harness
 
     from torch_aura.triton_kernels import _tune
 
@@ -170,4 +157,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:  # run_child's fresh process
+        print("RESULT", json.dumps(child(*json.loads(sys.argv[2]))))
+        sys.exit(0)
     sys.exit(main())

@@ -29,7 +29,6 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -37,12 +36,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import _vllm_serve as s  # noqa: E402  (the tests' model builder and engine: one definition)
+import _harness as H
 
-RESULTS = ROOT / "benchmarks" / "results"
+s = H.tests_module("_vllm_serve")  # the tests' model builder and engine: one definition
+
 PROMPTS, PROMPT_LEN, NEW_TOKENS = 32, 128, 64
 KV_BYTES = 256 << 20
 VERIFY_BOUND = {"float32": 1e-4, "bfloat16": 3e-2}  # aura_decode vs fp32 dense over the same codes
@@ -145,9 +142,7 @@ def time_rows(model, dtype, rows, profile, repeats):
             for i, llm in enumerate(engines):
                 profile.seconds.clear()
                 profile.on = True
-                t0 = time.perf_counter()
-                s.greedy(llm, prompts, NEW_TOKENS)
-                times[i].append(time.perf_counter() - t0)
+                times[i].append(H.timed(lambda: s.greedy(llm, prompts, NEW_TOKENS))[0])
                 profile.on = False
                 for k, v in profile.seconds.items():
                     stage[i][k] += v / repeats
@@ -189,7 +184,7 @@ def markdown(rows, facts, args) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=H.RESULTS)
     parser.add_argument("--profile", action="store_true", help="time the backend's stages too")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=5)
@@ -202,10 +197,8 @@ def main(argv=None):
     profile = Profile()
     if args.profile:
         profile.install()
-    from _harness import commit
-
     facts = {"cpu": f"{platform.machine()}, {os.cpu_count()} cores", "vllm": vllm.__version__,
-             "torch": torch.__version__, "commit": commit()}
+             "torch": torch.__version__, "commit": H.commit()}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model = s.save_llama(Path(tmp) / "llama_d128", 128)

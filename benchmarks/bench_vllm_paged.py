@@ -13,31 +13,19 @@ Times: eager with a cold L2 and as CUDA-graph replays, plus the host time of an 
 from __future__ import annotations
 
 import sys
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as h  # noqa: E402
+from torch_aura.integrations.vllm._paged import AuraPages, DensePages, aura_slot_bytes, plan_batch
 
-from torch_aura.integrations.vllm._paged import AuraPages, DensePages, aura_slot_bytes, plan_batch  # noqa: E402
+import _harness as h
+
 
 BLOCK, D = 16, 128
 # (B, T, Hq, Hkv): a 32/8-head model (Llama-3-8B) and its TP4 shard (8/2 heads per GPU)
 SHAPES = [(1, 32768, 32, 8), (8, 8192, 32, 8), (32, 4096, 32, 8), (8, 32768, 8, 2)]
 FORMATS = {"dense pages": None, "aura4v2 pages": (4, 2), "aura8 pages": (8, 8)}
-
-
-def host_us(fn, n=50) -> float:
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return host
 
 
 def case(B, T, Hq, Hkv, fmt):
@@ -91,7 +79,7 @@ def main(argv=None):
         kc = torch.randn(B, Hkv, T, D, dtype=torch.bfloat16, device="cuda")
         vc = torch.randn_like(kc)
         sdpa = lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)  # noqa: E731
-        base = {"eager": h.time_us(sdpa), "graph": h.time_us(sdpa, graph=True), "host": host_us(sdpa)}
+        base = {"eager": h.time_us(sdpa), "graph": h.time_us(sdpa, graph=True), "host": h.host_us(sdpa, calls=50)}
         del kc, vc
         shape = f"B{B} T{T} {Hq}/{Hkv}"
         rows.append({"shape": shape, "provider": "sdpa (contiguous)", **base, "bytes_per_token": Hkv * 2 * D * 2})
@@ -104,7 +92,7 @@ def main(argv=None):
             if not err <= tol:
                 lines.append(f"| {shape} | {name} | wrong: max err {err:.3g} > {tol} | | | | |")
                 continue
-            t = {"eager": h.time_us(step), "graph": h.time_us(step, graph=True), "host": host_us(step)}
+            t = {"eager": h.time_us(step), "graph": h.time_us(step, graph=True), "host": h.host_us(step, calls=50)}
             rows.append({"shape": shape, "provider": name, **t, "bytes_per_token": nbytes, "max_err": err})
             lines.append(f"| {shape} | {name} (step: write + attend) | {t['eager']:.1f} | {t['graph']:.1f} | "
                          f"{t['host']:.0f} | {base['eager'] / t['eager']:.2f}x / {base['graph'] / t['graph']:.2f}x "

@@ -31,14 +31,13 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-import _vllm_serve as s  # noqa: E402  (the tests' model builder: one definition)
+import _harness as H
+
+s = H.tests_module("_vllm_serve")  # the tests' model builder: one definition
 
 # name -> (backend on a GPU, --kv-cache-dtype, TORCH_AURA_VLLM_KV_CACHE); on the CPU None = CPU_ATTN
 ROWS = {"bf16": ("FLASH_ATTN", "auto", None), "fp8": ("FLASH_ATTN", "fp8", None),
@@ -101,11 +100,8 @@ def timed(llm, prompts, new_tokens: int) -> tuple[float, int]:
 
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    outs = llm.generate(batch, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
+    elapsed, outs = H.timed(lambda: llm.generate(batch, params, use_tqdm=False),
+                            "cuda" if torch.cuda.is_available() else None)
     return elapsed, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
@@ -158,12 +154,10 @@ def run_row(row: str, args) -> dict:
 def versions() -> str:
     import vllm
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "?"
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "CPU"
     return (f"{device}; vLLM {vllm.__version__}, torch {torch.__version__}"
             f"{', CUDA ' + torch.version.cuda if torch.version.cuda and torch.cuda.is_available() else ''}; "
-            f"commit {commit}")
+            f"commit {H.commit()}")
 
 
 def table(rows: list[dict], header: str, args) -> str:
@@ -198,7 +192,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", choices=list(PRESETS), default="llama3-8b" if torch.cuda.is_available() else "tiny")
     p.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "raw"))
+    p.add_argument("--out", default=str(H.RESULTS / "raw"))
     p.add_argument("--model-dir", default=os.environ.get("AURA_VLLM_MODEL_DIR", "/tmp/aura_vllm_models"))
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--kv-cache-memory-bytes", type=int, default=64 << 20)

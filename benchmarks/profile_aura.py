@@ -3,13 +3,10 @@
     ncu --set full -k regex:aura_flash_p1 -c 2 python benchmarks/profile_aura.py
 """
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_aura import build  # noqa: E402
+from bench_aura import build
+
 
 for B, T in ((8, 32768), (1, 32768)):
     *_, aura_args, _ = build(B, 32, 8, 128, T, None, "aura4v2")

@@ -25,17 +25,16 @@ attributes) stays out of the profiled launches.
 
 import json
 import sys
-from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import shapes  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from bench_decode import TP_SHARDS, make_inputs  # noqa: E402
+import torch_aura
+from torch_aura.reference.decode import plan_split_floor
 
-import torch_aura  # noqa: E402
-from torch_aura.reference.decode import plan_split_floor  # noqa: E402
+import shapes
+from bench_decode import TP_SHARDS, make_inputs
+
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 splits = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--splits=")), 0)  # 0: auto

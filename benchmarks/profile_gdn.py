@@ -31,9 +31,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_gdn as B  # noqa: E402
-import shapes  # noqa: E402
+import bench_gdn as B
+import shapes
 
 
 def parse_lens(text: str) -> list[int]:
