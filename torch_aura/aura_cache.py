@@ -8,8 +8,10 @@ tensors, and the device-side ``seq_lens``. A model needs three calls: construct,
 
 from __future__ import annotations
 
+import itertools
 import numbers
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -51,6 +53,142 @@ def aura_tables(key_bits: int, value_bits: int, head_dim: int, seed: int, layer:
     return AuraTables(*aura_codebook(key_bits, head_dim, device), *aura_codebook(value_bits, head_dim, device),
                       aura_sign_mask(head_dim, seed, layer, "k", device),
                       aura_sign_mask(head_dim, seed, layer, "v", device))
+
+
+AUTO_CANDIDATES = ("aura3v4", "aura4", "aura8v4")
+_AUTO = "auto"
+
+
+def scheme_bits(scheme: str, head_dim: int) -> float:
+    """Bits per coordinate of ``scheme`` at ``head_dim``: K and V codes plus their fp32 norms over 2 * D
+    coordinates (``"aura4"`` at D = 128: 4.25)."""
+    kb, vb = parse_scheme(scheme)
+    return (kb + vb) / 2 + 64 / (2 * head_dim)
+
+
+def _check_schemes(scheme, kv_heads, bits_per_coordinate, candidates):
+    """A scheme string, ``"auto"``, or a list of per-head schemes (one distinct scheme -> that string)."""
+    kv_heads = _as_int(kv_heads)
+    if scheme == _AUTO:
+        if isinstance(bits_per_coordinate, bool) or not isinstance(bits_per_coordinate, numbers.Real) \
+                or not bits_per_coordinate > 0:
+            raise ValueError(f"bits_per_coordinate: scheme='auto' needs a positive byte budget in bits per "
+                             f"coordinate (e.g. 4.5), got {bits_per_coordinate!r}")
+        if candidates is not None and (isinstance(candidates, str) or len(candidates) < 1):
+            raise ValueError(f"candidates: expected a non-empty list of schemes, got {candidates!r}")
+        for c in candidates or AUTO_CANDIDATES:
+            parse_scheme(c)
+        return None
+    if bits_per_coordinate is not None or candidates is not None:
+        raise ValueError(f"bits_per_coordinate: a byte budget (and candidates) only applies to scheme='auto', "
+                         f"got scheme={scheme!r}")
+    if isinstance(scheme, str):
+        parse_scheme(scheme)
+        return scheme
+    if not isinstance(scheme, Sequence) or not isinstance(kv_heads, int) or len(scheme) != kv_heads:
+        raise ValueError(f"scheme: expected a scheme string, 'auto', or one scheme per KV head "
+                         f"(kv_heads={kv_heads}), got {scheme!r}")
+    for one in scheme:
+        parse_scheme(one)
+    return scheme[0] if len(set(scheme)) == 1 else list(scheme)
+
+
+def plan_schemes(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor, bits_per_coordinate: float,
+                 candidates: Sequence[str] = AUTO_CANDIDATES, *, seed: int = 0, layer: int = 0,
+                 sink_tokens: int = 0, recent_tokens: int = 0, scale: float | None = None,
+                 lengths: torch.Tensor | None = None, left_padded: bool = False):
+    """Choose each KV head's scheme from a prefill's own keys, values and last queries (``scheme="auto"``).
+
+    For every KV head and candidate, the prefill's last queries attend (causally) to the chunk
+    encoded with that candidate (exact where the cache keeps sinks / a window exact) and to the
+    exact chunk; the head's error is the mean ``1 - cosine`` of the two outputs over its query
+    heads and queries. This measures what the choice is for: a head whose softmax is peaked or
+    nearly tied turns a small logit error into a large output error, which no key-only statistic
+    sees. Every head starts at the cheapest candidate; the upgrade with the largest error drop per
+    bit is applied while the mean over heads stays within ``bits_per_coordinate``
+    (:func:`scheme_bits`: codes and norms; the exact sinks/window are extra).
+
+    Args:
+        k, v: ``[B, L, Hkv, D]`` the prefill chunk (fp16, bf16 or fp32).
+        queries: ``[B, Lq, Hq, D]``, the queries of the chunk's last Lq positions, Hq a multiple of Hkv.
+        bits_per_coordinate: the budget, mean over KV heads.
+        candidates: the schemes a head may get.
+        seed, layer: the layer's sign masks (as the cache's).
+        sink_tokens, recent_tokens: tokens the cache keeps exact (no error there).
+        scale: softmax scale, default D ** -0.5.
+        lengths, left_padded: as ``AuraCache.append``: real tokens per row of a padded chunk.
+
+    Returns:
+        ``(schemes, errors)``: one scheme per KV head, and fp64 ``[Hkv, len(candidates)]`` errors.
+
+    Raises:
+        ValueError: the cheapest candidate exceeds the budget, or shapes that do not fit.
+    """
+    from .ops.aura import aura_codebook, aura_dequantize, aura_encode, aura_sign_mask
+
+    B, L, Hkv, D = k.shape
+    if queries.dim() != 4 or queries.shape[0] != B or queries.shape[-1] != D or queries.shape[2] % Hkv \
+            or not 1 <= queries.shape[1] <= L:
+        _c.fail("queries", f"[B={B}, Lq <= {L}, Hq (a multiple of Hkv={Hkv}), D={D}]", tuple(queries.shape))
+    Lq, G = queries.shape[1], queries.shape[2] // Hkv
+    cands = [(c, *parse_scheme(c)) for c in candidates]
+    cost = torch.tensor([scheme_bits(c, D) for c in candidates], dtype=torch.float64)
+    scale = D ** -0.5 if scale is None else scale
+    dev = k.device
+    i = torch.arange(L, device=dev)[None, :]
+    n = torch.full((B,), L, device=dev) if lengths is None else lengths.to(dev).long().clamp(0, L)
+    pos = i - (L - n)[:, None] if left_padded else i.expand(B, L)  # position of chunk token i in its row
+    valid = (pos >= 0) & (pos < n[:, None])
+    exact = (pos < sink_tokens) | (pos >= n[:, None] - recent_tokens) if (sink_tokens or recent_tokens) else None
+    kf, vf = k.float(), v.float()
+
+    def roundtrip(x, bits, kind):
+        cb, bd = aura_codebook(bits, D, dev)
+        mask = aura_sign_mask(D, seed, layer, kind, dev)
+        codes, norms = aura_encode(x.contiguous(), cb, bd, bits, mask)
+        y = aura_dequantize(codes, norms, cb, bits, mask)
+        return y if exact is None else torch.where(exact[:, :, None, None], x, y)
+
+    kq = {kb: roundtrip(kf, kb, "k") for kb in sorted({kb for _, kb, _ in cands})}
+    vq = {vb: roundtrip(vf, vb, "v") for vb in sorted({vb for _, _, vb in cands})}
+    qi = L - Lq + torch.arange(Lq, device=dev)  # chunk index of each query
+    see = valid[:, None, :] & (i[:, None, :] <= qi[None, :, None])  # [B, Lq, L]
+    q_ok = valid[:, L - Lq:]  # [B, Lq]
+    errors = torch.zeros(Hkv, len(cands), dtype=torch.float64)
+    for h in range(Hkv):
+        qh = queries[:, :, h * G:(h + 1) * G].float()  # [B, Lq, G, D]
+
+        def attend(K, V):
+            s = scale * torch.einsum("bjgd,bid->bjgi", qh, K[:, :, h])
+            p = torch.softmax(s.masked_fill(~see[:, :, None, :], -torch.inf), -1).nan_to_num(0.0)
+            return torch.einsum("bjgi,bid->bjgd", p, V[:, :, h])
+
+        ref = attend(kf, vf)
+        for j, (_, kb, vb) in enumerate(cands):
+            cos = torch.nn.functional.cosine_similarity(attend(kq[kb], vq[vb]), ref, dim=-1)  # [B, Lq, G]
+            w = q_ok[:, :, None].expand_as(cos)
+            errors[h, j] = (1 - cos.double())[w].mean() if bool(w.any()) else 0.0
+    budget = float(bits_per_coordinate) * Hkv
+    cheapest = cost.min()
+    cur = [min((j for j in range(len(cands)) if cost[j] == cheapest), key=lambda j: errors[h, j].item())
+           for h in range(Hkv)]
+    total = float(cost[cur].sum())
+    if total > budget + 1e-9:
+        raise ValueError(f"bits_per_coordinate: {bits_per_coordinate} is below the cheapest candidate "
+                         f"({candidates[cur[0]]}: {float(cheapest):.3f} bits per coordinate at head_dim {D})")
+    while True:  # the upgrade with the largest error drop per bit that fits the budget
+        best = None
+        for h, j in itertools.product(range(Hkv), range(len(cands))):
+            dc = float(cost[j] - cost[cur[h]])
+            gain = float(errors[h, cur[h]] - errors[h, j])
+            if dc > 0 and gain > 0 and total + dc <= budget + 1e-9 and (best is None or gain / dc > best[0]):
+                best = (gain / dc, h, j)
+        if best is None:
+            break
+        _, h, j = best
+        total += float(cost[j] - cost[cur[h]])
+        cur[h] = j
+    return [candidates[j] for j in cur], errors
 
 
 def _capturing(t: torch.Tensor) -> bool:
@@ -135,11 +273,21 @@ class AuraCache:
         (3, [8, 10, 10])
     """
 
-    def __init__(self, scheme: str = "aura4v4", *, batch: int, kv_heads: int, head_dim: int,
+    def __init__(self, scheme: str | Sequence[str] = "aura4v4", *, batch: int, kv_heads: int, head_dim: int,
                  capacity: int | None = None, num_blocks: int | None = None,
                  page_size: int | None = None, block_table: torch.Tensor | None = None,
                  seed: int = 0, layer: int = 0, device=None, sink_tokens: int = 0,
-                 recent_tokens: int = 0, dtype: torch.dtype | None = None):
+                 recent_tokens: int = 0, dtype: torch.dtype | None = None, rollback_tokens: int = 0,
+                 bits_per_coordinate: float | None = None, candidates: Sequence[str] | None = None):
+        options = dict(batch=batch, head_dim=head_dim, capacity=capacity, num_blocks=num_blocks,
+                       page_size=page_size, block_table=block_table, seed=seed, layer=layer, device=device,
+                       sink_tokens=sink_tokens, recent_tokens=recent_tokens, dtype=dtype,
+                       rollback_tokens=rollback_tokens)
+        scheme = _check_schemes(scheme, kv_heads, bits_per_coordinate, candidates)
+        self._mixed = not isinstance(scheme, str)
+        if self._mixed:
+            self._init_mixed(scheme, kv_heads, options, bits_per_coordinate, candidates)
+            return
         self.scheme = scheme
         self.key_bits, self.value_bits = parse_scheme(scheme)
         if head_dim not in HEAD_DIMS:
@@ -158,13 +306,18 @@ class AuraCache:
                              f"and block_table (paged), got capacity=None, num_blocks={num_blocks}, "
                              f"page_size={page_size}, block_table={'given' if block_table is not None else None}")
         self.batch, self.kv_heads, self.head_dim = batch, kv_heads, head_dim
+        self.schemes = [scheme] * kv_heads
         self.seed, self.layer = seed, layer
         self.paged = capacity is None
         sink_tokens, recent_tokens = _as_int(sink_tokens), _as_int(recent_tokens)
-        for name, v in (("sink_tokens", sink_tokens), ("recent_tokens", recent_tokens)):
+        rollback_tokens = _as_int(rollback_tokens)
+        for name, v in (("sink_tokens", sink_tokens), ("recent_tokens", recent_tokens),
+                        ("rollback_tokens", rollback_tokens)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
         self.sink_tokens, self.recent_tokens = sink_tokens, recent_tokens
+        self.rollback_tokens = rollback_tokens if recent_tokens else 0
+        self._ring = recent_tokens + self.rollback_tokens  # ring slots: the window plus what a crop may restore
         self.windowed = bool(sink_tokens or recent_tokens)
         if self.windowed and self.paged:
             raise ValueError("sink_tokens: exact sinks and recent window need the contiguous layout "
@@ -222,6 +375,107 @@ class AuraCache:
             if dtype is not None:
                 self._alloc_exact(dtype)
 
+    # ------------------------------------------------------------------- per-head schemes
+    def _init_mixed(self, schemes, kv_heads, options, bits_per_coordinate, candidates) -> None:
+        """KV heads grouped by scheme, one plain cache per group (``schemes`` None: ``"auto"``,
+        grouped at the first append)."""
+        kv_heads = _as_int(kv_heads)
+        if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads < 1:
+            raise ValueError(f"kv_heads: expected a positive int, got {kv_heads!r}")
+        self.kv_heads, self._options = kv_heads, options
+        self.scheme = _AUTO if schemes is None else list(schemes)
+        self.key_bits = self.value_bits = None
+        self.bits_per_coordinate = bits_per_coordinate
+        self.candidates = tuple(candidates or AUTO_CANDIDATES) if schemes is None else None
+        self.head_errors = None
+        self._groups = None
+        self._q_index = {}
+        if schemes is None:  # validates the shared options (and takes their derived values) with one head
+            self._adopt(AuraCache(self.candidates[0], kv_heads=1, **options))
+            self.schemes = None
+        else:
+            self._group(schemes)
+
+    def _adopt(self, c: "AuraCache") -> None:
+        """Take the shared attributes (rows, capacity, layout, window, seq_lens) of group ``c``."""
+        for name in ("batch", "head_dim", "capacity", "paged", "page_size", "block_table", "device", "_dev",
+                     "seed", "layer", "sink_tokens", "recent_tokens", "rollback_tokens", "windowed", "_exact_dtype"):
+            setattr(self, name, getattr(c, name))
+        self.seq_lens = c.seq_lens if self._groups is not None else torch.zeros_like(c.seq_lens)
+
+    def _group(self, schemes) -> None:
+        order = list(dict.fromkeys(schemes))
+        self.schemes = list(schemes)
+        self._heads = [[h for h, s in enumerate(schemes) if s == one] for one in order]
+        self._groups = [AuraCache(one, kv_heads=len(heads), **self._options) for one, heads in zip(order, self._heads)]
+        dev = self._groups[0]._dev
+        self._kv_index = [torch.tensor(heads, dtype=torch.int64, device=dev) for heads in self._heads]
+        self._adopt(self._groups[0])
+
+    def _query_index(self, Hq: int):
+        """Per group, the query heads of its KV heads (GQA: h * G ... h * G + G - 1), and the inverse
+        permutation that puts the groups' concatenated outputs back in head order."""
+        if Hq not in self._q_index:
+            G, dev = Hq // self.kv_heads, self._dev
+            sel = [[h * G + g for h in heads for g in range(G)] for heads in self._heads]
+            inv = torch.empty(Hq, dtype=torch.int64)
+            inv[torch.tensor([j for one in sel for j in one])] = torch.arange(Hq)
+            self._q_index[Hq] = ([torch.tensor(one, dtype=torch.int64, device=dev) for one in sel], inv.to(dev))
+        return self._q_index[Hq]
+
+    def _append_mixed(self, k, v, lengths, left_padded, queries, query_scale) -> None:
+        if self._groups is None:
+            if queries is None:
+                raise ValueError("queries: scheme='auto' chooses each KV head's scheme at the first append from "
+                                 "the prefill's last queries: pass queries=[B, Lq, Hq, D]")
+            _c.tensor("queries", queries, ndim=4, dtypes=_c.FLOATS)
+            self._on_device("queries", queries)
+            k4, v4 = (k, v) if k.dim() == 4 else (k[:, None], v[:, None])
+            schemes, self.head_errors = plan_schemes(
+                k4, v4, queries, self.bits_per_coordinate, self.candidates, seed=self.seed, layer=self.layer,
+                sink_tokens=self.sink_tokens, recent_tokens=self.recent_tokens, scale=query_scale,
+                lengths=lengths, left_padded=left_padded)
+            self._group(schemes)
+        if len(self._groups) == 1:
+            self._groups[0].append(k, v, lengths, left_padded)
+            return
+        for g, idx in zip(self._groups, self._kv_index):
+            g.append(k.index_select(-2, idx), v.index_select(-2, idx), lengths, left_padded)
+
+    def _decode_mixed(self, q, scale, num_splits):
+        if self._groups is None:
+            raise ValueError("decode: scheme='auto' has not chosen its schemes yet; append the prefill first")
+        if len(self._groups) == 1:
+            return self._groups[0].decode(q, scale, num_splits)
+        sel, inv = self._query_index(q.shape[-2])
+        outs, lses = zip(*(g.decode(q.index_select(-2, idx), scale, num_splits) for g, idx in zip(self._groups, sel)))
+        return torch.cat(outs, -2).index_select(-2, inv), torch.cat(lses, -1).index_select(-1, inv)
+
+    def _each(self, method: str, *args) -> None:
+        """Apply a row/length method to every group, then take group 0's new shared attributes."""
+        for g in self._groups:
+            getattr(g, method)(*args)
+        self._adopt(self._groups[0])
+
+    def static_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every device tensor that ``append``, ``crop`` and ``reset`` mutate in place (codes, norms,
+        ``seq_lens``, the window's buffers), for callers that mark static addresses; new tensors
+        after ``select_rows`` / ``grow``."""
+        if self._mixed:
+            return () if self._groups is None else tuple(t for g in self._groups for t in g.static_tensors())
+        return (self.k_codes, self.v_codes, self.k_norms, self.v_norms, self.seq_lens, *self.window_tensors())
+
+    def bytes_per_token(self) -> int:
+        """Compressed bytes one token of one row takes in this layer: K and V codes and fp32 norms
+        of every KV head (the exact sinks/window are a fixed extra, in ``memory_bytes``)."""
+        D = self.head_dim
+        return sum(4 * (packed_words(D, kb) + packed_words(D, vb)) + 8
+                   for kb, vb in (parse_scheme(s) for s in self.schemes))
+
+    def bits_per_token_coordinate(self) -> float:
+        """``bytes_per_token() * 8`` over the ``2 * Hkv * D`` coordinates of a token's K and V."""
+        return self.bytes_per_token() * 8 / (2 * self.kv_heads * self.head_dim)
+
     def _compressed_capacity(self) -> int:
         return max(self.capacity - self.sink_tokens, 1) if self.windowed else self.capacity
 
@@ -237,18 +491,21 @@ class AuraCache:
             # Slot of (b, t) is row_base[b] + t: a one-token append is a single add.
             self._row_base = self._rows * c_cap
             if self.windowed:
-                # exact buffer row b, slot s is page b * (S + W + 1) + s of flash_decode's paged view
-                self._exact_base = self._rows[:, None] * (self.sink_tokens + self.recent_tokens + 1)
+                # exact buffer row b, slot s is page b * (S + ring + 1) + s of flash_decode's paged view
+                self._exact_base = self._rows[:, None] * self._exact_slots()
 
     # ------------------------------------------------------------------- exact sinks and window
     def _window_state(self) -> None:
         """Device-side window bookkeeping, updated in place by every append and crop.
 
-        ``_ring_start[b]``: the first position of row b's exact recent tokens (at least S); the
-        compressed middle is ``[S, _ring_start)``. ``_c_lens``: its length (aura_decode's
-        seq_lens). ``_dense_lens`` / ``_dense_table``: the exact tokens as flash_decode's paged
-        cache of one-token pages (sinks first, then the ring from its oldest token)."""
+        ``_ring_floor[b]``: the oldest position whose exact copy the ring (W + rollback slots)
+        still holds, so a crop of up to ``rollback_tokens`` finds its window intact.
+        ``_ring_start[b] = max(_ring_floor, seq_len - W)``: the first position of row b's exact
+        recent tokens (at least S); the compressed middle is ``[S, _ring_start)``. ``_c_lens``:
+        its length (aura_decode's seq_lens). ``_dense_lens`` / ``_dense_table``: the exact tokens
+        as flash_decode's paged cache of one-token pages (sinks first, then the window in order)."""
         S, W, B = self.sink_tokens, self.recent_tokens, self.batch
+        self._ring_floor = torch.full((B,), S, dtype=torch.int64, device=self._dev)
         self._ring_start = torch.full((B,), S, dtype=torch.int64, device=self._dev)
         self._c_lens = torch.zeros(B, dtype=torch.int32, device=self._dev)
         self._dense_lens = torch.zeros(B, dtype=torch.int32, device=self._dev)
@@ -258,15 +515,21 @@ class AuraCache:
     def window_tensors(self) -> tuple[torch.Tensor, ...]:
         """The device tensors the exact sinks/window add (mutated in place by append, crop and
         reset; new after select_rows), for callers that mark static addresses; () when unwindowed."""
+        if self._mixed:
+            return () if self._groups is None else tuple(t for g in self._groups for t in g.window_tensors())
         if not self.windowed:
             return ()
         exact = (self.k_exact, self.v_exact) if self.k_exact is not None else ()
-        return (*exact, self._ring_start, self._c_lens, self._dense_lens, self._dense_table)
+        return (*exact, self._ring_floor, self._ring_start, self._c_lens, self._dense_lens, self._dense_table)
+
+    def _exact_slots(self) -> int:
+        """Slots of a row of the exact buffer: S sinks, the ring (W + rollback), one scratch."""
+        return self.sink_tokens + self._ring + 1
 
     def _alloc_exact(self, dtype: torch.dtype) -> None:
         self._exact_dtype = dtype
-        # [B, S + W + 1, Hkv, D]: slot S + W is a scratch row that skipped writes land in
-        shape = (self.batch, self.sink_tokens + self.recent_tokens + 1, self.kv_heads, self.head_dim)
+        # [B, S + ring + 1, Hkv, D]: the last slot is a scratch row that skipped writes land in
+        shape = (self.batch, self._exact_slots(), self.kv_heads, self.head_dim)
         self.k_exact = torch.zeros(shape, dtype=dtype, device=self._dev)
         self.v_exact = torch.zeros(shape, dtype=dtype, device=self._dev)
         self._refresh_window()
@@ -275,11 +538,13 @@ class AuraCache:
         """Recompute the compressed length and the exact tokens' page table from ``seq_lens`` and
         ``_ring_start``, in place (fixed addresses for CUDA graphs)."""
         S, W = self.sink_tokens, self.recent_tokens
-        n, rs = self.seq_lens.to(torch.int64), self._ring_start
+        n = self.seq_lens.to(torch.int64)
+        self._ring_start.copy_(torch.maximum(self._ring_floor, n - W))
+        rs = self._ring_start
         self._c_lens.copy_(rs - S)
         self._dense_lens.copy_(n.clamp(max=S) + (n - rs).clamp(min=0))
         j = self._slot_j
-        ring = S + torch.remainder(rs[:, None] - S + (j - S), max(W, 1))
+        ring = S + torch.remainder(rs[:, None] - S + (j - S), max(self._ring, 1))
         slot = torch.where(j < S, j, ring) if W else j.expand(self.batch, -1)
         self._dense_table.copy_(self._exact_base + slot)
 
@@ -308,31 +573,34 @@ class AuraCache:
                        self.key_bits, self.k_sign_mask, False)
         self._write_op(flat_v, self.v_codes, self.v_norms, cslot, self.v_codebook, self.v_boundaries,
                        self.value_bits, self.v_sign_mask, False)
-        eslot = torch.where(valid & (pos < S), pos, S + W)
-        if W:  # only the last W of the row: earlier chunk tokens would collide in the ring
-            recent = valid & in_cap & (pos >= S) & (pos >= n_new[:, None] - W)
-            eslot = torch.where(recent, S + torch.remainder(pos - S, W), eslot)
+        R = self._ring
+        eslot = torch.where(valid & (pos < S), pos, S + R)
+        if W:  # only the last R of the row: earlier chunk tokens would collide in the ring
+            recent = valid & in_cap & (pos >= S) & (pos >= n_new[:, None] - R)
+            eslot = torch.where(recent, S + torch.remainder(pos - S, R), eslot)
         rows = self._rows[:, None].expand(B, L)
         self.k_exact.index_put_((rows, eslot), k)
         self.v_exact.index_put_((rows, eslot), v)
-        self._ring_start.copy_(torch.maximum(self._ring_start, n_new - W))
+        self._ring_floor.copy_(torch.maximum(self._ring_floor, n_new - R))
         self.seq_lens.copy_(n_new)
         self._refresh_window()
         if not compiling:
             self._appended += L
 
-    def _exact_positions(self) -> torch.Tensor:
-        """int64 ``[B, S + W + 1]`` position held by each exact slot, -1 where the slot is not live."""
-        S, W = self.sink_tokens, self.recent_tokens
-        n, rs = self.seq_lens.to(torch.int64)[:, None], self._ring_start[:, None]
-        s = torch.arange(S + W + 1, device=self._dev)[None, :]
+    def _exact_positions(self, start: torch.Tensor | None = None) -> torch.Tensor:
+        """int64 ``[B, S + ring + 1]`` position held by each exact slot, -1 where the slot is not
+        live (ring positions before ``start``, default the window start ``_ring_start``)."""
+        S, R = self.sink_tokens, self._ring
+        n = self.seq_lens.to(torch.int64)[:, None]
+        rs = (self._ring_start if start is None else start)[:, None]
+        s = torch.arange(S + R + 1, device=self._dev)[None, :]
         pos = torch.where(s < n, s, -1)
-        if W:  # ring slot r holds the latest position p < n with (p - S) mod W = r
+        if R:  # ring slot r holds the latest position p < n with (p - S) mod R = r
             r = s - S
-            ring_pos = S + r + W * torch.div(n - 1 - S - r, W, rounding_mode="floor")
+            ring_pos = S + r + R * torch.div(n - 1 - S - r, R, rounding_mode="floor")
             ring_pos = torch.where((ring_pos >= rs) & (ring_pos < n), ring_pos, -1)
             pos = torch.where(s >= S, ring_pos, pos)
-        pos[:, S + W:] = -1
+        pos[:, S + R:] = -1
         return pos
 
     def _decode_windowed(self, q: torch.Tensor, scale: float | None, num_splits: int):
@@ -344,7 +612,7 @@ class AuraCache:
         codes = (self.k_codes, self.k_norms, self.v_codes, self.v_norms)
         if q.dim() == 3:
             out_c, lse_c = self._decode_op(q, *codes, self._c_lens, *tables)
-            B1 = self.batch * (S + W + 1)
+            B1 = self.batch * self._exact_slots()
             out_d, lse_d = self._dense_op(q.to(self._exact_dtype), self.k_exact.view(B1, 1, Hkv, D),
                                           self.v_exact.view(B1, 1, Hkv, D), self._dense_lens,
                                           self._dense_table, scale, 0)
@@ -362,7 +630,7 @@ class AuraCache:
             o, m = self._decode_op(q[:, :L - W].contiguous(), *codes, self._c_lens, *tables)
             out_c, lse_c = torch.cat([o, out_c], 1), torch.cat([m, lse_c], 1)
         # exact sinks and window, causal by position (tokens of the chunk are in the window or compressed)
-        pos = self._exact_positions()  # [B, S + W + 1]
+        pos = self._exact_positions()  # [B, S + ring + 1]
         qpos = self.seq_lens.to(torch.int64)[:, None] - L + torch.arange(L, device=self._dev)[None, :]
         see = (pos[:, None, :] >= 0) & (pos[:, None, :] <= qpos[:, :, None])  # [B, L, slots]
         scale_ = D ** -0.5 if scale is None else scale
@@ -441,7 +709,8 @@ class AuraCache:
                              "allocate the pages first (nothing was written)")
 
     def append(self, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None = None,
-               left_padded: bool = False) -> None:
+               left_padded: bool = False, queries: torch.Tensor | None = None,
+               query_scale: float | None = None) -> None:
         """Encode new tokens at each sequence's current length and advance ``seq_lens``.
 
         Row b appends all L tokens (``lengths=None``) or ``lengths[b]`` of them: the first
@@ -480,6 +749,9 @@ class AuraCache:
         self._check_tokens("v", v)
         if k.shape != v.shape:
             _c.fail("v", f"the shape of k {tuple(k.shape)}", tuple(v.shape))
+        if self._mixed:
+            self._append_mixed(k, v, lengths, left_padded, queries, query_scale)
+            return
         four_d = k.dim() == 4
         L = k.shape[1] if four_d else 1
         # A compiled step keeps no host bound (it would retrace at every new value): there the
@@ -571,6 +843,8 @@ class AuraCache:
             _c.fail("q", f"query heads (shape[-2]) a positive multiple of KV heads ({self.kv_heads})",
                     tuple(shape))
         self._on_device("q", q)
+        if self._mixed:
+            return self._decode_mixed(q, scale, num_splits)
         if self.windowed:
             return self._decode_windowed(q, scale, num_splits)
         return self._decode_op(q, self.k_codes, self.k_norms, self.v_codes, self.v_norms,
@@ -580,11 +854,16 @@ class AuraCache:
 
     # ------------------------------------------------------------------- rows and lengths
     def reset(self) -> None:
-        """Forget every token (``seq_lens = 0``); the tensors stay allocated and are not cleared."""
+        """Forget every token (``seq_lens = 0``); the tensors stay allocated and are not cleared
+        (``scheme="auto"`` keeps its choice)."""
+        if self._mixed:
+            if self._groups is not None:
+                self._each("reset")
+            return
         self.seq_lens.zero_()
         self._appended = 0
         if self.windowed:
-            self._ring_start.fill_(self.sink_tokens)
+            self._ring_floor.fill_(self.sink_tokens)
             self._refresh_window()
 
     def select_rows(self, index: torch.Tensor) -> None:
@@ -617,6 +896,13 @@ class AuraCache:
         if index.shape[0] < 1:
             _c.fail("index", "a non-empty tensor [B'] of row indices", tuple(index.shape))
         self._on_device("index", index)
+        if self._mixed:
+            self._options["batch"] = index.shape[0]
+            if self._groups is None:
+                self.batch, self.seq_lens = index.shape[0], self.seq_lens.index_select(0, index)
+            else:
+                self._each("select_rows", index)
+            return
         self.k_codes = self.k_codes.index_select(0, index)
         self.v_codes = self.v_codes.index_select(0, index)
         self.k_norms = self.k_norms.index_select(0, index)
@@ -625,10 +911,10 @@ class AuraCache:
         self.batch = index.shape[0]
         self._layout_changed()
         if self.windowed:
-            ring_start, exact = self._ring_start.index_select(0, index), self.k_exact is not None
+            floor, exact = self._ring_floor.index_select(0, index), self.k_exact is not None
             kx, vx = (self.k_exact.index_select(0, index), self.v_exact.index_select(0, index)) if exact else (None, None)
             self._window_state()
-            self._ring_start.copy_(ring_start)
+            self._ring_floor.copy_(floor)
             self.k_exact, self.v_exact = kx, vx
             self._refresh_window()
 
@@ -657,11 +943,15 @@ class AuraCache:
         n = _as_int(n)
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             _c.fail("n", "an int >= 0 (tokens to drop)", repr(n))
+        if self._mixed:
+            if self._groups is not None:
+                self._each("crop", n)
+            return
         if n:
             self.seq_lens.sub_(n).clamp_(min=0)
             self._appended = max(self._appended - n, 0)
-            if self.windowed:  # dropped window tokens leave the middle's tail as the (shorter) window
-                self._ring_start.copy_(torch.minimum(self._ring_start, self.seq_lens.to(torch.int64))
+            if self.windowed:  # the ring still holds [floor, seq_len): a crop within the rollback slots keeps W
+                self._ring_floor.copy_(torch.minimum(self._ring_floor, self.seq_lens.to(torch.int64))
                                        .clamp_(min=self.sink_tokens))
                 self._refresh_window()
 
@@ -692,6 +982,13 @@ class AuraCache:
         capacity = _as_int(capacity)
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             _c.fail("capacity", "a positive int", repr(capacity))
+        if self._mixed:
+            self._options["capacity"] = max(capacity, self.capacity)
+            if self._groups is None:
+                self.capacity = self._options["capacity"]
+            else:
+                self._each("grow", capacity)
+            return
         old = self.capacity
         if capacity <= old:
             return
@@ -704,9 +1001,47 @@ class AuraCache:
             setattr(self, name, bigger)
         self._layout_changed()
 
+    def reserve_rollback(self, tokens: int) -> None:
+        """Let a ``crop`` of up to ``tokens`` restore the exact recent window (speculative decoding).
+
+        The ring then holds W + ``tokens`` exact tokens, of which decode attends the last W; a
+        deeper crop leaves a shorter window until new tokens refill it. Grows the ring only (a no-op
+        without a window or when it already has the slots): the exact buffers become new tensors,
+        re-laid on the device (eager; a CUDA graph captured before must be captured again).
+
+        Args:
+            tokens: rollback depth, an int >= 0.
+        """
+        tokens = _as_int(tokens)
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            _c.fail("tokens", "an int >= 0 (rollback depth)", repr(tokens))
+        if self._mixed:
+            self._options["rollback_tokens"] = max(tokens, self._options["rollback_tokens"])
+            if self._groups is not None:
+                self._each("reserve_rollback", tokens)
+            return
+        if not self.recent_tokens or tokens <= self.rollback_tokens:
+            return
+        S = self.sink_tokens
+        held = self._exact_positions(self._ring_floor) if self.k_exact is not None else None
+        self.rollback_tokens, self._ring = tokens, self.recent_tokens + tokens
+        self._layout_changed()
+        if held is None:
+            return
+        old_k, old_v = self.k_exact, self.v_exact
+        self._alloc_exact(self._exact_dtype)
+        slot = torch.where(held >= S, S + torch.remainder(held - S, self._ring), held)
+        slot = torch.where(held >= 0, slot, S + self._ring)  # slots holding nothing go to the scratch row
+        rows = self._rows[:, None].expand_as(slot)
+        self.k_exact.index_put_((rows, slot), old_k)
+        self.v_exact.index_put_((rows, slot), old_v)
+        self._refresh_window()
+
     # --------------------------------------------------------------------------------- reporting
     def memory_bytes(self) -> int:
         """Bytes held by the K and V codes and norms, and the exact sink/recent tokens."""
+        if self._mixed:
+            return sum(g.memory_bytes() for g in self._groups or ())
         held = [self.k_codes, self.k_norms, self.v_codes, self.v_norms]
         if self.k_exact is not None:
             held += [self.k_exact, self.v_exact]
@@ -714,6 +1049,8 @@ class AuraCache:
 
     def dense_bytes(self, dtype: torch.dtype = torch.bfloat16) -> int:
         """Bytes an uncompressed K+V cache of ``dtype`` with the same token slots would take."""
+        if self._mixed and self.paged:
+            return sum(g.dense_bytes(dtype) for g in self._groups or ())
         slots = self.batch * self.kv_heads * self.capacity if not self.paged else self.k_norms.numel()
         return 2 * slots * self.head_dim * dtype.itemsize
 
@@ -722,6 +1059,13 @@ class AuraCache:
         return self.dense_bytes(torch.bfloat16)
 
     def __repr__(self) -> str:
+        if self._mixed:
+            held = "not chosen yet" if self._groups is None else (
+                f"{self.bits_per_token_coordinate():.2f} bits per coordinate, {self.memory_bytes()} bytes")
+            return (f"AuraCache({self.scheme!r}, schemes={self.schemes}, batch={self.batch}, kv_heads={self.kv_heads}, "
+                    f"head_dim={self.head_dim}, {'paged' if self.paged else f'capacity={self.capacity}'}, "
+                    + (f"sink_tokens={self.sink_tokens}, recent_tokens={self.recent_tokens}, " if self.windowed else "")
+                    + f"device={self.device}, {held})")
         layout = (f"paged num_blocks={self.k_codes.shape[0]} page_size={self.page_size}" if self.paged
                   else f"capacity={self.capacity}")
         return (f"AuraCache({self.scheme!r}, batch={self.batch}, kv_heads={self.kv_heads}, "

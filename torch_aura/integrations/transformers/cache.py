@@ -46,11 +46,13 @@ import torch
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, STATIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin
 from transformers.cache_utils import get_layer_types_and_kwargs
 
-from ...aura_cache import AuraCache, parse_scheme
+from ...aura_cache import AuraCache, _check_schemes
 from . import _support
 from .attention import LAYER_KEY, NAME, sdpa_attention_forward
 
 _GRANULE = 256  # capacity is a multiple of this many tokens (aura_decode's reference block)
+_AUTO_QUERIES = 32  # the prefill's last queries that scheme="auto" measures each head with
+_PREFILL_ROLLBACK = 64  # rollback slots a recorded prefill keeps: assisted generation's first drafts ride on it
 _ENABLE = "call torch_aura.integrations.transformers.enable(model) first"
 
 
@@ -95,6 +97,11 @@ class AuraKVLayer(CacheLayerMixin):
             (grow by doubling).
         sink_tokens, recent_tokens: the first / last tokens of each row kept exact in the model's
             dtype (:class:`torch_aura.AuraCache`).
+        bits_per_coordinate, candidates: the budget and choices of ``scheme="auto"`` (or a per-head
+            list as ``scheme``), as :class:`torch_aura.AuraCache`.
+        exact_prefill: the prefill attends its own K/V exactly (SDPA); False: through the
+            compressed cache like every later chunk, so the output does not depend on how the
+            tokens were chunked (assisted generation then equals greedy decoding token for token).
         _layout: the owning :class:`AuraKVCache`'s layer layout, checked against each model that
             attends through this layer (None: a layer used on its own, unchecked).
     """
@@ -103,11 +110,14 @@ class AuraKVLayer(CacheLayerMixin):
     is_croppable = True
     supports_early_init = False
 
-    def __init__(self, scheme: str, layer_idx: int, seed: int = 0, max_cache_len: int | None = None,
-                 _layout: _Layout | None = None, sink_tokens: int = 0, recent_tokens: int = 0):
+    def __init__(self, scheme, layer_idx: int, seed: int = 0, max_cache_len: int | None = None,
+                 _layout: _Layout | None = None, sink_tokens: int = 0, recent_tokens: int = 0,
+                 bits_per_coordinate: float | None = None, candidates=None, exact_prefill: bool = True):
         super().__init__()
         self.scheme, self.layer_idx, self.seed, self.max_cache_len = scheme, layer_idx, seed, max_cache_len
         self.sink_tokens, self.recent_tokens = sink_tokens, recent_tokens
+        self.bits_per_coordinate, self.candidates, self.exact_prefill = bits_per_coordinate, candidates, exact_prefill
+        self.record_past = False  # transformers' rollback request (assisted generation): see activate_past_recording
         self.aura: AuraCache | None = None
         self.is_compileable = max_cache_len is not None  # static: see the module docstring
         # positions seen (padding included), what generate counts: a device tensor when static
@@ -127,7 +137,8 @@ class AuraKVLayer(CacheLayerMixin):
         self.aura = AuraCache(self.scheme, batch=B, kv_heads=Hkv, head_dim=D, capacity=capacity,
                               seed=self.seed, layer=self.layer_idx, device=key_states.device,
                               sink_tokens=self.sink_tokens, recent_tokens=self.recent_tokens,
-                              dtype=key_states.dtype)
+                              dtype=key_states.dtype, bits_per_coordinate=self.bits_per_coordinate,
+                              candidates=self.candidates)
         self.device, self.dtype = key_states.device, key_states.dtype
         if self.is_compileable:
             self.cumulative_length = torch.zeros((), dtype=torch.int64, device=key_states.device)
@@ -138,8 +149,7 @@ class AuraKVLayer(CacheLayerMixin):
         """Mark a static layer's tensors as fixed data pointers: a compiled step mutates them in place,
         and CUDA graphs keep them (again after a row reorder, which makes new tensors)."""
         if self.is_compileable and not torch.compiler.is_compiling():  # (a traced prefill cannot mark)
-            for t in (self.aura.k_codes, self.aura.v_codes, self.aura.k_norms, self.aura.v_norms, self.aura.seq_lens,
-                      self.cumulative_length, *self.aura.window_tensors()):
+            for t in (*self.aura.static_tensors(), self.cumulative_length):
                 torch._dynamo.mark_static_address(t)
 
     def _length(self) -> int:
@@ -238,14 +248,25 @@ class AuraKVLayer(CacheLayerMixin):
             self.cumulative_length += L
         self._filled = True
         k_rows, v_rows = k.transpose(1, 2), v.transpose(1, 2)  # [B, L, Hkv, D], AuraCache's layout
+        if self.record_past and not torch.compiler.is_compiling():  # a crop of this chunk's tokens must restore the window
+            self.aura.reserve_rollback(min(L, _PREFILL_ROLLBACK) if prefill else L)
         if prefill:
-            self.aura.append(k_rows, v_rows, lengths=lengths, left_padded=True)
-            return sdpa_attention_forward(module, query, k, v, attention_mask, dropout=dropout,
-                                          scaling=scaling, **kwargs)[0]
-        self.aura.append(k_rows, v_rows)
+            last = query[:, :, -min(L, _AUTO_QUERIES):].transpose(1, 2)  # what scheme="auto" measures heads with
+            self.aura.append(k_rows, v_rows, lengths=lengths, left_padded=True, queries=last, query_scale=scaling)
+            self._mark_static()  # "auto" allocates its stores here
+            if self.exact_prefill:
+                return sdpa_attention_forward(module, query, k, v, attention_mask, dropout=dropout,
+                                              scaling=scaling, **kwargs)[0]
+        else:
+            self.aura.append(k_rows, v_rows)
         q = query[:, :, 0] if L == 1 else query.transpose(1, 2)
         out, _ = self.aura.decode(q, scale=scaling)
         return out.unsqueeze(1) if L == 1 else out
+
+    def activate_past_recording(self) -> None:
+        """transformers' request before assisted generation: the next ``crop`` must undo a whole
+        chunk, so the exact window keeps that many spare ring slots (no-op without a window)."""
+        self.record_past = True
 
     def _reserve(self, L: int) -> None:
         need = self.cumulative_length + L  # the cache's own upper bound moves with it
@@ -308,6 +329,14 @@ class AuraKVLayer(CacheLayerMixin):
         return self.aura.batch if self.aura is not None else -1
 
     # ---------------------------------------------------------------------------- reporting
+    @property
+    def schemes(self) -> list[str] | None:
+        """The scheme of each KV head, once the first step allocated the layer (``"auto"`` chooses then)."""
+        return None if self.aura is None else self.aura.schemes
+
+    def bytes_per_token(self) -> int:
+        return self.aura.bytes_per_token() if self.aura is not None and self.aura.schemes else 0
+
     def memory_bytes(self) -> int:
         return self.aura.memory_bytes() if self.aura is not None else 0
 
@@ -323,6 +352,24 @@ def _other_layer(spec: _support.LayerSpec, max_cache_len: int | None) -> CacheLa
         return DYNAMIC_LAYER_TYPE_MAPPING[spec.layer_type](**spec.kwargs)
     extra = {"max_cache_len": max_cache_len} if spec.kind == "window" else {}
     return STATIC_LAYER_TYPE_MAPPING[spec.layer_type](**spec.kwargs, **extra)
+
+
+def _layer_schemes(scheme, n_layers: int, bits_per_coordinate, candidates) -> list:
+    """One entry per layer (a scheme, "auto" or a per-head list), each checked before anything is built."""
+    per_layer = list(scheme) if isinstance(scheme, (list, tuple)) else [scheme] * n_layers
+    if len(per_layer) != n_layers:
+        raise ValueError(f"AuraKVCache: scheme: expected a scheme, 'auto', or one entry per layer ({n_layers}), "
+                         f"got {len(per_layer)} entries")
+    if bits_per_coordinate is not None and "auto" not in per_layer:
+        raise ValueError("AuraKVCache: bits_per_coordinate is the budget of scheme='auto' layers; none is 'auto'")
+    for one in per_layer:
+        try:
+            auto = one == "auto"
+            _check_schemes(one, len(one) if isinstance(one, (list, tuple)) else 1,
+                           bits_per_coordinate if auto else None, candidates if auto else None)
+        except ValueError as e:
+            raise ValueError(f"AuraKVCache: {e}") from None
+    return per_layer
 
 
 def _left_padded_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -367,7 +414,15 @@ class AuraKVCache(Cache):
             ``get_layer_types_and_kwargs``) pick each layer's kind; or the model itself, which also
             refuses at construction what ``enable()`` refuses (from a config alone, such a model is
             refused at its first decode step: it cannot be on ``"aura"``).
-        scheme: ``"aura8"``, ``"aura4"``, ``"aura4v2"``, ... (``"aura{kb}v{vb}"``, bits in {2, 3, 4, 8}).
+        scheme: ``"aura8"``, ``"aura4"``, ``"aura4v2"``, ... (``"aura{kb}v{vb}"``, bits in {2, 3, 4, 8});
+            ``"auto"``: each layer chooses each KV head's scheme from its prefill (the last 32
+            queries against the prompt, :func:`torch_aura.aura_cache.plan_schemes`) within
+            ``bits_per_coordinate``; or a list with one entry per model layer (entries of layers
+            it does not compress are ignored), each a scheme, ``"auto"``, or a list of one scheme
+            per KV head.
+        bits_per_coordinate: the byte budget of ``"auto"`` layers, mean bits per K/V coordinate
+            (codes + norms; ``"aura4"`` is 4.25 at head dim 128).
+        candidates: the schemes ``"auto"`` chooses from (default ``AUTO_CANDIDATES``).
         seed: seed of the per-layer sign masks, an int in ``[0, 2**64)``.
         max_cache_len: tokens per row allocated up front and never exceeded (a step past it raises
             before anything changes), or None to grow by doubling.
@@ -375,11 +430,18 @@ class AuraKVCache(Cache):
             sinks); recommended 4 (benchmarks/results/aura_quality_cpu.md, aura-format.md §14).
         recent_tokens: the last tokens of each row kept exact, a ring buffer (local heads);
             recommended 128. Default 0 and 0: every token compressed, until the window's GPU path
-            has run on the device.
+            has run on the device. Under assisted generation (transformers' past recording) the
+            ring keeps as many spare slots as the last chunk had tokens, so rejected drafts are
+            cropped without shortening the window.
+        exact_prefill: True: the prefill attends exactly (SDPA); False: through the compressed
+            cache, so every token sees the same cache however the sequence was chunked and
+            assisted generation returns greedy decoding's tokens exactly (docs/aura-quality.md).
 
     Attributes:
         layout: one ``_support.LayerSpec`` per layer: ``kind`` ``"aura"`` (compressed),
             ``"window"`` (dense sliding window), ``"linear"`` or ``"dummy"``.
+        schemes: per layer, its KV heads' schemes (None for a layer not compressed or not yet
+            filled); ``bytes_per_token()``: compressed bytes one token of one row costs.
 
     Raises:
         ValueError: a bad argument (scheme, seed, max_cache_len, a config that is not a transformers
@@ -402,14 +464,14 @@ class AuraKVCache(Cache):
         (torch.Size([1, 7]), 6, ['aura', 'aura'])
     """
 
-    def __init__(self, config, scheme: str = "aura4v2", seed: int = 0, max_cache_len: int | None = None,
-                 sink_tokens: int = 0, recent_tokens: int = 0):
+    def __init__(self, config, scheme="aura4v2", seed: int = 0, max_cache_len: int | None = None,
+                 sink_tokens: int = 0, recent_tokens: int = 0, bits_per_coordinate: float | None = None,
+                 candidates=None, exact_prefill: bool = True):
         model = config if isinstance(config, torch.nn.Module) else None
         config = getattr(model, "config", config)
         if not callable(getattr(config, "get_text_config", None)):
             raise ValueError("AuraKVCache: config must be a transformers PretrainedConfig (model.config) or model, "
                              f"got {type(config).__name__}")
-        parse_scheme(scheme)  # names a bad scheme before anything is built
         _check_int("seed", seed, 0, 2 ** 64)
         _check_int("max_cache_len", max_cache_len, 1, none_ok=True)
         _check_int("sink_tokens", sink_tokens, 0)
@@ -417,9 +479,12 @@ class AuraKVCache(Cache):
         specs, problems = _support.cache_layout(config, max_cache_len, model)
         if problems:
             raise ValueError(f"AuraKVCache cannot hold {type(config).__name__}: " + " ".join(problems.values()))
+        per_layer = _layer_schemes(scheme, len(specs), bits_per_coordinate, candidates)
         layout = _Layout(tuple(s.layer_type for s in specs))
-        layers = [AuraKVLayer(scheme, i, seed, max_cache_len, layout, sink_tokens, recent_tokens) if s.kind == "aura"
-                  else _other_layer(s, max_cache_len) for i, s in enumerate(specs)]
+        layers = [AuraKVLayer(per_layer[i], i, seed, max_cache_len, layout, sink_tokens, recent_tokens,
+                              bits_per_coordinate if per_layer[i] == "auto" else None,
+                              candidates if per_layer[i] == "auto" else None, exact_prefill)
+                  if s.kind == "aura" else _other_layer(s, max_cache_len) for i, s in enumerate(specs)]
         super().__init__(layers=layers)
         self.scheme, self.layout = scheme, tuple(specs)
         self.sink_tokens, self.recent_tokens = sink_tokens, recent_tokens
@@ -435,6 +500,16 @@ class AuraKVCache(Cache):
     @property
     def aura_layers(self) -> list[AuraKVLayer]:
         return [layer for layer in self.layers if isinstance(layer, AuraKVLayer)]
+
+    @property
+    def schemes(self) -> list[list[str] | None]:
+        """Per layer, the scheme of each KV head (None: a layer not compressed, or not filled yet)."""
+        return [layer.schemes if isinstance(layer, AuraKVLayer) else None for layer in self.layers]
+
+    def bytes_per_token(self) -> int:
+        """Compressed bytes one token of one row costs over every filled compressed layer (K and V
+        codes + norms; exact sinks/window not included)."""
+        return sum(layer.bytes_per_token() for layer in self.aura_layers)
 
     def memory_bytes(self) -> int:
         """Bytes held by the compressed K/V of every compressed layer (codes + norms)."""
