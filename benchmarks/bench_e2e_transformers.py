@@ -4,8 +4,10 @@ Two stacks with real layer shapes and random bf16 weights (the embedding and LM 
 
 - ``llama3-8b``: Llama-3-8B layers (hidden 4096, 32 / 8 heads, D = 128, MLP 14336), full depth (32
   layers) by default: it fits one H200.
-- ``qwen3-next``: Qwen3-Next-80B-A3B layers (3 GDN layers with 16 / 32 heads of 128, then one
-  attention layer with 16 / 2 heads of 256; 512 experts, 10 active, ``grouped_mm`` experts), 4 layers.
+- ``qwen3-next``: Qwen3-Next-80B-A3B layers (three GDN layers with 16 / 32 heads of 128 to one attention
+  layer with 16 / 2 heads of 256; 512 experts, 10 active, ``grouped_mm`` experts), 4 layers by default.
+  Its full depth is ``--layers 48``, which fits one H200 with ``--experts 64`` (weights ~23 GB instead
+  of 159 GB; each token still runs 10 experts, so a layer's work is the real one's).
 
 Variants (each checked against the default path's logits before its row counts; ``*-compiled``:
 ``torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)`` on CUDA, ``aot_eager`` on the
@@ -20,6 +22,10 @@ CPU, whose rows are a smoke test only):
   ``flash_decode`` over each row's live keys), ``aura8`` / ``aura4v2`` (``AuraKVCache``) and
   ``aura8-compiled`` / ``aura4v2-compiled`` (``AuraKVCache(max_cache_len=...)``, compiled).
 
+With ``--stream L1,L2,...`` (Qwen3-Next; default and aura-attn): a warm-up prompt, then one prompt per
+length in order, each a length the process has not seen: its time to first token, compiles and tuning
+included, against the same prompt's steady-state time once every length has run (target <= 1.2x).
+
 Per context T and batch B: prefill time (one forward over B x T tokens, last-token logits only;
 B > 1 reuses a one-row prefill, rows repeated with ``reorder_cache``, when the B-row prefill does not
 fit), then DECODE_STEPS teacher-forced steps: median step time beside the GPU's busy time in one
@@ -32,7 +38,7 @@ agreement falls with depth). Host cost per eager call of the decode path's ops i
 
     python benchmarks/bench_e2e_transformers.py [--out DIR] [--models llama3-8b,qwen3-next]
         [--contexts 8192,32768,131072] [--batches 1,8,32] [--layers N] [--variants a,b]
-        [--agreement-depths 1,8,32] [--tiny]
+        [--agreement-depths 1,8,32] [--experts N] [--stream 1000,1500,...] [--tiny]
 
 ``--tiny`` runs tiny shapes on whatever device there is (a CPU smoke test of every code path, e.g.
 ``--tiny --contexts 64 --batches 1,2 --layers 2 --agreement-depths 1,2``).
@@ -84,7 +90,7 @@ SCHEMES = ("aura8", "aura4v2")
 FULL_DEPTH = {"llama3-8b": 32, "qwen3-next": 4}  # default --layers: Qwen3-Next-80B does not fit one GPU
 
 
-def build(name: str, layers: int, tiny: bool, device):
+def build(name: str, layers: int, tiny: bool, device, experts: int | None = None):
     import transformers
 
     if name == "llama3-8b":
@@ -102,7 +108,12 @@ def build(name: str, layers: int, tiny: bool, device):
                         shared_expert_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
                         linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32)
-        types = ["linear_attention"] * (layers - 1) + ["full_attention"]
+        if experts:
+            dims["num_experts"] = experts
+        # the released model's pattern: every fourth layer is full attention
+        types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+        if "full_attention" not in types:
+            types[-1] = "full_attention"
         cfg = transformers.Qwen3NextConfig(num_hidden_layers=layers, layer_types=types,
                                            max_position_embeddings=1 << 18, **dims)
         cfg._experts_implementation = "grouped_mm" if device.type == "cuda" else None
@@ -117,8 +128,8 @@ def build(name: str, layers: int, tiny: bool, device):
     return model
 
 
-def new_cache(model, variant: str, capacity: int):
-    """A fresh cache for ``variant``; static ones hold ``capacity`` tokens per row."""
+def new_cache(model, variant: str, capacity: int | None = None):
+    """A fresh cache for ``variant``; static ones hold ``capacity`` tokens per row (needed for them)."""
     import transformers
 
     from torch_aura.integrations import transformers as tat
@@ -357,6 +368,36 @@ def agreement_by_depth(name: str, depth: int, T: int, tiny: bool, device) -> lis
     return rows
 
 
+STREAM_VARIANTS = ("default", "aura-attn")
+
+
+@torch.inference_mode()
+def prompt_stream(model, name: str, lengths: list[int], device) -> list[dict]:
+    """Time to first token of prompts of lengths the process has not seen, stalls included, against
+    each prompt's steady-state time (the same prompt again once the whole stream has run)."""
+    vocab = model.config.get_text_config().vocab_size
+    rows = []
+    for variant in STREAM_VARIANTS:
+        set_variant(model, variant)
+        g = torch.Generator(device="cpu").manual_seed(2)
+        warm = torch.randint(1, vocab, (1, 512), generator=g).to(device)
+        model(warm, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1)  # first-ever compiles
+        prompts = [torch.randint(1, vocab, (1, T), generator=g).to(device) for T in lengths]
+
+        def prefill(ids):
+            return H.timed(lambda: model(ids, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1),
+                           device)[0]
+
+        first = [prefill(ids) for ids in prompts]
+        steady = [min(prefill(ids) for _ in range(2)) for ids in prompts]
+        for T, f, st in zip(lengths, first, steady):
+            rows.append({"kind": "stream", "model": name, "variant": variant, "T": T, "first_ms": f * 1e3,
+                         "steady_ms": st * 1e3, "ratio": f / st})
+            print(f"stream {name} {variant:9s} 1x{T:6d}: first {f * 1e3:9.1f} ms, steady {st * 1e3:9.1f} ms "
+                  f"({f / st:.2f}x)")
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None)
@@ -368,6 +409,9 @@ def main(argv=None) -> int:
     p.add_argument("--agreement-depths", default="", metavar="N,N",
                    help="also the teacher-forced agreement of each scheme per depth (B=1, the shortest context)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes on any device (smoke test)")
+    p.add_argument("--experts", type=int, default=None, help="Qwen3-Next experts per layer (default 512)")
+    p.add_argument("--stream", default="", metavar="T,T",
+                   help="Qwen3-Next: time to first token of prompts of new lengths, in order (e.g. 1000,...,32000)")
     p.add_argument("--profile", type=int, default=0, metavar="T",
                    help="also print the top GPU kernels of one B=1 prefill of T tokens, default vs ours")
     args = p.parse_args(argv)
@@ -394,7 +438,7 @@ def main(argv=None) -> int:
         rows += strided_copy_cost(device)
     for name in args.models.split(","):
         layers = args.layers or FULL_DEPTH[name]
-        model = build(name, layers, args.tiny, device)
+        model = build(name, layers, args.tiny, device, args.experts)
         weights_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / GB
         for T in contexts:
             for B in batches:
@@ -448,6 +492,8 @@ def main(argv=None) -> int:
                           + (f", cos {row.get('prefill_cos', 1):.4f}/{row.get('decode_cos', 1):.4f}, agree "
                              f"{row.get('agreement', 1):.3f}" if base else "")
                           + ("" if row["correct"] else "  WRONG"))
+        if args.stream and name == "qwen3-next":
+            rows += prompt_stream(model, name, [int(t) for t in args.stream.split(",")], device)
         if args.profile and device.type == "cuda":
             rows += prefill_profile(model, name, args.profile, device)
         tat.disable(model)
@@ -489,6 +535,14 @@ def render(facts, gdn_default, rows, args) -> str:
         lines += ["", f"## Where one B = 1 prefill of {mine[0]['T']} tokens goes ({variant}, "
                   f"{mine[0]['total_ms']:.1f} ms of GPU kernels; top kernels)", "", "| kernel | ms |", "|---|---|"]
         lines += [f"| `{r['kernel']}` | {r['ms']:.2f} |" for r in mine]
+    stream = [r for r in rows if r["kind"] == "stream"]
+    if stream:
+        lines += ["", "## A stream of prompts of new lengths: time to first token, stalls included (B = 1)", "",
+                  "First: the first prompt of that length in the process (after one 512-token warm-up); steady: the "
+                  "same prompt once every length has run. Target: first <= 1.2x steady.", "",
+                  "| variant | T | first ms | steady ms | first / steady |", "|---|---|---|---|---|"]
+        lines += [f"| {r['variant']} | {r['T']} | {r['first_ms']:.1f} | {r['steady_ms']:.1f} | {r['ratio']:.2f}x |"
+                  for r in stream]
     lines += ["", "## Prefill and decode", "",
               "Ratios are against the fastest baseline of the row (default, default-no-cudnn, static-compiled); "
               "agreement: teacher-forced argmax agreement with `default`.", "",
