@@ -49,9 +49,11 @@ from pathlib import Path
 import torch
 
 import torch_aura
+from torch_aura.aura_cache import AUTO_CANDIDATES, parse_scheme, plan_schemes, scheme_bits
 
 RESULTS = Path(__file__).resolve().parent / "results"
 D, HKV, G, PROBES = 128, 8, 8, 32
+STAT = 32  # per KV head, the "prefill's last queries" scheme="auto" measures heads with (not the evaluated ones)
 TYPES = ("sink", "local", "retrieval", "plain")
 SCALES = (1, 4, 16)
 BITS = (2, 3, 4, 8)
@@ -67,14 +69,20 @@ def _constrain(keys, queries, targets):
 
 def make_case(T: int, trials: int, seed: int = 0):
     """``K, V [B, Hkv, T, D]``, queries ``q [B, Hq, D]`` (logit std 1), retrieval probes
-    ``probe_q [B, Hkv, G + PROBES, D]`` (the retrieval heads' own queries first) with their planted positions ``probe_t``, all fp64."""
+    ``probe_q [B, Hkv, G + PROBES, D]`` (the retrieval heads' own queries first) with their planted
+    positions ``probe_t``, and ``stat_q [B, Hkv, STAT, D]``: more queries of each head, under the
+    head's structure (sink lift, local boost, needles), standing for the prefill's last queries
+    that scheme="auto" measures; all fp64."""
     g = torch.Generator().manual_seed(seed)
+    g_stat = torch.Generator().manual_seed(seed + 1)  # the stat queries' lifts: the other draws keep their stream
     randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
     K, V = randn(trials, HKV, T, D), randn(trials, HKV, T, D)
     q = torch.empty(trials, HKV * G, D, dtype=torch.float64)
     probe_q = torch.zeros(trials, HKV, G + PROBES, D, dtype=torch.float64)
     probe_t = torch.full((trials, HKV, G + PROBES), -1, dtype=torch.int64)
+    stat_q = torch.zeros(trials, HKV, STAT, D, dtype=torch.float64)
+    n_q = G + STAT  # the head's structure holds for its evaluated and its stat queries
     for b, h in itertools.product(range(trials), range(HKV)):
         sigma = torch.exp(0.5 * randn(D))
         sigma[torch.randperm(D, generator=g)[:4]] *= 8  # outlier channels
@@ -84,12 +92,13 @@ def make_case(T: int, trials: int, seed: int = 0):
         mean = (qs @ k.T).mean(-1, keepdim=True)
         kind = TYPES[h % len(TYPES)]
         if kind in ("sink", "local"):  # every query of the head attends the first token strongly
-            lift = (4 + 3 * rand(G, 1)) * (1.0 if kind == "sink" else 0.6)
-            k[:1] = _constrain(k[:1], qs[:G], mean[:G] + lift)
+            draws = torch.cat([rand(G, 1), torch.rand(STAT, 1, generator=g_stat, dtype=torch.float64)])
+            lift = (4 + 3 * draws) * (1.0 if kind == "sink" else 0.6)
+            k[:1] = _constrain(k[:1], qs[:n_q], mean[:n_q] + lift)
         if kind == "local":
             n = min(64, T - 1)
             boost = 5 * torch.exp(-torch.arange(n - 1, -1, -1, dtype=torch.float64) / 16)
-            k[T - n:] = _constrain(k[T - n:], qs[:G], (qs[:G] @ k[T - n:].T) + boost)
+            k[T - n:] = _constrain(k[T - n:], qs[:n_q], (qs[:n_q] @ k[T - n:].T) + boost)
         if kind == "retrieval":  # every query (the head's own G and the extra probes) has its needle
             pos = torch.randperm(int(0.9 * T), generator=g)[:G + PROBES] + int(0.05 * T)
             for i, t in enumerate(pos.tolist()):
@@ -99,7 +108,8 @@ def make_case(T: int, trials: int, seed: int = 0):
             probe_t[b, h] = pos
         K[b, h] = k
         q[b, h * G:(h + 1) * G] = qs[:G]
-    return K, V, q, probe_q, probe_t
+        stat_q[b, h] = qs[G:n_q]
+    return K, V, q, probe_q, probe_t, stat_q
 
 
 def attend(q, K, V, scale):
@@ -243,6 +253,59 @@ def with_exact(Kh, K, S: int, W: int):
     return out
 
 
+def per_head_row(ev, K, V, Kq, Vq, by_type: dict, S: int, W: int) -> dict:
+    """Explicit per-head schemes by head type (``by_type``: type -> scheme), window optional."""
+    Kh, Vh = torch.empty_like(Kq[4]), torch.empty_like(Vq[4])
+    for h in range(HKV):
+        kb, vb = parse_scheme(by_type[TYPES[h % len(TYPES)]])
+        Kh[:, h], Vh[:, h] = Kq[kb][:, h], Vq[vb][:, h]
+    if S or W:
+        Kh, Vh = with_exact(Kh, K, S, W), with_exact(Vh, V, S, W)
+    bytes_ = sum(aura_bytes(kb) + aura_bytes(vb)
+                 for kb, vb in (parse_scheme(by_type[TYPES[h % len(TYPES)]]) for h in range(HKV))) / HKV
+    bytes_ += (S + W) * BF16_TOKEN_HEAD / K.shape[2]
+    name = ", ".join(f"{t} {one}" for t, one in by_type.items()) + (f" +s{S}/w{W}" if S or W else "")
+    return ev.row(name, bytes_, Kh, Vh)
+
+
+def auto_row(ev, K, V, Kq, Vq, stat_q, budget: float, S: int, W: int, candidates) -> dict:
+    """scheme="auto" within ``budget`` bits per coordinate in all (the window's exact bf16 tokens,
+    amortised over T, included). Each trial is a layer of its own: per query scale, the package's
+    planner chooses each KV head's scheme from that trial's stat queries at that scale (a model
+    whose heads are that sharp has prefill queries that sharp); the heads are then evaluated with
+    their choice."""
+    T = K.shape[2]
+    extra_bits = (S + W) * BF16_TOKEN_HEAD / T * 8 / (2 * D)
+    k_rows, v_rows = K.transpose(1, 2).float(), V.transpose(1, 2).float()
+    # [B, Hkv, STAT, D] -> the last STAT / G positions' queries [B, STAT / G, Hq, D] (query head h * G + g)
+    stat = stat_q.view(K.shape[0], HKV, STAT // G, G, D).permute(0, 2, 1, 3, 4).reshape(K.shape[0], STAT // G, HKV * G, D)
+    stat = stat.float()
+    r, spent, chosen = {}, 0.0, {}
+    for s in SCALES:
+        rows = [plan_schemes(k_rows[b:b + 1], v_rows[b:b + 1], stat[b:b + 1], budget - extra_bits, candidates,
+                             sink_tokens=S, recent_tokens=W, scale=float(s))[0] for b in range(K.shape[0])]
+        Kh, Vh = torch.empty_like(Kq[4]), torch.empty_like(Vq[4])
+        for b, row in enumerate(rows):
+            for h, one in enumerate(row):
+                kb, vb = parse_scheme(one)
+                Kh[b, h], Vh[b, h] = Kq[kb][b, h], Vq[vb][b, h]
+        if S or W:
+            Kh, Vh = with_exact(Kh, K, S, W), with_exact(Vh, V, S, W)
+        one_scale = ev.row("", 0.0, Kh, Vh)
+        for m in ("mean", "worst", "worst_type"):
+            r[f"{m}{s}"] = one_scale[f"{m}{s}"]
+        r[f"retrieval{s}"] = one_scale["retrieval"]
+        spent = max(spent, max(sum(scheme_bits(one, D) for one in row) / HKV for row in rows) + extra_bits)
+        counts = {}
+        for row in rows:
+            for h, one in enumerate(row):
+                counts[(TYPES[h % len(TYPES)], one)] = counts.get((TYPES[h % len(TYPES)], one), 0) + 1
+        chosen[s] = ", ".join(f"{t} {one} x{n}" for (t, one), n in sorted(counts.items()))
+    r.update(scheme=f"auto {budget}" + (f" +s{S}/w{W}" if S or W else ""), bytes=spent * 2 * D / 8, bits=spent,
+             chosen=chosen, retrieval=min(r[f"retrieval{s}"] for s in SCALES))
+    return r
+
+
 # ---------------------------------------------------------------------------------- checks
 def check_package_path(K, V, q):
     """The harness's dequantize-then-attend equals AuraCache.decode (compressed-domain) on a slice."""
@@ -304,7 +367,7 @@ def main(argv=None):
     T, trials = (32768, min(args.trials, 2)) if args.long else (args.T, args.trials)
     out_path = args.out or RESULTS / ("aura_quality_cpu.md" if not args.long else "aura_quality_cpu_32k.md")
     t0 = time.time()
-    K, V, q, probe_q, probe_t = make_case(T, trials)
+    K, V, q, probe_q, probe_t, stat_q = make_case(T, trials)
     ev = Evaluator(K, V, q, probe_q, probe_t)
 
     err, err_w = check_package_path(K, V, q)
@@ -333,6 +396,15 @@ def main(argv=None):
             extra = (S + W) * BF16_TOKEN_HEAD / T
             window_rows.append(ev.row(name, aura_bytes(kb) + aura_bytes(vb) + extra,
                                       with_exact(Kq[kb], K, S, W), with_exact(Vq[vb], V, S, W)))
+    head_rows = []
+    for by_type, (S, W) in (({"sink": "aura4v3", "local": "aura4v3", "retrieval": "aura4v3", "plain": "aura8v3"}, (4, 64)),
+                            ({"sink": "aura3v4", "local": "aura3v4", "retrieval": "aura4", "plain": "aura8v4"}, (4, 64)),
+                            ({"sink": "aura4", "local": "aura4", "retrieval": "aura4", "plain": "aura8v4"}, (4, 64))):
+        head_rows.append(per_head_row(ev, K, V, Kq, Vq, by_type, S, W))
+    for budget, (S, W) in ((4.5, (0, 0)), (4.5, (4, 64)), (4.5, (4, 128)), (5.0, (4, 64))):
+        window_bits = (S + W) * BF16_TOKEN_HEAD / T * 8 / (2 * D)
+        if window_bits + scheme_bits(AUTO_CANDIDATES[0], D) <= budget:  # else the window leaves no room at this T
+            head_rows.append(auto_row(ev, K, V, Kq, Vq, stat_q, budget, S, W, AUTO_CANDIDATES))
     peer_rows = []
     for name, (qk, qv) in peers(torch.Generator().manual_seed(2)).items():
         peer_rows.append(ev.row(name, qk.bytes() + qv.bytes(), qk(K).float(), qv(V).float()))
@@ -352,6 +424,16 @@ def main(argv=None):
         "## Correctness checks (run before any figure)", "", *[f"- {c}" for c in checks], "",
         "## AURA, every scheme", "", fmt_table(rows, T), "",
         "## AURA with exact sinks and recent window", "", fmt_table(window_rows, T), "",
+        "## Per-KV-head schemes: explicit by head type, and scheme=\"auto\" within a budget", "",
+        "Explicit rows give each head type its scheme (the cost is the mean over heads). 'auto B' rows: "
+        "`torch_aura.aura_cache.plan_schemes` (what `AuraCache(scheme=\"auto\", bits_per_coordinate=...)` runs at "
+        f"the first append) chooses each KV head's scheme from {', '.join(AUTO_CANDIDATES)} per trial (a layer), "
+        f"from {STAT} further queries of each head (standing for the prefill's last queries; not the evaluated "
+        "ones) at the row's query scale, so that codes + norms + the window's exact tokens amortised over T stay "
+        "within B bits per coordinate; bits/coord is the largest spend over trials and scales.", "",
+        fmt_table(head_rows, T), "",
+        *[f"- {r['scheme']}, chosen at scale {s}: {r['chosen'][s]}" for r in head_rows if "chosen" in r
+          for s in SCALES], "",
         "## Peer: TurboQuant reimplemented from the paper (arXiv 2504.19874)", "", fmt_table(peer_rows, T), "",
     ])
     out_path.parent.mkdir(parents=True, exist_ok=True)

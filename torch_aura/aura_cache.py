@@ -8,7 +8,7 @@ tensors, and the device-side ``seq_lens``. A model needs three calls: construct,
 
 from __future__ import annotations
 
-import itertools
+import math
 import numbers
 import re
 from collections.abc import Sequence
@@ -55,7 +55,7 @@ def aura_tables(key_bits: int, value_bits: int, head_dim: int, seed: int, layer:
                       aura_sign_mask(head_dim, seed, layer, "v", device))
 
 
-AUTO_CANDIDATES = ("aura3v4", "aura4", "aura8v4")
+AUTO_CANDIDATES = ("aura3v4", "aura4v3", "aura4", "aura8v3", "aura8v4")
 _AUTO = "auto"
 
 
@@ -101,12 +101,13 @@ def plan_schemes(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor, bits_p
 
     For every KV head and candidate, the prefill's last queries attend (causally) to the chunk
     encoded with that candidate (exact where the cache keeps sinks / a window exact) and to the
-    exact chunk; the head's error is the mean ``1 - cosine`` of the two outputs over its query
-    heads and queries. This measures what the choice is for: a head whose softmax is peaked or
-    nearly tied turns a small logit error into a large output error, which no key-only statistic
-    sees. Every head starts at the cheapest candidate; the upgrade with the largest error drop per
-    bit is applied while the mean over heads stays within ``bits_per_coordinate``
-    (:func:`scheme_bits`: codes and norms; the exact sinks/window are extra).
+    exact chunk; the head's error is the largest ``1 - cosine`` of the two outputs over its query
+    heads and queries (what a sharp head loses shows in its worst query). This measures what the
+    choice is for: a head whose softmax is peaked or nearly tied turns a small logit error into a
+    large output error, which no key-only statistic sees. The choice minimises the summed error
+    of the heads (an exact knapsack: costs are whole half bits) with the mean over heads within
+    ``bits_per_coordinate`` (:func:`scheme_bits`: codes and norms; the exact sinks/window are
+    extra).
 
     Args:
         k, v: ``[B, L, Hkv, D]`` the prefill chunk (fp16, bf16 or fp32).
@@ -164,30 +165,33 @@ def plan_schemes(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor, bits_p
             return torch.einsum("bjgi,bid->bjgd", p, V[:, :, h])
 
         ref = attend(kf, vf)
+        w = q_ok[:, :, None].expand(B, Lq, G)
+
+        def worst(err):  # [B, Lq, G] -> the head's worst live query
+            return err.double()[w].max() if bool(w.any()) else torch.zeros((), dtype=torch.float64)
+
         for j, (_, kb, vb) in enumerate(cands):
-            cos = torch.nn.functional.cosine_similarity(attend(kq[kb], vq[vb]), ref, dim=-1)  # [B, Lq, G]
-            w = q_ok[:, :, None].expand_as(cos)
-            errors[h, j] = (1 - cos.double())[w].mean() if bool(w.any()) else 0.0
-    budget = float(bits_per_coordinate) * Hkv
-    cheapest = cost.min()
-    cur = [min((j for j in range(len(cands)) if cost[j] == cheapest), key=lambda j: errors[h, j].item())
-           for h in range(Hkv)]
-    total = float(cost[cur].sum())
-    if total > budget + 1e-9:
+            errors[h, j] = worst(1 - torch.nn.functional.cosine_similarity(attend(kq[kb], vq[vb]), ref, dim=-1))
+    # Exact knapsack over heads: costs are whole numbers of half bits ((kb + vb) / 2 + a constant).
+    units = [kb + vb for _, kb, vb in cands]
+    cap = math.floor((float(bits_per_coordinate) - 32 / D) * 2 * Hkv + 1e-9)
+    if min(units) * Hkv > cap:
         raise ValueError(f"bits_per_coordinate: {bits_per_coordinate} is below the cheapest candidate "
-                         f"({candidates[cur[0]]}: {float(cheapest):.3f} bits per coordinate at head_dim {D})")
-    while True:  # the upgrade with the largest error drop per bit that fits the budget
-        best = None
-        for h, j in itertools.product(range(Hkv), range(len(cands))):
-            dc = float(cost[j] - cost[cur[h]])
-            gain = float(errors[h, cur[h]] - errors[h, j])
-            if dc > 0 and gain > 0 and total + dc <= budget + 1e-9 and (best is None or gain / dc > best[0]):
-                best = (gain / dc, h, j)
-        if best is None:
-            break
-        _, h, j = best
-        total += float(cost[j] - cost[cur[h]])
-        cur[h] = j
+                         f"({candidates[units.index(min(units))]}: {float(cost.min()):.3f} bits per coordinate "
+                         f"at head_dim {D})")
+    err = errors.tolist()
+    best = {0: (0.0, [])}  # units spent -> (summed error, choices), the lowest error per spend
+    for h in range(Hkv):
+        nxt = {}
+        for spent, (e, picks) in best.items():
+            for j, u in enumerate(units):
+                key = spent + u
+                cand = (e + err[h][j], picks + [j])
+                if key <= cap and (key not in nxt or cand[0] < nxt[key][0]):
+                    nxt[key] = cand
+        best = nxt
+    # the lowest error; among equal errors the cheapest
+    _, cur = min(best.values(), key=lambda ep: (round(ep[0], 12), sum(units[j] for j in ep[1])))
     return [candidates[j] for j in cur], errors
 
 
@@ -423,19 +427,28 @@ class AuraCache:
             self._q_index[Hq] = ([torch.tensor(one, dtype=torch.int64, device=dev) for one in sel], inv.to(dev))
         return self._q_index[Hq]
 
+    def choose_schemes(self, k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor | None,
+                       query_scale: float | None = None, lengths: torch.Tensor | None = None,
+                       left_padded: bool = False) -> None:
+        """``scheme="auto"``: choose each KV head's scheme from a prefill chunk (:func:`plan_schemes`)
+        and allocate one store per chosen scheme, without appending; ``append`` calls it on its first
+        chunk. A no-op once chosen. Args as ``append`` (``queries`` ``[B, Lq, Hq, D]``)."""
+        if not self._mixed or self._groups is not None:
+            return
+        if queries is None:
+            raise ValueError("queries: scheme='auto' chooses each KV head's scheme at the first append from "
+                             "the prefill's last queries: pass queries=[B, Lq, Hq, D]")
+        _c.tensor("queries", queries, ndim=4, dtypes=_c.FLOATS)
+        self._on_device("queries", queries)
+        k4, v4 = (k, v) if k.dim() == 4 else (k[:, None], v[:, None])
+        schemes, self.head_errors = plan_schemes(
+            k4, v4, queries, self.bits_per_coordinate, self.candidates, seed=self.seed, layer=self.layer,
+            sink_tokens=self.sink_tokens, recent_tokens=self.recent_tokens, scale=query_scale,
+            lengths=lengths, left_padded=left_padded)
+        self._group(schemes)
+
     def _append_mixed(self, k, v, lengths, left_padded, queries, query_scale) -> None:
-        if self._groups is None:
-            if queries is None:
-                raise ValueError("queries: scheme='auto' chooses each KV head's scheme at the first append from "
-                                 "the prefill's last queries: pass queries=[B, Lq, Hq, D]")
-            _c.tensor("queries", queries, ndim=4, dtypes=_c.FLOATS)
-            self._on_device("queries", queries)
-            k4, v4 = (k, v) if k.dim() == 4 else (k[:, None], v[:, None])
-            schemes, self.head_errors = plan_schemes(
-                k4, v4, queries, self.bits_per_coordinate, self.candidates, seed=self.seed, layer=self.layer,
-                sink_tokens=self.sink_tokens, recent_tokens=self.recent_tokens, scale=query_scale,
-                lengths=lengths, left_padded=left_padded)
-            self._group(schemes)
+        self.choose_schemes(k, v, queries, query_scale, lengths, left_padded)
         if len(self._groups) == 1:
             self._groups[0].append(k, v, lengths, left_padded)
             return

@@ -250,18 +250,39 @@ class AuraKVLayer(CacheLayerMixin):
         k_rows, v_rows = k.transpose(1, 2), v.transpose(1, 2)  # [B, L, Hkv, D], AuraCache's layout
         if self.record_past and not torch.compiler.is_compiling():  # a crop of this chunk's tokens must restore the window
             self.aura.reserve_rollback(min(L, _PREFILL_ROLLBACK) if prefill else L)
-        if prefill:
+        if prefill and self.exact_prefill:
             last = query[:, :, -min(L, _AUTO_QUERIES):].transpose(1, 2)  # what scheme="auto" measures heads with
             self.aura.append(k_rows, v_rows, lengths=lengths, left_padded=True, queries=last, query_scale=scaling)
             self._mark_static()  # "auto" allocates its stores here
-            if self.exact_prefill:
-                return sdpa_attention_forward(module, query, k, v, attention_mask, dropout=dropout,
-                                              scaling=scaling, **kwargs)[0]
+            return sdpa_attention_forward(module, query, k, v, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)[0]
+        if L > 1 and self.aura.windowed:
+            return self._attend_token_by_token(query, k_rows, v_rows, lengths if prefill else None, scaling)
+        if prefill:
+            last = query[:, :, -min(L, _AUTO_QUERIES):].transpose(1, 2)
+            self.aura.append(k_rows, v_rows, lengths=lengths, left_padded=True, queries=last, query_scale=scaling)
+            self._mark_static()
         else:
             self.aura.append(k_rows, v_rows)
         q = query[:, :, 0] if L == 1 else query.transpose(1, 2)
         out, _ = self.aura.decode(q, scale=scaling)
         return out.unsqueeze(1) if L == 1 else out
+
+    def _attend_token_by_token(self, query, k_rows, v_rows, lengths, scaling) -> torch.Tensor:
+        """A chunk over an exact window, one decode step per token: each query sees the window it
+        would have seen had its tokens come one at a time (the cache's own causal form attends the
+        chunk's final window), so the output does not depend on the chunking."""
+        B, L = k_rows.shape[:2]
+        if self.aura.schemes is None:  # "auto" chooses from the whole chunk first
+            self.aura.choose_schemes(k_rows, v_rows, query[:, :, -min(L, _AUTO_QUERIES):].transpose(1, 2), scaling,
+                                     lengths, left_padded=True)
+            self._mark_static()
+        outs = []
+        for i in range(L):
+            real = None if lengths is None else (lengths > L - 1 - i).to(torch.int32)  # left padding: the last n are real
+            self.aura.append(k_rows[:, i:i + 1], v_rows[:, i:i + 1], lengths=real)
+            outs.append(self.aura.decode(query[:, :, i], scale=scaling)[0])
+        return torch.stack(outs, 1)
 
     def activate_past_recording(self) -> None:
         """transformers' request before assisted generation: the next ``crop`` must undo a whole
