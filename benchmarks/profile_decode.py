@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_aura
-from torch_aura.reference.decode import plan_split_floor
+from torch_aura._decode_plan import plan_split_floor
 
 import shapes
 from bench_decode import TP_SHARDS, make_inputs

@@ -2,19 +2,17 @@
 
 Import order matters and is cheap (no ``import triton``, no CUDA context, no Metal compile):
 define every op from the schema table, register fakes and references, then load the kernel
-backends that exist on this machine (``backends.autoload``).
+backends that exist on this machine into the same library (``backends.autoload``).
 """
 
-from ._registry import define_and_register as _define_and_register
+from . import _registry, backends
 
-_define_and_register()
+_registry.define_and_register()
+backends.autoload(_registry.LIB)
 
-from . import backends  # noqa: E402
-
-backends.autoload()
-
+from .aura_cache import AuraCache  # noqa: E402
 from .ops import *  # noqa: E402,F401,F403
 from .ops import __all__ as _ops_all  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["backends", *_ops_all]
+__all__ = ["backends", "AuraCache", *_ops_all]

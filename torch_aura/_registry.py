@@ -7,15 +7,16 @@ One mechanism serves all ops, so no op can have a fake that disagrees with its c
   whose key has no kernel): ``check(*args)``, the fallback policy of ``backends``, then the pure
   PyTorch function of the same name in ``torch_aura.reference``.
 
-Kernels (CUDA C++, Triton, Metal) register for their own dispatch key, which wins over
-CompositeExplicitAutograd.
+Kernels (CUDA C++, Triton, Metal, the CPU fast paths) register for their own dispatch key, which
+wins over CompositeExplicitAutograd; ``backends.autoload(LIB)`` adds them. Imports point one way:
+this module uses ``backends`` (the fallback policy), never the reverse.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _checks, reference
+from . import _checks, backends, reference
 from ._schema import OPS, TAGS
 
 # A namespace has exactly one DEF library; every backend adds IMPLs to "aura".
@@ -52,23 +53,18 @@ def _first_device(args) -> torch.device:
     return torch.device("cpu")
 
 
-def make_checked(name: str, math=None, label: str = "reference"):
-    """``check(*args)`` then ``math`` (default: the reference function of the same name). Serves
-    the reference registration and the CPU fast paths (torch_aura.cpu), so both raise alike."""
-    from . import backends
+def _make_reference(name: str):
+    """The op's ``CompositeExplicitAutograd`` kernel: the check, the fallback policy of ``backends``
+    on a non-CPU device (warn once, or raise under TORCH_AURA_STRICT), then the reference."""
+    math = getattr(reference.FAMILIES[OPS[name].family], name)
 
-    check = _checks.for_op(name)
-    math = math or getattr(reference.FAMILIES[OPS[name].family], name)
-
-    def impl(*args, **kwargs):
-        check(*args, **kwargs)
+    def run_reference(*args, **kwargs):
         device = _first_device(args)
         if device.type != "cpu":
             backends.note_reference_fallback(name, device)
         return math(*args, **kwargs)
 
-    impl.__name__ = f"{name}_{label}"
-    return impl
+    return _checks.checked(name, run_reference, "reference")
 
 
 def _make_forward_only_autograd(name: str):
@@ -105,6 +101,6 @@ def define_and_register() -> None:
     for name, op in OPS.items():
         LIB.define(op.schema, tags=TAGS)
         torch.library.register_fake(f"aura::{name}", _make_fake(name), lib=LIB)
-        LIB.impl(name, make_checked(name), "CompositeExplicitAutograd")
+        LIB.impl(name, _make_reference(name), "CompositeExplicitAutograd")
         if "!" not in op.schema:  # mutating ops write caller buffers and return nothing to differentiate
             LIB.impl(name, _make_forward_only_autograd(name), "Autograd", with_keyset=True)

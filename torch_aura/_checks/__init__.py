@@ -16,3 +16,16 @@ def for_op(name: str):
     from .._schema import OPS
 
     return getattr(FAMILIES[OPS[name].family], name)
+
+
+def checked(name: str, fn, label: str):
+    """``fn`` behind op ``name``'s check: how every Python kernel registers (the reference, the CPU
+    fast paths), so each raises the same named errors as the fake and the public wrapper."""
+    check = for_op(name)
+
+    def impl(*args, **kwargs):
+        check(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    impl.__name__ = f"{name}_{label}"
+    return impl

@@ -1,6 +1,6 @@
 """Backend loading, the reference-fallback policy and ``status()``.
 
-``autoload()`` runs once at ``import torch_aura``, after the ops, fakes and references are
+``autoload(lib)`` runs once at ``import torch_aura``, after the ops, fakes and references are
 registered, so the dispatch table is fixed before any graph is traced or captured and nothing is
 ``dlopen``ed mid-trace. It never raises: every failure is recorded as a reason that ``status()``
 reports.
@@ -55,17 +55,16 @@ def _requested_backends() -> tuple[set[str], str | None]:
     return wanted & set(KNOWN_BACKENDS), f"excluded by TORCH_AURA_BACKENDS={raw}"
 
 
-def _load_cpu() -> str | None:
+def _load_cpu(lib) -> str | None:
     try:
         from .. import cpu
-        from .._registry import LIB
 
-        return cpu.register(LIB)
+        return cpu.register(lib)
     except Exception as e:  # the reference still serves the CPU
         return f"cpu fast paths failed to register: {type(e).__name__}: {e}"
 
 
-def _load_cuda_ext() -> str | None:
+def _load_cuda_ext(lib) -> str | None:  # its register.cpp adds IMPLs to "aura" itself
     if torch.version.cuda is None:
         return "cuda extension not loaded: this torch build has no CUDA"
     if importlib.util.find_spec("torch_aura._C_cuda") is None:
@@ -78,7 +77,7 @@ def _load_cuda_ext() -> str | None:
     return None
 
 
-def _load_triton() -> str | None:
+def _load_triton(lib) -> str | None:
     if torch.version.cuda is None and torch.version.hip is None:
         return "triton kernels not loaded: this torch build has no GPU support"
     if importlib.util.find_spec("triton") is None:
@@ -86,9 +85,8 @@ def _load_triton() -> str | None:
     try:
         # Registers launchers only; `triton` itself is imported at the first kernel call.
         from .. import triton_kernels
-        from .._registry import LIB
 
-        triton_kernels.register(LIB)
+        triton_kernels.register(lib)
     except Exception as e:
         return f"triton kernels failed to register: {type(e).__name__}: {e}"
     return None
@@ -98,7 +96,7 @@ def _torch_minor() -> str:
     return ".".join(torch.__version__.split("+")[0].split(".")[:2])
 
 
-def _load_mps_ext() -> str | None:
+def _load_mps_ext(lib) -> str | None:  # its register.mm adds IMPLs to "aura" itself
     if sys.platform != "darwin":
         return "mps extension not built: not macOS"
     if importlib.util.find_spec("torch_aura._C_mps") is None:
@@ -122,13 +120,14 @@ def _load_mps_ext() -> str | None:
 _LOADERS = {"cpu": _load_cpu, "cuda": _load_cuda_ext, "triton": _load_triton, "mps": _load_mps_ext}
 
 
-def autoload() -> None:
-    """Load every allowed backend once; record why the others are not serving."""
+def autoload(lib: torch.library.Library) -> None:
+    """Load every allowed backend once, its Python kernels into ``lib`` (the ``aura`` DEF library,
+    handed over by ``import torch_aura``); record why the others are not serving."""
     global _FORCED_REF
     allowed, excluded_reason = _requested_backends()
     _FORCED_REF = not allowed
     for backend, loader in _LOADERS.items():
-        _REASONS[backend] = loader() if backend in allowed else excluded_reason
+        _REASONS[backend] = loader(lib) if backend in allowed else excluded_reason
 
 
 def _dispatch_key(device_type: str) -> str:

@@ -2,7 +2,7 @@
 
 ``register(lib)`` (from ``torch_aura.backends.autoload``, backend name ``cpu``) adds them to the CPU
 dispatch key of the ``aura`` library, each behind the same checks as the reference
-(``_registry.make_checked``). The reference stays the ``CompositeExplicitAutograd`` kernel: the
+(``_checks.checked``). The reference stays the ``CompositeExplicitAutograd`` kernel: the
 oracle the tests compare against, and what every other op on the CPU runs.
 ``TORCH_AURA_BACKENDS=ref`` (or a list without ``cpu``) leaves the CPU on the reference.
 
@@ -29,12 +29,12 @@ NEEDS_NATIVE = {".aura"}
 
 def register(lib) -> str | None:
     """Register every fast path whose code is available; return why any were left out (or None)."""
-    from .._registry import make_checked
+    from .._checks import checked
     from . import native
 
     for op, module in FAST_PATHS.items():
         if module in NEEDS_NATIVE and native.LIB is None:
             continue
         fn = getattr(importlib.import_module(module, __name__), op)
-        lib.impl(op, make_checked(op, fn, label="cpu"), "CPU")
+        lib.impl(op, checked(op, fn, label="cpu"), "CPU")
     return None if native.LIB is not None else f"{native.REASON}: AURA ops on the CPU run the reference"

@@ -11,7 +11,7 @@ decode; here codes are expanded a tile at a time through a byte table and stay i
 
 from __future__ import annotations
 
-import sys
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -29,7 +29,7 @@ def aura_encode(x, codebook, boundaries, bits, sign_mask=None):
 
 def aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits,
                      sign_mask=None, paged=False):
-    return ref.write_cache_with(sys.modules[__name__], x, codes_cache, norms_cache, slot_mapping, codebook,
+    return ref.write_cache_with(NATIVE, x, codes_cache, norms_cache, slot_mapping, codebook,
                                 boundaries, bits, sign_mask, paged)
 
 
@@ -66,6 +66,20 @@ def aura_flash_p2(o, m, l, v_sign_mask=None, out_dtype=None):
 def aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_codebook,
                 k_sign_mask, v_sign_mask, key_bits, value_bits, block_table=None, scale=None,
                 num_splits=0):
-    return ref.decode_with(sys.modules[__name__], q, k_codes, k_norms, v_codes, v_norms, seq_lens,
+    return ref.decode_with(NATIVE, q, k_codes, k_norms, v_codes, v_norms, seq_lens,
                            k_codebook, v_codebook, k_sign_mask, v_sign_mask, key_bits, value_bits,
                            block_table, scale, num_splits)
+
+
+class Kernels(NamedTuple):
+    """The kernels ``reference.aura.decode_with`` and ``write_cache_with`` compose, by name."""
+
+    aura_encode: Callable
+    hadamard_rotate: Callable
+    aura_flash_p1: Callable
+    aura_flash_p2: Callable
+
+
+# this module's native kernels, handed to the reference's plans (aura_decode, aura_write_cache above)
+NATIVE = Kernels(aura_encode=aura_encode, hadamard_rotate=hadamard_rotate, aura_flash_p1=aura_flash_p1,
+                 aura_flash_p2=aura_flash_p2)

@@ -3,7 +3,8 @@
 Each op wrapper takes exactly its schema's arguments, runs the family check (the same function the
 fake and the reference run, so errors are identical eagerly and at trace time) and calls
 ``torch.ops.aura.<op>``. ``aura_codebook`` and ``aura_sign_mask`` build the host-side tables the
-ops take; ``AuraCache`` bundles them with the cache tensors of one attention layer.
+ops take. ``AuraCache`` (``torch_aura/aura_cache.py``) builds on these wrappers: it imports this
+module, never the reverse.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import torch
 from .. import _debug
 from .._checks import aura as _check
 from .._checks.aura import BITS, HEAD_DIMS
-from ..aura_cache import AuraCache
 from ..reference import aura as _ref
 from ._call import checked_call
 
@@ -29,7 +29,6 @@ __all__ = [
     "aura_decode",
     "aura_codebook",
     "aura_sign_mask",
-    "AuraCache",
 ]
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import _debug
+from .. import _debug, _decode_plan
 from .._checks import decode as _check
 from .._checks.common import remembered
-from ..reference import decode as _ref
 from ._call import checked_call
 
 # eager decode repeats its metadata every step and layer: check it once per metadata (host time per call)
@@ -200,4 +199,4 @@ def decode_num_splits(batch: int, kv_heads: int, sms: int, ctas_per_sm: int, cap
                              f"got {type(value).__name__}")
         if value < low:
             raise ValueError(f"{name}: expected >= {low}, got {value}")
-    return _ref.auto_splits(batch, kv_heads, sms, ctas_per_sm, cap, capacity, split_floor=split_floor)
+    return _decode_plan.auto_splits(batch, kv_heads, sms, ctas_per_sm, cap, capacity, split_floor=split_floor)

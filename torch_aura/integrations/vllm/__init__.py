@@ -41,39 +41,11 @@ Example (CPU; the tests build a tiny random-weight model and tokenizer in ``mode
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
+from ._common import BACKEND_PATH, SERVING_LOG_PREFIX, STATS, Stats
 from ._env import KV_CACHE_ENV, VERIFY_ENV, Settings, settings
 
 __all__ = ["register", "settings", "Settings", "Stats", "STATS", "BACKEND_PATH", "SERVING_LOG_PREFIX", "KV_CACHE_ENV",
            "VERIFY_ENV"]
-
-BACKEND_PATH = "torch_aura.integrations.vllm.backend.AuraAttentionBackend"
-SERVING_LOG_PREFIX = "torch_aura: serving"  # starts the INFO line that shows the plugin serving (README)
-
-
-@dataclass
-class Stats:
-    """Batches each path served in this process (one per layer per engine step)."""
-
-    dense_decode: int = 0
-    dense_prefill: int = 0
-    aura_decode: int = 0
-    aura_prefill: int = 0
-    speculative_decode: int = 0  # decode batches holding speculative verification rows (either format)
-    verify_steps: int = 0  # AURA decode batches checked in verify mode
-    verify_max_abs: float = 0.0  # the largest |AURA - dense over the dequantized pages| seen
-
-    def reset(self) -> None:
-        for f in fields(self):
-            setattr(self, f.name, f.default)
-
-    def served(self) -> int:
-        """Batches served by either format."""
-        return self.dense_decode + self.dense_prefill + self.aura_decode + self.aura_prefill
-
-
-STATS = Stats()
 
 
 def register() -> None:

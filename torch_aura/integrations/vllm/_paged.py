@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..._checks.aura import packed_words
 from ...aura_cache import AuraTables, aura_tables
-from . import STATS
+from ._common import STATS
 
 _flash_decode_out = torch.ops.aura.flash_decode_out.default
 _flash_decode = torch.ops.aura.flash_decode.default

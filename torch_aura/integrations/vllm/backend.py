@@ -37,7 +37,8 @@ from vllm.v1.attention.backend import (  # noqa: E402
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills  # noqa: E402
 from vllm.v1.kv_cache_interface import AttentionSpec  # noqa: E402
 
-from . import SERVING_LOG_PREFIX, _compat  # noqa: E402
+from . import _compat  # noqa: E402
+from ._common import SERVING_LOG_PREFIX  # noqa: E402
 from ._env import Settings, settings  # noqa: E402
 from ._paged import AuraPages, BatchPlan, DensePages, aura_slot_bytes, plan_batch  # noqa: E402
 from ._support import BLOCK_MULTIPLE, DTYPES, head_dims, refusal, refusals  # noqa: E402

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-from . import BACKEND_PATH
+from ._common import BACKEND_PATH
 from ._env import VARIABLES, settings
 from ._support import refusal, refusals
 

@@ -1,0 +1,36 @@
+"""What every module of the plugin shares: its backend's import path, the INFO line's prefix, and the
+per-process counters :data:`STATS`. A leaf: imports neither vLLM nor the rest of the plugin, so the
+package's ``register()``, ``platform.py``, ``backend.py`` and ``_paged.py`` all import it and none of them
+imports the package back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+BACKEND_PATH = "torch_aura.integrations.vllm.backend.AuraAttentionBackend"
+SERVING_LOG_PREFIX = "torch_aura: serving"  # starts the INFO line that shows the plugin serving (README)
+
+
+@dataclass
+class Stats:
+    """Batches each path served in this process (one per layer per engine step)."""
+
+    dense_decode: int = 0
+    dense_prefill: int = 0
+    aura_decode: int = 0
+    aura_prefill: int = 0
+    speculative_decode: int = 0  # decode batches holding speculative verification rows (either format)
+    verify_steps: int = 0  # AURA decode batches checked in verify mode
+    verify_max_abs: float = 0.0  # the largest |AURA - dense over the dequantized pages| seen
+
+    def reset(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, f.default)
+
+    def served(self) -> int:
+        """Batches served by either format."""
+        return self.dense_decode + self.dense_prefill + self.aura_decode + self.aura_prefill
+
+
+STATS = Stats()
