@@ -107,10 +107,10 @@ _VARS = [
         "where the Triton kernels' tuned launch configs persist; 0 keeps them in the process only"),
     Var("TORCH_AURA_VLLM_KV_CACHE", "dense", _text, USER,
         "the vLLM plugin's KV cache format: dense or an AURA scheme aura{kb}v{vb}",
-        read="integrations/vllm/_env.py (parses it)"),
+        read="per engine, by integrations/vllm/_env.py (which parses the scheme)"),
     Var("TORCH_AURA_VLLM_VERIFY", "0", _text, USER,
         "1: each AURA decode step of the vLLM plugin is also run densely and the difference recorded",
-        read="integrations/vllm/_env.py (parses it)"),
+        read="per engine, by integrations/vllm/_env.py (which accepts 0 or 1)"),
     # ------------------------------------------------------------------ developers
     Var("TORCH_AURA_TUNE", "1", flag, DEVELOPER,
         "0 runs every Triton kernel's first config untuned (the GPU tests use it)"),

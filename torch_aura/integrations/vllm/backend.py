@@ -16,7 +16,7 @@ configuration before any engine process starts.
 from __future__ import annotations
 
 import logging
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -46,6 +46,21 @@ from ._support import BLOCK_MULTIPLE, DTYPES, head_dims, refusal, refusals  # no
 _log = logging.getLogger("vllm.torch_aura")
 
 
+class PageFormat(NamedTuple):
+    """What a KV page holds, resolved in one place (:func:`page_format`) for every hook below."""
+
+    settings: Settings
+    slot_bytes: int | None  # bytes of one token's K|V slot per KV head in an AURA page; None: dense pages
+
+
+def page_format(head_size: int) -> PageFormat:
+    """The page format of ``head_size`` under the plugin's settings (``TORCH_AURA_VLLM_KV_CACHE``)."""
+    s = settings()
+    if s.scheme is None:
+        return PageFormat(s, None)
+    return PageFormat(s, aura_slot_bytes(head_size, key_bits=s.scheme.key_bits, value_bits=s.scheme.value_bits))
+
+
 class AuraMetadataBuilder(AttentionMetadataBuilder[BatchPlan]):
     # Uniform one-token decode passes vLLM's persistent seq_lens / block table straight through.
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
@@ -55,7 +70,7 @@ class AuraMetadataBuilder(AttentionMetadataBuilder[BatchPlan]):
         # Speculative verification (query length 1 + k over a cache) runs as decode rows.
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
         self.block_size = kv_cache_spec.block_size
-        _announce(layer_names, kv_cache_spec, vllm_config, settings())
+        _announce(layer_names, kv_cache_spec, vllm_config, page_format(kv_cache_spec.head_size))
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> BatchPlan:
@@ -70,18 +85,18 @@ class AuraMetadataBuilder(AttentionMetadataBuilder[BatchPlan]):
                           block_size=self.block_size)
 
 
-def _announce(layer_names, spec: AttentionSpec, vllm_config, s: Settings) -> None:
+def _announce(layer_names, spec: AttentionSpec, vllm_config, fmt: PageFormat) -> None:
     """The INFO line that says the plugin serves: one per group of layers (vLLM builds a group's
     metadata builder once, when the engine binds its KV cache, before the first request)."""
     key = tuple(layer_names)
     model_dtype = vllm_config.model_config.dtype if vllm_config is not None else spec.dtype
     dense_bytes = 2 * spec.head_size * torch.empty((), dtype=model_dtype).element_size()
-    if s.scheme is None:
+    slot = fmt.slot_bytes
+    if slot is None:
         what = f"dense, {dense_bytes} bytes per token and KV head ({str(model_dtype).removeprefix('torch.')})"
     else:
-        slot = aura_slot_bytes(spec.head_size, *s.scheme)
-        what = (f"{s.kv_cache}, {slot} bytes per token and KV head, {dense_bytes / slot:.2f}x the tokens of "
-                f"{str(model_dtype).removeprefix('torch.')}")
+        what = (f"{fmt.settings.kv_cache}, {slot} bytes per token and KV head, {dense_bytes / slot:.2f}x the "
+                f"tokens of {str(model_dtype).removeprefix('torch.')}")
     _log.info("%s %d attention layers with the CUSTOM backend (KV cache %s; layers %s)", SERVING_LOG_PREFIX,
               len(key), what, ", ".join(key) if len(key) <= 4 else f"{key[0]} .. {key[-1]}")
 
@@ -99,7 +114,8 @@ class AuraAttentionImpl(AttentionImpl):
                  alibi_slopes=None, sliding_window=None, kv_cache_dtype: str = "auto",
                  logits_soft_cap=None, attn_type: str = AttentionType.DECODER,
                  kv_sharing_target_layer_name=None, sinks=None, **unsupported) -> None:
-        self.settings = settings()
+        self.format = page_format(head_size)  # the same resolution as the spec vLLM sized the pages by
+        self.settings = self.format.settings
         reasons = refusals(self.settings, head_size=head_size, kv_cache_dtype=kv_cache_dtype,
                            attn_type=attn_type, alibi=_asked(alibi_slopes), has_sink=_asked(sinks),
                            sliding_window=sliding_window if _asked(sliding_window) else None,
@@ -114,7 +130,7 @@ class AuraAttentionImpl(AttentionImpl):
         if self.settings.scheme is None:
             config = get_current_vllm_config_or_none()
             rows = config.scheduler_config.max_num_batched_tokens if config else 8192
-            self.pages = DensePages(num_heads, head_size, self.scale, max_rows=rows)
+            self.pages = DensePages(num_heads=num_heads, head_dim=head_size, scale=self.scale, max_rows=rows)
         else:
             self.pages = None  # AURA: the sign masks need the layer index, known at the first call
 
@@ -122,7 +138,9 @@ class AuraAttentionImpl(AttentionImpl):
         if self.pages is None:
             from vllm.model_executor.models.utils import extract_layer_index
 
-            self.pages = AuraPages(self.num_heads, self.head_size, self.scale, *self.settings.scheme,
+            bits = self.settings.scheme
+            self.pages = AuraPages(num_heads=self.num_heads, head_dim=self.head_size, scale=self.scale,
+                                   key_bits=bits.key_bits, value_bits=bits.value_bits,
                                    layer=extract_layer_index(layer.layer_name), verify=self.settings.verify)
         return self.pages
 
@@ -184,9 +202,8 @@ class AuraAttentionBackend(AttentionBackend):
     @staticmethod
     def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
         """vLLM 0.24: the same per-layer view as ``LBNHC`` above (read through the stride order)."""
-        s = settings()
-        slot = aura_slot_bytes(head_size, *s.scheme) if s.is_aura else None
-        return _compat.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, slot)
+        return _compat.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size,
+                                      slot_bytes=page_format(head_size).slot_bytes)
 
     @staticmethod
     def get_kv_cache_stride_order(include_num_layers_dimension: bool = False):
@@ -197,11 +214,11 @@ class AuraAttentionBackend(AttentionBackend):
 
     @classmethod
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
-        s = settings()
         if spec.head_size_v != spec.head_size:  # the pages hold K and V rows of one head dim
             raise refusal([f"K head size {spec.head_size} and V head size {spec.head_size_v}: the CUSTOM "
                            "backend needs equal K and V head sizes; drop --attention-backend CUSTOM to serve "
                            "it with vLLM's own attention backend"])
-        if s.scheme is None or _compat.is_compressed(spec):
+        slot = page_format(spec.head_size).slot_bytes
+        if slot is None or _compat.is_compressed(spec):
             return spec
-        return _compat.compressed_spec(spec, aura_slot_bytes(spec.head_size, *s.scheme))
+        return _compat.compressed_spec(spec, slot_bytes=slot)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import warnings
 
+from ... import _env as _table
 from ._common import BACKEND_PATH
 from ._env import VARIABLES, settings
 from ._support import refusal, refusals
@@ -123,13 +124,11 @@ def check_engine_config(vllm_config) -> None:
 def _warn_unused() -> None:
     """Once per process: the plugin's variables do nothing without ``--attention-backend CUSTOM``."""
     global _warned_unused
-    import os
-
-    present = [name for name in VARIABLES if name in os.environ]
+    present = [name for name in VARIABLES if _table.is_set(name)]
     if _warned_unused or not present:
         return
     _warned_unused = True
-    text = ", ".join(f"{name}={os.environ[name]!r}" for name in present)
+    text = ", ".join(f"{name}={_table.get(name)!r}" for name in present)
     try:
         settings()
         invalid = ""
