@@ -229,7 +229,10 @@ class AuraCache:
 
     Args:
         scheme: ``"aura{kb}v{vb}"`` (``"aura4v2"``, ``"aura8v4"``) or ``"aura{b}"`` (= ``aura{b}v{b}``),
-            bits in {2, 3, 4, 8}.
+            bits in {2, 3, 4, 8}; or a list of one scheme per KV head (heads grouped by scheme, one
+            store and one decode per group, docs/aura-quality.md §3); or ``"auto"``: each head's
+            scheme chosen at the first ``append`` (which then needs ``queries``) by
+            :func:`plan_schemes` within ``bits_per_coordinate``.
         batch: number of sequences B.
         kv_heads: KV heads Hkv.
         head_dim: D in {64, 128, 256, 512}.
@@ -247,12 +250,21 @@ class AuraCache:
             by their lse (``merge_attn_states``), all on the device.
         dtype: dtype of the exact sink/recent tokens (the model's; default: that of the first
             ``append``).
+        rollback_tokens: spare ring slots, so a ``crop`` of up to this many tokens restores the
+            exact window (speculative decoding; ``reserve_rollback`` adds more later).
+        bits_per_coordinate, candidates: the budget (mean bits per K/V coordinate, codes + norms,
+            :func:`scheme_bits`) and the choices of ``scheme="auto"`` (default ``AUTO_CANDIDATES``).
 
     Attributes:
         k_codes, v_codes: int32 code tensors; k_norms, v_norms: fp32 norm tensors (zero-initialised:
             a zero cache is valid and decodes to zeros). ``select_rows`` and ``grow`` replace them
             (and ``seq_lens``) with new tensors.
-        seq_lens: int32 ``[B]`` live tokens per sequence, on the device.
+        seq_lens: int32 ``[B]`` live tokens per sequence, on the device (a per-head cache: its
+            first group's; every group holds the same lengths).
+        schemes: the scheme of each KV head (None until ``"auto"`` chose); ``bytes_per_token()``
+            and ``bits_per_token_coordinate()`` what a token costs; ``head_errors``: ``"auto"``'s
+            fp64 ``[Hkv, len(candidates)]`` measured errors. A per-head cache has no ``k_codes`` /
+            ``key_bits`` of its own (its groups, plain caches, do).
         batch, capacity: current B and tokens per sequence (``select_rows`` / ``grow`` change them).
         k_codebook, k_boundaries, v_codebook, v_boundaries, k_sign_mask, v_sign_mask: the tables.
 
@@ -480,7 +492,14 @@ class AuraCache:
 
     def bytes_per_token(self) -> int:
         """Compressed bytes one token of one row takes in this layer: K and V codes and fp32 norms
-        of every KV head (the exact sinks/window are a fixed extra, in ``memory_bytes``)."""
+        of every KV head (the exact sinks/window are a fixed extra, in ``memory_bytes``).
+
+        Example:
+            >>> import torch_aura
+            >>> cache = torch_aura.AuraCache(["aura8v4", "aura4"], batch=1, kv_heads=2, head_dim=64, capacity=8)
+            >>> cache.schemes, cache.bytes_per_token(), cache.bits_per_token_coordinate()
+            (['aura8v4', 'aura4'], 176, 5.5)
+        """
         D = self.head_dim
         return sum(4 * (packed_words(D, kb) + packed_words(D, vb)) + 8
                    for kb, vb in (parse_scheme(s) for s in self.schemes))
