@@ -16,8 +16,9 @@ def _ids(B, P, seed):
     return torch.randint(1, 128, (B, P), generator=torch.Generator().manual_seed(seed))
 
 
-def _generate(model, ids, cache, new, **kwargs):
-    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+def _generate(model, ids, cache, new, attention_mask=None, **kwargs):
+    mask = torch.ones_like(ids) if attention_mask is None else attention_mask
+    return model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
                           do_sample=False, pad_token_id=0, cache=cache, **kwargs)
 
 
@@ -75,3 +76,16 @@ def test_crop_of_a_verified_chunk_restores_the_window_exactly(hf_transformers, t
         a = llama(nxt, cache=rolled, use_cache=True).logits
         b = llama(nxt, cache=straight, use_cache=True).logits
     assert (a - b).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("window", [(0, 0), (2, 4)])
+def test_compressed_prefill_of_a_left_padded_batch_equals_each_row_alone(hf_transformers, tat, llama, window):
+    S, W = window
+    kw = dict(scheme="aura4v2", sink_tokens=S, recent_tokens=W, exact_prefill=False)
+    long, short = _ids(1, 11, 11), _ids(1, 7, 12)
+    ids = torch.cat([long, torch.cat([torch.zeros(1, 4, dtype=torch.long), short], 1)])
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    batch = _generate(llama, ids, tat.AuraKVCache(llama.config, **kw), new=8, attention_mask=mask)
+    alone = _generate(llama, short, tat.AuraKVCache(llama.config, **kw), new=8)
+    assert torch.equal(batch[1, 11:], alone[0, 7:])
