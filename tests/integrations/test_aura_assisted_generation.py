@@ -89,3 +89,31 @@ def test_compressed_prefill_of_a_left_padded_batch_equals_each_row_alone(hf_tran
     batch = _generate(llama, ids, tat.AuraKVCache(llama.config, **kw), new=8, attention_mask=mask)
     alone = _generate(llama, short, tat.AuraKVCache(llama.config, **kw), new=8)
     assert torch.equal(batch[1, 11:], alone[0, 7:])
+
+
+def test_a_long_chunk_over_a_window_takes_one_launch_not_a_step_per_token(hf_transformers, tat, llama):
+    """Past ``_STEPWISE_MAX`` tokens (a compressed prefill, a new chat turn) a chunk over an exact window
+    is attended in one causal decode with the chunk's final window: one decode call per layer, not one
+    per token; a short chunk (draft verification) still takes one step per token."""
+    from torch_aura.integrations.transformers import cache as tcache
+
+    L = tcache._STEPWISE_MAX + 7
+    ids = _ids(1, L, 13)
+    cache = tat.AuraKVCache(llama.config, scheme="aura4v2", sink_tokens=2, recent_tokens=8, exact_prefill=False)
+    calls = []
+    with torch.no_grad():
+        llama(ids[:, :4], cache=cache, use_cache=True)  # the layers exist from here on
+        for layer in cache.aura_layers:
+            decode = layer.aura.decode
+            layer.aura.decode = lambda *a, _d=decode, **k: (calls.append(1), _d(*a, **k))[1]
+        llama(ids[:, 4:], cache=cache, use_cache=True)
+    assert len(calls) == len(cache.aura_layers), calls
+    short = tat.AuraKVCache(llama.config, scheme="aura4v2", sink_tokens=2, recent_tokens=8, exact_prefill=False)
+    with torch.no_grad():  # a short chunk still goes one step per token (draft verification)
+        llama(ids[:, :4], cache=short, use_cache=True)
+        calls.clear()
+        for layer in short.aura_layers:
+            decode = layer.aura.decode
+            layer.aura.decode = lambda *a, _d=decode, **k: (calls.append(1), _d(*a, **k))[1]
+        llama(ids[:, 4:9], cache=short, use_cache=True)
+    assert len(calls) == 5 * len(short.aura_layers)

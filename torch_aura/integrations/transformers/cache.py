@@ -53,6 +53,9 @@ from .attention import LAYER_KEY, NAME, sdpa_attention_forward
 _GRANULE = 256  # capacity is a multiple of this many tokens (aura_decode's reference block)
 _AUTO_QUERIES = 32  # the prefill's last queries that scheme="auto" measures each head with
 _PREFILL_ROLLBACK = 64  # rollback slots a recorded prefill keeps: assisted generation's first drafts ride on it
+# longest chunk over an exact window attended one token at a time (draft verification); a longer one (a
+# compressed prefill, a new chat turn) takes one launch with the chunk's final window, not L decode steps
+_STEPWISE_MAX = 64
 _ENABLE = "call torch_aura.integrations.transformers.enable(model) first"
 
 
@@ -256,7 +259,7 @@ class AuraKVLayer(CacheLayerMixin):
             self._mark_static()  # "auto" allocates its stores here
             return sdpa_attention_forward(module, query, k, v, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)[0]
-        if L > 1 and self.aura.windowed:
+        if 1 < L <= _STEPWISE_MAX and self.aura.windowed:
             return self._attend_token_by_token(query, k_rows, v_rows, lengths if prefill else None, scaling)
         if prefill:
             last = query[:, :, -min(L, _AUTO_QUERIES):].transpose(1, 2)
@@ -269,9 +272,9 @@ class AuraKVLayer(CacheLayerMixin):
         return out.unsqueeze(1) if L == 1 else out
 
     def _attend_token_by_token(self, query, k_rows, v_rows, lengths, scaling) -> torch.Tensor:
-        """A chunk over an exact window, one decode step per token: each query sees the window it
-        would have seen had its tokens come one at a time (the cache's own causal form attends the
-        chunk's final window), so the output does not depend on the chunking."""
+        """A chunk of at most ``_STEPWISE_MAX`` tokens over an exact window, one decode step per token:
+        each query sees the window it would have seen had its tokens come one at a time (the cache's
+        own causal form attends the chunk's final window), so verified drafts match greedy decoding."""
         B, L = k_rows.shape[:2]
         if self.aura.schemes is None:  # "auto" chooses from the whole chunk first
             self.aura.choose_schemes(k_rows, v_rows, query[:, :, -min(L, _AUTO_QUERIES):].transpose(1, 2), scaling,
