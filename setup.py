@@ -91,13 +91,13 @@ def _cpu_extension():
 
 def _mps_extension(torch):
     """The Objective-C++ host (csrc/mps/*.mm) with the portable launch plans (csrc/mps/plan) and
-    the shaders embedded as source (tools/embed_metal.py, compiled by Metal at first use)."""
+    the shaders embedded as source (csrc/mps/embed_metal.py, compiled by Metal at first use)."""
     sources = _sources("csrc/mps/*.mm")
     if sys.platform != "darwin" or torch is None or not sources or not torch.backends.mps.is_built():
         return None
     from torch.utils.cpp_extension import CppExtension
 
-    embed = _load("embed_metal", os.path.join("tools", "embed_metal.py"))
+    embed = _load("embed_metal", os.path.join("csrc", "mps", "embed_metal.py"))
     generated = os.path.join(ROOT, "build", "aura_generated")
     embed.write_header(__import__("pathlib").Path(generated) / "aura_shader_sources.h")
     # _C_mps uses ordinary ATen (the stable ABI has no MPS surface): it is tied to this torch

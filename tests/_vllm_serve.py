@@ -16,7 +16,8 @@ import torch
 VOCAB = 256
 PROMPT_LENGTHS = (5, 40, 77, 130)  # the tests' prompts: up to 170 tokens with 40 generated, 6 blocks of 32
 NEW_TOKENS = 40
-# What vLLM needs to start offline on 2 CPU cores (integrations.md §2): no network, in-process.
+# What vLLM needs to start offline on 2 CPU cores: no network, no usage report, the engine in this process
+# (tests/vllm_plugin/run.sh exports the first three for the README's serve block).
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
 

@@ -62,7 +62,7 @@ def test_setup_builds_the_host_with_the_plans_on_macos_only():
 
 
 def _embed():
-    spec = importlib.util.spec_from_file_location("embed_metal", REPO / "tools" / "embed_metal.py")
+    spec = importlib.util.spec_from_file_location("embed_metal", REPO / "csrc" / "mps" / "embed_metal.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[3]
-_spec = importlib.util.spec_from_file_location("embed_metal", REPO / "tools" / "embed_metal.py")
+_spec = importlib.util.spec_from_file_location("embed_metal", REPO / "csrc" / "mps" / "embed_metal.py")
 embed = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(embed)
 
