@@ -431,13 +431,19 @@ class AuraCache:
     def _query_index(self, Hq: int):
         """Per group, the query heads of its KV heads (GQA: h * G ... h * G + G - 1), and the inverse
         permutation that puts the groups' concatenated outputs back in head order."""
-        if Hq not in self._q_index:
-            G, dev = Hq // self.kv_heads, self._dev
-            sel = [[h * G + g for h in heads for g in range(G)] for heads in self._heads]
-            inv = torch.empty(Hq, dtype=torch.int64)
-            inv[torch.tensor([j for one in sel for j in one])] = torch.arange(Hq)
-            self._q_index[Hq] = ([torch.tensor(one, dtype=torch.int64, device=dev) for one in sel], inv.to(dev))
-        return self._q_index[Hq]
+        if Hq in self._q_index:
+            return self._q_index[Hq]
+        G, dev = Hq // self.kv_heads, self._dev
+        sel = [[h * G + g for h in heads for g in range(G)] for heads in self._heads]
+        order = [j for one in sel for j in one]
+        inv = [0] * Hq
+        for position, head in enumerate(order):
+            inv[head] = position
+        built = ([torch.tensor(one, dtype=torch.int64, device=dev) for one in sel],
+                 torch.tensor(inv, dtype=torch.int64, device=dev))
+        if not torch.compiler.is_compiling():  # a store inside a traced step changes a guarded dict: a retrace
+            self._q_index[Hq] = built
+        return built
 
     def choose_schemes(self, k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor | None,
                        query_scale: float | None = None, lengths: torch.Tensor | None = None,

@@ -117,6 +117,27 @@ def test_compiled_decode_traces_once_and_equals_eager(hf_transformers, tat, fami
     assert torch.equal(eager.argmax(-1), own.argmax(-1))
 
 
+# per-head lists (one store and one decode per distinct scheme) and "auto" (chosen at the eager prefill)
+MIXED_SCHEMES = {"per-layer-per-head": [["aura8v4", "aura4"], "aura4v2"], "auto": "auto"}
+
+
+@pytest.mark.parametrize("kind", list(MIXED_SCHEMES))
+def test_compiled_decode_with_mixed_schemes_traces_once(hf_transformers, tat, kind):
+    model = tiny_llama(hf_transformers)
+    extra = {"bits_per_coordinate": 4.5} if kind == "auto" else {}
+    tat.enable(model)
+    try:
+        graphs, breaks, cache, _ = _compiled_decode(model, lambda: tat.AuraKVCache(
+            model, scheme=MIXED_SCHEMES[kind], max_cache_len=64, **extra))
+    finally:
+        tat.disable(model)
+    assert not breaks and len(graphs) == 1, (breaks, len(graphs))
+    assert all(s is not None and len(s) == 2 for s in cache.schemes), cache.schemes
+    if kind != "auto":
+        assert cache.schemes == [["aura8v4", "aura4"], ["aura4v2", "aura4v2"]]
+    assert _calls(graphs, "scaled_dot_product") == 0
+
+
 @pytest.mark.parametrize("cache_kind", ["static", "aura8"])
 @pytest.mark.parametrize("family", ["llama", "qwen3_next"])
 def test_generate_with_compile_config_traces_once(hf_transformers, tat, family, cache_kind, transformers_torch_gdn):
