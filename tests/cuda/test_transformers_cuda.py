@@ -104,7 +104,11 @@ def _left_padded_steps(model, cache, forward, steps=12, prompt=10, pad=3, capaci
     return torch.stack(logits)
 
 
-@pytest.mark.parametrize("cache_kind", ["static", "aura8"])
+# "mixed": one scheme per KV head (both models have two) in every layer: a store and a decode per scheme
+MIXED = ["aura8v4", "aura4"]
+
+
+@pytest.mark.parametrize("cache_kind", ["static", "aura8", "mixed"])
 @pytest.mark.parametrize("family", ["llama", "qwen3_next"])
 def test_compiled_decode_is_a_cuda_graph(tat, caplog, family, cache_kind):
     """issue 39: a left-padded batch's decode step under torch.compile(mode="reduce-overhead",
@@ -122,7 +126,8 @@ def test_compiled_decode_is_a_cuda_graph(tat, caplog, family, cache_kind):
         def cache():
             if cache_kind == "static":
                 return transformers.StaticCache(config=model.config, max_cache_len=64)
-            return tat.AuraKVCache(model, scheme=cache_kind, max_cache_len=64)
+            scheme = [MIXED] * model.config.num_hidden_layers if cache_kind == "mixed" else cache_kind
+            return tat.AuraKVCache(model, scheme=scheme, max_cache_len=64)
 
         torch._dynamo.reset()
         counters.clear()
