@@ -11,8 +11,6 @@ decode; here codes are expanded a tile at a time through a byte table and stay i
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
-
 import torch
 
 from ..reference import aura as ref
@@ -71,15 +69,6 @@ def aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_c
                            block_table, scale, num_splits)
 
 
-class Kernels(NamedTuple):
-    """The kernels ``reference.aura.decode_with`` and ``write_cache_with`` compose, by name."""
-
-    aura_encode: Callable
-    hadamard_rotate: Callable
-    aura_flash_p1: Callable
-    aura_flash_p2: Callable
-
-
 # this module's native kernels, handed to the reference's plans (aura_decode, aura_write_cache above)
-NATIVE = Kernels(aura_encode=aura_encode, hadamard_rotate=hadamard_rotate, aura_flash_p1=aura_flash_p1,
-                 aura_flash_p2=aura_flash_p2)
+NATIVE = ref.Kernels(aura_encode=aura_encode, hadamard_rotate=hadamard_rotate, aura_flash_p1=aura_flash_p1,
+                     aura_flash_p2=aura_flash_p2)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -202,8 +201,18 @@ def aura_encode(x, codebook, boundaries, bits, sign_mask=None):
 def aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits,
                      sign_mask=None, paged=False):
     """Encode ``x [N, Hkv, D]`` and scatter row n to ``slot_mapping[n]``; slot < 0 skips the row."""
-    return write_cache_with(sys.modules[__name__], x, codes_cache, norms_cache, slot_mapping, codebook,
+    return write_cache_with(REFERENCE, x, codes_cache, norms_cache, slot_mapping, codebook,
                             boundaries, bits, sign_mask, paged)
+
+
+class Kernels(NamedTuple):
+    """The kernels :func:`decode_with` and :func:`write_cache_with` compose, by name: this module's
+    references (``REFERENCE``, defined at the end) or a backend's own (``cpu/aura.py``'s ``NATIVE``)."""
+
+    aura_encode: Callable
+    hadamard_rotate: Callable
+    aura_flash_p1: Callable
+    aura_flash_p2: Callable
 
 
 def write_cache_with(ops, x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits,
@@ -415,7 +424,7 @@ def aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_c
                 k_sign_mask, v_sign_mask, key_bits, value_bits, block_table=None, scale=None,
                 num_splits=0):
     """Rotate q with Pi_K (softmax scale folded in), pass 1, pass 2 with the fused un-rotation."""
-    return decode_with(sys.modules[__name__], q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
+    return decode_with(REFERENCE, q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
                        v_codebook, k_sign_mask, v_sign_mask, key_bits, value_bits, block_table, scale,
                        num_splits)
 
@@ -435,3 +444,8 @@ def decode_with(ops, q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook
     o, m, l = ops.aura_flash_p1(q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
                                 v_codebook, key_bits, value_bits, block_table, bs)
     return ops.aura_flash_p2(o, m, l, v_sign_mask, q.dtype)
+
+
+# the references as the kernel table of the plans above
+REFERENCE = Kernels(aura_encode=aura_encode, hadamard_rotate=hadamard_rotate, aura_flash_p1=aura_flash_p1,
+                    aura_flash_p2=aura_flash_p2)
