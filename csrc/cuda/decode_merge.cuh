@@ -30,14 +30,23 @@ __device__ __forceinline__ float4 load4_merge(const TI* x) {
   }
 }
 
-// One CTA per (b, query head, 128-dim chunk): the log-sum-exp merge of decode.md §5. The merge is
-// latency-bound, so it counts round trips: warp w loads splits w, w + 4, ... U at once, the first U
-// together with the lse values (at batch 1 the whole merge is one round trip). Dims in 128-wide
-// chunks give a long D more CTAs (decode.md §13).
-// A split with lse = -inf has weight 0 and its partial, possibly stale or NaN, is dropped by a select;
-// a NaN lse (NaN/Inf in the data) makes the whole row NaN, as one split would
-// (past each warp's first U splits it is not even loaded). With no live split out = 0, lse = -inf
-// (exp(-inf - -inf) would be NaN).
+// acc += w[u] * v[u] over a group of U splits; dead splits (w = 0) dropped by a select: their rows may be NaN.
+template <int U>
+__device__ __forceinline__ void accumulate_group(const float (&wu)[U], const float4 (&v)[U], float4& acc) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (wu[u] > 0.f) {
+      acc.x = fmaf(wu[u], v[u].x, acc.x);
+      acc.y = fmaf(wu[u], v[u].y, acc.y);
+      acc.z = fmaf(wu[u], v[u].z, acc.z);
+      acc.w = fmaf(wu[u], v[u].w, acc.w);
+    }
+  }
+}
+
+// One CTA per (b, query head, 128-dim chunk). Latency-bound, so it counts round trips: each warp's first
+// U partials load with the lse values (decode.md §5). A split with lse = -inf is dropped by a select (its
+// partial may be stale NaN); a NaN lse makes the row NaN; no live split gives out = 0, lse = -inf.
 template <typename TI, typename TO, bool VEC>
 __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const MergeParams p) {
   // the same 8 float4 loads in flight per lane (half that for 16-bit partials: 4 scalar loads each)
@@ -129,15 +138,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
       } else {
         load_group(s0, i0, live, v);  // later groups: dead splits are never loaded
       }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {  // dead splits (w = 0) dropped by a select: their rows may be NaN
-        if (wu[u] > 0.f) {
-          acc.x = fmaf(wu[u], v[u].x, acc.x);
-          acc.y = fmaf(wu[u], v[u].y, acc.y);
-          acc.z = fmaf(wu[u], v[u].z, acc.z);
-          acc.w = fmaf(wu[u], v[u].w, acc.w);
-        }
-      }
+      accumulate_group<U>(wu, v, acc);
     }
   }
   wsum = warp_sum(wsum);

@@ -11,19 +11,11 @@ namespace aura {
 #define AURA_DECODE_MAX_STAGES 4  // (experiments override it: tools/decode_timeline.cu)
 #endif
 
-// --------------------------------------------------------------- tensor-core kernel (fp16, bf16)
-// Warp-split design (decode.md §3): warps own interleaved 16-token steps with private rings and keep
-// their softmax state in registers, so the main loop has no CTA barrier; they merge once at the end.
-//   QK:  S^T [16 tok x 8 heads]  = K [16 x D] . Q^T        (K from ldmatrix)
-//   PV:  O^T [D x 8 heads]      += V^T [D x 16 tok] . P^T   (P transposed in registers by movmatrix)
-// Heads on the MMA's n (8 wide), not m (16): half the MMAs of a GQA-4/8 group, and P stays in registers.
+// QK: S^T [16 tok x 8 heads] = K . Q^T; PV: O^T [D x 8 heads] += V^T . P^T. Heads on the MMA's n (8 wide):
+// half the MMAs of a GQA-4/8 group, and P stays in registers.
 
-// The end-of-split merge: warp w's output for head g, dim d at [w][g][kMergeRow] + merge_col(g, d).
-// A fragment store (fixed m-tile, head tile, register) has its 32 lanes on heads 2 (lane % 4) + e
-// and dims lane / 4 + const; XORing bits 3-4 of d with (g / 2) % 4 gives those 32 lanes 32 banks,
-// and 32 consecutive dims of one head (the reduction's reads) stay a permutation of one 32-dim run.
-// Rows are D floats when D is a multiple of 32, else 112 for D = 80 (split_merge_conflict_free
-// checks every instantiation).
+// Row stride (floats) of the end-of-split merge buffer; merge_col swizzles a row's dims so fragment
+// stores and the reduction's reads are conflict-free (split_merge_conflict_free checks it).
 template <int D>
 constexpr int kMergeRow = D % 32 == 0 ? D : (D + 31) / 32 * 32 + 16;
 
@@ -103,8 +95,7 @@ struct MmaSmem {
 };
 
 // q of the CTA's heads as one cp.async group, the CTA's first request: issued later, it queues behind
-// the whole grid's prefetch (decode.md §13). A q view the 16-byte copies cannot move is copied
-// element by element later (run_split_mma).
+// the whole grid's prefetch (decode.md §13). Other q views: stage_q_elementwise.
 template <typename T, int D, int NHT, int THREADS = WarpSplitShape<T, D>::kWarps * 32>
 __device__ __forceinline__ void stage_q_async(const DecodeParams& p, const SplitWork& w, T* qs) {
   using Shape = WarpSplitShape<T, D>;
@@ -144,6 +135,172 @@ __device__ __forceinline__ void init_ring_barriers(uint64_t* bars) {
   }
 }
 
+// Element offset of (token row r, dim c) in a K or V tile of the ring: swizzled tile copies, or padded rows.
+template <int ROW, bool TILES>
+__device__ __forceinline__ int ring_elem(int r, int c) { return TILES ? tile_off(r, c) : r * ROW + c; }
+
+// B fragments of q for the whole split (rows = heads, 16 k-values of D per step), where they fit in
+// registers (QREGS); otherwise compute_scores reads them per step.
+template <typename T, int D, int NHT, bool QREGS>
+__device__ __forceinline__ void load_q_fragments(const T* qs, int qb_row, int qb_col,
+                                                 uint32_t (&qreg)[QREGS ? NHT : 1][QREGS ? D / 16 : 1][2]) {
+  constexpr int ROW = WarpSplitShape<T, D>::kRow;
+  if constexpr (QREGS) {
+#pragma unroll
+    for (int n = 0; n < NHT; ++n)
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t b[2];
+        ldmatrix_x2(b, qs + (n * 8 + qb_row) * ROW + ks * 16 + qb_col);
+        qreg[n][ks][0] = b[0], qreg[n][ks][1] = b[1];
+      }
+  }
+}
+
+// QK of one step: S^T [16 tokens x 8 heads] per head tile, two accumulator chains so consecutive MMAs
+// do not wait on each other.
+template <typename T, int D, int NHT, bool TILES, bool QREGS>
+__device__ __forceinline__ void compute_scores(const T* kt, const T* qs,
+                                               const uint32_t (&qreg)[QREGS ? NHT : 1][QREGS ? D / 16 : 1][2],
+                                               int a_row, int a_col, int qb_row, int qb_col, float (&s)[NHT][2][4]) {
+  constexpr int ROW = WarpSplitShape<T, D>::kRow;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t a[4];
+    ldmatrix_x4(a, kt + ring_elem<ROW, TILES>(a_row, ks * 16 + a_col));
+#pragma unroll
+    for (int n = 0; n < NHT; ++n) {
+      uint32_t b0, b1;
+      if constexpr (QREGS) {
+        b0 = qreg[n][ks][0], b1 = qreg[n][ks][1];
+      } else {
+        uint32_t b[2];
+        ldmatrix_x2(b, qs + (n * 8 + qb_row) * ROW + ks * 16 + qb_col);
+        b0 = b[0], b1 = b[1];
+      }
+      mma_16816<T>(s[n][ks & 1], a, b0, b1);
+    }
+  }
+}
+
+// O *= each head column's alpha (called only when some running max moved).
+template <int KS, int NHT>
+__device__ __forceinline__ void rescale_output(float (&o)[KS][NHT][4], const float (&alpha)[NHT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+    for (int n = 0; n < NHT; ++n) {
+      o[mt][n][0] *= alpha[n][0], o[mt][n][1] *= alpha[n][1];
+      o[mt][n][2] *= alpha[n][0], o[mt][n][3] *= alpha[n][1];
+    }
+}
+
+// PV of one step: O^T [D x 8 heads] += V^T [D x 16 tokens] . P^T.
+template <typename T, int D, int NHT, bool TILES>
+__device__ __forceinline__ void accumulate_pv(const T* vt, const uint32_t (&pb)[NHT][2], int v_row, int v_col,
+                                              float (&o)[D / 16][NHT][4]) {
+  constexpr int ROW = WarpSplitShape<T, D>::kRow;
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) {
+    uint32_t a[4];
+    ldmatrix_x4_trans(a, vt + ring_elem<ROW, TILES>(v_row, mt * 16 + v_col));
+#pragma unroll
+    for (int n = 0; n < NHT; ++n) mma_16816<T>(o[mt][n], a, pb[n][0], pb[n][1]);
+  }
+}
+
+// Each lane summed its own token rows: a head column's l over the warp.
+template <int D, int NHT>
+__device__ __forceinline__ void sum_row_shares(float (&l_run)[NHT][2]) {
+#pragma unroll
+  for (int n = 0; n < NHT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 4);
+      l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 8);
+      l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 16);
+    }
+}
+
+// f(head g, dim d, value, l of head g) for every accumulator of this lane's O^T fragments.
+template <int D, int NHT, typename F>
+__device__ __forceinline__ void each_fragment(const float (&o)[D / 16][NHT][4], const float (&l_run)[NHT][2], int lane,
+                                              F&& f) {
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt)
+#pragma unroll
+    for (int n = 0; n < NHT; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        f(n * 8 + 2 * (lane & 3) + (c & 1), mt * 16 + (lane >> 2) + 8 * (c >> 1), o[mt][n][c], l_run[n][c & 1]);
+}
+// f(head g, m, l) for the head columns this lane's quad holds (lanes 0-3 speak for the warp).
+template <int NHT, typename F>
+__device__ __forceinline__ void each_head_state(const float (&m_run)[NHT][2], const float (&l_run)[NHT][2], int lane,
+                                                F&& f) {
+  if (lane < 4) {
+#pragma unroll
+    for (int n = 0; n < NHT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) f(n * 8 + 2 * lane + e, m_run[n][e], l_run[n][e]);
+  }
+}
+
+// The split's result from a one-warp CTA (D = 512; l >= 1, the split is live). A partial is staged in
+// the drained ring and stored as 16-byte rows, faster than fragment stores (decode.md §13).
+template <typename T, int D, int NHT>
+__device__ __forceinline__ void write_warp_result(const DecodeParams& p, const SplitWork& w, unsigned char* smem_raw,
+                                                  const float (&m_run)[NHT][2], const float (&l_run)[NHT][2],
+                                                  const float (&o)[D / 16][NHT][4], int lane) {
+  constexpr int NS = WarpSplitShape<T, D>::kStages, TILE = MmaSmem<T, D>::kTile;
+  const int nh = w.nh;
+  if (p.S != 1) {
+    static_assert(D % 32 == 0 && 8 * NHT * D * sizeof(float) <= NS * 2 * TILE * sizeof(T), "staging area");
+    float* ow = reinterpret_cast<float*>(smem_raw);  // [8 NHT][D]
+    __syncwarp();  // every lane's last ldmatrix reads of the ring come before the staging writes
+    each_fragment<D, NHT>(o, l_run, lane, [&](int g, int d, float v, float l) { ow[g * D + merge_col(g, d)] = v / l; });
+    __syncwarp();
+    store_staged_partial<D>(p, w, ow, lane, 32);
+  } else {
+    each_fragment<D, NHT>(o, l_run, lane, [&](int g, int d, float v, float l) {
+      if (g < nh) store_value<T>(p, w, g, d, v / l);
+    });
+  }
+  AURA_PHASE(5);
+  each_head_state<NHT>(m_run, l_run, lane, [&](int g, float m, float l) {
+    if (g < nh) store_head_lse(p, w, g, m, l);
+  });
+}
+
+// The split's result from W > 1 warps: their states merge (decode.md §5 within the CTA) through the
+// drained ring, [W][16][kMergeRow] o (dims swizzled by merge_col), then m, l and weights.
+template <typename T, int D, int NHT>
+__device__ __forceinline__ void merge_warp_results(const DecodeParams& p, const SplitWork& w, unsigned char* smem_raw,
+                                                   const float (&m_run)[NHT][2], const float (&l_run)[NHT][2],
+                                                   const float (&o)[D / 16][NHT][4], int lane, int warp) {
+  constexpr int W = WarpSplitShape<T, D>::kWarps;
+  const int nh = w.nh;
+  __syncthreads();  // every warp is done with the ring
+  constexpr int OROW = kMergeRow<D>;
+  static_assert(split_merge_conflict_free<D, NHT>(), "end-of-split merge layout");
+  float* ow = reinterpret_cast<float*>(smem_raw);
+  const WarpStates<W, 16> st{ow + W * 16 * OROW, ow + W * 16 * OROW + W * 16, ow + W * 16 * OROW + 2 * W * 16};
+  each_head_state<NHT>(m_run, l_run, lane, [&](int g, float m, float l) { st.m[warp * 16 + g] = m, st.l[warp * 16 + g] = l; });
+  each_fragment<D, NHT>(o, l_run, lane, [&](int g, int d, float v, float) { ow[(warp * 16 + g) * OROW + merge_col(g, d)] = v; });
+  __syncthreads();
+  AURA_PHASE(5);
+  st.weigh();
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * D; idx += W * 32) {
+    const int g = idx / D, d = idx % D;
+    float acc = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < W; ++wi) acc += st.weight(wi, g) * ow[(wi * 16 + g) * OROW + merge_col(g, d)];
+    store_value<T>(p, w, g, d, acc / st.row_sum(g));
+  }
+  for (int g = threadIdx.x; g < nh; g += W * 32) store_head_lse(p, w, g, st.row_max(g), st.row_sum(g));
+}
+
 // One split: tokens [w.start, w.end) (>= 1) of sequence w.b, KV head w.kvh, query heads
 // [w.hq0, w.hq0 + w.nh), whose q copies stage_q_async issued. Writes out and lse (S == 1) or the
 // heads' partial rows w.part_row + g. `uses`: this warp's ring steps before this split (bulk barrier
@@ -165,8 +322,6 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
                                                        size_t(W) * NS * 2 * TILE * sizeof(T)),
                 "tile copies: whole 64-dim boxes, and the aligned tile ring inside the padded ring's bytes");
   constexpr int STILE = TILES ? 16 * D : TILE;      // elements of one K or V tile in the ring
-  // element offset of (token row r, dim c) in a K or V tile
-  auto at = [](int r, int c) { return TILES ? tile_off(r, c) : r * ROW + c; };
 
   const MmaSmem<T, D> sm(smem_raw);
   T* ring = sm.ring;
@@ -180,10 +335,10 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
   const int my_n = n_steps > warp ? ceil_div(n_steps - warp, W) : 0;
   auto step_t0 = [&](int i) { return w.start + (warp + W * i) * 16; };
 
-  // ---- copies, engine picked on the host (launch_split): TILES (2-D tensor-map boxes); BULK (lane
-  // r < 16 brings K row r, lane 16 + r its V row, on the slot's mbarrier: fewest issue instructions
-  // for long splits); else cp.async, 16 bytes per instruction at loop-invariant offsets (lower
-  // latency for short splits). Rows past the end are zero-filled: P = 0 must meet finite V.
+  // ---- copies, by the engine the host picked (launch_split): TILES (tensor-map boxes), BULK (a bulk copy
+  // per row: fewest issue instructions for long splits) or cp.async (lowest latency for short ones).
+  // Rows past the end are zero-filled: P = 0 must meet finite V. (The ring stays in closures here: as a
+  // struct it compiled to slower code, decode.md §13.)
   const bool paged = p.block_table != nullptr;
   const bool linear = !paged || p.page_size % 16 == 0;  // a step's rows are consecutive in memory
   const T* kg = static_cast<const T*>(p.k);
@@ -280,19 +435,9 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
   __syncthreads();  // the only CTA barrier before the end: q visible to every warp
   AURA_PHASE(2);
 
-  // B fragments of q: head n*8 + lane/4... via ldmatrix (rows = heads, 16 k-values of D per step)
-  const int qb_row = lane & 7, qb_col = 8 * ((lane >> 3) & 1);
+  const int qb_row = lane & 7, qb_col = 8 * ((lane >> 3) & 1);  // q: B tiles, rows = heads
   uint32_t qreg[kQInRegs ? NHT : 1][kQInRegs ? KS : 1][2];
-  if constexpr (kQInRegs) {
-#pragma unroll
-    for (int n = 0; n < NHT; ++n)
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        uint32_t b[2];
-        ldmatrix_x2(b, qs + (n * 8 + qb_row) * ROW + ks * 16 + qb_col);
-        qreg[n][ks][0] = b[0], qreg[n][ks][1] = b[1];
-      }
-  }
+  load_q_fragments<T, D, NHT, kQInRegs>(qs, qb_row, qb_col, qreg);
 
   // Per head column (tile n, column e = head n*8 + 2*(lane%4) + e): running max (warp-uniform
   // per column), this lane's share of the sum, and O^T fragments [m-tile][n][4].
@@ -329,25 +474,8 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
     const T* kt = my_ring + slot(i) * 2 * STILE;
     const T* vt = kt + STILE;
 
-    // QK, two accumulator chains per head tile so consecutive MMAs do not wait on each other
     float s[NHT][2][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      uint32_t a[4];
-      ldmatrix_x4(a, kt + at(a_row, ks * 16 + a_col));
-#pragma unroll
-      for (int n = 0; n < NHT; ++n) {
-        uint32_t b0, b1;
-        if constexpr (kQInRegs) {
-          b0 = qreg[n][ks][0], b1 = qreg[n][ks][1];
-        } else {
-          uint32_t b[2];
-          ldmatrix_x2(b, qs + (n * 8 + qb_row) * ROW + ks * 16 + qb_col);
-          b0 = b[0], b1 = b[1];
-        }
-        mma_16816<T>(s[n][ks & 1], a, b0, b1);
-      }
-    }
+    compute_scores<T, D, NHT, TILES, kQInRegs>(kt, qs, qreg, a_row, a_col, qb_row, qb_col, s);
     // softmax: rows of S^T are tokens lane/4 (c0, c1) and lane/4 + 8 (c2, c3)
     const bool ok_lo = t0 + (lane >> 2) < w.end, ok_hi = t0 + (lane >> 2) + 8 < w.end;
     uint32_t pb[NHT][2];
@@ -367,99 +495,22 @@ __device__ __forceinline__ void run_split_mma(const DecodeParams& p, const Split
       pb[n][0] = movmatrix_trans(pack2<T>(pr[0], pr[1]));  // tokens 0-7
       pb[n][1] = movmatrix_trans(pack2<T>(pr[2], pr[3]));  // tokens 8-15
     }
-    // Rescale O only when some running max moved (after the first steps it rarely does): a
-    // warp-uniform branch, so D/4 multiplies per lane are skipped on most steps.
+    // rescale O only when some running max moved (rarely, after the first steps): a warp-uniform branch
     if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-      for (int mt = 0; mt < KS; ++mt)
-#pragma unroll
-        for (int n = 0; n < NHT; ++n) {
-          o[mt][n][0] *= alpha[n][0], o[mt][n][1] *= alpha[n][1];
-          o[mt][n][2] *= alpha[n][0], o[mt][n][3] *= alpha[n][1];
-        }
+      rescale_output(o, alpha);
     }
-    // PV
-#pragma unroll
-    for (int mt = 0; mt < KS; ++mt) {
-      uint32_t a[4];
-      ldmatrix_x4_trans(a, vt + at(v_row, mt * 16 + v_col));
-#pragma unroll
-      for (int n = 0; n < NHT; ++n) mma_16816<T>(o[mt][n], a, pb[n][0], pb[n][1]);
-    }
+    accumulate_pv<T, D, NHT, TILES>(vt, pb, v_row, v_col, o);
   }
   AURA_PHASE(4);
   if constexpr (!BULK) cp_async_wait<0>();  // only empty groups remain; drain before the ring is reused
   uses = u0 + my_n;
   if (trigger) grid_dependents_launch();  // the merge (programmatic dependent launch) may start its prologue
 
-  // ---- merge the warps' states (decode.md §5 within the CTA), through the drained ring
-#pragma unroll
-  for (int n = 0; n < NHT; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 4);
-      l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 8);
-      l_run[n][e] += __shfl_xor_sync(0xffffffffu, l_run[n][e], 16);
-    }
-  // f(head g, dim d, value, l of head g) for every accumulator of this lane's O^T fragments
-  auto each_fragment = [&](auto&& f) {
-#pragma unroll
-    for (int mt = 0; mt < KS; ++mt)
-#pragma unroll
-      for (int n = 0; n < NHT; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          f(n * 8 + 2 * (lane & 3) + (c & 1), mt * 16 + (lane >> 2) + 8 * (c >> 1), o[mt][n][c], l_run[n][c & 1]);
-  };
-  // f(head g, m, l) for the head columns this lane's quad holds (lanes 0-3 speak for the warp)
-  auto each_head_state = [&](auto&& f) {
-    if (lane < 4) {
-#pragma unroll
-      for (int n = 0; n < NHT; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) f(n * 8 + 2 * lane + e, m_run[n][e], l_run[n][e]);
-    }
-  };
+  sum_row_shares<D, NHT>(l_run);
   if constexpr (W == 1) {
-    // One warp (D = 512): nothing to merge between warps. The split is live, so every head saw a
-    // token and l >= 1. A partial (S > 1) is staged in the drained ring and stored as coalesced
-    // 16-byte rows, faster than scattered fragment stores (decode.md §13); S == 1 writes out directly.
-    if (p.S != 1) {
-      static_assert(D % 32 == 0 && 8 * NHT * D * sizeof(float) <= NS * 2 * TILE * sizeof(T), "staging area");
-      float* ow = reinterpret_cast<float*>(smem_raw);  // [8 NHT][D]
-      __syncwarp();  // every lane's last ldmatrix reads of the ring come before the staging writes
-      each_fragment([&](int g, int d, float v, float l) { ow[g * D + merge_col(g, d)] = v / l; });
-      __syncwarp();
-      store_staged_partial<D>(p, w, ow, lane, 32);
-    } else {
-      each_fragment([&](int g, int d, float v, float l) {
-        if (g < nh) store_value<T>(p, w, g, d, v / l);
-      });
-    }
-    AURA_PHASE(5);
-    each_head_state([&](int g, float m, float l) {
-      if (g < nh) store_head_lse(p, w, g, m, l);
-    });
+    write_warp_result<T, D, NHT>(p, w, smem_raw, m_run, l_run, o, lane);
   } else {
-    __syncthreads();  // every warp is done with the ring
-    constexpr int OROW = kMergeRow<D>;
-    static_assert(split_merge_conflict_free<D, NHT>(), "end-of-split merge layout");
-    float* ow = reinterpret_cast<float*>(smem_raw);  // [W][16][OROW], dims swizzled (merge_col)
-    const WarpStates<W, 16> st{ow + W * 16 * OROW, ow + W * 16 * OROW + W * 16, ow + W * 16 * OROW + 2 * W * 16};
-    each_head_state([&](int g, float m, float l) { st.m[warp * 16 + g] = m, st.l[warp * 16 + g] = l; });
-    each_fragment([&](int g, int d, float v, float) { ow[(warp * 16 + g) * OROW + merge_col(g, d)] = v; });
-    __syncthreads();
-    AURA_PHASE(5);
-    st.weigh();
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < nh * D; idx += W * 32) {
-      const int g = idx / D, d = idx % D;
-      float acc = 0.f;
-#pragma unroll
-      for (int wi = 0; wi < W; ++wi) acc += st.weight(wi, g) * ow[(wi * 16 + g) * OROW + merge_col(g, d)];
-      store_value<T>(p, w, g, d, acc / st.row_sum(g));
-    }
-    for (int g = threadIdx.x; g < nh; g += W * 32) store_head_lse(p, w, g, st.row_max(g), st.row_sum(g));
+    merge_warp_results<T, D, NHT>(p, w, smem_raw, m_run, l_run, o, lane, warp);
   }
   AURA_PHASE(6);
 }

@@ -8,11 +8,8 @@
 
 namespace aura {
 
-// Tile copies (D a multiple of 64; contiguous caches, or paged ones whose pages hold a multiple of 16
-// tokens, so a 16-token step never crosses a page): one TMA box of 16 tokens x 64 dims per copy,
-// landed with the 128-byte swizzle: [D / 64][16 rows][64] elements per K or V tile, the 16-byte
-// unit u of row r stored at unit u ^ (r % 8), so the 8 rows an ldmatrix reads hit 8 distinct bank
-// groups without padding. Two copies per 16-token step at D = 64, four at 128, against 32 row copies.
+// A K or V tile is [D / 64][16 rows][64] elements, the 16-byte unit u of row r at u ^ (r % 8) (the 128-byte
+// swizzle): an ldmatrix's 8 rows hit 8 bank groups without padding (decode.md §3).
 struct TileMaps {  // (CUtensorMap carries its own 64-byte alignment)
   CUtensorMap k, v;
 };
@@ -20,10 +17,8 @@ __host__ __device__ constexpr int tile_off(int r, int c) {  // element offset of
   return (c >> 6) * (16 * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
 }
 
-// Encodes the K and V maps of a 16-bit cache as 4-D tensors with 16-token x 64-dim boxes: contiguous
-// [B, Hkv, T_cap, D] as (D, T_cap, Hkv, B), paged [num_blocks, page_size, Hkv, D] as (D, Hkv,
-// page_size, num_blocks). False when the layout does not qualify (D not a multiple of 64, pages not
-// a multiple of 16 tokens, a stride that is not a multiple of 16 bytes, or the driver refuses it).
+// The K and V maps of a 16-bit cache, 4-D with 16-token x 64-dim boxes: contiguous as (D, T_cap, Hkv, B),
+// paged as (D, Hkv, page_size, num_blocks). False where the layout or the driver refuses.
 inline bool make_tile_maps(const DecodeParams& p, bool bf16, int D, TileMaps& maps) {
   if (!tile_copies_fit(D, p.block_table != nullptr ? p.page_size : 0)) return false;
   const bool paged = p.block_table != nullptr;
@@ -54,6 +49,16 @@ inline bool make_tile_maps(const DecodeParams& p, bool bf16, int D, TileMaps& ma
   };
   return p.capacity > 0 && (!paged || p.num_blocks > 0) && one(maps.k, p.k, p.k_s0, p.k_s1, p.k_s2) &&
          one(maps.v, p.v, p.v_s0, p.v_s1, p.v_s2);
+}
+
+// Zeroes rows [n_rows, 16) of a swizzled 16-token V tile, dims [dim0, dim0 + DIMS): past the split's end
+// they hold other tokens (or NaN), and P = 0 must meet finite V. The calling warp's lanes share the work.
+template <int DIMS, typename T>
+__device__ __forceinline__ void zero_tile_rows(T* vt, int n_rows, int dim0, int lane) {
+  for (int idx = lane; idx < (16 - n_rows) * (DIMS / 8); idx += 32) {
+    const int r = n_rows + idx / (DIMS / 8), c = dim0 + (idx % (DIMS / 8)) * 8;
+    *reinterpret_cast<uint4*>(vt + tile_off(r, c)) = make_uint4(0, 0, 0, 0);
+  }
 }
 
 }  // namespace aura
