@@ -133,12 +133,214 @@ __device__ __forceinline__ void stage_codes(uint32_t* dst, const uint32_t* src, 
   stage_code_rows<PW, RS, 4, TS>(dst, src, s0, s1, s2, tm, ts0, t_end);
 }
 
-// ------------------------------------------------------------------------- pass 1: the kernel
-// CTAs per SM the register budget is cut for (168 registers at 3): at D = 128, the decode shape of the
-// targets, three CTAs keep 12 warps resident to hide the lookup and MMA latencies; other head dims
-// need more registers per thread to stay free of spills (tests/build checks).
+// CTAs per SM the register budget is cut for: three at D = 128 keep 12 warps resident to hide lookup
+// and MMA latency; larger D need the registers to stay free of spills (tests/build checks).
 template <int D>
 constexpr int kP1MinCtas = D == 128 ? 3 : D <= 256 ? 2 : 1;
+
+// Query rows -> B operand columns of the exact kernel: row r -> column r % 4 (hi) and r % 4 + 4 (lo) of
+// tile r / 4, in log2 units (exp2 softmax); rows >= R are zero. One warp per row.
+template <int D, int QROW>
+__device__ __forceinline__ void stage_q_columns(const AuraP1Params& p, const P1Block& blk, uint16_t* qs, int R,
+                                                int lane, int warp) {
+  for (int r = warp; r < kMaxRowsPerCta; r += kAuraWarps) {
+    float v[D / 32];
+    if (r < R) {
+      const int64_t base = blk.q_offset(p, r);
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) v[j] = load_float(p.q, base + lane + 32 * j, p.q_kind);
+      if (p.k_sign != nullptr) rotate_warp<D>(v, p.k_sign, p.q_factor, false);  // q_rot = scale Pi_K q
+    } else {
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) v[j] = 0.f;
+    }
+    uint16_t* col_hi = qs + ((r / kQRowsPerTile) * 8 + r % kQRowsPerTile) * QROW;
+    uint16_t* col_lo = col_hi + kQRowsPerTile * QROW;
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) {
+      uint32_t hi, lo;
+      split_bf16(v[j] * kLog2eF, hi, lo);
+      col_hi[lane + 32 * j] = uint16_t(hi);
+      col_lo[lane + 32 * j] = uint16_t(lo);
+    }
+  }
+}
+
+// QK of one stage: warp = (token tile, D slice); S^T[16 tokens x 8 columns] over its k-steps, hi and lo
+// code halves against the hi/lo query columns, written to ss (times the keys' norms) per D slice.
+template <int D, int KB, int VB>
+__device__ __forceinline__ void exact_qk(const uint32_t* kcs, const float* kns, const unsigned char* lane_table_k,
+                                         const uint32_t* qs32, float* ss, int nrt, int warp, int g4, int c4) {
+  using C = P1Config<D, KB, VB>;
+  constexpr int TS = C::TS;
+  const int tt = warp % C::TOKEN_TILES, kp = warp / C::TOKEN_TILES;
+  const uint32_t* row_a = kcs + (tt * 16 + g4) * C::RSK;
+  const uint32_t* row_b = row_a + 8 * C::RSK;
+  float s[kMaxRowTiles][4] = {};
+#pragma unroll 2
+  for (int ks = 0; ks < C::KSTEPS; ++ks) {
+    const int kk = kp * C::KSTEPS + ks, j0 = 16 * kk + 2 * c4, j1 = j0 + 8;
+    const uint2 e0 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_a, j0));  // token g,   dims j0, j0+1
+    const uint2 e1 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_b, j0));  // token g+8
+    const uint2 e2 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_a, j1));  // token g,   dims j1, j1+1
+    const uint2 e3 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_b, j1));
+    const uint32_t a_hi[4] = {e0.x, e1.x, e2.x, e3.x}, a_lo[4] = {e0.y, e1.y, e2.y, e3.y};
+#pragma unroll
+    for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+      if (rt < nrt) {
+        const uint32_t* col = qs32 + (rt * 8 + g4) * (C::QROW / 2);
+        const uint32_t b0 = col[8 * kk + c4], b1 = col[8 * kk + 4 + c4];
+        mma_16816<__nv_bfloat16>(s[rt], a_hi, b0, b1);
+        mma_16816<__nv_bfloat16>(s[rt], a_lo, b0, b1);
+      }
+    }
+  }
+#pragma unroll
+  for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[rt][e] += __shfl_xor_sync(0xffffffffu, s[rt][e], 2);  // hi + lo columns
+  }
+  if (c4 < 2) {
+#pragma unroll
+    for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = rt * kQRowsPerTile + 2 * c4 + (e & 1), tok = tt * 16 + g4 + 8 * (e >> 1);
+        if (rt < nrt) ss[(kp * kMaxRowsPerCta + row) * TS + tok] = s[rt][e] * kns[tok];
+      }
+    }
+  }
+}
+
+// Online softmax of one stage per query row (log2 units; one warp per row): the D slices' logits
+// summed, causal masking, P^T (times the value norms) as hi/lo columns, and the row's max, sum, rescale.
+template <int D, int KB, int VB>
+__device__ __forceinline__ void exact_softmax(const AuraP1Params& p, const P1Block& blk, const float* ss,
+                                              const float* vns, uint16_t* ps, float* ms, float* ls, float* as, int R,
+                                              int ts0, int t_end, int lane, int warp) {
+  using C = P1Config<D, KB, VB>;
+  constexpr int TS = C::TS;
+  for (int r = warp; r < R; r += kAuraWarps) {
+    const int last = blk.last_visible(p, r);
+    constexpr int PER = (TS + 31) / 32;
+    float x[PER];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int tt = lane + 32 * k, t = ts0 + tt;
+      x[k] = -INFINITY;
+      if (tt < TS && t < t_end && t <= last) {
+        float v = ss[r * TS + tt];
+#pragma unroll
+        for (int kp = 1; kp < C::KP; ++kp) v += ss[(kp * kMaxRowsPerCta + r) * TS + tt];
+        x[k] = v;
+      }
+      mx = fmaxf(mx, x[k]);
+    }
+    mx = warp_max(mx);
+    const float m_old = ms[r], m_new = fmaxf(m_old, mx);
+    uint16_t* p_hi = ps + ((r / kQRowsPerTile) * 8 + r % kQRowsPerTile) * C::PROW;
+    uint16_t* p_lo = p_hi + kQRowsPerTile * C::PROW;
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int tt = lane + 32 * k;
+      if (tt < TS) {
+        const float pr = x[k] == -INFINITY ? 0.f : exp2f(x[k] - m_new);
+        sum += pr;
+        uint32_t hi, lo;
+        split_bf16(pr * vns[tt], hi, lo);
+        p_hi[tt] = uint16_t(hi);
+        p_lo[tt] = uint16_t(lo);
+      }
+    }
+    sum = warp_sum(sum);
+    __syncwarp();  // every lane has read ms[r] before lane 0 overwrites it (racecheck)
+    if (lane == 0) {
+      // m_new = -inf: nothing seen yet, keep alpha 1 (exp2(-inf - -inf) would be NaN).
+      const float alpha = m_new == -INFINITY ? 1.f : exp2f(m_old - m_new);
+      ls[r] = ls[r] * alpha + sum;
+      ms[r] = m_new;
+      as[r] = alpha;
+    }
+  }
+}
+
+// PV of one stage: warp owns 16-dim output tiles mt = warp + 4 i; O^T[16 dims x 8 columns] += V^T P^T,
+// after the rows' rescale.
+template <int D, int KB, int VB>
+__device__ __forceinline__ void exact_pv(const uint32_t* vcs, const unsigned char* lane_table_v, const uint32_t* ps32,
+                                         const float* as, int nrt, int warp, int g4, int c4,
+                                         float (&acc)[P1Config<D, KB, VB>::MT_PER_WARP][kMaxRowTiles][4]) {
+  using C = P1Config<D, KB, VB>;
+  constexpr int TS = C::TS;
+#pragma unroll
+  for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+    const float a0 = as[rt * kQRowsPerTile + ((2 * c4) & 3)], a1 = as[rt * kQRowsPerTile + ((2 * c4 + 1) & 3)];
+#pragma unroll
+    for (int mi = 0; mi < C::MT_PER_WARP; ++mi) {
+      acc[mi][rt][0] *= a0, acc[mi][rt][1] *= a1, acc[mi][rt][2] *= a0, acc[mi][rt][3] *= a1;
+    }
+  }
+#pragma unroll 1
+  for (int kt = 0; kt < TS / 16; ++kt) {
+    const uint32_t* v0 = vcs + (kt * 16 + 2 * c4) * C::RSV;  // tokens 2c, 2c+1, 2c+8, 2c+9
+    const uint32_t* v1 = v0 + C::RSV;
+    const uint32_t* v8 = v0 + 8 * C::RSV;
+    const uint32_t* v9 = v8 + C::RSV;
+    uint32_t b[kMaxRowTiles][2];
+#pragma unroll
+    for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+      const uint32_t* col = ps32 + (rt * 8 + g4) * (C::PROW / 2);
+      b[rt][0] = col[8 * kt + c4];
+      b[rt][1] = col[8 * kt + 4 + c4];
+    }
+#pragma unroll
+    for (int mi = 0; mi < C::MT_PER_WARP; ++mi) {
+      const int da = 16 * (warp + kAuraWarps * mi) + g4, db = da + 8;
+      const uint2 e0 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v0, da) | (code_field<VB, 1>(v1, da) << VB));
+      const uint2 e1 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v0, db) | (code_field<VB, 1>(v1, db) << VB));
+      const uint2 e2 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v8, da) | (code_field<VB, 1>(v9, da) << VB));
+      const uint2 e3 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v8, db) | (code_field<VB, 1>(v9, db) << VB));
+      const uint32_t a_hi[4] = {e0.x, e1.x, e2.x, e3.x}, a_lo[4] = {e0.y, e1.y, e2.y, e3.y};
+#pragma unroll
+      for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+        if (rt < nrt) {
+          mma_16816<__nv_bfloat16>(acc[mi][rt], a_hi, b[rt][0], b[rt][1]);
+          mma_16816<__nv_bfloat16>(acc[mi][rt], a_lo, b[rt][0], b[rt][1]);
+        }
+      }
+    }
+  }
+}
+
+// The block's unnormalised partials (aura-format.md §8): o in the rotated domain (the hi and lo
+// columns' halves added), m in natural-log units, l.
+template <int D, int KB, int VB>
+__device__ __forceinline__ void store_exact_partial(const AuraP1Params& p, const P1Block& blk, const float* ms,
+                                                    const float* ls,
+                                                    const float (&acc)[P1Config<D, KB, VB>::MT_PER_WARP][kMaxRowTiles][4],
+                                                    int R, int nrt, int warp, int g4, int c4) {
+  using C = P1Config<D, KB, VB>;
+  auto out_row = [&](int r) { return blk.out_row(p, r); };
+  for (int r = threadIdx.x; r < R; r += kAuraThreads) {
+    p.m[out_row(r)] = ms[r] * kLn2F;  // -inf stays -inf for a row that saw nothing
+    p.l[out_row(r)] = ls[r];
+  }
+#pragma unroll
+  for (int mi = 0; mi < C::MT_PER_WARP; ++mi) {
+#pragma unroll
+    for (int rt = 0; rt < kMaxRowTiles; ++rt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float v = acc[mi][rt][e] + __shfl_xor_sync(0xffffffffu, acc[mi][rt][e], 2);
+        const int row = rt * kQRowsPerTile + 2 * c4 + (e & 1);
+        const int d = 16 * (warp + kAuraWarps * mi) + g4 + 8 * (e >> 1);
+        if (c4 < 2 && rt < nrt && row < R) p.o[out_row(row) * D + d] = v;
+      }
+    }
+  }
+}
 
 template <int D, int KB, int VB>
 __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_kernel(const AuraP1Params p) {
@@ -151,7 +353,6 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
   P1Block blk;
   if (!plan_p1_rows(p, blk) || !plan_p1_tokens<D>(p, blk, kAuraThreads, p.seq_lens[blk.b])) return;
   const int b = blk.b, kvh = blk.kvh, R = blk.R, t0 = blk.t0, t_end = blk.t_end;
-  auto out_row = [&](int r) { return blk.out_row(p, r); };
 
   unsigned char* table_k = smem + C::kTableK;
   unsigned char* table_v = smem + C::kTableV;
@@ -168,7 +369,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
 
   const TokenMap tm{p.block_table != nullptr ? p.block_table + b * p.bt_sb : nullptr, b, kvh, p.page_size,
                     p.page_shift, p.num_blocks};
-  auto issue_stage = [&](int st, int buf) {
+  auto issue_stage = [&](int st, int buf) {  // the codes and norms of stage st into buffer buf
     const int ts0 = t0 + st * TS;
     stage_codes<C::PWK, C::RSK, TS>(codes_k + buf * TS * C::RSK, p.kc, p.kc_s0, p.kc_s1, p.kc_s2, tm, ts0, t_end,
                                     p.kc_vec);
@@ -197,29 +398,7 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
   fill_code_table<VB>(table_v, p.v_cb);
   for (int i = tid; i < kMaxRowTiles * 8 * C::PROW; i += kAuraThreads) ps[i] = 0;  // unused rows stay 0
   for (int r = tid; r < kMaxRowsPerCta; r += kAuraThreads) ms[r] = -INFINITY, ls[r] = 0.f, as[r] = 1.f;
-  // Query rows -> B operand columns: row r -> column r % 4 (hi) and r % 4 + 4 (lo) of tile r / 4, in
-  // log2 units (exp2 softmax); rows >= R are zero.
-  for (int r = warp; r < kMaxRowsPerCta; r += kAuraWarps) {
-    float v[D / 32];
-    if (r < R) {
-      const int64_t base = blk.q_offset(p, r);
-#pragma unroll
-      for (int j = 0; j < D / 32; ++j) v[j] = load_float(p.q, base + lane + 32 * j, p.q_kind);
-      if (p.k_sign != nullptr) rotate_warp<D>(v, p.k_sign, p.q_factor, false);  // q_rot = scale Pi_K q
-    } else {
-#pragma unroll
-      for (int j = 0; j < D / 32; ++j) v[j] = 0.f;
-    }
-    uint16_t* col_hi = qs + ((r / kQRowsPerTile) * 8 + r % kQRowsPerTile) * C::QROW;
-    uint16_t* col_lo = col_hi + kQRowsPerTile * C::QROW;
-#pragma unroll
-    for (int j = 0; j < D / 32; ++j) {
-      uint32_t hi, lo;
-      split_bf16(v[j] * kLog2eF, hi, lo);
-      col_hi[lane + 32 * j] = uint16_t(hi);
-      col_lo[lane + 32 * j] = uint16_t(lo);
-    }
-  }
+  stage_q_columns<D, C::QROW>(p, blk, qs, R, lane, warp);
   __syncthreads();
 
   const int nrt = ceil_div(R, kQRowsPerTile);
@@ -243,157 +422,14 @@ __global__ void __launch_bounds__(kAuraThreads, kP1MinCtas<D>) aura_flash_p1_ker
     const float* kns = norms_k + buf * TS;
     const float* vns = norms_v + buf * TS;
 
-    // ---- QK: warp = (token tile, D slice); S^T[16 tokens x 8 columns] over its k-steps.
-    {
-      const int tt = warp % C::TOKEN_TILES, kp = warp / C::TOKEN_TILES;
-      const uint32_t* row_a = kcs + (tt * 16 + g4) * C::RSK;
-      const uint32_t* row_b = row_a + 8 * C::RSK;
-      float s[kMaxRowTiles][4] = {};
-#pragma unroll 2
-      for (int ks = 0; ks < C::KSTEPS; ++ks) {
-        const int kk = kp * C::KSTEPS + ks, j0 = 16 * kk + 2 * c4, j1 = j0 + 8;
-        const uint2 e0 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_a, j0));  // token g,   dims j0, j0+1
-        const uint2 e1 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_b, j0));  // token g+8
-        const uint2 e2 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_a, j1));  // token g,   dims j1, j1+1
-        const uint2 e3 = lookup_pair<KB>(lane_table_k, code_field<KB, 2>(row_b, j1));
-        const uint32_t a_hi[4] = {e0.x, e1.x, e2.x, e3.x}, a_lo[4] = {e0.y, e1.y, e2.y, e3.y};
-#pragma unroll
-        for (int rt = 0; rt < kMaxRowTiles; ++rt) {
-          if (rt < nrt) {
-            const uint32_t* col = qs32 + (rt * 8 + g4) * (C::QROW / 2);
-            const uint32_t b0 = col[8 * kk + c4], b1 = col[8 * kk + 4 + c4];
-            mma_16816<__nv_bfloat16>(s[rt], a_hi, b0, b1);
-            mma_16816<__nv_bfloat16>(s[rt], a_lo, b0, b1);
-          }
-        }
-      }
-#pragma unroll
-      for (int rt = 0; rt < kMaxRowTiles; ++rt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[rt][e] += __shfl_xor_sync(0xffffffffu, s[rt][e], 2);  // hi + lo columns
-      }
-      if (c4 < 2) {
-#pragma unroll
-        for (int rt = 0; rt < kMaxRowTiles; ++rt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = rt * kQRowsPerTile + 2 * c4 + (e & 1), tok = tt * 16 + g4 + 8 * (e >> 1);
-            if (rt < nrt) ss[(kp * kMaxRowsPerCta + row) * TS + tok] = s[rt][e] * kns[tok];
-          }
-        }
-      }
-    }
+    exact_qk<D, KB, VB>(kcs, kns, lane_table_k, qs32, ss, nrt, warp, g4, c4);
     __syncthreads();
-
-    // ---- online softmax per query row (log2 units), P^T (times the value norms) as hi/lo columns.
-    for (int r = warp; r < R; r += kAuraWarps) {
-      const int last = blk.last_visible(p, r);
-      constexpr int PER = (TS + 31) / 32;
-      float x[PER];
-      float mx = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < PER; ++k) {
-        const int tt = lane + 32 * k, t = ts0 + tt;
-        x[k] = -INFINITY;
-        if (tt < TS && t < t_end && t <= last) {
-          float v = ss[r * TS + tt];
-#pragma unroll
-          for (int kp = 1; kp < C::KP; ++kp) v += ss[(kp * kMaxRowsPerCta + r) * TS + tt];
-          x[k] = v;
-        }
-        mx = fmaxf(mx, x[k]);
-      }
-      mx = warp_max(mx);
-      const float m_old = ms[r], m_new = fmaxf(m_old, mx);
-      uint16_t* p_hi = ps + ((r / kQRowsPerTile) * 8 + r % kQRowsPerTile) * C::PROW;
-      uint16_t* p_lo = p_hi + kQRowsPerTile * C::PROW;
-      float sum = 0.f;
-#pragma unroll
-      for (int k = 0; k < PER; ++k) {
-        const int tt = lane + 32 * k;
-        if (tt < TS) {
-          const float pr = x[k] == -INFINITY ? 0.f : exp2f(x[k] - m_new);
-          sum += pr;
-          uint32_t hi, lo;
-          split_bf16(pr * vns[tt], hi, lo);
-          p_hi[tt] = uint16_t(hi);
-          p_lo[tt] = uint16_t(lo);
-        }
-      }
-      sum = warp_sum(sum);
-      __syncwarp();  // every lane has read ms[r] before lane 0 overwrites it (racecheck)
-      if (lane == 0) {
-        // m_new = -inf: nothing seen yet, keep alpha 1 (exp2(-inf - -inf) would be NaN).
-        const float alpha = m_new == -INFINITY ? 1.f : exp2f(m_old - m_new);
-        ls[r] = ls[r] * alpha + sum;
-        ms[r] = m_new;
-        as[r] = alpha;
-      }
-    }
+    exact_softmax<D, KB, VB>(p, blk, ss, vns, ps, ms, ls, as, R, ts0, t_end, lane, warp);
     __syncthreads();
-
-    // ---- PV: warp owns 16-dim output tiles mt = warp + 4 i; O^T[16 dims x 8 columns] += V^T P^T.
-    {
-#pragma unroll
-      for (int rt = 0; rt < kMaxRowTiles; ++rt) {
-        const float a0 = as[rt * kQRowsPerTile + ((2 * c4) & 3)], a1 = as[rt * kQRowsPerTile + ((2 * c4 + 1) & 3)];
-#pragma unroll
-        for (int mi = 0; mi < C::MT_PER_WARP; ++mi) {
-          acc[mi][rt][0] *= a0, acc[mi][rt][1] *= a1, acc[mi][rt][2] *= a0, acc[mi][rt][3] *= a1;
-        }
-      }
-#pragma unroll 1
-      for (int kt = 0; kt < TS / 16; ++kt) {
-        const uint32_t* v0 = vcs + (kt * 16 + 2 * c4) * C::RSV;  // tokens 2c, 2c+1, 2c+8, 2c+9
-        const uint32_t* v1 = v0 + C::RSV;
-        const uint32_t* v8 = v0 + 8 * C::RSV;
-        const uint32_t* v9 = v8 + C::RSV;
-        uint32_t b[kMaxRowTiles][2];
-#pragma unroll
-        for (int rt = 0; rt < kMaxRowTiles; ++rt) {
-          const uint32_t* col = ps32 + (rt * 8 + g4) * (C::PROW / 2);
-          b[rt][0] = col[8 * kt + c4];
-          b[rt][1] = col[8 * kt + 4 + c4];
-        }
-#pragma unroll
-        for (int mi = 0; mi < C::MT_PER_WARP; ++mi) {
-          const int da = 16 * (warp + kAuraWarps * mi) + g4, db = da + 8;
-          const uint2 e0 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v0, da) | (code_field<VB, 1>(v1, da) << VB));
-          const uint2 e1 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v0, db) | (code_field<VB, 1>(v1, db) << VB));
-          const uint2 e2 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v8, da) | (code_field<VB, 1>(v9, da) << VB));
-          const uint2 e3 = lookup_pair<VB>(lane_table_v, code_field<VB, 1>(v8, db) | (code_field<VB, 1>(v9, db) << VB));
-          const uint32_t a_hi[4] = {e0.x, e1.x, e2.x, e3.x}, a_lo[4] = {e0.y, e1.y, e2.y, e3.y};
-#pragma unroll
-          for (int rt = 0; rt < kMaxRowTiles; ++rt) {
-            if (rt < nrt) {
-              mma_16816<__nv_bfloat16>(acc[mi][rt], a_hi, b[rt][0], b[rt][1]);
-              mma_16816<__nv_bfloat16>(acc[mi][rt], a_lo, b[rt][0], b[rt][1]);
-            }
-          }
-        }
-      }
-    }
+    exact_pv<D, KB, VB>(vcs, lane_table_v, ps32, as, nrt, warp, g4, c4, acc);
     __syncthreads();  // the next stage's loads overwrite this buffer, ss and ps
   }
-
-  // Unnormalised partials (§8): o in the rotated domain, m in natural-log units.
-  for (int r = tid; r < R; r += kAuraThreads) {
-    p.m[out_row(r)] = ms[r] * kLn2F;  // -inf stays -inf for a row that saw nothing
-    p.l[out_row(r)] = ls[r];
-  }
-#pragma unroll
-  for (int mi = 0; mi < C::MT_PER_WARP; ++mi) {
-#pragma unroll
-    for (int rt = 0; rt < kMaxRowTiles; ++rt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float v = acc[mi][rt][e] + __shfl_xor_sync(0xffffffffu, acc[mi][rt][e], 2);
-        const int row = rt * kQRowsPerTile + 2 * c4 + (e & 1);
-        const int d = 16 * (warp + kAuraWarps * mi) + g4 + 8 * (e >> 1);
-        if (c4 < 2 && rt < nrt && row < R) p.o[out_row(row) * D + d] = v;
-      }
-    }
-  }
+  store_exact_partial<D, KB, VB>(p, blk, ms, ls, acc, R, nrt, warp, g4, c4);
 }
 
 }  // namespace aura

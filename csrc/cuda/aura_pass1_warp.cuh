@@ -1,4 +1,5 @@
 // Pass 1 for fp16 / bf16 queries: the warp-split kernel (docs/decode.md §3; docs/aura-format.md §13).
+// One file of ~600 lines: its table, lookup, copy and merge layouts serve this kernel alone and change together.
 #pragma once
 
 #include "aura_pass1_plan.cuh"
@@ -6,23 +7,11 @@
 
 namespace aura {
 
-// ------------------------------------------- pass 1 for fp16 / bf16 queries: the warp-split kernel
-// The dense decode's warp-split design (docs/decode.md §3; aura-format.md §13): no CTA barrier in the
-// main loop, one fp16 MMA per product (errors below the half-precision output's own rounding).
-// Lane (g, c) takes its k values from its own quarter of the row, dims [c D/4, (c+1) D/4), so each
-// lane reads one contiguous run of packed bits; O's rows come out permuted and the epilogue knows the map.
+// Lane (g, c) takes its k values from its own quarter of the row, so it reads one contiguous run of
+// packed bits; O's rows come out permuted and the epilogue knows the map (aura-format.md §13).
 
-// fp16 codebook tables. Every entry fills 128 bytes with copies for the lanes of a shared-memory
-// wavefront (32 copies of 4 bytes, or 16 of 8), and lane l reads its own copy: random codes never
-// collide on a bank. When both widths have 8-bit indices (b in {2, 4, 8}) the K and V tables
-// interleave in 256-byte rows (K copies first, V copies second): a lookup's byte offset is then
-// (index << 8) | lane copy, which one byte permute builds from the packed word (PRMT + LDS per
-// lookup). Otherwise (3-bit codes) rows are 128 bytes apart per table and the offset takes a shift,
-// a mask and an OR.
-//   b = 2:    one entry per *quad* of codes (8-bit index): {half2(C0, C1), half2(C2, C3)}, 8 bytes
-//   b = 3, 4: one entry per pair (6- or 8-bit index): half2(C0, C1)
-//   b = 8:    one entry per code, the fp16 in the low half (a pair is two loads and a byte permute)
-// A lookup always returns a quad, the four codes of one row in one k-step: two operand registers.
+// fp16 codebook table: an entry per quad (b = 2), pair (b = 3, 4) or code (b = 8), copied across a
+// 128-byte bank row so random codes never collide on a bank (layouts: aura-format.md §13).
 template <int BITS>
 struct HalfTable {
   static constexpr int kIndexBits = BITS == 2 ? 8 : BITS <= 4 ? 2 * BITS : BITS;
@@ -40,13 +29,9 @@ struct TablePair {
   static constexpr size_t kBytes = kInterleaved ? size_t(256) * 256 : HalfTable<KB>::kBytes + HalfTable<VB>::kBytes;
 };
 
-// Fill from the codebook (cb: 2^b fp32 values in global memory, read through L1); entries ROW bytes apart.
-// A thread builds one entry value and stores 16 bytes of copies at once (4 or 2 of them).
-// The loop is unrolled over a compile-time thread count NT, so a thread's store column (i % 8) is fixed
-// and its entries step by NT / 8: the codebook reads and stores take immediate offsets.
-// TOKEN_PAIRS (2-bit values read by for_each_pv_tile): an entry's byte index holds two dims of two
-// tokens (bits 0-3: token a, dims d and d + 1; bits 4-7: token b) and its two registers are the dims'
-// (a, b) pairs. 4-bit pair entries already are (low nibble, high nibble) = (a, b).
+// Fill from the codebook, entries ROW bytes apart, 16 bytes of copies per store; unrolled over a
+// compile-time thread count NT so loads and stores take immediate offsets. TOKEN_PAIRS: the 2-bit
+// token-pair entries for_each_pv_tile reads.
 template <int BITS, int ROW, int NT, bool TOKEN_PAIRS = false>
 __device__ __forceinline__ void fill_half_table(unsigned char* table, const float* cb) {
   using HT = HalfTable<BITS>;
@@ -85,9 +70,8 @@ __device__ __forceinline__ uint32_t field_offset(const uint32_t (&w)[N], int bit
   return x & (((1u << F) - 1u) << 7);
 }
 
-// Byte offset of the entry whose F-bit index sits at bit `bit` of w, plus the lane's copy offset.
-// 256-byte rows (8-bit indices on byte boundaries): one PRMT puts byte `bit / 8` of the word above
-// the lane offset's low byte (its other bytes are zero). 128-byte rows: shift, mask, OR.
+// Byte offset of the entry whose F-bit index sits at bit `bit` of w, plus the lane's copy offset: one
+// byte permute for 256-byte rows, else shift, mask and OR.
 template <int F, int ROW, int N>
 __device__ __forceinline__ uint32_t entry_offset(const uint32_t (&w)[N], int bit, uint32_t lane_off) {
   if constexpr (ROW == 256) {
@@ -185,14 +169,9 @@ __device__ __forceinline__ void for_each_quad(const uint32_t* tile, const unsign
   }
 }
 
-// PV without transposes (2- and 4-bit values, D * bits >= 256): lane (g4, c4) reads the D / 8 dims
-// [g4 D/8, (g4 + 1) D/8) of tokens 2c4, 2c4 + 1, 2c4 + 8 and 2c4 + 9, exactly the k (token) pairs of
-// its A fragments, and m-tile mt takes its dims 2mt (tile row g4) and 2mt + 1 (tile row g4 + 8).
-// The words of two token rows interleave by nibbles into token-pair indices (a shift and a mask-merge
-// per word and half), and a table entry is then the A register itself: half2(code of token a, code
-// of token b) of a dim (4-bit: one dim per index byte; 2-bit: two dims, an 8-byte entry). This
-// replaces the four movmatrix transposes per MMA of the natural-layout lookup (for_each_quad).
-// f(mt, a[4]) per m-tile.
+// PV without transposes (2- and 4-bit values, D * bits >= 256): two token rows interleave by nibbles
+// into token-pair indices whose table entries are the A registers themselves, replacing four movmatrix
+// per MMA (aura-format.md §13). Lane (g4, c4) reads dims [g4 D/8, (g4 + 1) D/8); f(mt, a[4]) per m-tile.
 template <int D, int BITS, int RS, int ROW, typename F>
 __device__ __forceinline__ void for_each_pv_tile(const uint32_t* tile, const unsigned char* table, uint32_t lane_off,
                                                  int g4, int c4, F&& f) {
@@ -229,9 +208,8 @@ __device__ __forceinline__ void for_each_pv_tile(const uint32_t* tile, const uns
   }
 }
 
-// cp.async of one code row of PW words by half a warp-pair: lane half h takes chunks h, h + 2, ... of
-// `vec` bytes (16, 8 or 4: what the tensor's base and strides allow, decided on the host). dst and src
-// already point at the lane's first chunk (chunk h), so the rest sit at immediate offsets.
+// cp.async of one code row by two lanes: lane half h takes `vec`-byte chunks h, h + 2, ... (dst and src
+// point at chunk h, so the rest sit at immediate offsets).
 template <int PW>
 __device__ __forceinline__ void copy_code_row(uint32_t dst, const char* src, bool ok, int half, int vec) {
   auto chunks = [&](auto bytes) {
@@ -249,9 +227,8 @@ __device__ __forceinline__ void copy_code_row(uint32_t dst, const char* src, boo
   chunks(std::integral_constant<int, 4>{});
 }
 
-// Launch shape per (D, bits): one CTA per SM (the two tables, up to 64 KB, are paid once per SM
-// instead of once per CTA), as many warps as registers allow, and a ring as deep as the rest of the
-// 220 KB allows (2..4 steps in flight per warp).
+// Launch shape per (D, bits): one CTA per SM, so the tables (up to 64 KB) are paid once per SM; as many
+// warps as registers allow, and the deepest ring the rest of 220 KB allows.
 template <int D, int KB, int VB>
 struct WarpP1Shape {
   static constexpr int PWK = D * KB / 32, PWV = D * VB / 32;
@@ -265,9 +242,8 @@ struct WarpP1Shape {
   static constexpr size_t kQBytes = size_t(8) * kQRow * 2;
   static constexpr size_t kBudget = 220 * 1024;
   static constexpr size_t kFree = kBudget - kTableBytes - kQBytes;
-  // 16 warps leave 128 registers per thread: enough at D <= 128 except with 8-bit codes (4 lookups
-  // per quad), which take 12 warps (168 registers), or 8 when both are 8-bit, to stay free of spills
-  // (tests/build checks)
+  // the most warps whose register share stays free of spills (8-bit codes take 4 lookups per quad;
+  // tests/build checks)
   static constexpr int kMaxWarps = D > 128 ? 8 : (KB == 8 && VB == 8) ? 8 : (KB == 8 || VB == 8) ? 12 : 16;
   static constexpr int kWarps = std::min<int>(kMaxWarps, int(kFree / (2 * kStepBytes)));
   static constexpr int kStages = std::min<int>(4, int(kFree / (kWarps * kStepBytes)));
@@ -280,18 +256,14 @@ struct WarpP1Shape {
   static_assert(kWarps >= 1 && kStages >= 2, "a ring needs two steps to overlap loads with math");
 };
 
-// The warps' partial outputs meet in shared memory at the end of a block. Accumulator c of m-tile mt
-// in lane (g4, c4) is query column 2 c4 + c % 2 and dim merge_dim(g4, mt, c): tile row rho is dim
-// (rho % 8) D/8 + 2 mt + rho / 8 with token-pair lookups, else it came from quarter (rho % 8) / 2,
-// pair 2 mt + rho / 8, element rho % 2.
+// The dim of accumulator c of m-tile mt in lane (g4, c4) (its column: 2 c4 + c % 2), undoing the
+// quarter or token-pair permutation of the lookups.
 template <int D, bool PAIR_V>
 __host__ __device__ constexpr int merge_dim(int g4, int mt, int c) {
   return PAIR_V ? g4 * (D / 8) + 2 * mt + (c >> 1) : (g4 >> 1) * (D / 4) + 4 * mt + 2 * (c >> 1) + (g4 & 1);
 }
-// Where (column r, dim d) sits in its warp's [8][D] block: d with its low five bits XORed by the bits
-// that tell the 32 lanes of one store apart (g4's bits of d, and c4 = r / 2), so each store's 32
-// lanes hit 32 banks; the XOR reads only bits >= 5 of d or is triangular in them, so 32 consecutive
-// dims of one column (the reduction's reads) still hit 32 banks (aura-format.md §13).
+// Where (column r, dim d) sits in its warp's [8][D] merge block: the low bits of d XORed so a store's
+// 32 lanes and the reduction's 32 consecutive dims both hit 32 banks (aura-format.md §13).
 template <int D, bool PAIR_V>
 __host__ __device__ constexpr int merge_swizzle(int r, int d) {
   constexpr int g_shift = PAIR_V ? (D == 64 ? 3 : D == 128 ? 4 : D == 256 ? 5 : 6)   // log2(D / 8)
@@ -321,6 +293,132 @@ constexpr bool block_merge_conflict_free() {
   return true;
 }
 
+// q rows of the block (rows warp, warp + W, ... < 8) as fp32 registers, zero past R: loaded first, since
+// at B = 1 the kernel is latency-bound.
+template <int D, int W, int QR>
+__device__ __forceinline__ void load_q_rows(const AuraP1Params& p, const P1Block& blk, int lane, int warp,
+                                            float (&q_row)[QR][D / 32]) {
+#pragma unroll
+  for (int k = 0; k < QR; ++k) {
+    const int r = warp + k * W;
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) q_row[k][j] = 0.f;
+    if (r < blk.R) {
+      const int64_t base = blk.q_offset(p, r);
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) q_row[k][j] = load_float(p.q, base + lane + 32 * j, p.q_kind);
+    }
+  }
+}
+
+// The q rows, rotated where aura_decode fused the rotation (q_rot = scale Pi_K q), to shared memory as
+// fp16 q_rot * log2(e), one [kQRow] row each.
+template <int D, int W, int QR, int QROW>
+__device__ __forceinline__ void stage_q_rows(const AuraP1Params& p, const P1Block& blk, float (&q_row)[QR][D / 32],
+                                             const uint32_t (&k_sign)[D / 32], uint16_t* qs, int lane, int warp) {
+#pragma unroll
+  for (int k = 0; k < QR; ++k) {
+    const int r = warp + k * W;
+    if (r < 8) {
+      if (r < blk.R && p.k_sign != nullptr) rotate_warp<D>(q_row[k], k_sign, p.q_factor, false);
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) qs[r * QROW + lane + 32 * j] = __half_as_ushort(__float2half_rn(q_row[k][j] * kLog2eF));
+    }
+  }
+}
+
+// QK of one step: S^T [16 tokens x 8 columns], two accumulator chains; rows of S^T: tokens g4
+// (s[.][0..1]) and g4 + 8 (s[.][2..3]). A operands from the K table's quads of the lane's quarter.
+template <int D, int KB, int VB>
+__device__ __forceinline__ void warp_qk(const uint32_t* kc, const unsigned char* table_k, uint32_t lk,
+                                        const uint32_t* q_quarter, const uint32_t (&qf)[WarpP1Shape<D, KB, VB>::kQInRegs ? D / 8 : 1],
+                                        int g4, int c4, float (&s)[2][4]) {
+  using S = WarpP1Shape<D, KB, VB>;
+  for_each_quad<D, KB, S::RSK, TablePair<KB, VB>::kRow>(kc, table_k, lk, g4, c4, [&](int kk, uint2 ql, uint2 qh) {
+    const uint32_t a[4] = {ql.x, qh.x, ql.y, qh.y};  // tokens g4 / g4 + 8, k 2c4 (pair 2kk) / 2c4 + 8 (2kk + 1)
+    uint32_t b0, b1;
+    if constexpr (S::kQInRegs) {
+      b0 = qf[2 * kk], b1 = qf[2 * kk + 1];
+    } else {
+      const uint2 v = *reinterpret_cast<const uint2*>(q_quarter + 2 * kk);
+      b0 = v.x, b1 = v.y;
+    }
+    mma_16816<__half>(s[kk & 1], a, b0, b1);
+  });
+}
+
+// PV of one step: O^T [D x 8 columns] += V^T P^T, after the rescale (only when a running max moved). A
+// operands from token-pair lookups (2-, 4-bit) or transposed natural-layout quads.
+template <int D, int KB, int VB>
+__device__ __forceinline__ void warp_pv(const uint32_t* vc, const unsigned char* table_v, uint32_t lv, uint32_t pb0,
+                                        uint32_t pb1, bool grew, const float (&alpha)[2], int g4, int c4,
+                                        float (&o)[D / 16][4]) {
+  using S = WarpP1Shape<D, KB, VB>;
+  constexpr int ROW = TablePair<KB, VB>::kRow;
+  if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      o[mt][0] *= alpha[0], o[mt][1] *= alpha[1];
+      o[mt][2] *= alpha[0], o[mt][3] *= alpha[1];
+    }
+  }
+  if constexpr (S::kPairV) {
+    for_each_pv_tile<D, VB, S::RSV, ROW>(vc, table_v, lv, g4, c4,
+                                         [&](int mt, const uint32_t(&a)[4]) { mma_16816<__half>(o[mt], a, pb0, pb1); });
+  } else {
+    for_each_quad<D, VB, S::RSV, ROW>(vc, table_v, lv, g4, c4, [&](int mt, uint2 ql, uint2 qh) {
+      const uint32_t a[4] = {movmatrix_trans(ql.x), movmatrix_trans(ql.y), movmatrix_trans(qh.x), movmatrix_trans(qh.y)};
+      mma_16816<__half>(o[mt], a, pb0, pb1);
+    });
+  }
+}
+
+// The warps' states merge through the drained shared memory into the block's partial: unnormalised o
+// (rotated domain), m in natural log, l.
+template <int D, int KB, int VB>
+__device__ __forceinline__ void merge_block_partial(const AuraP1Params& p, const P1Block& blk, unsigned char* smem,
+                                                    const float (&m_run)[2], float (&l_run)[2],
+                                                    const float (&o)[D / 16][4], int warp, int g4, int c4) {
+  using S = WarpP1Shape<D, KB, VB>;
+  constexpr int W = S::kWarps;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 4);
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 8);
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 16);
+  }
+  __syncthreads();  // every warp is done with the ring and the tables
+  static_assert(block_merge_conflict_free<D, S::kPairV>(), "end-of-block merge layout");
+  float* ow = reinterpret_cast<float*>(smem);  // [W][8][D], dims swizzled (merge_swizzle)
+  const WarpStates<W, 8> st{ow + W * 8 * D, ow + W * 8 * D + W * 8, ow + W * 8 * D + 2 * W * 8};  // [W][8] each
+  if (g4 == 0) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) st.m[warp * 8 + 2 * c4 + e] = m_run[e], st.l[warp * 8 + 2 * c4 + e] = l_run[e];
+  }
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int r = 2 * c4 + (c & 1);
+      ow[(warp * 8 + r) * D + merge_swizzle<D, S::kPairV>(r, merge_dim<D, S::kPairV>(g4, mt, c))] = o[mt][c];
+    }
+  __syncthreads();
+  AURA_PHASE(5);
+  st.weigh();
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < blk.R * D; idx += W * 32) {
+    const int r = idx / D, d = idx % D;
+    float acc = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < W; ++wi) acc += st.weight(wi, r) * ow[(wi * 8 + r) * D + merge_swizzle<D, S::kPairV>(r, d)];
+    p.o[blk.out_row(p, r) * D + d] = acc;
+  }
+  for (int r = threadIdx.x; r < blk.R; r += W * 32) {
+    p.m[blk.out_row(p, r)] = st.row_max(r) * kLn2F;  // -inf stays -inf for a row that saw nothing
+    p.l[blk.out_row(p, r)] = st.row_sum(r);
+  }
+}
+
 template <int D, int KB, int VB>
 __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     aura_flash_p1_warp_kernel(const AuraP1Params p) {
@@ -335,17 +433,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   // together, and the tables are built before anything waits on the sequence length.
   constexpr int QR = (8 + W - 1) / W;
   float q_row[QR][D / 32];
-#pragma unroll
-  for (int k = 0; k < QR; ++k) {
-    const int r = warp + k * W;
-#pragma unroll
-    for (int j = 0; j < D / 32; ++j) q_row[k][j] = 0.f;
-    if (r < blk.R) {
-      const int64_t base = blk.q_offset(p, r);
-#pragma unroll
-      for (int j = 0; j < D / 32; ++j) q_row[k][j] = load_float(p.q, base + lane + 32 * j, p.q_kind);
-    }
-  }
+  load_q_rows<D, W, QR>(p, blk, lane, warp, q_row);
   uint32_t k_sign[D / 32];
 #pragma unroll
   for (int j = 0; j < D / 32; ++j) k_sign[j] = p.k_sign != nullptr ? __ldg(p.k_sign + j) : 0u;
@@ -357,10 +445,8 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   unsigned char* ring = smem + S::kTableBytes;  // [W][NS] steps: K codes, V codes, K norms, V norms
   uint16_t* qs = reinterpret_cast<uint16_t*>(ring + S::kRingBytes);  // [8][kQRow] fp16 q_rot * log2(e)
 
-  // ---- this warp's steps: s = warp, warp + W, ... of the block's ceil(len / 16). Until seq_lens
-  // arrives, the block is taken to end where the cache does (t_spec): the first NS - 1 steps are
-  // issued for that extent. Rows past the true end (still inside the cache) are masked by a select,
-  // their value norms selected to 0 (a stale norm may be NaN).
+  // ---- this warp's steps: s = warp, warp + W, ...; until seq_lens arrives the block is taken to end
+  // where the cache does (t_spec), rows past the true end masked later (aura-format.md §13)
   const int t_spec = min(blk.t0 + p.block_size, p.capacity);
   auto steps_of = [&](int t_end) {
     const int n_steps = ceil_div(t_end - blk.t0, 16);
@@ -369,13 +455,9 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
   int my_n = steps_of(t_spec), t_copy_end = t_spec;  // both become the true extent's once it is known
   auto step_t0 = [&](int i) { return blk.t0 + (warp + W * i) * 16; };
 
-  // ---- copies: lane l stages row l % 16 of a step (its codes in two halves by l / 16, and the K norm
-  // for l < 16, the V norm otherwise). To keep the issue path short, the block-fixed parts of the
-  // offsets (head; contiguous: sequence) and the lane half's first chunk are folded into base
-  // pointers, pinned in registers (else re-derived at every step: aura-format.md §13); the rest is
-  // one 32 x 32 -> 64-bit multiply-add per pointer on byte strides from the host (int32, checked
-  // there). Rows past the block are clamped to its last token (the copy reads nothing for them: zero
-  // fill), so no select guards an address. Paged caches read a row's page one step ahead.
+  // ---- copies: lane l stages row l % 16 of a step. Block-fixed offsets are folded into base pointers
+  // pinned in registers, else re-derived at every step (aura-format.md §13). (The ring stays in
+  // closures here: as a struct it compiled to different code, decode.md §13.)
   const int crow = lane & 15, chalf = lane >> 4;
   const bool paged = p.block_table != nullptr;
   const int* pages = paged ? p.block_table + blk.b * p.bt_sb : nullptr;
@@ -427,16 +509,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) issue(i);  // the ring fills while the tables and q are prepared
 
-#pragma unroll
-  for (int k = 0; k < QR; ++k) {
-    const int r = warp + k * W;
-    if (r < 8) {
-      if (r < blk.R && p.k_sign != nullptr) rotate_warp<D>(q_row[k], k_sign, p.q_factor, false);  // q_rot = scale Pi_K q
-#pragma unroll
-      for (int j = 0; j < D / 32; ++j)
-        qs[r * S::kQRow + lane + 32 * j] = __half_as_ushort(__float2half_rn(q_row[k][j] * kLog2eF));
-    }
-  }
+  stage_q_rows<D, W, QR, S::kQRow>(p, blk, q_row, k_sign, qs, lane, warp);
   AURA_PHASE(2);
   fill_half_table<KB, TP::kRow, W * 32>(table_k, p.k_cb);
   fill_half_table<VB, TP::kRow, W * 32, S::kPairV>(table_v, p.v_cb);
@@ -484,17 +557,7 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
 
     // QK, two accumulator chains; rows of S^T: tokens g4 (s[.][0..1]) and g4 + 8 (s[.][2..3])
     float s[2][4] = {};
-    for_each_quad<D, KB, RSK, TP::kRow>(kc, table_k, lk, g4, c4, [&](int kk, uint2 ql, uint2 qh) {
-      const uint32_t a[4] = {ql.x, qh.x, ql.y, qh.y};  // tokens g4 / g4 + 8, k 2c4 (pair 2kk) / 2c4 + 8 (2kk + 1)
-      uint32_t b0, b1;
-      if constexpr (S::kQInRegs) {
-        b0 = qf[2 * kk], b1 = qf[2 * kk + 1];
-      } else {
-        const uint2 v = *reinterpret_cast<const uint2*>(q_quarter + 2 * kk);
-        b0 = v.x, b1 = v.y;
-      }
-      mma_16816<__half>(s[kk & 1], a, b0, b1);
-    });
+    warp_qk<D, KB, VB>(kc, table_k, lk, q_quarter, qf, g4, c4, s);
     // softmax over each column (log2 units), logits scaled by the keys' norms
     const int t_lo = step_t0(i) + g4, t_hi = t_lo + 8;
     const float nk_lo = kn[g4], nk_hi = kn[g4 + 8];
@@ -509,66 +572,12 @@ __global__ void __launch_bounds__(WarpP1Shape<D, KB, VB>::kWarps * 32, 1)
     const float nv_lo = t_lo < blk.t_end ? vn[g4] : 0.f, nv_hi = t_hi < blk.t_end ? vn[g4 + 8] : 0.f;
     const uint32_t pb0 = movmatrix_trans(pack2<__half>(pr[0] * nv_lo, pr[1] * nv_lo));  // tokens 0-7
     const uint32_t pb1 = movmatrix_trans(pack2<__half>(pr[2] * nv_hi, pr[3] * nv_hi));  // tokens 8-15
-    if (__any_sync(0xffffffffu, grew)) {  // rescale only when some running max moved
-#pragma unroll
-      for (int mt = 0; mt < D / 16; ++mt) {
-        o[mt][0] *= alpha[0], o[mt][1] *= alpha[1];
-        o[mt][2] *= alpha[0], o[mt][3] *= alpha[1];
-      }
-    }
-    if constexpr (S::kPairV) {  // PV: A fragments straight from token-pair lookups
-      for_each_pv_tile<D, VB, RSV, TP::kRow>(vc, table_v, lv, g4, c4,
-                                             [&](int mt, const uint32_t(&a)[4]) { mma_16816<__half>(o[mt], a, pb0, pb1); });
-    } else {
-      // PV: m-tile mt's A operand is the transpose of four 8x8 blocks [tokens x dims] looked up in the
-      // natural layout: rows 0-7 of the tile <- quarter pair 2mt, rows 8-15 <- pair 2mt + 1
-      for_each_quad<D, VB, RSV, TP::kRow>(vc, table_v, lv, g4, c4, [&](int mt, uint2 ql, uint2 qh) {
-        const uint32_t a[4] = {movmatrix_trans(ql.x), movmatrix_trans(ql.y), movmatrix_trans(qh.x), movmatrix_trans(qh.y)};
-        mma_16816<__half>(o[mt], a, pb0, pb1);
-      });
-    }
+    warp_pv<D, KB, VB>(vc, table_v, lv, pb0, pb1, grew, alpha, g4, c4, o);
   }
   AURA_PHASE(4);
   cp_async_wait<0>();  // only empty groups remain; drain before the shared memory is reused
   grid_dependents_launch();  // pass 2 (a programmatic dependent launch) may start its prologue
-
-  // ---- merge the warps' states into the block's partial (unnormalised o, m in natural log, l)
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 4);
-    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 8);
-    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 16);
-  }
-  __syncthreads();  // every warp is done with the ring and the tables
-  static_assert(block_merge_conflict_free<D, S::kPairV>(), "end-of-block merge layout");
-  float* ow = reinterpret_cast<float*>(smem);  // [W][8][D], dims swizzled (merge_swizzle)
-  const WarpStates<W, 8> st{ow + W * 8 * D, ow + W * 8 * D + W * 8, ow + W * 8 * D + 2 * W * 8};  // [W][8] each
-  if (g4 == 0) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) st.m[warp * 8 + 2 * c4 + e] = m_run[e], st.l[warp * 8 + 2 * c4 + e] = l_run[e];
-  }
-#pragma unroll
-  for (int mt = 0; mt < D / 16; ++mt)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int r = 2 * c4 + (c & 1);
-      ow[(warp * 8 + r) * D + merge_swizzle<D, S::kPairV>(r, merge_dim<D, S::kPairV>(g4, mt, c))] = o[mt][c];
-    }
-  __syncthreads();
-  AURA_PHASE(5);
-  st.weigh();
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < blk.R * D; idx += W * 32) {
-    const int r = idx / D, d = idx % D;
-    float acc = 0.f;
-#pragma unroll
-    for (int wi = 0; wi < W; ++wi) acc += st.weight(wi, r) * ow[(wi * 8 + r) * D + merge_swizzle<D, S::kPairV>(r, d)];
-    p.o[blk.out_row(p, r) * D + d] = acc;
-  }
-  for (int r = threadIdx.x; r < blk.R; r += W * 32) {
-    p.m[blk.out_row(p, r)] = st.row_max(r) * kLn2F;  // -inf stays -inf for a row that saw nothing
-    p.l[blk.out_row(p, r)] = st.row_sum(r);
-  }
+  merge_block_partial<D, KB, VB>(p, blk, smem, m_run, l_run, o, warp, g4, c4);
   AURA_PHASE(6);
 }
 
