@@ -5,13 +5,8 @@
 
 namespace aura {
 
-// ---------------------------------------------------------------------------- encode / write
-// Encode mapping (not the warp-per-vector one above): a row's D dims are spread over L = D / 32
-// consecutive lanes, lane c of the row holding the contiguous dims [32 c, 32 c + 32), so a warp
-// encodes 32 / L rows at once. The input comes in 16-byte vectors, the butterfly strides 1..16 stay
-// inside the lane (only strides 32..D/2 cross lanes, in the same stage order: still bitwise the
-// reference's rotation), and the lane's 32 codes fill exactly BITS whole words of the packed row,
-// packed in registers and stored without shared memory.
+// Encode runs a row over D / 32 lanes, lane c holding dims [32 c, 32 c + 32): 16-byte loads, butterfly
+// strides 1..16 inside the lane, and 32 codes that fill whole words (aura-format.md §13).
 template <int D>
 struct ChunkRows {
   static constexpr int kLanes = D / 32;  // lanes per row
@@ -147,9 +142,8 @@ __global__ void __launch_bounds__(kAuraThreads) aura_encode_kernel(const AuraEnc
   for (int i = 0; i < 32; ++i) sq = fmaf(v[i], v[i], sq);
   const float r = sqrtf(row_sum<CR::kLanes>(sq));
   const bool degenerate = !(r > 0.f) || isinf(r);  // zero, or a NaN/Inf element: codes 2^(b-1)
-  // u = x / r as x * (1 / r): one division per row instead of 32 per lane; u may differ from the
-  // reference's quotient by one ulp, which moves a code only for a value within ~1e-7 of a boundary
-  // (the tests allow 1e-5 / sqrt(D))
+  // x * (1 / r): one division per row; one ulp off the reference's quotient, which moves a code only
+  // within ~1e-7 of a boundary (the tests allow it)
   const float inv_r = degenerate ? 0.f : 1.f / r;
   const uint32_t signs = p.mask != nullptr ? __ldg(p.mask + c) : 0u;  // dims 32 c + i: bit i of word c
 #pragma unroll
@@ -175,7 +169,7 @@ __global__ void __launch_bounds__(kAuraThreads) aura_encode_kernel(const AuraEnc
     words[bit >> 5] |= k << (bit & 31);
     if ((bit & 31) + BITS > 32) words[(bit >> 5) + 1] |= k >> (32 - (bit & 31));
   }
-  // |x_hat| = |x| (§5); a zero row has norm 0, a NaN/Inf one norm NaN (propagates like dense attention)
+  // |x_hat| = |x| (aura-format.md §5); a zero row has norm 0, a NaN/Inf one norm NaN (propagates like dense attention)
   const float norm = degenerate ? (r == 0.f ? 0.f : __int_as_float(0x7fc00000)) : r / sqrtf(row_sum<CR::kLanes>(cc));
   if (!live) return;
   store_words<BITS>(p.codes + codes_off + c * BITS, words, p.codes_vec);

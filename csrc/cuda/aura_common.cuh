@@ -50,7 +50,7 @@ struct RowIndexer {
 };
 
 // -------------------------------------------------------------------------------- bit packing
-// N consecutive BITS-bit codes starting at code j of a packed row (LSB first, §6), as one integer
+// N consecutive BITS-bit codes starting at code j of a packed row (LSB first, aura-format.md §6), as one integer
 // (code j in the low bits). Only 3-bit codes straddle words: they take a funnel shift over two words,
 // so rows in shared memory keep one word of padding after them.
 template <int BITS, int N>

@@ -21,11 +21,9 @@ struct AuraP2Params {
   FloatKind kind;
 };
 
-// One warp per (b, (i,) h) row, lane l holding dims l + 32 i (the butterfly's mapping). Latency-bound,
-// so it counts round trips: the first group's partial rows load with the first round's m and l
-// (aura-format.md §13), and the row's addresses are worked out before waiting on pass 1.
-// Blocks with l > 0 only (a NaN l compares false): an empty block's partial may be stale or
-// poisoned, so it is dropped by a select, never multiplied by 0.
+// One warp per (b, (i,) h) row, lane l holding dims l + 32 i. Latency-bound: the first partials load
+// with the first m and l (aura-format.md §13). Only blocks with l > 0 count: an empty block's partial
+// may be stale or NaN, so it is dropped by a select, never multiplied by 0.
 template <int D>
 __global__ void __launch_bounds__(kAuraThreads) aura_flash_p2_kernel(const AuraP2Params p) {
   constexpr int V = D / 32, U = 64 / V;  // U blocks per group

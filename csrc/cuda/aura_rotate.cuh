@@ -6,12 +6,9 @@
 
 namespace aura {
 
-// ----------------------------------------------------------------------------- the rotation
-// The two kinds of butterfly stage of the unnormalised FWHT (a, b) -> (a + b, a - b). Across lanes
-// (stride h lanes) the lane whose index has bit h set holds the upper element b and keeps
-// a - b = partner - own; the other keeps own + partner: one FMA by -1 or +1, which rounds exactly as
-// that subtraction or addition (cheaper than a select: aura-format.md §13). Inside a lane:
-// registers i and i + h, for every stride h < N.
+// Butterfly stages (a, b) -> (a + b, a - b) across lanes (stride h) and inside a lane. Across lanes, one
+// FMA by -1 or +1 rounds exactly as the subtraction or addition, and is cheaper than a select
+// (aura-format.md §13).
 template <int N>
 __device__ __forceinline__ void butterfly_lanes(float (&v)[N], int h) {
   const float own = (threadIdx.x & h) != 0 ? -1.f : 1.f;

@@ -94,11 +94,8 @@ __device__ __forceinline__ void load4_float(const T* p, float* out) {
   }
 }
 
-// cp.async.cg: 16 bytes global -> shared, bypassing L1 (streamed once). With `valid` false the
-// 16 bytes are zero-filled and nothing is read, so tails never touch memory past the sequence.
-// The 4- and 8-byte forms (cp.async.ca; .cg takes 16 bytes only) for rows whose size or alignment
-// is not a 16-byte multiple, e.g. 3-bit AURA codes at D = 64 (24-byte rows). The destination is a
-// shared-memory address (smem_addr) or a generic pointer into shared memory.
+// cp.async global -> shared (16 bytes: .cg, bypassing L1; 4 and 8: .ca, for rows that are no 16-byte
+// multiple). With `valid` false the bytes are zero-filled and nothing is read: tails never touch memory.
 template <int BYTES>
 __device__ __forceinline__ void cp_async(unsigned dst, const void* gmem, bool valid) {
   static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async moves 4, 8 or 16 bytes");
@@ -158,13 +155,9 @@ __device__ __forceinline__ float warp_sum(float x) {
 __host__ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // -------------------------------------------------------------------------------------- host side
-// Errors name the argument, what was expected and what was given (ops.md). They surface in Python
-// as RuntimeError; the public wrappers run the same checks in Python first (ValueError).
-//
-// Messages are built with std::string and std::to_string, never iostreams: an extension linked
-// against a private static libstdc++ (seen with torch 2.11's CUDA build environment) crashed
-// formatting an integer through std::ostringstream (uninitialised locale), turning a clear error
-// into a segfault. std::to_string goes through the C library and is safe either way.
+// Errors name the argument, what was expected and what was given (ops.md); RuntimeError in Python.
+// std::to_string, never iostreams: under a private static libstdc++ std::ostringstream crashed
+// formatting an integer (uninitialised locale), turning a clear error into a segfault.
 namespace detail {
 inline void append(std::string& s, const char* x) { s += x; }
 inline void append(std::string& s, const std::string& x) { s += x; }
@@ -223,11 +216,8 @@ inline void check_dtype(const Tensor& t, const char* name, ScalarType expected) 
              dtype_name(t.scalar_type()));
 }
 
-// 16-byte vector loads need a 16-byte aligned base and 16-byte multiples for every stride but the
-// last (decode.md §3): views that break this are rejected rather than read misaligned.
-// Largest vector (16, 8 or 4 bytes) in which every row of t can be moved: the base, the row size and
-// every leading stride are multiples of it. AURA code rows take cp.async / stores of that size, encode
-// reads its input in 16-byte vectors and the dense decode copies q in 16-byte pieces when this says 16.
+// The largest vector (16, 8 or 4 bytes) that moves every row of t: base, row size and leading strides are
+// multiples of it (views that allow none are rejected, never read misaligned: decode.md §3).
 inline int row_vector_bytes(const Tensor& t) {
   const int64_t nd = t.dim(), elem = int64_t(t.element_size());
   const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
@@ -285,9 +275,8 @@ inline int auto_splits(int64_t batch, int64_t kv_heads, int sms, int ctas_per_sm
   return 1;
 }
 
-// Set a kernel attribute once per (kernel, attribute, device): attribute calls are not stream work,
-// so they are legal before and during graph capture, and after the first call the launch path
-// makes no driver call for it.
+// Set a kernel attribute once per (kernel, attribute, device): not stream work, so legal during graph
+// capture, and later launches make no driver call for it.
 template <auto Kernel, cudaFuncAttribute Attr>
 void set_kernel_attribute_once(int value, const char* what) {
   static bool done[64] = {};
@@ -478,12 +467,9 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// One online-softmax step of the warp-split decode kernels (dense and AURA) on an S^T tile of 16
-// tokens x 8 query columns in the mma accumulator layout: x[0], x[1] are token lane/4 and columns
-// 2(lane%4) + {0, 1}, x[2], x[3] token lane/4 + 8, same columns; log2 units, -inf where masked.
-// Updates each column's running max (warp-uniform per column after the shuffles) and this lane's
-// share of its sum, writes p (0 where masked) and alpha, the factor for the old state. Returns
-// whether a running max grew on this lane: the caller rescales O only if any lane's did.
+// One online-softmax step of the warp-split kernels on an S^T tile [16 tokens x 8 columns] in the mma
+// accumulator layout (x[0..1]: token lane/4, x[2..3]: token lane/4 + 8; log2 units, -inf masked). True
+// where a running max grew on this lane: the caller rescales O only if any lane's did.
 __device__ __forceinline__ bool online_softmax_tile(const float (&x)[4], float (&m_run)[2], float (&l_run)[2],
                                                     float (&pr)[4], float (&alpha)[2]) {
   bool grew = false;
@@ -518,13 +504,9 @@ constexpr bool distinct_banks(int n, F word_of) {
   return true;
 }
 
-// The end-of-block merge of W warps' online-softmax states for R rows (decode.md §5 within a CTA),
-// through shared memory [W][R] m (log2 units), l and each warp's weight in its row's merge. After the
-// warps wrote m and l (and a CTA barrier), weigh() computes the weights once per (warp, row) with
-// the threads < W * R; after another barrier, row_sum / weight serve the reduction of the warps'
-// partial outputs. A warp that saw no token has m = -inf, l = 0, o = 0: weight 0, never
-// exp2(-inf - -inf). Shared by the dense split kernel (R = 16 heads) and AURA's warp-split pass 1
-// (R = 8 query rows).
+// The end-of-block merge of W warps' states for R rows (decode.md §5), through shared [W][R] m (log2), l
+// and weights: weigh() once after the warps wrote m and l, row_sum / weight after another barrier. A
+// warp that saw no token gets weight 0, never exp2(-inf - -inf).
 template <int W, int R>
 struct WarpStates {
   float* m;  // [W][R]

@@ -2,9 +2,9 @@
 // KV cache, contiguous [B, Hkv, T_cap, D] or paged [num_blocks, page_size, Hkv, D].
 //
 // A CTA owns (split, KV head, sequence) and the group's query heads, so each K/V byte of a split
-// crosses HBM once for the group (§3). fp16/bf16 take the tensor-core kernel, fp32 the CUDA-core
+// crosses HBM once for the group (decode.md §3). fp16/bf16 take the tensor-core kernel, fp32 the CUDA-core
 // one (exact fp32 products). The split rule runs on the device from seq_lens, bit for bit the
-// reference's split_chunk, so the host fixes S from static values only (§4, §8).
+// reference's split_chunk, so the host fixes S from static values only (decode.md §4, §8).
 //
 // The kernels by concern: decode_plan.cuh (parameters, split rule, epilogue stores), decode_simt.cuh
 // (fp32), decode_tiles.cuh (tensor-map copies), decode_mma.cuh (fp16/bf16 warp-split), decode_dims.cuh

@@ -6,14 +6,8 @@
 
 namespace aura {
 
-// ------------------------------------------------------------------------ the balanced schedule
-// decode.md §4: static splits leave SMs idle (CTAs finish at different times under saturation), so
-// the balanced schedule hands out work at run time. decode_balance_plan_kernel reads seq_lens on the
-// device and cuts every (sequence, KV head, head tile) into chunks of one length, sized so that the
-// whole batch makes about kBalancedItemsPerSlot items per CTA slot; a persistent grid of one CTA per
-// slot claims items from a counter until none is left. Each item writes its own partial rows (item
-// * heads_per_cta + g), so which CTA ran an item changes nothing: the result is deterministic, and a
-// graph replay is bitwise eager. The merge finds a row's items from the plan.
+// Each item writes its own partial rows (item * heads_per_cta + g), so which CTA ran it changes nothing:
+// the result is deterministic and a graph replay is bitwise eager (decode.md §4).
 
 // One CTA. chunk = round_up(max(min_chunk, ceil(tokens * units / target_items)), tile), at most the
 // capacity rounded up to a tile; so items <= target_items + B * units (the host's buffer bound).

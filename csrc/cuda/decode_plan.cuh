@@ -95,11 +95,9 @@ struct SplitWork {
   int64_t part_row;
 };
 
-// Common prologue of both split kernels. Returns false for an empty split after writing what an
-// empty split owes: with S > 1, lse = -inf and no partial (the merge skips it; a stale partial may
-// hold NaN); with S == 1 nothing merges, so out = 0 and lse = -inf are final.
-// In two parts: the CTA's heads (no memory reads, so q can be requested before seq_lens arrives),
-// then its tokens.
+// The split kernels' prologue, in two parts so q can be requested before seq_lens arrives. An empty
+// split writes what it owes and returns false: S > 1, lse = -inf (the merge skips its stale partial);
+// S == 1, the final out = 0, lse = -inf.
 __device__ __forceinline__ void plan_split_heads(const DecodeParams& p, SplitWork& w) {
   w.s = blockIdx.x;
   w.kvh = blockIdx.y / p.head_tiles;

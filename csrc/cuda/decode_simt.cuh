@@ -74,10 +74,8 @@ __device__ __forceinline__ void next_stage(const DecodeParams& p, const SplitWor
   __syncthreads();
 }
 
-// Online-softmax update of one stage for head rows g < nh (one warp per row), log2 units; the
-// CUDA-core kernel's (the tensor-core kernel keeps its softmax in registers). The stage has >= 1
-// valid token, so m_new is finite and exp2(m_old - m_new) is 0, not NaN, on the first stage
-// (m_old = -inf). Writes p in place of the logits and the row's running max, sum and rescale.
+// Online softmax of one stage, one warp per head row, log2 units; p overwrites the logits. The stage
+// has a valid token, so m_new is finite and the first stage's exp2(-inf - m_new) is 0, not NaN.
 template <int TS, int THREADS>
 __device__ __forceinline__ void softmax_stage(float* s_rows, float* ms, float* ls, float* as, int nh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -105,11 +103,8 @@ __device__ __forceinline__ void softmax_stage(float* s_rows, float* ms, float* l
   }
 }
 
-// ------------------------------------------------------------------------ CUDA-core kernel (fp32)
-// Exact fp32 math for fp32 caches (tensor cores would round K and V to tf32). Per stage:
-//   QK: one thread per (head, token), the full dot product from shared memory (rows padded by 16
-//       bytes: the 8 lanes of a 16-byte access phase hit disjoint banks), VEC partial sums;
-//   PV: one thread per (head, 4 dims), output accumulators in shared memory so any G fits.
+// Exact fp32 (tensor cores would round K and V to tf32): QK one thread per (head, token), PV one per
+// (head, 4 dims), the output in shared memory so any G fits.
 template <typename T, int D>
 __global__ void __launch_bounds__(kSimtThreads) flash_decode_split_simt_kernel(const DecodeParams p) {
   constexpr int TS = decode_stage_tokens<T, D>();
