@@ -2,7 +2,8 @@
 
 The stable ABI (torch/csrc/stable, torch/headeronly) compiles without a CUDA build of torch, so CI,
 which has nvcc but no GPU, proves every .cu builds for sm_90 with the exact flags of setup.py
-(docs/decode.md §9). The kernels themselves run in tests/cuda on a GPU.
+(docs/decode.md §9), and every kernel header compiles on its own. The kernels themselves run in
+tests/cuda on a GPU.
 """
 
 import os
@@ -41,6 +42,35 @@ def compiled(tmp_path_factory):
     for p in procs.values():
         if p.poll() is None:
             p.kill()
+
+
+# the kernel headers, split by concern: each must compile on its own (it includes what it uses)
+CUDA_HEADERS = sorted((REPO / "csrc" / "cuda").glob("*.cuh"))
+
+
+@pytest.fixture(scope="module")
+def headers_compiled(tmp_path_factory):
+    """One translation unit per header, front end only (PTX, no ptxas: no template is instantiated)."""
+    out = tmp_path_factory.mktemp("nvcc_headers")
+    procs = {}
+    for header in CUDA_HEADERS:
+        unit = out / (header.stem + "_alone.cu")
+        unit.write_text(f'#include "cuda/{header.name}"\n')
+        cmd = [NVCC, "-std=c++20", "-c", "-DUSE_CUDA", TORCH_TARGET, "--expt-relaxed-constexpr",
+               "-gencode", "arch=compute_90,code=compute_90", f"-I{TORCH_INCLUDE}", f"-I{REPO / 'csrc'}", str(unit),
+               "-o", str(out / (header.stem + ".o"))]
+        procs[header.name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield procs
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.parametrize("header", CUDA_HEADERS, ids=lambda p: p.name)
+def test_cuda_header_compiles_on_its_own(header, headers_compiled):
+    _, stderr = headers_compiled[header.name].communicate(timeout=1800)
+    assert headers_compiled[header.name].returncode == 0, f"{header.name} alone:\n{stderr[-5000:]}"
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
