@@ -18,7 +18,7 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
 class _P1Args(ctypes.Structure):
-    """Field for field the ``P1Args`` struct of csrc/cpu/aura.cpp."""
+    """Field for field the ``P1Args`` struct of csrc/cpu/pass1_args.h (tests/build/test_pass1_struct.py)."""
     _fields_ = [
         ("q", _ptr), ("k_codes", _ptr), ("v_codes", _ptr), ("k_norms", _ptr), ("v_norms", _ptr),
         ("k_code_stride", _i64 * 3), ("v_code_stride", _i64 * 3),
@@ -32,7 +32,7 @@ class _P1Args(ctypes.Structure):
 
 
 class _DecodeArgs(ctypes.Structure):
-    """Field for field the ``DecodeArgs`` struct of csrc/cpu/decode.cpp."""
+    """Field for field the ``DecodeArgs`` struct of csrc/cpu/decode.cpp (tests/build/test_pass1_struct.py)."""
     _fields_ = [
         ("q", _ptr), ("q_kind", _i64), ("q_stride", _i64 * 2), ("scale", ctypes.c_double),
         ("k", _ptr), ("v", _ptr), ("kind", _i64), ("k_stride", _i64 * 3), ("v_stride", _i64 * 3),
