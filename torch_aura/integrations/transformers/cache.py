@@ -254,31 +254,32 @@ class AuraKVLayer(CacheLayerMixin):
         if self.record_past and not torch.compiler.is_compiling():  # a crop of this chunk's tokens must restore the window
             self.aura.reserve_rollback(min(L, _PREFILL_ROLLBACK) if prefill else L)
         if prefill and self.exact_prefill:
-            last = query[:, :, -min(L, _AUTO_QUERIES):].transpose(1, 2)  # what scheme="auto" measures heads with
-            self.aura.append(k_rows, v_rows, lengths=lengths, left_padded=True, queries=last, query_scale=scaling)
-            self._mark_static()  # "auto" allocates its stores here
+            self._append_prefill(query, k_rows, v_rows, lengths, scaling)
             return sdpa_attention_forward(module, query, k, v, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)[0]
         if 1 < L <= _STEPWISE_MAX and self.aura.windowed:
             return self._attend_token_by_token(query, k_rows, v_rows, lengths if prefill else None, scaling)
         if prefill:
-            last = query[:, :, -min(L, _AUTO_QUERIES):].transpose(1, 2)
-            self.aura.append(k_rows, v_rows, lengths=lengths, left_padded=True, queries=last, query_scale=scaling)
-            self._mark_static()
+            self._append_prefill(query, k_rows, v_rows, lengths, scaling)
         else:
             self.aura.append(k_rows, v_rows)
         q = query[:, :, 0] if L == 1 else query.transpose(1, 2)
         out, _ = self.aura.decode(q, scale=scaling)
         return out.unsqueeze(1) if L == 1 else out
 
+    def _append_prefill(self, query, k_rows, v_rows, lengths, scaling) -> None:
+        """The prefill's K/V into the cache, with the last queries ``scheme="auto"`` measures heads with."""
+        self.aura.append(k_rows, v_rows, lengths=lengths, left_padded=True, queries=_last_queries(query),
+                         query_scale=scaling)
+        self._mark_static()  # "auto" allocates its stores here
+
     def _attend_token_by_token(self, query, k_rows, v_rows, lengths, scaling) -> torch.Tensor:
         """A chunk of at most ``_STEPWISE_MAX`` tokens over an exact window, one decode step per token:
         each query sees the window it would have seen had its tokens come one at a time (the cache's
         own causal form attends the chunk's final window), so verified drafts match greedy decoding."""
-        B, L = k_rows.shape[:2]
+        L = k_rows.shape[1]
         if self.aura.schemes is None:  # "auto" chooses from the whole chunk first
-            self.aura.choose_schemes(k_rows, v_rows, query[:, :, -min(L, _AUTO_QUERIES):].transpose(1, 2), scaling,
-                                     lengths, left_padded=True)
+            self.aura.choose_schemes(k_rows, v_rows, _last_queries(query), scaling, lengths, left_padded=True)
             self._mark_static()
         outs = []
         for i in range(L):
@@ -396,6 +397,11 @@ def _layer_schemes(scheme, n_layers: int, bits_per_coordinate, candidates) -> li
     return per_layer
 
 
+def _last_queries(query: torch.Tensor) -> torch.Tensor:
+    """A chunk's last ``_AUTO_QUERIES`` queries ``[B, Lq, Hq, D]`` (from transformers' ``[B, Hq, L, D]``)."""
+    return query[:, :, -min(query.shape[2], _AUTO_QUERIES):].transpose(1, 2)
+
+
 def _left_padded_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
     """Real tokens per row of a prefill, ``[B]`` int32; raises unless each row's real tokens come last.
 
@@ -453,8 +459,8 @@ class AuraKVCache(Cache):
         sink_tokens: the first tokens of each row kept exact in the model's dtype (attention
             sinks); recommended 4 (benchmarks/results/aura_quality_cpu.md, aura-format.md §14).
         recent_tokens: the last tokens of each row kept exact, a ring buffer (local heads);
-            recommended 128. Default 0 and 0: every token compressed, until the window's GPU path
-            has run on the device. Under assisted generation (transformers' past recording) the
+            recommended 64-128 (docs/aura-quality.md). Default 0 and 0: every token compressed, so
+            the cache's bytes are its scheme's. Under assisted generation (transformers' past recording) the
             ring keeps as many spare slots as the last chunk had tokens, so rejected drafts are
             cropped without shortening the window.
         exact_prefill: True: the prefill attends exactly (SDPA); False: through the compressed
