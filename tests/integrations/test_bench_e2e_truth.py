@@ -1,0 +1,80 @@
+"""bench_e2e_transformers.py judges each row against an fp32 truth on transformers' own torch paths.
+
+Deep random-weight stacks amplify rounding: at 48 Qwen3-Next layers two exact bf16 paths end at logit
+cosine ~0.96 to each other, so "is our path wrong" is asked of an fp32 copy of the stack, not of the
+other bf16 path. These tests pin the verdict rule and that the truth really runs transformers' torch
+functions (not FLA's, not ours), on tiny stacks on the CPU.
+"""
+
+import importlib
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch, hf_transformers):
+    monkeypatch.syspath_prepend(str(BENCH))  # the scripts import their siblings (_harness) as run from there
+    return importlib.import_module("bench_e2e_transformers")
+
+
+def _row(prefill, decode):
+    return {"truth_prefill_cos": prefill, "truth_decode_cos": decode, "prefill_cos": 0.0, "decode_cos": 0.0}
+
+
+def test_judge_against_the_truth_scales_with_the_default_paths_error(bench):
+    default = _row(0.96, 0.95)  # a deep stack: the default bf16 path is 0.04 / 0.05 away from fp32
+    # within TRUTH_RATIO x the default's error plus 1 - 0.995: correct even though cos to default is 0
+    assert bench.judge(_row(0.93, 0.91), 0.995, default)
+    assert not bench.judge(_row(0.80, 0.95), 0.995, default)  # prefill 5x further than default's
+    assert not bench.judge(_row(0.96, 0.85), 0.995, default)  # decode 3x further
+    # a compressed scheme's floor widens the slack by its own 1 - cosine_min
+    assert bench.judge(_row(0.90, 0.88), 0.95, default)
+
+
+def test_judge_without_a_truth_compares_with_the_default_path(bench):
+    row = {"prefill_cos": 0.999, "decode_cos": 0.994}
+    assert not bench.judge(row, 0.995, None)
+    assert bench.judge(row, 0.99, None)
+    assert bench.judge(row, 0.99, {"variant": "default"})  # a default row without truth fields
+
+
+def test_torch_only_runs_transformers_torch_functions_and_restores(bench, tat, transformers_torch_gdn):
+    from torch_aura.integrations.transformers import gdn
+
+    model = bench.build("qwen3-next", 2, True, __import__("torch").device("cpu"))
+    name = "transformers.models.qwen3_next.modeling_qwen3_next"
+    module = importlib.import_module(name)
+    kinds = gdn.discover()[name]
+    tat.enable(model)
+    ours = {g: getattr(module, g) for g in kinds.values()}
+    with bench.torch_only(model):
+        for g in kinds.values():
+            fn = getattr(module, g)
+            assert fn is inspect.unwrap(fn) and fn.__module__ == name, g  # the undecorated torch function
+    assert {g: getattr(module, g) for g in kinds.values()} != ours  # torch_only disabled ours ...
+    tat.disable(model)
+    assert all(getattr(module, g) is not inspect.unwrap(getattr(module, g)) for g in kinds.values())  # ... and restored
+
+
+def test_tiny_run_reports_cosines_to_the_truth(tmp_path, hf_transformers, transformers_torch_gdn):
+    cmd = [sys.executable, str(BENCH / "bench_e2e_transformers.py"), "--tiny", "--models", "llama3-8b,qwen3-next",
+           "--contexts", "64", "--batches", "1,2", "--layers", "2", "--truth-tokens", "4096",
+           "--variants", "default,aura-attn,aura4v2", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=BENCH, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [json.loads(line) for f in (tmp_path / "raw").glob("e2e_transformers_*.jsonl") for line in f.open()]
+    e2e = [r for r in rows if r.get("kind") == "e2e"]
+    assert {r["model"] for r in e2e} == {"llama3-8b", "qwen3-next"} and len(e2e) == 12
+    for r in e2e:
+        assert r["correct"], r
+        floor = 0.999 if r["variant"] != "aura4v2" else 0.95
+        assert min(r["truth_prefill_cos"], r["truth_decode_cos"]) >= floor, r
+    assert "vs fp32: cos (prefill / decode), agreement" in (tmp_path / "e2e_transformers_qwen3-next_cpu.md").read_text()
