@@ -1,6 +1,6 @@
 """AURA quality against exact attention on structured synthetic K/V (issue 43, deliverable 3).
 
-    python benchmarks/bench_aura_quality.py [--T 8192] [--trials 4] [--long] [--out FILE]
+    python benchmarks/bench_aura_quality.py [--T 8192] [--trials 4] [--long] [--device cuda|cpu] [--out FILE]
 
 What it measures, per scheme at its bytes per token-head (K + V, D = 128):
 
@@ -20,8 +20,8 @@ token's logit 4-7 std above the mean for every query (attention sinks); local he
 mean at a random depth in [5%, 95%) of the context. V ~ N(0, I).
 
 AURA rows use the package's own ops (``aura_encode`` / ``aura_dequantize`` with the layer's
-codebooks and sign masks, on the CPU; the check below ties them to ``AuraCache.decode``'s
-compressed-domain attention); "+sS/wW" rows keep the first S and last W tokens exact (the
+codebooks and sign masks, on ``--device``: on CUDA, the CUDA kernels; the check below ties them to
+``AuraCache.decode``'s compressed-domain attention); "+sS/wW" rows keep the first S and last W tokens exact (the
 ``sink_tokens`` / ``recent_tokens`` options, bytes of bf16 amortised over T). Peer rows are our
 own reimplementation of TurboQuant (Zandieh et al., arXiv 2504.19874) from the paper's
 description: a dense random orthogonal rotation, a Lloyd-Max Gaussian codebook scaled 1/sqrt(d)
@@ -33,6 +33,11 @@ channels of largest RMS at b + 2 bits, the other 96 at b bits, each its own inst
 Correctness comes first and the run stops on a failure: aura8v8 close to exact; the harness's
 dequantize-then-attend equal to ``AuraCache.decode`` (the compressed-domain path) on a slice; the
 peer's 4-bit mse at the paper's distortion, its QJL inner products unbiased.
+
+Devices: every random draw (the case, the peers' rotations and sketches, the checks' data) is made
+on the CPU with the fixed seeds and then moved, so a CUDA run measures the same cases as a CPU run;
+exact attention stays fp64 on either. Progress goes to stdout as each row lands, and the markdown
+is rewritten after every row (marked partial until the end), so a run cut short keeps its rows.
 """
 
 from __future__ import annotations
@@ -41,13 +46,15 @@ import argparse
 import itertools
 import math
 import platform
-import subprocess
+import shlex
+import signal
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+import _harness
 import torch_aura
 from torch_aura.aura_cache import AUTO_CANDIDATES, parse_scheme, plan_schemes, scheme_bits
 
@@ -67,12 +74,13 @@ def _constrain(keys, queries, targets):
     return keys + (queries.T @ torch.linalg.solve(queries @ queries.T, resid)).T
 
 
-def make_case(T: int, trials: int, seed: int = 0):
+def make_case(T: int, trials: int, seed: int = 0, device="cpu"):
     """``K, V [B, Hkv, T, D]``, queries ``q [B, Hq, D]`` (logit std 1), retrieval probes
     ``probe_q [B, Hkv, G + PROBES, D]`` (the retrieval heads' own queries first) with their planted
     positions ``probe_t``, and ``stat_q [B, Hkv, STAT, D]``: more queries of each head, under the
     head's structure (sink lift, local boost, needles), standing for the prefill's last queries
-    that scheme="auto" measures; all fp64."""
+    that scheme="auto" measures; all fp64. Drawn on the CPU (the same numbers whatever ``device``),
+    then moved to ``device``."""
     g = torch.Generator().manual_seed(seed)
     g_stat = torch.Generator().manual_seed(seed + 1)  # the stat queries' lifts: the other draws keep their stream
     randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
@@ -109,7 +117,7 @@ def make_case(T: int, trials: int, seed: int = 0):
         K[b, h] = k
         q[b, h * G:(h + 1) * G] = qs[:G]
         stat_q[b, h] = qs[G:n_q]
-    return K, V, q, probe_q, probe_t, stat_q
+    return tuple(t.to(device) for t in (K, V, q, probe_q, probe_t, stat_q))
 
 
 def attend(q, K, V, scale):
@@ -123,9 +131,10 @@ def attend(q, K, V, scale):
 
 # ------------------------------------------------------------------------------ AURA (package)
 def aura_roundtrip(x: torch.Tensor, bits: int, kind: str, layer: int = 0) -> torch.Tensor:
-    """Encode and decode with the package's ops and the layer's tables (fp32, original domain)."""
-    codebook, boundaries = torch_aura.aura_codebook(bits, D)
-    mask = torch_aura.aura_sign_mask(D, 0, layer, kind)
+    """Encode and decode with the package's ops and the layer's tables (fp32, original domain), on
+    ``x``'s device (torch.ops.aura: the device's kernel, or the reference where none is built)."""
+    codebook, boundaries = torch_aura.aura_codebook(bits, D, x.device)
+    mask = torch_aura.aura_sign_mask(D, 0, layer, kind, x.device)
     codes, norms = torch_aura.aura_encode(x.float().contiguous(), codebook, boundaries, bits, mask)
     return torch_aura.aura_dequantize(codes, norms, codebook, bits, mask)  # fp32: 8-bit cosines need no more
 
@@ -156,7 +165,13 @@ class TurboQuantMSE:
     def __init__(self, d: int, bits: int, gen: torch.Generator):
         self.d, self.bits = d, bits
         self.rot, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
-        self.centroids = _CODEBOOKS.setdefault(bits, lloyd_max(bits)) / math.sqrt(d)
+        if bits not in _CODEBOOKS:  # 4000 iterations: once per width, not once per instance
+            _CODEBOOKS[bits] = lloyd_max(bits)
+        self.centroids = _CODEBOOKS[bits] / math.sqrt(d)
+
+    def to(self, device):
+        self.rot, self.centroids = self.rot.to(device), self.centroids.to(device)
+        return self
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         norm = x.norm(dim=-1, keepdim=True)
@@ -176,6 +191,10 @@ class TurboQuantProd:
         self.d, self.mse = d, TurboQuantMSE(d, bits - 1, gen)
         self.S = torch.randn(d, d, generator=gen, dtype=torch.float64)
 
+    def to(self, device):
+        self.mse, self.S = self.mse.to(device), self.S.to(device)
+        return self
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         base = self.mse(x)
         r = x - base
@@ -194,6 +213,10 @@ class TurboQuantSplit:
         self.n_out = n_out
         self.hi, self.lo = TurboQuantMSE(n_out, bits + 2, gen), TurboQuantMSE(d - n_out, bits, gen)
 
+    def to(self, device):
+        self.hi, self.lo = self.hi.to(device), self.lo.to(device)
+        return self
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [B, H, T, D]
         order = x.pow(2).mean(-2, keepdim=True).argsort(-1, descending=True).expand_as(x)
         xs = x.gather(-1, order)
@@ -207,8 +230,8 @@ class TurboQuantSplit:
 _CODEBOOKS: dict[int, torch.Tensor] = {}
 
 
-def peers(gen: torch.Generator) -> dict[str, tuple]:
-    """name -> (K quantizer, V quantizer)."""
+def peers(gen: torch.Generator, device="cpu") -> dict[str, tuple]:
+    """name -> (K quantizer, V quantizer), drawn from the CPU generator ``gen`` and moved to ``device``."""
     out = {}
     for b in (2, 3, 4):
         out[f"tq{b}"] = (TurboQuantMSE(D, b, gen), TurboQuantMSE(D, b, gen))
@@ -217,7 +240,7 @@ def peers(gen: torch.Generator) -> dict[str, tuple]:
         out[f"tqprod{b}"] = (TurboQuantProd(D, b, gen), TurboQuantMSE(D, b, gen))
     for b in (2, 3):
         out[f"tq{b}.5"] = (TurboQuantSplit(D, b, gen), TurboQuantSplit(D, b, gen))
-    return out
+    return {name: (qk.to(device), qv.to(device)) for name, (qk, qv) in out.items()}
 
 
 # ------------------------------------------------------------------------------------ metrics
@@ -229,18 +252,27 @@ class Evaluator:
         live = probe_t >= 0
         exact_top = (probe_q @ K.transpose(-1, -2)).argmax(-1)
         self.probe_ok = live & (exact_top == probe_t)  # probes that exact attention retrieves
+        self.n_ok = int(self.probe_ok.sum())
         self.head_type = [TYPES[(h // G) % len(TYPES)] for h in range(HKV * G)]
+        self.type_heads = {t: torch.tensor([i for i, ty in enumerate(self.head_type) if ty == t], device=K.device)
+                           for t in TYPES}
 
     def row(self, name: str, bytes_per_token: float, Kh, Vh) -> dict:
+        """The row's figures, computed on the device and read back with one host sync."""
         r = {"scheme": name, "bytes": bytes_per_token, "bits": bytes_per_token * 8 / (2 * D)}
+        stats = []  # per scale: mean, worst, worst of each head type; then the retrieved count
         for s in SCALES:
             cos = torch.nn.functional.cosine_similarity(attend(self.q, Kh, Vh, s), self.exact[s], dim=-1)
-            r[f"mean{s}"], r[f"worst{s}"] = cos.mean().item(), cos.min().item()
-            worst_by_type = {t: cos[:, [i for i, ty in enumerate(self.head_type) if ty == t]].min().item()
-                             for t in TYPES}
-            r[f"worst_type{s}"] = min(worst_by_type, key=worst_by_type.get)
+            stats += [cos.mean(), cos.min(), *(cos[:, self.type_heads[t]].min() for t in TYPES)]
         top = (self.probe_q.to(Kh.dtype) @ Kh.transpose(-1, -2)).argmax(-1)
-        r["retrieval"] = ((top == self.probe_t) & self.probe_ok).sum().item() / max(self.probe_ok.sum().item(), 1)
+        stats.append(((top == self.probe_t) & self.probe_ok).sum().double())
+        got = torch.stack(stats).tolist()
+        for i, s in enumerate(SCALES):
+            mean, worst, *by_type = got[i * (2 + len(TYPES)):(i + 1) * (2 + len(TYPES))]
+            r[f"mean{s}"], r[f"worst{s}"] = mean, worst
+            worst_by_type = dict(zip(TYPES, by_type))
+            r[f"worst_type{s}"] = min(worst_by_type, key=worst_by_type.get)
+        r["retrieval"] = int(got[-1]) / max(self.n_ok, 1)
         return r
 
 
@@ -311,7 +343,7 @@ def check_package_path(K, V, q):
     """The harness's dequantize-then-attend equals AuraCache.decode (compressed-domain) on a slice."""
     n = min(1000, K.shape[2])
     k, v = K[:1, :, :n].float(), V[:1, :, :n].float()
-    cache = torch_aura.AuraCache("aura4v2", batch=1, kv_heads=HKV, head_dim=D, capacity=n)
+    cache = torch_aura.AuraCache("aura4v2", batch=1, kv_heads=HKV, head_dim=D, capacity=n, device=K.device)
     cache.append(k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous())
     out, _ = cache.decode(q[:1].float(), scale=1.0)
     ref = attend(q[:1], aura_roundtrip(k, 4, "k"), aura_roundtrip(v, 2, "v"), 1.0)
@@ -320,7 +352,7 @@ def check_package_path(K, V, q):
     # the +sS/wW rows: the cache's exact sinks and ring merged with the middle == with_exact
     S, W = 4, 64
     cache = torch_aura.AuraCache("aura4v2", batch=1, kv_heads=HKV, head_dim=D, capacity=n,
-                                 sink_tokens=S, recent_tokens=W)
+                                 sink_tokens=S, recent_tokens=W, device=K.device)
     cache.append(k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous())
     out, _ = cache.decode(q[:1].float(), scale=1.0)
     ref = attend(q[:1], with_exact(aura_roundtrip(k, 4, "k"), k, S, W), with_exact(aura_roundtrip(v, 2, "v"), v, S, W), 1.0)
@@ -329,14 +361,14 @@ def check_package_path(K, V, q):
     return err, err_w
 
 
-def check_peer():
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(20000, D, generator=gen, dtype=torch.float64)
+def check_peer(device="cpu"):
+    gen = torch.Generator().manual_seed(1)  # drawn on the CPU, in the same order, then moved
+    x = torch.randn(20000, D, generator=gen, dtype=torch.float64).to(device)
     x /= x.norm(dim=-1, keepdim=True)
-    mse = (TurboQuantMSE(D, 4, gen)(x) - x).pow(2).sum(-1).mean().item()
+    mse = (TurboQuantMSE(D, 4, gen).to(device)(x) - x).pow(2).sum(-1).mean().item()
     assert abs(mse - 0.009) < 0.0015, f"TurboQuant_mse 4-bit distortion {mse:.4f}, paper 0.009"
-    y = torch.randn(D, dtype=torch.float64, generator=gen)
-    prod = TurboQuantProd(D, 3, gen)
+    y = torch.randn(D, dtype=torch.float64, generator=gen).to(device)
+    prod = TurboQuantProd(D, 3, gen).to(device)
     bias = ((prod(x) - x) @ y).mean().item() / (x @ y).abs().mean().item()
     assert abs(bias) < 0.02, f"TurboQuant_prod inner products biased: {bias:.3f}"
     return mse, bias
@@ -355,90 +387,170 @@ def fmt_table(rows, T):
     return "\n".join(lines)
 
 
+def machine_line(device: torch.device) -> str:
+    """The header's machine: the GPU's name (and which backend serves the harness's ops there), or
+    the CPU's architecture as before."""
+    if device.type == "cuda":
+        status = torch_aura.backends.status()
+        served = "; ".join(f"{op}: {status[op]['cuda']}" for op in ("aura_encode", "aura_dequantize", "aura_decode"))
+        return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda} ({served})"
+    return platform.machine() if device.type == "cpu" else f"{device.type}, {platform.machine()}"
+
+
+def device_slug(device: torch.device) -> str:
+    return _harness.gpu_slug(torch.cuda.get_device_name(device)) if device.type == "cuda" else device.type
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--T", type=int, default=8192, help="context length (default 8192)")
     p.add_argument("--long", action="store_true", help="T = 32768 with 2 trials")
     p.add_argument("--trials", type=int, default=4, help="independent cases (batch rows)")
-    p.add_argument("--out", type=Path, default=None, help="markdown file (default results/aura_quality_cpu.md)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where the encodes, the attention and the metrics run (default cuda if available, "
+                        "else cpu); the synthetic case is drawn on the CPU either way")
+    p.add_argument("--out", type=Path, default=None,
+                   help="markdown file (default results/aura_quality_<cpu|gpu slug, e.g. h200>[_32k].md)")
     p.add_argument("--windows", default="4:0,0:64,4:64,4:128,16:256",
                    help="sink:recent pairs for the +sS/wW rows")
+    p.add_argument("--keep-going", action="store_true",
+                   help="if the aura8-near-exact check fails, record it as FAILED in the markdown and go on (default: "
+                        "stop there); the checks that tie the harness to AuraCache.decode and the peer always stop")
     args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: this torch has no CUDA device")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     T, trials = (32768, min(args.trials, 2)) if args.long else (args.T, args.trials)
-    out_path = args.out or RESULTS / ("aura_quality_cpu.md" if not args.long else "aura_quality_cpu_32k.md")
-    t0 = time.time()
-    K, V, q, probe_q, probe_t, stat_q = make_case(T, trials)
+    out_path = args.out or RESULTS / f"aura_quality_{device_slug(device)}{'_32k' if args.long else ''}.md"
+    command = " ".join(["python benchmarks/bench_aura_quality.py", *map(shlex.quote, argv)])
+    machine, commit = machine_line(device), _harness.commit()
+    t0 = time.perf_counter()  # the whole run's duration (and the progress lines' stamps); it times no kernel
+
+    def log(msg: str) -> None:
+        if device.type == "cuda":  # the stamp counts the queued work (one sync per progress line)
+            torch.cuda.synchronize(device)
+        print(f"[{time.perf_counter() - t0:8.1f} s] {msg}", flush=True)
+
+    log(f"T = {T}, {trials} trials, device {device} ({machine}); writing {out_path}")
+    K, V, q, probe_q, probe_t, stat_q = make_case(T, trials, device=device)
+    log("case drawn (CPU) and moved")
     ev = Evaluator(K, V, q, probe_q, probe_t)
+    log(f"exact fp64 attention, {ev.n_ok} retrieval probes")
 
-    err, err_w = check_package_path(K, V, q)
-    checks = [f"AuraCache.decode (compressed domain) vs the harness's dequantize + attention, aura4v2, "
-              f"1000 tokens: rel err {err:.1e} (< 1e-4); with sink_tokens=4, recent_tokens=64 (exact "
-              f"sinks and ring merged by merge_attn_states) vs the +s4/w64 row's construction: {err_w:.1e}"]
-    mse, bias = check_peer()
-    checks.append(f"peer TurboQuant_mse 4-bit distortion {mse:.4f} (paper 0.009); TurboQuant_prod "
-                  f"3-bit relative inner-product bias {bias:+.4f} (unbiased)")
+    checks, rows, window_rows, head_rows, peer_rows = [], [], [], [], []
+    sections = [("AURA, every scheme", rows), ("AURA with exact sinks and recent window", window_rows),
+                ("Per-KV-head schemes", head_rows), ("Peer", peer_rows)]
 
-    Kq = {b: aura_roundtrip(K, b, "k") for b in BITS}
-    Vq = {b: aura_roundtrip(V, b, "v") for b in BITS}
-    rows = []
-    for kb, vb in itertools.product(BITS, BITS):
-        name = f"aura{kb}" if kb == vb else f"aura{kb}v{vb}"
-        rows.append(ev.row(name, aura_bytes(kb) + aura_bytes(vb), Kq[kb], Vq[vb]))
-    a8 = next(r for r in rows if r["scheme"] == "aura8")
-    assert a8["mean1"] > 0.999 and a8["worst1"] > 0.99, f"aura8 not close to exact: {a8}"
-    checks.insert(0, f"aura8 vs exact at scale 1: mean cos {a8['mean1']:.5f}, worst {a8['worst1']:.5f} "
-                     "(> 0.999, > 0.99)")
-    window_rows = []
-    for spec in args.windows.split(","):
-        S, W = (int(x) for x in spec.split(":"))
-        for kb, vb in ((4, 2), (4, 4), (3, 3)):
-            name = (f"aura{kb}" if kb == vb else f"aura{kb}v{vb}") + f" +s{S}/w{W}"
-            extra = (S + W) * BF16_TOKEN_HEAD / T
-            window_rows.append(ev.row(name, aura_bytes(kb) + aura_bytes(vb) + extra,
-                                      with_exact(Kq[kb], K, S, W), with_exact(Vq[vb], V, S, W)))
-    head_rows = []
-    for by_type, (S, W) in (({"sink": "aura4v3", "local": "aura4v3", "retrieval": "aura4v3", "plain": "aura8v3"}, (4, 64)),
-                            ({"sink": "aura3v4", "local": "aura3v4", "retrieval": "aura4", "plain": "aura8v4"}, (4, 64)),
-                            ({"sink": "aura4", "local": "aura4", "retrieval": "aura4", "plain": "aura8v4"}, (4, 64))):
-        head_rows.append(per_head_row(ev, K, V, Kq, Vq, by_type, S, W))
-    for budget, (S, W) in ((4.5, (0, 0)), (4.5, (4, 64)), (4.5, (4, 128)), (5.0, (4, 64))):
-        window_bits = (S + W) * BF16_TOKEN_HEAD / T * 8 / (2 * D)
-        if window_bits + scheme_bits(AUTO_CANDIDATES[0], D) <= budget:  # else the window leaves no room at this T
-            head_rows.append(auto_row(ev, K, V, Kq, Vq, stat_q, budget, S, W, AUTO_CANDIDATES))
-    peer_rows = []
-    for name, (qk, qv) in peers(torch.Generator().manual_seed(2)).items():
-        peer_rows.append(ev.row(name, qk.bytes() + qv.bytes(), qk(K).float(), qv(V).float()))
-    took = time.time() - t0
+    def render(final: bool, stopped: str | None = None) -> str:
+        took = time.perf_counter() - t0
+        running = next((name for name, got in reversed(sections) if got), sections[0][0])
+        out = [
+            f"# AURA quality vs exact attention, structured synthetic K/V (T = {T})", "",
+            f"torch {torch.__version__}, {machine}, commit {commit}; `{command}` ({took:.0f} s). D = 128, {trials} "
+            f"trials x {HKV} KV heads x {G} query heads (types {' / '.join(TYPES)}), {ev.n_ok} retrieval probes. "
+            "Cosines are per query head against exact fp64 attention over the raw K/V; 'worst' is the minimum "
+            "over every head and trial; retrieval is the share of planted keys still top-1 (scale-independent). "
+            "Bytes per token-head: codes + fp32 norms of K and V; '+sS/wW' adds S + W exact bf16 tokens "
+            f"amortised over T; bits/coord = bytes x 8 / {2 * D} (norms included).", "",
+        ]
+        if stopped:
+            out += [f"**Stopped** ({took:.0f} s in), in section \"{running}\": {stopped}. The sections below hold "
+                    "the rows finished before it.", ""]
+        elif not final:
+            out += [f"**Partial** ({took:.0f} s in): still running, at section \"{running}\"; the sections "
+                    "below hold the rows finished so far.", ""]
+        out += ["## Correctness checks (run before any figure)", "", *[f"- {c}" for c in checks], ""]
+        if final or rows:
+            out += ["## AURA, every scheme", "", fmt_table(rows, T), ""]
+        if final or window_rows:
+            out += ["## AURA with exact sinks and recent window", "", fmt_table(window_rows, T), ""]
+        if final or head_rows:
+            out += [
+                "## Per-KV-head schemes: explicit by head type, and scheme=\"auto\" within a budget", "",
+                "Explicit rows give each head type its scheme (the cost is the mean over heads). 'auto B' rows: "
+                "`torch_aura.aura_cache.plan_schemes` (what `AuraCache(scheme=\"auto\", bits_per_coordinate=...)` runs at "
+                f"the first append) chooses each KV head's scheme from {', '.join(AUTO_CANDIDATES)} per trial (a layer), "
+                f"from {STAT} further queries of each head (standing for the prefill's last queries; not the evaluated "
+                "ones) at the row's query scale, so that codes + norms + the window's exact tokens amortised over T stay "
+                "within B bits per coordinate; bits/coord is the largest spend over trials and scales.", "",
+                fmt_table(head_rows, T), "",
+                *[f"- {r['scheme']}, chosen at scale {s}: {r['chosen'][s]}" for r in head_rows if "chosen" in r
+                  for s in SCALES], "",
+            ]
+        if final or peer_rows:
+            out += ["## Peer: TurboQuant reimplemented from the paper (arXiv 2504.19874)", "",
+                    fmt_table(peer_rows, T), ""]
+        return "\n".join(out)
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    text = "\n".join([
-        f"# AURA quality vs exact attention, structured synthetic K/V (T = {T})", "",
-        f"torch {torch.__version__}, {platform.machine()}, commit {commit}; `python benchmarks/bench_aura_quality.py"
-        f"{' --long' if args.long else f' --T {T} --trials {trials}'}` ({took:.0f} s). D = 128, {trials} trials x "
-        f"{HKV} KV heads x {G} query heads (types {' / '.join(TYPES)}), {int(ev.probe_ok.sum())} retrieval probes. "
-        "Cosines are per query head against exact fp64 attention over the raw K/V; 'worst' is the minimum "
-        "over every head and trial; retrieval is the share of planted keys still top-1 (scale-independent). "
-        "Bytes per token-head: codes + fp32 norms of K and V; '+sS/wW' adds S + W exact bf16 tokens "
-        f"amortised over T; bits/coord = bytes x 8 / {2 * D} (norms included).", "",
-        "## Correctness checks (run before any figure)", "", *[f"- {c}" for c in checks], "",
-        "## AURA, every scheme", "", fmt_table(rows, T), "",
-        "## AURA with exact sinks and recent window", "", fmt_table(window_rows, T), "",
-        "## Per-KV-head schemes: explicit by head type, and scheme=\"auto\" within a budget", "",
-        "Explicit rows give each head type its scheme (the cost is the mean over heads). 'auto B' rows: "
-        "`torch_aura.aura_cache.plan_schemes` (what `AuraCache(scheme=\"auto\", bits_per_coordinate=...)` runs at "
-        f"the first append) chooses each KV head's scheme from {', '.join(AUTO_CANDIDATES)} per trial (a layer), "
-        f"from {STAT} further queries of each head (standing for the prefill's last queries; not the evaluated "
-        "ones) at the row's query scale, so that codes + norms + the window's exact tokens amortised over T stay "
-        "within B bits per coordinate; bits/coord is the largest spend over trials and scales.", "",
-        fmt_table(head_rows, T), "",
-        *[f"- {r['scheme']}, chosen at scale {s}: {r['chosen'][s]}" for r in head_rows if "chosen" in r
-          for s in SCALES], "",
-        "## Peer: TurboQuant reimplemented from the paper (arXiv 2504.19874)", "", fmt_table(peer_rows, T), "",
-    ])
     out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def on_sigterm(signum, frame):  # a time limit's kill: mark the markdown stopped (below) on the way out
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    def add(section: str, into: list, r: dict) -> None:
+        """Keep a finished row, say so, and rewrite the (partial) markdown."""
+        into.append(r)
+        n = sum(len(got) for _, got in sections)
+        log(f"{section} row {len(into)} ({n} in all): {r['scheme']}: mean cos "
+            + " / ".join(f"{r[f'mean{s}']:.4f}" for s in SCALES) + ", worst "
+            + " / ".join(f"{r[f'worst{s}']:.4f}" for s in SCALES) + f", retrieval {100 * r['retrieval']:.1f}%")
+        out_path.write_text(render(final=False))
+
+    try:
+        err, err_w = check_package_path(K, V, q)
+        checks.append(f"AuraCache.decode (compressed domain) vs the harness's dequantize + attention, aura4v2, "
+                      f"1000 tokens: rel err {err:.1e} (< 1e-4); with sink_tokens=4, recent_tokens=64 (exact "
+                      f"sinks and ring merged by merge_attn_states) vs the +s4/w64 row's construction: {err_w:.1e}")
+        mse, bias = check_peer(device)
+        checks.append(f"peer TurboQuant_mse 4-bit distortion {mse:.4f} (paper 0.009); TurboQuant_prod "
+                      f"3-bit relative inner-product bias {bias:+.4f} (unbiased)")
+        log("checks passed: AuraCache.decode vs the harness; the peer's distortion and bias")
+
+        Kq = {b: aura_roundtrip(K, b, "k") for b in BITS}
+        Vq = {b: aura_roundtrip(V, b, "v") for b in BITS}
+        log(f"AURA encode + decode of K and V at {', '.join(map(str, BITS))} bits")
+        for kb, vb in itertools.product(BITS, BITS):
+            name = f"aura{kb}" if kb == vb else f"aura{kb}v{vb}"
+            add("aura", rows, ev.row(name, aura_bytes(kb) + aura_bytes(vb), Kq[kb], Vq[vb]))
+        a8 = next(r for r in rows if r["scheme"] == "aura8")
+        a8_ok = a8["mean1"] > 0.999 and a8["worst1"] > 0.99
+        checks.insert(0, ("" if a8_ok else "**FAILED** ") + f"aura8 vs exact at scale 1: mean cos {a8['mean1']:.5f}, "
+                      f"worst {a8['worst1']:.5f} (> 0.999, > 0.99)"
+                      + ("" if a8_ok else f", worst head type {a8['worst_type1']}"))
+        if not a8_ok:
+            log(checks[0] + ("; --keep-going: continuing" if args.keep_going else "; stopping (--keep-going goes on)"))
+            assert args.keep_going, f"aura8 not close to exact (worst cos {a8['worst1']:.5f} at scale 1, " \
+                                    f"{a8['worst_type1']} head; --keep-going records it and goes on)"
+        for spec in args.windows.split(","):
+            S, W = (int(x) for x in spec.split(":"))
+            for kb, vb in ((4, 2), (4, 4), (3, 3)):
+                name = (f"aura{kb}" if kb == vb else f"aura{kb}v{vb}") + f" +s{S}/w{W}"
+                extra = (S + W) * BF16_TOKEN_HEAD / T
+                add("window", window_rows, ev.row(name, aura_bytes(kb) + aura_bytes(vb) + extra,
+                                                  with_exact(Kq[kb], K, S, W), with_exact(Vq[vb], V, S, W)))
+        for by_type, (S, W) in (({"sink": "aura4v3", "local": "aura4v3", "retrieval": "aura4v3", "plain": "aura8v3"}, (4, 64)),
+                                ({"sink": "aura3v4", "local": "aura3v4", "retrieval": "aura4", "plain": "aura8v4"}, (4, 64)),
+                                ({"sink": "aura4", "local": "aura4", "retrieval": "aura4", "plain": "aura8v4"}, (4, 64))):
+            add("per-head", head_rows, per_head_row(ev, K, V, Kq, Vq, by_type, S, W))
+        for budget, (S, W) in ((4.5, (0, 0)), (4.5, (4, 64)), (4.5, (4, 128)), (5.0, (4, 64))):
+            window_bits = (S + W) * BF16_TOKEN_HEAD / T * 8 / (2 * D)
+            if window_bits + scheme_bits(AUTO_CANDIDATES[0], D) <= budget:  # else the window leaves no room at this T
+                add("per-head", head_rows, auto_row(ev, K, V, Kq, Vq, stat_q, budget, S, W, AUTO_CANDIDATES))
+        for name, (qk, qv) in peers(torch.Generator().manual_seed(2), device).items():
+            add("peer", peer_rows, ev.row(name, qk.bytes() + qv.bytes(), qk(K).float(), qv(V).float()))
+    except BaseException as e:  # a failed check, an error, ^C: the markdown says where the run stopped
+        out_path.write_text(render(final=False, stopped=f"{type(e).__name__}: {e}"[:300]))
+        raise
+
+    text = render(final=True)
     out_path.write_text(text)
     print(text)
+    log(f"done: {sum(len(got) for _, got in sections)} rows, wrote {out_path}")
     return 0
 
 
