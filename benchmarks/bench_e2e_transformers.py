@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_aura
 
@@ -280,8 +281,11 @@ def torch_only(model):
             setattr(module, global_name, inspect.unwrap(saved[-1][2]))  # the hub/FLA wrappers set __wrapped__
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    # fp32 SDPA with a mask may pick the math path, which holds the T x T scores (64 GB at 32k)
+    backends = [SDPBackend.EFFICIENT_ATTENTION] if next(model.parameters()).is_cuda else [SDPBackend.MATH]
     try:
-        yield
+        with sdpa_kernel(backends):
+            yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         for module, global_name, fn in saved:
