@@ -265,10 +265,22 @@ def fp32_reference(model):
     return ref
 
 
+def fp32_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention signature: SDPA over K/V heads repeated to the query heads."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, is_causal=attention_mask is None and query.shape[2] > 1,
+        scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
 @contextlib.contextmanager
 def torch_only(model):
     """transformers' own pure-PyTorch GDN and conv functions (not FLA, not ours) and fp32 matmuls
     without TF32: the path a truth is computed on."""
+    import transformers
+
     from torch_aura.integrations import transformers as tat
     from torch_aura.integrations.transformers import gdn
 
@@ -281,12 +293,20 @@ def torch_only(model):
             setattr(module, global_name, inspect.unwrap(saved[-1][2]))  # the hub/FLA wrappers set __wrapped__
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    # fp32 SDPA with a mask may pick the math path, which holds the T x T scores (64 GB at 32k)
+    # fp32 SDPA may pick the math path, which holds the T x T scores (64 GB at 32k): only the
+    # memory-efficient kernel, which takes fp32 but not GQA, hence fp32_attention's repeated heads
     backends = [SDPBackend.EFFICIENT_ATTENTION] if next(model.parameters()).is_cuda else [SDPBackend.MATH]
+    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}.values()
+    attn = [c._attn_implementation for c in configs]
+    transformers.AttentionInterface.register("fp32_truth", fp32_attention)
+    for c in configs:
+        c._attn_implementation = "fp32_truth"
     try:
         with sdpa_kernel(backends):
             yield
     finally:
+        for c, a in zip(configs, attn):
+            c._attn_implementation = a
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         for module, global_name, fn in saved:
             setattr(module, global_name, fn)
