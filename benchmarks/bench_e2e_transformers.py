@@ -28,8 +28,8 @@ length in order, each a length the process has not seen: its time to first token
 included, against the same prompt's steady-state time once every length has run (target <= 1.2x).
 
 Per context T and batch B: prefill time (one forward over B x T tokens, last-token logits only;
-B > 1 reuses a one-row prefill, rows repeated with ``reorder_cache``, when the B-row prefill does not
-fit), then DECODE_STEPS teacher-forced steps: median step time beside the GPU's busy time in one
+B > 1 reuses a one-row prefill, rows repeated with ``reorder_cache``, when a variant's B-row prefill
+does not fit; its logits then compare on row 0), then DECODE_STEPS teacher-forced steps: median step time beside the GPU's busy time in one
 step (torch.profiler kernel times: a step far longer than its kernels is bound by the host),
 tokens/s = B / step and its ratio to the fastest baseline of the row, cache bytes, compile time
 (the first compiled step, capture included), logit cosine and teacher-forced argmax agreement with
@@ -324,15 +324,19 @@ def truth_logits(ref, B, T, device, prefill_rows=None) -> dict:
         if ids.shape[0] != B:
             cache.reorder_cache(torch.arange(ids.shape[0], device=device).repeat_interleave(B // ids.shape[0]))
         logits = [ref(steps[s], cache=cache, use_cache=True).logits[:, -1].float() for s in range(DECODE_STEPS)]
-    return {"prefill_logits": out.logits[:, -1].float(), "decode_logits": torch.stack(logits)}
+    return {"prefill_logits": out.logits[:, -1].float(), "decode_logits": torch.stack(logits),
+            "prefill_rows": ids.shape[0]}
 
 
 def compare(res, other, prefix="") -> dict:
-    """Logit cosines (prefill: row 0, whose prompt is the same whether B or one row was prefilled; decode)
-    and teacher-forced argmax agreement of ``res`` with ``other``, keys prefixed by ``prefix``."""
+    """Logit cosines and teacher-forced argmax agreement of ``res`` with ``other``, keys prefixed by
+    ``prefix``. Row 0's prompt and steps are the same whether B or one row was prefilled (the other rows
+    then repeat it), so prefill compares row 0, and decode every row or, where the two prefilled
+    different row counts, row 0."""
+    rows = slice(None) if res.get("prefill_rows") == other.get("prefill_rows") else slice(0, 1)
+    mine, theirs = res["decode_logits"][:, rows], other["decode_logits"][:, rows]
     return {f"{prefix}prefill_cos": cosine(res["prefill_logits"][:1], other["prefill_logits"][:1]),
-            f"{prefix}decode_cos": cosine(res["decode_logits"], other["decode_logits"]),
-            f"{prefix}agreement": agreement(res["decode_logits"], other["decode_logits"])}
+            f"{prefix}decode_cos": cosine(mine, theirs), f"{prefix}agreement": agreement(mine, theirs)}
 
 
 def judge(row, cosine_min, default_row) -> bool:
@@ -566,8 +570,9 @@ def main(argv=None) -> int:
                         continue  # transformers' torch GDN loops take minutes at long contexts
                     row = {"kind": "e2e", "model": name, "variant": variant, "B": B, "T": T, "layers": layers}
                     res = None
-                    # every variant prefills as many rows as the default did, so their logits compare
-                    tries = (B, 1) if base is None and B > 1 else ((base or {}).get("prefill_rows", B),)
+                    # as many rows as the default prefilled, else one (its logits then compare on row 0)
+                    first = base["prefill_rows"] if base else B
+                    tries = (first, 1) if first > 1 else (1,)
                     for rows_prefilled in tries:
                         try:
                             if device.type == "cuda":
@@ -575,7 +580,7 @@ def main(argv=None) -> int:
                                 torch.cuda.reset_peak_memory_stats()
                             res = run_one(model, variant, B, T, device, reps=2 if T * B > 65536 else 3,
                                           prefill_rows=rows_prefilled)
-                            row["prefill_rows"] = rows_prefilled
+                            row["prefill_rows"] = res["prefill_rows"] = rows_prefilled
                             break
                         except torch.OutOfMemoryError:
                             res = None
@@ -587,7 +592,7 @@ def main(argv=None) -> int:
                     if device.type == "cuda":
                         row["peak_gb"] = torch.cuda.max_memory_allocated() / GB
                     if base is None and variant == "default":
-                        base = {**res, "prefill_rows": row["prefill_rows"]}
+                        base = res
                         if ref is not None and B * T <= truth_tokens:
                             try:
                                 truth = truth_logits(ref, B, T, device, row["prefill_rows"])

@@ -78,3 +78,17 @@ def test_tiny_run_reports_cosines_to_the_truth(tmp_path, hf_transformers, transf
         floor = 0.999 if r["variant"] != "aura4v2" else 0.95
         assert min(r["truth_prefill_cos"], r["truth_decode_cos"]) >= floor, r
     assert "vs fp32: cos (prefill / decode), agreement" in (tmp_path / "e2e_transformers_qwen3-next_cpu.md").read_text()
+
+
+def test_compare_falls_back_to_row_0_when_the_prefilled_rows_differ(bench):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    base = {"prefill_logits": torch.randn(4, 32, generator=g), "decode_logits": torch.randn(3, 4, 32, generator=g),
+            "prefill_rows": 4}
+    one_row = {"prefill_logits": base["prefill_logits"][:1].clone(), "prefill_rows": 1,
+               "decode_logits": torch.cat([base["decode_logits"][:, :1], torch.randn(3, 3, 32, generator=g)], 1)}
+    same = bench.compare(one_row, base)  # rows 1-3 repeat row 0's prompt: only row 0 is comparable
+    assert same["prefill_cos"] > 0.9999 and same["decode_cos"] > 0.9999 and same["agreement"] == 1.0
+    one_row["prefill_rows"] = 4  # claimed the same rows: every row compares, and rows 1-3 differ
+    assert bench.compare(one_row, base)["decode_cos"] < 0.9
