@@ -133,3 +133,22 @@ def check_codes_near_boundaries(x, codes, norms, ref_codes, ref_norms, bits, mas
     flipped = diff.any(-1) & finite
     own = r[..., 0] / cb[idx].norm(dim=-1)
     assert_max_rel("norms (flipped codes)", norms[flipped], own[flipped], 1e-5)
+
+
+def assert_compiled_steps_match_eager(compiled_cache, eager_append, eager_decode, g, steps, B, Hkv, Hq, D):
+    """``steps`` append-one-token-then-decode steps of ``compiled_cache`` through one
+    ``torch.compile(fullgraph=True)`` trace equal the same steps run eagerly through ``eager_append`` /
+    ``eager_decode`` (a second cache fed the same tokens)."""
+
+    def step(cache, k1, v1, q):
+        cache.append(k1, v1)
+        return cache.decode(q)
+
+    fn = torch.compile(step, fullgraph=True, backend="eager")
+    for _ in range(steps):
+        k1, v1, q = (torch.randn(B, Hkv, D, generator=g), torch.randn(B, Hkv, D, generator=g),
+                     torch.randn(B, Hq, D, generator=g))
+        eager_append(k1, v1)
+        want = eager_decode(q)
+        got = fn(compiled_cache, k1, v1, q)
+        assert torch.allclose(got[0], want[0], atol=1e-6) and torch.allclose(got[1], want[1], atol=1e-6)

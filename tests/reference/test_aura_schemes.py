@@ -12,6 +12,8 @@ import torch
 import torch_aura as ta
 from torch_aura.aura_cache import parse_scheme, plan_schemes, scheme_bits
 
+from _aura_cache import assert_compiled_steps_match_eager
+
 D = 64
 
 
@@ -236,14 +238,4 @@ def test_compiled_mixed_decode_step_fullgraph_matches_eager():
     k, v = rand(g, 2, 9, 2, D), rand(g, 2, 9, 2, D)
     eager.append(k, v)
     compiled.append(k, v)
-
-    def step(cache, k1, v1, q):
-        cache.append(k1, v1)
-        return cache.decode(q)
-
-    fn = torch.compile(step, fullgraph=True, backend="eager")
-    for _ in range(6):
-        k1, v1, q = rand(g, 2, 2, D), rand(g, 2, 2, D), rand(g, 2, 6, D)
-        want = step(eager, k1, v1, q)
-        got = fn(compiled, k1, v1, q)
-        assert torch.allclose(got[0], want[0], atol=1e-6) and torch.allclose(got[1], want[1], atol=1e-6)
+    assert_compiled_steps_match_eager(compiled, eager.append, eager.decode, g, 6, B=2, Hkv=2, Hq=6, D=D)

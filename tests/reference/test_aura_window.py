@@ -16,6 +16,8 @@ import torch
 
 import torch_aura as ta
 
+from _aura_cache import assert_compiled_steps_match_eager
+
 D = 64
 
 
@@ -237,17 +239,7 @@ def test_compiled_decode_step_fullgraph_matches_eager():
     k, v = rand(g, 2, 9, 2, D), rand(g, 2, 9, 2, D)
     eager.append(k, v)
     compiled.append(k, v)
-
-    def step(cache, k1, v1, q):
-        cache.append(k1, v1)
-        return cache.decode(q)
-
-    fn = torch.compile(step, fullgraph=True, backend="eager")
-    for _ in range(8):  # through the wrap-around, one trace
-        k1, v1, q = rand(g, 2, 2, D), rand(g, 2, 2, D), rand(g, 2, 4, D)
-        eager.append(k1, v1)
-        want = eager.c.decode(q)
-        got = fn(compiled.c, k1, v1, q)
-        assert torch.allclose(got[0], want[0], atol=1e-6) and torch.allclose(got[1], want[1], atol=1e-6)
+    # 8 steps: through the ring's wrap-around, one trace
+    assert_compiled_steps_match_eager(compiled.c, eager.append, eager.c.decode, g, 8, B=2, Hkv=2, Hq=4, D=D)
     compiled.k, compiled.v, compiled.rs = eager.k, eager.v, eager.rs
     check(compiled, rand(g, 2, 4, D))
