@@ -111,6 +111,9 @@ _VARS = [
     Var("TORCH_AURA_VLLM_VERIFY", "0", _text, USER,
         "1: each AURA decode step of the vLLM plugin is also run densely and the difference recorded",
         read="per engine, by integrations/vllm/_env.py (which accepts 0 or 1)"),
+    Var("TORCH_AURA_VLLM_GDN", "0", flag, USER,
+        "1: vLLM's Qwen3-Next / Qwen3.5 GDN prefill, decode and causal conv run on torch_aura's GDN ops",
+        read="per vLLM process, by integrations/vllm/gdn.py", readme=False),
     # ------------------------------------------------------------------ developers
     Var("TORCH_AURA_TUNE", "1", flag, DEVELOPER,
         "0 runs every Triton kernel's first config untuned (the GPU tests use it)"),

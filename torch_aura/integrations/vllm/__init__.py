@@ -60,6 +60,10 @@ def register() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     log = logging.getLogger("vllm.torch_aura")
+    from . import gdn
+
+    if gdn.enabled():  # opt-in, independent of the attention backend
+        gdn.install()
     custom = AttentionBackendEnum.CUSTOM
     if custom.is_overridden() and custom.get_path() != BACKEND_PATH:
         log.warning("torch_aura: the CUSTOM attention backend slot already holds %s; leaving it",

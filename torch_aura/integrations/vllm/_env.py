@@ -19,6 +19,7 @@ from ..._checks.aura import BITS
 KV_CACHE_ENV = "TORCH_AURA_VLLM_KV_CACHE"
 VERIFY_ENV = "TORCH_AURA_VLLM_VERIFY"
 VARIABLES = (KV_CACHE_ENV, VERIFY_ENV)  # the "set without CUSTOM" warning and the tests walk these
+GDN_ENV = "TORCH_AURA_VLLM_GDN"  # 1: vLLM's GDN layers run on torch_aura's ops (gdn.py); needs no CUSTOM
 
 
 class AuraBits(NamedTuple):

@@ -71,6 +71,10 @@ def _cpu_get_attn_backend_cls(original):
 def _check_and_update_config(original):
     def check_and_update_config(cls, vllm_config) -> None:
         original(cls, vllm_config)
+        from . import gdn
+
+        if gdn.enabled() and vllm_config.model_config is not None:
+            gdn.check_engine_config(vllm_config)
         check_engine_config(vllm_config)
     return check_and_update_config
 

@@ -1,0 +1,350 @@
+"""TORCH_AURA_VLLM_GDN=1: the adapters that replace vLLM's GDN kernels (torch_aura/integrations/vllm/gdn.py),
+called with vLLM's layouts (state pools with more slots than requests, shuffled slots, the null block 0 and
+padding -1, packed varlen tokens around the 64-token chunk size, mixed has_initial_state, both conv-state
+layouts) against a per-sequence loop in plain torch; the patch and its refusals; and a tiny Qwen3-Next
+served end to end on the routed path, compared with transformers on the same checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import _vllm_serve as s
+
+pytestmark = pytest.mark.usefixtures("vllm")
+
+LENGTHS = (1, 63, 5, 65, 1, 64)  # T = 1 (decode-like rows in a prefill batch), chunk size -1 / +1 / exact
+W, HV, H, K, V = 4, 4, 2, 16, 8
+C = 2 * H * K + HV * V
+
+
+def _gdn():
+    from torch_aura.integrations.vllm import gdn
+
+    return gdn
+
+
+def _slots(n: int, pool: int, seed: int) -> torch.Tensor:
+    """n distinct shuffled slots in 1..pool-1 (slot 0 is vLLM's null block)."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randperm(pool - 1, generator=g)[:n] + 1).to(torch.int32)
+
+
+def _cu(lengths) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def _conv_ref(x_seq, context, weight, bias):
+    """x_seq [n, C], context [C, W-1] -> (silu(conv) [n, C], the new state [C, W-1]), fp64."""
+    xs = torch.cat([context.double(), x_seq.double().T], 1)
+    y = F.conv1d(xs[None], weight.double()[:, None], bias.double(), groups=weight.shape[0])[0]
+    return F.silu(y).T, xs[:, -(W - 1):]
+
+
+def _pool(P, layout, dtype=torch.float32, seed=0):
+    """vLLM's conv pool seen as [P, C, W-1]: dim-first storage, or [P, W-1, C] storage transposed."""
+    g = torch.Generator().manual_seed(seed)
+    if layout == "DS":
+        return torch.randn(P, C, W - 1, generator=g).to(dtype)
+    return torch.randn(P, W - 1, C, generator=g).to(dtype).transpose(1, 2)
+
+
+@pytest.mark.parametrize("layout", ["DS", "SD"])
+def test_causal_conv1d_fn_on_vllm_pool(layout):
+    gdn = _gdn()
+    torch.manual_seed(0)
+    n, P = len(LENGTHS), 11
+    cu = _cu(LENGTHS)
+    x = torch.randn(cu[-1].item(), C)  # packed tokens; vLLM passes the [C, T] transpose
+    weight, bias = torch.randn(C, W) * 0.5, torch.randn(C) * 0.1
+    idx = _slots(n, P, 1)
+    idx[2] = -1  # padding: nothing read or written
+    has_init = torch.tensor([True, False, True, True, False, True])
+    pool = _pool(P, layout)
+    before = pool.clone()
+    y = gdn.causal_conv1d_fn(x.T, weight, bias, activation="silu", conv_states=pool, has_initial_state=has_init,
+                             cache_indices=idx, query_start_loc=cu)
+    assert y.shape == (C, x.shape[0])
+    expect_pool = before.clone().double()
+    for i in range(n):
+        bos, eos = cu[i].item(), cu[i + 1].item()
+        if idx[i] < 0:
+            continue
+        ctx = before[idx[i]] if has_init[i] else torch.zeros(C, W - 1)
+        ys, st = _conv_ref(x[bos:eos], ctx, weight, bias)
+        torch.testing.assert_close(y[:, bos:eos].double(), ys.T, atol=1e-5, rtol=1e-5)
+        expect_pool[idx[i]] = st
+    torch.testing.assert_close(pool.double(), expect_pool, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["DS", "SD"])
+def test_causal_conv1d_update_on_vllm_pool(layout):
+    gdn = _gdn()
+    torch.manual_seed(1)
+    N, P = 5, 9
+    x = torch.randn(N, C)
+    weight, bias = torch.randn(C, W) * 0.5, torch.randn(C) * 0.1
+    idx = _slots(N, P, 2)
+    idx[1], idx[3] = 0, -1  # vLLM's null block and padding: skipped
+    pool = _pool(P, layout)
+    before = pool.clone()
+    y = gdn.causal_conv1d_update(x, pool, weight, bias, "silu", conv_state_indices=idx)
+    expect_pool = before.clone().double()
+    for i in range(N):
+        if idx[i] <= 0:
+            continue
+        ys, st = _conv_ref(x[i:i + 1], before[idx[i]], weight, bias)
+        torch.testing.assert_close(y[i].double(), ys[0], atol=1e-5, rtol=1e-5)
+        expect_pool[idx[i]] = st
+    torch.testing.assert_close(pool.double(), expect_pool, atol=1e-6, rtol=0)
+
+
+def _gates(a, b, A_log, dt_bias):
+    return -A_log.double().exp() * F.softplus(a.double() + dt_bias.double()), torch.sigmoid(b.double())
+
+
+def test_fused_post_conv_prep_splits_normalises_and_gates():
+    gdn = _gdn()
+    torch.manual_seed(2)
+    L = 70
+    conv, a, b = torch.randn(L, C), torch.randn(L, HV), torch.randn(L, HV)
+    A_log, dt_bias = torch.randn(HV) * 0.3, torch.randn(HV) * 0.3
+    q, k, v, g, beta = gdn.fused_post_conv_prep(conv, a, b, A_log, dt_bias, H, K, V)
+    torch.testing.assert_close(q, F.normalize(conv[:, :H * K].reshape(L, H, K), dim=-1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k, F.normalize(conv[:, H * K:2 * H * K].reshape(L, H, K), dim=-1), atol=1e-5,
+                               rtol=1e-5)
+    torch.testing.assert_close(v, conv[:, 2 * H * K:].reshape(L, HV, V))
+    g_ref, beta_ref = _gates(a, b, A_log, dt_bias)
+    torch.testing.assert_close(g.double(), g_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(beta.double(), beta_ref, atol=1e-6, rtol=1e-6)
+    assert g.dtype == beta.dtype == torch.float32 and q.is_contiguous() and v.is_contiguous()
+
+
+def _recurrence(q, k, v, g, beta, S, scale):
+    """One sequence, plain fp64: q, k [T, H, K], v [T, HV, V], g, beta [T, HV], S [HV, V, K] (vLLM's
+    layout); returns (o [T, HV, V], final S)."""
+    rep = HV // H
+    q, k = q.double().repeat_interleave(rep, 1), k.double().repeat_interleave(rep, 1)
+    S, out = S.double().clone(), []
+    for t in range(q.shape[0]):
+        S = S * g[t].double().exp()[:, None, None]
+        r = v[t].double() - torch.einsum("hvk,hk->hv", S, k[t])
+        S = S + (beta[t].double()[:, None] * r)[:, :, None] * k[t][:, None, :]
+        out.append(scale * torch.einsum("hvk,hk->hv", S, q[t]))
+    return torch.stack(out), S
+
+
+def _qkv(T, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(1, T, H, K, generator=g), dim=-1)
+    k = F.normalize(torch.randn(1, T, H, K, generator=g), dim=-1)
+    v = torch.randn(1, T, HV, V, generator=g)
+    gate = F.logsigmoid(torch.rand(1, T, HV, generator=g))
+    beta = torch.sigmoid(torch.randn(1, T, HV, generator=g))
+    return q, k, v, gate, beta
+
+
+def test_chunk_gated_delta_rule_varlen_from_gathered_pool():
+    """vLLM gathers ``ssm_state[prefill_state_indices]`` (zeros where no initial state) and scatters the
+    final states back; the adapter serves the chunked call in between."""
+    gdn = _gdn()
+    n, P = len(LENGTHS), 10
+    cu = _cu(LENGTHS)
+    q, k, v, gate, beta = _qkv(cu[-1].item(), 3)
+    pool = torch.randn(P, HV, V, K) * 0.3
+    idx = _slots(n, P, 4).long()
+    has_init = torch.tensor([True, True, False, True, False, True])
+    h0 = pool[idx]
+    h0[~has_init] = 0
+    o, final = gdn.fla_chunk_gated_delta_rule(q, k, v, gate, beta, initial_state=h0, output_final_state=True,
+                                              cu_seqlens=cu, use_qk_l2norm_in_kernel=False)
+    assert o.shape == v.shape and final.shape == (n, HV, V, K) and final.dtype == torch.float32
+    for i in range(n):
+        bos, eos = cu[i].item(), cu[i + 1].item()
+        o_ref, s_ref = _recurrence(q[0, bos:eos], k[0, bos:eos], v[0, bos:eos], gate[0, bos:eos],
+                                   beta[0, bos:eos], h0[i], K ** -0.5)
+        torch.testing.assert_close(o[0, bos:eos].double(), o_ref, atol=2e-4, rtol=2e-4)
+        torch.testing.assert_close(final[i].double(), s_ref, atol=2e-4, rtol=2e-4)
+
+
+def test_sigmoid_gating_decode_on_shuffled_pool():
+    gdn = _gdn()
+    N, P = 6, 13
+    q, k, v, _, _ = _qkv(N, 5)  # one token per request, packed: cu_seqlens = 0..N
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(N, HV, generator=g), torch.randn(N, HV, generator=g)
+    A_log, dt_bias = torch.randn(HV, generator=g) * 0.3, torch.randn(HV, generator=g) * 0.3
+    pool = torch.randn(P, HV, V, K, generator=g) * 0.3
+    before = pool.clone()
+    idx = torch.cat([_slots(N, P, 7), torch.tensor([5, 6], dtype=torch.int32)])  # longer than N: the prefill rows
+    idx[2], idx[4] = 0, -1
+    cu = torch.arange(N + 1, dtype=torch.int32)
+    o, ret = gdn.fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q * 3, k * 3, v, initial_state=pool,
+                                                        inplace_final_state=True, cu_seqlens=cu,
+                                                        ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+    assert ret is pool and o.shape == v.shape
+    gate, beta = _gates(a, b, A_log, dt_bias)
+    expect = before.clone().double()
+    for i in range(N):
+        if idx[i] <= 0:
+            assert o[0, i].abs().max() == 0
+            continue
+        o_ref, s_ref = _recurrence(q[0, i:i + 1], k[0, i:i + 1], v[0, i:i + 1], gate[i:i + 1], beta[i:i + 1],
+                                   before[idx[i]], K ** -0.5)
+        torch.testing.assert_close(o[0, i].double(), o_ref[0], atol=1e-5, rtol=1e-5)
+        expect[idx[i]] = s_ref
+    torch.testing.assert_close(pool.double(), expect, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_decode_on_shuffled_pool():
+    gdn = _gdn()
+    N, P = 5, 8
+    g = torch.Generator().manual_seed(8)
+    mixed = torch.randn(N, C, generator=g)
+    a, b = torch.randn(N, HV, generator=g), torch.randn(N, HV, generator=g)
+    A_log, dt_bias = torch.randn(HV, generator=g) * 0.3, torch.randn(HV, generator=g) * 0.3
+    pool = torch.randn(P, HV, V, K, generator=g) * 0.3
+    before = pool.clone()
+    idx = _slots(N, P, 9)
+    idx[3] = -1
+    out = torch.full((N, 1, HV, V), float("nan"))
+    gdn.fused_recurrent_gated_delta_rule_packed_decode(mixed, a, b, A_log, dt_bias, 0.25, pool, out, idx,
+                                                       use_qk_l2norm_in_kernel=True)
+    gate, beta = _gates(a, b, A_log, dt_bias)
+    q = F.normalize(mixed[:, :H * K].reshape(N, H, K), dim=-1)
+    k = F.normalize(mixed[:, H * K:2 * H * K].reshape(N, H, K), dim=-1)
+    v = mixed[:, 2 * H * K:].reshape(N, HV, V)
+    for i in range(N):
+        if idx[i] < 0:
+            assert out[i].abs().max() == 0 and torch.equal(pool[[j for j in range(P) if j not in idx[idx > 0]]],
+                                                            before[[j for j in range(P) if j not in idx[idx > 0]]])
+            continue
+        o_ref, s_ref = _recurrence(q[i:i + 1], k[i:i + 1], v[i:i + 1], gate[i:i + 1], beta[i:i + 1],
+                                   before[idx[i]], 0.25)
+        torch.testing.assert_close(out[i, 0].double(), o_ref[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(pool[idx[i]].double(), s_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_then_decode_continues_one_recurrence():
+    """Chunked prefill of a prompt, scattered to its slot, then two decode steps through the pool (conv
+    and recurrence) equal one pass over all the tokens."""
+    gdn = _gdn()
+    torch.manual_seed(10)
+    T, P, slot = 70, 4, 2
+    x = torch.randn(T + 2, C)
+    weight, bias = torch.randn(C, W) * 0.5, torch.randn(C) * 0.1
+    A_log, dt_bias = torch.randn(HV) * 0.3, torch.randn(HV) * 0.3
+    a, b = torch.randn(T + 2, HV), torch.randn(T + 2, HV)
+    conv_pool, ssm_pool = _pool(P, "SD"), torch.zeros(P, HV, V, K)
+    idx = torch.tensor([slot], dtype=torch.int32)
+    y = gdn.causal_conv1d_fn(x[:T].T, weight, bias, conv_pool, _cu([T]), idx, torch.tensor([False])).T
+    q, k, v, g, beta = gdn.fused_post_conv_prep(y, a[:T], b[:T], A_log, dt_bias, H, K, V)
+    o, final = gdn.fla_chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None],
+                                              initial_state=ssm_pool[idx.long()], output_final_state=True,
+                                              cu_seqlens=_cu([T]))
+    ssm_pool[idx.long()] = final
+    outs = [o[0]]
+    for t in (T, T + 1):
+        yt = gdn.causal_conv1d_update(x[t:t + 1], conv_pool, weight, bias, "silu", conv_state_indices=idx)
+        out = torch.empty(1, 1, HV, V)
+        gdn.fused_recurrent_gated_delta_rule_packed_decode(yt, a[t:t + 1], b[t:t + 1], A_log, dt_bias, K ** -0.5,
+                                                           ssm_pool, out, idx, use_qk_l2norm_in_kernel=True)
+        outs.append(out[:, 0])
+    y_all, _ = _conv_ref(x, torch.zeros(C, W - 1), weight, bias)
+    y_all = y_all.float()
+    gate, beta_all = _gates(a, b, A_log, dt_bias)
+    o_ref, s_ref = _recurrence(F.normalize(y_all[:, :H * K].reshape(-1, H, K), dim=-1),
+                               F.normalize(y_all[:, H * K:2 * H * K].reshape(-1, H, K), dim=-1),
+                               y_all[:, 2 * H * K:].reshape(-1, HV, V), gate, beta_all, torch.zeros(HV, V, K),
+                               K ** -0.5)
+    torch.testing.assert_close(torch.cat(outs).double(), o_ref, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(ssm_pool[slot].double(), s_ref, atol=2e-4, rtol=2e-4)
+
+
+# ------------------------------------------------------------------------------- patch and refusals
+@pytest.fixture
+def installed(monkeypatch):
+    gdn = _gdn()
+    monkeypatch.setenv(gdn.GDN_ENV, "1")
+    gdn.install()
+    yield gdn
+    gdn.uninstall()
+
+
+def test_install_routes_the_module_and_uninstall_restores_it(installed):
+    import importlib
+
+    gdn = installed
+    module = importlib.import_module(gdn.MODULE)
+    for name in gdn.ROUTED:
+        assert getattr(module, name) is getattr(gdn, name), name
+    gdn.install()  # idempotent
+    gdn.uninstall()
+    for name in gdn.ROUTED:
+        assert getattr(module, name) is not getattr(gdn, name), name
+    assert not getattr(module.ChunkGatedDeltaRule.__init__, "_torch_aura", False)
+
+
+def test_runtime_only_features_fall_back_by_name(installed, caplog):
+    gdn = installed
+    calls = []
+    gdn._originals["causal_conv1d_update"] = lambda *a, **k: calls.append(a) or "theirs"
+    x, pool = torch.randn(2, C), torch.randn(3, C, W - 1)
+    got = gdn.causal_conv1d_update(x, pool, torch.randn(C, W), None, "silu", torch.tensor([1, 2], dtype=torch.int32),
+                                   num_accepted_tokens=torch.tensor([1, 1]), query_start_loc=torch.tensor([0, 1, 2]))
+    assert got == "theirs" and len(calls) == 1
+    assert any("speculative-decoding layout" in k for k in gdn.FALLBACKS)
+
+
+def test_refusals_name_the_feature():
+    gdn = _gdn()
+    assert gdn.refusals(speculative_method=None, head_k_dim=128, head_v_dim=128) == []
+    (spec,) = gdn.refusals(speculative_method="ngram", head_k_dim=128, head_v_dim=128)
+    assert "speculative decoding ('ngram')" in spec and gdn.GDN_ENV in spec
+    (dim,) = gdn.refusals(head_k_dim=512, head_v_dim=128)
+    assert "linear_key_head_dim 512" in dim
+
+
+def test_engine_refuses_speculative_decoding_with_gdn(tmp_path, monkeypatch):
+    gdn = _gdn()
+    monkeypatch.setenv(gdn.GDN_ENV, "1")
+    model = s.save_qwen3_next(tmp_path / "qwen3_next")
+    with pytest.raises(gdn.GdnRefusal, match="speculative decoding"):
+        s.engine(model, None, dtype="float32", speculative_config={
+            "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2})
+    gdn.uninstall()
+
+
+# ------------------------------------------------------------------------------- end to end
+def _transformers_argmax(model, sequences) -> list[list[int]]:
+    from transformers import Qwen3NextForCausalLM
+
+    m = Qwen3NextForCausalLM.from_pretrained(model, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        return [m(torch.tensor([seq])).logits[0].argmax(-1).tolist() for seq in sequences]
+
+
+def test_qwen3_next_serves_on_the_routed_gdn_path(tmp_path_factory, monkeypatch):
+    """fp32 (vLLM's own CPU GDN op is bf16-only: the routed path also serves fp32): every GDN call runs
+    on torch_aura's ops, and the generated tokens are transformers' greedy choice after each prefix."""
+    gdn = _gdn()
+    monkeypatch.setenv(gdn.GDN_ENV, "1")
+    gdn.CALLS.clear()
+    gdn.FALLBACKS.clear()
+    model = s.save_qwen3_next(tmp_path_factory.mktemp("qwen3_next_gdn"))
+    prompts = s.prompts((5, 63, 65, 130))
+    try:
+        ours, _ = s.generate(model, None, prompts, 16, dtype="float32")
+    finally:
+        gdn.uninstall()
+    assert not gdn.FALLBACKS, dict(gdn.FALLBACKS)
+    for name in ("causal_conv1d_fn", "fla_chunk_gated_delta_rule", "causal_conv1d_update"):
+        assert gdn.CALLS[name] > 0, dict(gdn.CALLS)
+    assert gdn.CALLS["fused_sigmoid_gating_delta_rule_update"] + \
+        gdn.CALLS["fused_recurrent_gated_delta_rule_packed_decode"] > 0, dict(gdn.CALLS)
+    sequences = [p + o for p, o in zip(prompts, ours)]
+    ref = _transformers_argmax(model, sequences)
+    pairs = [(r[len(p) - 1 + i], o[i]) for p, o, r in zip(prompts, ours, ref) for i in range(len(o))]
+    agreement = sum(a == b for a, b in pairs) / len(pairs)
+    assert agreement >= 0.95, (agreement, pairs)

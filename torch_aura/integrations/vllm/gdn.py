@@ -1,0 +1,384 @@
+"""Opt-in: vLLM's Gated DeltaNet layers (Qwen3-Next, Qwen3.5) run on torch_aura's GDN ops.
+
+``TORCH_AURA_VLLM_GDN=1`` in the environment of the process that starts vLLM (its workers inherit
+it) makes :func:`install` replace, in every vLLM process, the kernels that
+``vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py`` calls (the same module and the same
+names in vLLM 0.24 and 0.32) with adapters onto ``torch.ops.aura``:
+
+==============================================  ===============================================
+vLLM's function (module global)                 served by
+==============================================  ===============================================
+``causal_conv1d_fn`` (prefill conv)             ``aura.causal_conv1d`` on the gathered rows
+``causal_conv1d_update`` (decode conv)          ``aura.causal_conv1d_update`` on the pool
+``fused_post_conv_prep`` (split, l2norm, gates) plain torch (fp32 gates, as vLLM's kernel)
+``fla_chunk_gated_delta_rule`` (prefill)        ``aura.gdn_chunk`` (``state_v_first``)
+``fused_sigmoid_gating_delta_rule_update``      ``aura.gdn_recurrent`` on the pool
+``fused_recurrent_gated_delta_rule_packed_decode``  ``aura.gdn_recurrent`` on the pool
+==============================================  ===============================================
+
+``ChunkGatedDeltaRule`` is pinned to its ``forward_native`` method (the one that calls
+``fla_chunk_gated_delta_rule``; vLLM would otherwise pick FlashInfer on Hopper), and on vLLM's CPU
+platform the layer runs its generic ``forward_cuda`` path (vLLM's CPU path is its own bf16-only op)
+so that the routed functions serve it there too.
+
+vLLM's layouts, served as they are: the SSM state pool ``[slots, HV, V, K]`` (our ``state_v_first``),
+one slot per request in ``state_indices`` (``<= 0``: vLLM's null block or padding, skipped); the conv
+pool ``[slots, C, W - 1]`` (a transposed view in vLLM's default layout); packed varlen tokens with
+``query_start_loc`` offsets. Nothing here syncs with the host; slots are gathered and scattered by
+index on the device.
+
+Refused when vLLM builds its engine configuration (:func:`check_engine_config`, a named
+:class:`GdnRefusal`): speculative decoding (multi-token state layouts: ``spec_state_indices [N, T]``,
+``num_accepted_tokens``); linear-attention head dims above 256. A call whose arguments only show
+at run time as unsupported (an extra vLLM feature such as the prefix-caching block indices) goes to
+vLLM's own function, with the reason logged once per reason (:data:`FALLBACKS` counts them).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from ... import _env as _table
+from ._env import GDN_ENV
+MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+MAX_HEAD_DIM = 256  # gdn_chunk / gdn_recurrent: K, V <= 256
+ROUTED = ("causal_conv1d_fn", "causal_conv1d_update", "fused_post_conv_prep", "fla_chunk_gated_delta_rule",
+          "fused_sigmoid_gating_delta_rule_update", "fused_recurrent_gated_delta_rule_packed_decode")
+L2NORM_EPS = 1e-6  # as vLLM's kernels: x / sqrt(sum x^2 + eps)
+
+_log = logging.getLogger("vllm.torch_aura")
+CALLS: collections.Counter = collections.Counter()  # adapter name -> eager calls served by torch_aura
+FALLBACKS: collections.Counter = collections.Counter()  # "adapter: reason" -> calls sent to vLLM's own
+_originals: dict[str, object] = {}
+
+
+class GdnRefusal(ValueError):
+    """A configuration ``TORCH_AURA_VLLM_GDN=1`` cannot serve; the message says what and how to proceed."""
+
+
+def enabled() -> bool:
+    """Whether ``TORCH_AURA_VLLM_GDN`` asks for the routing (``1``; ``0`` or unset: off)."""
+    return _table.get(GDN_ENV)
+
+
+# ------------------------------------------------------------------------------- refusals
+def refusals(*, speculative_method: str | None = None, head_k_dim: int | None = None,
+             head_v_dim: int | None = None) -> list[str]:
+    """One sentence per feature the routing cannot serve (empty: it can)."""
+    out = []
+    unset = f"unset {GDN_ENV} to run vLLM's own GDN kernels"
+    if speculative_method is not None:
+        out.append(f"speculative decoding ({speculative_method!r}): its GDN steps keep one state slot per "
+                   f"draft token (spec_state_indices [N, T], num_accepted_tokens), which torch_aura's "
+                   f"gdn_recurrent / causal_conv1d_update do not serve; drop --speculative-config, or {unset}")
+    for name, dim in (("linear_key_head_dim", head_k_dim), ("linear_value_head_dim", head_v_dim)):
+        if dim is not None and not 1 <= dim <= MAX_HEAD_DIM:
+            out.append(f"{name} {dim}: torch_aura's GDN ops take head dims 1..{MAX_HEAD_DIM}; {unset}")
+    return out
+
+
+def check_engine_config(vllm_config) -> None:
+    """Refuse, before any engine process starts, what the routing cannot serve (:class:`GdnRefusal`)."""
+    model = vllm_config.model_config
+    if model is None:
+        return
+    text = model.hf_text_config
+    if getattr(text, "linear_key_head_dim", None) is None:
+        _log.info("torch_aura: %s=1 has no effect on %s (no gated-delta-rule layers)", GDN_ENV,
+                  getattr(text, "model_type", "this model"))
+        return
+    spec = vllm_config.speculative_config
+    reasons = refusals(speculative_method=None if spec is None else (spec.method or "unknown"),
+                       head_k_dim=text.linear_key_head_dim, head_v_dim=getattr(text, "linear_value_head_dim", None))
+    if reasons:
+        msg = (f"torch_aura's GDN routing ({GDN_ENV}=1) cannot serve this configuration:\n"
+               + "\n".join(f"  - {r}" for r in reasons))
+        _log.error("%s", msg)
+        raise GdnRefusal(msg)
+
+
+# ------------------------------------------------------------------------------- helpers
+def _fallback(name: str, reason: str, *args, **kwargs):
+    """Send the call to vLLM's own function, logging the reason once per (function, reason)."""
+    key = f"{name}: {reason}"
+    if key not in FALLBACKS:
+        _log.warning("torch_aura: %s: %s; this call runs vLLM's own %s", name, reason, name)
+    FALLBACKS[key] += 1
+    return _originals[name](*args, **kwargs)
+
+
+def _count(name: str) -> None:
+    if not torch.compiler.is_compiling():
+        CALLS[name] += 1
+
+
+def _slots(indices: torch.Tensor, n: int, *invalid: int | None) -> torch.Tensor:
+    """vLLM's per-request slots -> our int32 pool rows, -1 where vLLM skips (padding, the null block)."""
+    idx = indices[:n]
+    skip = idx < 0
+    for value in invalid:
+        if value is not None:
+            skip = skip | (idx == value)
+    return torch.where(skip, torch.full_like(idx, -1), idx).to(torch.int32)
+
+
+def _activation(activation):
+    if activation in (None, False):
+        return None
+    if activation is True or activation in ("silu", "swish"):
+        return "silu"
+    raise ValueError(activation)
+
+
+def _gates(a, b, A_log, dt_bias, beta: float = 1.0, threshold: float = 20.0):
+    """vLLM's gating in fp32: ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``."""
+    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float(), beta=beta, threshold=threshold)
+    return g, torch.sigmoid(b.float())
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.square().sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------- adapters
+def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None, has_initial_state=None,
+                     activation="silu", pad_slot_id=-1, null_block_id=0, block_idx_first_scheduled_token=None,
+                     block_idx_last_scheduled_token=None, initial_state_idx=None, num_computed_tokens=None,
+                     block_size_to_align=0, metadata=None, validate_data=False):
+    """vLLM's prefill conv: ``x [C, T]`` (channels-first view of packed tokens), the pool
+    ``conv_states [slots, C, W - 1]``, sequence n = tokens ``[qsl[n], qsl[n+1])`` in slot
+    ``cache_indices[n]`` (its old row read only where ``has_initial_state[n]``); returns ``[C, T]``."""
+    name = "causal_conv1d_fn"
+    args = (x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state, activation,
+            pad_slot_id, null_block_id, block_idx_first_scheduled_token, block_idx_last_scheduled_token,
+            initial_state_idx, num_computed_tokens, block_size_to_align, metadata, validate_data)
+    if any(t is not None for t in (block_idx_first_scheduled_token, block_idx_last_scheduled_token,
+                                   initial_state_idx, num_computed_tokens)):
+        return _fallback(name, "prefix-caching block indices (mamba cache mode 'all')", *args)
+    if cache_indices is None or cache_indices.dim() != 1 or x.dim() != 2:
+        return _fallback(name, "not the varlen layout (x [C, T], 1-D cache_indices)", *args)
+    try:
+        act = _activation(activation)
+    except ValueError:
+        return _fallback(name, f"activation {activation!r}", *args)
+    _count(name)
+    n = query_start_loc.shape[0] - 1
+    rows = _slots(cache_indices, n, pad_slot_id, null_block_id)
+    valid = rows >= 0
+    gather = rows.clamp(min=0).long()
+    keep = valid if has_initial_state is None else valid & has_initial_state[:n].bool()
+    state = conv_states[gather]  # a copy [n, C, W - 1]
+    state = torch.where(keep[:, None, None], state, torch.zeros((), dtype=state.dtype, device=state.device))
+    state = state.contiguous()
+    xt = x.transpose(0, 1)  # [T, C]
+    if xt.stride(-1) != 1:
+        xt = xt.contiguous()
+    y = torch.ops.aura.causal_conv1d(xt[None], weight, bias, state, query_start_loc, act)[0]
+    # skipped sequences (padding, the null block) write their slot's old row back: the null block 0
+    # and padding never name a real request's slot
+    conv_states[gather] = torch.where(valid[:, None, None], state.to(conv_states.dtype), conv_states[gather])
+    return y.transpose(0, 1)
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None,
+                         num_accepted_tokens=None, query_start_loc=None, max_query_len=-1, null_block_id=0,
+                         block_idx_last_scheduled_token=None, initial_state_idx=None, validate_data=False, **kw):
+    """vLLM's decode conv: ``x [N, C]`` (one token per request) or ``[N, C, L]``, the pool
+    ``conv_state [slots, C, W - 1]`` updated in place at ``conv_state_indices``; 0.32's ``out=``."""
+    name = "causal_conv1d_update"
+    out = kw.pop("out", None)
+
+    def fallback(reason):
+        extra = {} if out is None else {"out": out}
+        return _fallback(name, reason, x, conv_state, weight, bias, activation, conv_state_indices,
+                         num_accepted_tokens, query_start_loc, max_query_len, null_block_id,
+                         block_idx_last_scheduled_token, initial_state_idx, validate_data, **extra, **kw)
+
+    if kw:
+        return fallback(f"arguments {sorted(kw)} of a newer vLLM")
+    if num_accepted_tokens is not None or query_start_loc is not None:
+        return fallback("speculative-decoding layout (num_accepted_tokens / query_start_loc)")
+    if block_idx_last_scheduled_token is not None or initial_state_idx is not None:
+        return fallback("prefix-caching block indices (mamba cache mode 'all')")
+    try:
+        act = _activation(activation)
+    except ValueError:
+        return fallback(f"activation {activation!r}")
+    _count(name)
+    tokens = x if x.dim() == 2 else x.transpose(1, 2)  # vLLM's 3-D x is [N, C, L]; ours [N, L, C]
+    if tokens.stride(-1) != 1:
+        tokens = tokens.contiguous()
+    n = tokens.shape[0]
+    rows = (torch.arange(n, dtype=torch.int32, device=x.device) if conv_state_indices is None
+            else _slots(conv_state_indices, n, null_block_id))
+    if conv_state.stride(-1) == 1:
+        y = torch.ops.aura.causal_conv1d_update(tokens, conv_state, weight, bias, act, rows)
+    else:  # vLLM's default layout: the pool is [slots, W - 1, C], seen through a transpose
+        valid = rows >= 0
+        gather = rows.clamp(min=0).long()
+        state = conv_state[gather].contiguous()
+        local = torch.where(valid, torch.arange(n, dtype=torch.int32, device=x.device), -1).to(torch.int32)
+        y = torch.ops.aura.causal_conv1d_update(tokens, state, weight, bias, act, local)
+        conv_state[gather] = torch.where(valid[:, None, None], state, conv_state[gather])
+    if x.dim() == 3:
+        y = y.transpose(1, 2)
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y
+
+
+def fused_post_conv_prep(conv_output, a, b, A_log, dt_bias, num_k_heads, head_k_dim, head_v_dim,
+                         apply_l2norm=True, output_g_exp=False):
+    """Split the conv output ``[L, 2*H*K + HV*V]`` into contiguous ``q, k [L, H, K]``, ``v [L, HV, V]``
+    (q, k l2-normalised and rounded to the input dtype), and the fp32 gates ``g, beta [L, HV]``."""
+    _count("fused_post_conv_prep")
+    L = conv_output.shape[0]
+    H, K, V = num_k_heads, head_k_dim, head_v_dim
+    q, k, v = conv_output.split([H * K, H * K, conv_output.shape[1] - 2 * H * K], dim=-1)
+    q, k, v = q.reshape(L, H, K), k.reshape(L, H, K), v.reshape(L, -1, V).contiguous()
+    if apply_l2norm:
+        q, k = _l2norm(q), _l2norm(k)
+    g, beta = _gates(a, b, A_log, dt_bias)
+    return q.contiguous(), k.contiguous(), v, (torch.exp(g) if output_g_exp else g), beta
+
+
+def fla_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
+                               use_qk_l2norm_in_kernel=False, core_attn_out=None):
+    """vLLM's chunked prefill: ``q, k [1, T, H, K]``, ``v [1, T, HV, V]``, ``g, beta [1, T, HV]``,
+    ``initial_state [N, HV, V, K]`` (gathered by the caller); returns ``(o, final_state [N, HV, V, K])``."""
+    name = "fla_chunk_gated_delta_rule"
+    K, V = q.shape[-1], v.shape[-1]
+    if not (K <= MAX_HEAD_DIM and V <= MAX_HEAD_DIM):
+        return _fallback(name, f"head dims K={K}, V={V} above {MAX_HEAD_DIM}", q, k, v, g, beta, scale,
+                         initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets,
+                         use_qk_l2norm_in_kernel, core_attn_out)
+    _count(name)
+    if chunk_indices is not None:  # vLLM's metadata: (sequence, chunk) pairs of 64-token chunks, as ours
+        chunk_indices = chunk_indices.to(torch.int32) if chunk_indices.dim() == 2 else None
+    o, final = torch.ops.aura.gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices,
+                                        use_qk_l2norm_in_kernel, True)
+    if core_attn_out is not None:
+        flat = o.reshape(-1)
+        core_attn_out.reshape(-1)[:flat.numel()].copy_(flat)
+    return o, (final if output_final_state else None)
+
+
+def _recurrent(q, k, v, g, beta, pool, rows, cu_seqlens, scale, use_qk_l2norm):
+    return torch.ops.aura.gdn_recurrent(q, k, v, g, beta, pool, rows, cu_seqlens, scale, use_qk_l2norm, True)
+
+
+def fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0, scale=None,
+                                           initial_state=None, inplace_final_state=True, cu_seqlens=None,
+                                           ssm_state_indices=None, num_accepted_tokens=None,
+                                           use_qk_l2norm_in_kernel=False, is_kda=False):
+    """vLLM's decode: gates from ``a, b [T, HV]``, ``q, k [B, T, H, K]``, ``v [B, T, HV, V]``, the pool
+    ``initial_state [slots, HV, V, K]`` updated in place at ``ssm_state_indices [N]`` (``<= 0``:
+    skipped); returns ``(o [B, T, HV, V], the pool)``."""
+    name = "fused_sigmoid_gating_delta_rule_update"
+    args = (A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial_state, inplace_final_state,
+            cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel, is_kda)
+    if num_accepted_tokens is not None or (ssm_state_indices is not None and ssm_state_indices.dim() != 1):
+        return _fallback(name, "speculative-decoding layout (2-D ssm_state_indices / num_accepted_tokens)", *args)
+    if is_kda:
+        return _fallback(name, "per-channel (KDA) gates", *args)
+    if not inplace_final_state or ssm_state_indices is None or initial_state is None:
+        return _fallback(name, "not the in-place pool layout (inplace_final_state with ssm_state_indices)", *args)
+    if not (q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM):
+        return _fallback(name, f"head dims K={q.shape[-1]}, V={v.shape[-1]} above {MAX_HEAD_DIM}", *args)
+    _count(name)
+    B, T, HV = v.shape[0], v.shape[1], v.shape[2]
+    n = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    g, beta_t = _gates(a.reshape(B, T, HV), b.reshape(B, T, HV), A_log, dt_bias, beta, threshold)
+    rows = _slots(ssm_state_indices, n, 0)
+    o = _recurrent(q, k, v, g, beta_t, initial_state, rows, cu_seqlens, scale, use_qk_l2norm_in_kernel)
+    return o, initial_state
+
+
+def fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
+                                                   ssm_state_indices, use_qk_l2norm_in_kernel=False):
+    """vLLM's packed decode: one token per request, ``mixed_qkv [N, 2*H*K + HV*V]``, ``a, b [N, HV]``,
+    the pool ``initial_state [slots, HV, V, K]`` at ``ssm_state_indices [N]`` (``<= 0``: skipped, o 0),
+    written into ``out [N, 1, HV, V]``; returns ``(out, the pool)``."""
+    name = "fused_recurrent_gated_delta_rule_packed_decode"
+    HV, V, K = initial_state.shape[-3:]
+    if not (K <= MAX_HEAD_DIM and V <= MAX_HEAD_DIM):
+        return _fallback(name, f"head dims K={K}, V={V} above {MAX_HEAD_DIM}", mixed_qkv, a, b, A_log, dt_bias,
+                         scale, initial_state, out, ssm_state_indices, use_qk_l2norm_in_kernel)
+    _count(name)
+    N = mixed_qkv.shape[0]
+    H = (mixed_qkv.shape[1] - HV * V) // (2 * K)
+    q, k, v = mixed_qkv.split([H * K, H * K, HV * V], dim=-1)
+    q, k, v = q.reshape(N, 1, H, K), k.reshape(N, 1, H, K), v.reshape(N, 1, HV, V)
+    g, beta = _gates(a.reshape(N, 1, HV), b.reshape(N, 1, HV), A_log, dt_bias)
+    rows = _slots(ssm_state_indices, N, 0)
+    out.copy_(_recurrent(q, k, v, g, beta, initial_state, rows, None, scale, use_qk_l2norm_in_kernel))
+    return out, initial_state
+
+
+# ------------------------------------------------------------------------------- patching
+def _pin_native_prefill(original_init):
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self._forward_method = self.forward_native  # the method that calls fla_chunk_gated_delta_rule
+    __init__._torch_aura = True
+    return __init__
+
+
+def _generic_path_on_cpu(original_init):
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():  # vLLM's CPU path is its own bf16-only op: take the routed one
+            self._forward_method = self.forward_cuda
+    __init__._torch_aura = True
+    return __init__
+
+
+def install() -> bool:
+    """Idempotent: replace the routed functions of vLLM's Qwen GDN layer module (import-time names,
+    so the patch must run before the model is built: ``register()`` calls it in every vLLM process).
+    Returns whether the module was patched."""
+    import importlib
+
+    module = importlib.import_module(MODULE)
+    here = globals()
+    for name in ROUTED:
+        current = getattr(module, name)
+        if getattr(current, "_torch_aura", False):
+            continue
+        _originals[name] = current
+        adapter = here[name]
+        adapter._torch_aura = True
+        setattr(module, name, adapter)
+    for cls, make in ((module.ChunkGatedDeltaRule, _pin_native_prefill),
+                      (module.QwenGatedDeltaNetAttention, _generic_path_on_cpu)):
+        if not getattr(cls.__init__, "_torch_aura", False):
+            cls.__init__ = make(cls.__init__)
+    _log.info("torch_aura: %s=1: vLLM's GDN layers run on torch_aura's ops (%s)", GDN_ENV, ", ".join(ROUTED))
+    return True
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (tests; a layer built while installed keeps its routed method choice)."""
+    import sys
+
+    module = sys.modules.get(MODULE)
+    if module is None:
+        return
+    for name, original in list(_originals.items()):
+        setattr(module, name, original)
+        del _originals[name]
+    for cls in (module.ChunkGatedDeltaRule, module.QwenGatedDeltaNetAttention):
+        if getattr(cls.__init__, "_torch_aura", False):
+            cls.__init__ = cls.__init__.__wrapped__
