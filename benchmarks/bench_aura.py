@@ -6,8 +6,9 @@ encoded on the GPU (``aura_encode``); ``aura_decode`` is checked against the pur
 error, reported), then ours, SDPA and ``flash_decode`` are timed eagerly (cold L2) and as CUDA-graph
 replays. Reports microseconds, compressed bytes per token-head, GB/s of compressed bytes, % of the
 measured copy bandwidth, and the ratio to SDPA; then ``aura_write_cache`` of one decode token at
-B = 64 and a bulk prefill ``aura_encode``, the targets.md gates as PASS / MISS, and a PNG plot of
-time vs context length (B = 1).
+B = 64 and a bulk prefill ``aura_encode``; ``AuraCache.decode`` without and with the exact sinks and
+recent window and with per-KV-head schemes (B = 8 x 32k); the targets.md gates as PASS / MISS, and a
+PNG plot of time vs context length (B = 1).
 
     python benchmarks/bench_aura.py [--out DIR]
 
@@ -113,8 +114,8 @@ def main(argv=None) -> int:
         del q, k, v, aa
         torch.cuda.empty_cache()
 
-    extra = write_and_encode_rows()
-    rows += extra
+    rows += write_and_encode_rows()
+    rows += cache_rows()
     plot = plot_rows(rows, args.out)
     md = render(facts, copy_tbs, rows, plot)
     path = H.write("aura", facts, rows, md, args.out)
@@ -156,6 +157,54 @@ def write_and_encode_rows():
     for r in out:
         print(f"{r['case']:>22}: {r.get('ours_us', float('nan')):8.1f} us (graph {r.get('ours_graph_us', float('nan')):.1f})"
               f"{'' if r['correct'] else '  WRONG'}", flush=True)
+    return out
+
+
+CACHE_CASES = (  # (case, scheme(s), sink_tokens, recent_tokens): what AuraCache users turn on (aura-quality.md)
+    ("cache-aura4", "aura4", 0, 0),
+    ("cache-aura4-s4w64", "aura4", 4, 64),
+    ("cache-mixed-s4w64", ["aura4v2"] * 4 + ["aura8v4"] * 4, 4, 64),
+)
+
+
+def cache_rows(B=8, Hq=32, Hkv=8, D=128, T=32768):
+    """``AuraCache.decode`` as users call it, without and with the exact sinks and recent window and with
+    per-KV-head schemes, at B=8 x 32k: checked first against the same cache decoded on the CPU (a small
+    copy of the case: same tables, same tokens) and against bf16 SDPA, then timed eager and as a graph."""
+    out = []
+    g = torch.Generator(device="cuda").manual_seed(3)
+    k = torch.randn(B, T, Hkv, D, device="cuda", dtype=DTYPE, generator=g)
+    v = torch.randn(B, T, Hkv, D, device="cuda", dtype=DTYPE, generator=g)
+    q = torch.randn(B, Hq, D, device="cuda", dtype=DTYPE, generator=g)
+    want = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)[:, :, 0]
+    sdpa_us = sdpa_graph_us = None
+    for case, scheme, sinks, recent in CACHE_CASES:
+        def cache_of(device, rows, tokens):
+            c = ta.AuraCache(scheme, batch=rows, kv_heads=Hkv, head_dim=D, capacity=tokens + 64, device=device,
+                             dtype=DTYPE, sink_tokens=sinks, recent_tokens=recent)
+            c.append(k[:rows, :tokens].to(device), v[:rows, :tokens].to(device))
+            return c
+
+        small_gpu, small_cpu = cache_of("cuda", 2, 1000), cache_of("cpu", 2, 1000)
+        err = max_rel(small_gpu.decode(q[:2])[0].float().cpu(), small_cpu.decode(q[:2].cpu())[0].float())
+        cache = cache_of("cuda", B, T)
+        decode = lambda: cache.decode(q)  # noqa: E731
+        cos = F.cosine_similarity(decode()[0].float(), want.float(), dim=-1).mean().item()
+        row = {"case": case, "scheme": "/".join(dict.fromkeys(scheme)) if isinstance(scheme, list) else scheme,
+               "sinks": sinks, "recent": recent, "B": B, "Hq": Hq, "Hkv": Hkv, "D": D, "T": T,
+               "err_vs_cpu": err, "cos_vs_sdpa": cos, "correct": err <= 1e-2 and cos > 0.9}
+        if row["correct"]:
+            row["ours_us"], row["ours_graph_us"] = H.time_us(decode), H.time_us(decode, graph=True)
+            if sdpa_us is None:
+                sdpa = lambda: F.scaled_dot_product_attention(  # noqa: E731
+                    q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
+                sdpa_us, sdpa_graph_us = H.time_us(sdpa), H.time_us(sdpa, graph=True)
+            row["sdpa_us"], row["sdpa_graph_us"] = sdpa_us, sdpa_graph_us
+        out.append(row)
+        print(f"{case:>22}: {row.get('ours_us', float('nan')):8.1f} us (graph {row.get('ours_graph_us', float('nan')):.1f})"
+              f" | err vs CPU {err:.1e} cos {cos:.4f}{'' if row['correct'] else '  WRONG'}", flush=True)
+        del cache
+        torch.cuda.empty_cache()
     return out
 
 
@@ -242,7 +291,7 @@ def render(facts, copy_tbs, rows, plot) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        if "scheme" not in r:
+        if "scheme" not in r or r["case"].startswith("cache-"):
             continue
         layout = f"page {r['page']}" if r["page"] else "contiguous"
         err = f"{r['err_vs_ref']:.1e}" if r["err_vs_ref"] is not None else "-"
@@ -264,6 +313,27 @@ def render(facts, copy_tbs, rows, plot) -> str:
         if r["case"] == "encode-128k-x8" and "ours_us" in r:
             lines.append(f"| `aura_encode`, 128k tokens x 8 heads, D=128, bf16 in, 4 bits | {r['ours_us']:.1f} us | "
                          f"{r['input_TBs']:.2f} TB/s of input (codes equal to the reference: {100 * r['codes_equal_frac']:.3f}%) |")
+    cache = [r for r in rows if r["case"].startswith("cache-")]
+    if cache:
+        lines += ["", f"## `AuraCache.decode` as users call it (B={cache[0]['B']}, {cache[0]['Hq']}/{cache[0]['Hkv']} "
+                  f"heads, D={cache[0]['D']}, T={cache[0]['T']})", "",
+                  "Sinks / recent: the exact first and last tokens merged with the compressed pass "
+                  "(`merge_attn_states`); mixed: aura4v2 on four KV heads, aura8v4 on the others. Checked first: "
+                  "max relative error against the same cache decoded on the CPU (a 2 x 1000-token copy), cosine vs "
+                  "bf16 SDPA on the full case.", "",
+                  "| case | scheme | sinks / recent | ours | ours graph | SDPA | SDPA graph | speedup vs SDPA "
+                  "(graph) | vs no window (graph) | err vs CPU | cos vs SDPA |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        plain = next((r for r in cache if not r["sinks"] and not r["recent"] and "ours_us" in r), None)
+        for r in cache:
+            if "ours_us" not in r:
+                lines.append(f"| {r['case']} | {r['scheme']} | {r['sinks']} / {r['recent']} | WRONG | | | | | | "
+                             f"{r['err_vs_cpu']:.1e} | {r['cos_vs_sdpa']:.4f} |")
+                continue
+            rel = f"{plain['ours_graph_us'] / r['ours_graph_us']:.2f}x" if plain else "-"
+            lines.append(f"| {r['case']} | {r['scheme']} | {r['sinks']} / {r['recent']} | {r['ours_us']:.1f} | "
+                         f"{r['ours_graph_us']:.1f} | {r['sdpa_us']:.1f} | {r['sdpa_graph_us']:.1f} | "
+                         f"{r['sdpa_us'] / r['ours_us']:.2f}x ({r['sdpa_graph_us'] / r['ours_graph_us']:.2f}x) | {rel} | "
+                         f"{r['err_vs_cpu']:.1e} | {r['cos_vs_sdpa']:.4f} |")
     lines += ["", "## Targets (docs/targets.md)", "", "| gate | result | measured |", "|---|---|---|"]
     lines += [f"| {w} | {res} | {vals} |" for w, res, vals in gates(rows)]
     if plot:
