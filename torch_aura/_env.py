@@ -120,6 +120,9 @@ _VARS = [
     Var("TORCH_AURA_FAST_LAUNCH", "1", flag, DEVELOPER,
         "0 launches the GDN and conv Triton kernels through Triton's own JIT path instead of the cached "
         "launchers (for comparisons)", read="at import"),
+    Var("TORCH_AURA_GDN_PLAN", "0", flag, DEVELOPER,
+        "1 replays an eager gdn_chunk's launches from a plan kept per geometry (opt-in until the GPU suite "
+        "has run with it)", read="at import", readme=False),
     Var("TORCH_AURA_GDN_OVERLAP", "1", flag, DEVELOPER,
         "0 keeps the serial order of the chunked GDN's w/u and state passes (no stream overlap)"),
     Var("TORCH_AURA_DECODE_SCHEDULE", "auto", _choice("auto", "static", "balanced"), DEVELOPER,

@@ -41,6 +41,10 @@ VERIFY = False  # tests: check each cached launch against Triton's own variant k
 _MAX_ENTRIES = 4096  # bounded: a key holding a view's length-dependent stride would otherwise grow
 
 _cache: dict[tuple, tuple] = {}
+# gdn/plan.py: while set, ``recorder(kernel, grid, args, kwargs, entry)`` sees every launch after it ran
+# (``entry``: the cache entry it ran or left, None where Triton launched it without one)
+recorder = None
+_on_clear: list = []  # callables run by clear(): what holds cache entries elsewhere (plans)
 
 
 def tensor_key(x) -> tuple | None:
@@ -74,6 +78,8 @@ def launch(kernel, grid: tuple, key: tuple, *args, **kwargs) -> None:
     if not (ENABLED and isinstance(kernel, JITFunction) and _idle(knobs.runtime.launch_enter_hook)
             and _idle(knobs.runtime.launch_exit_hook)):
         kernel[grid](*args, **kwargs)
+        if recorder is not None:
+            recorder(kernel, grid, args, kwargs, None)
         return
     drv = driver.active
     device = drv.get_current_device()
@@ -81,6 +87,8 @@ def launch(kernel, grid: tuple, key: tuple, *args, **kwargs) -> None:
     entry = _cache.get(full)
     if entry is None:
         _first_launch(kernel, grid, full, args, kwargs)
+        if recorder is not None:
+            recorder(kernel, grid, args, kwargs, _cache.get(full))
         return
     run, function, packed, tail, variant = entry
     if VERIFY:
@@ -91,6 +99,8 @@ def launch(kernel, grid: tuple, key: tuple, *args, **kwargs) -> None:
     n = len(grid)
     run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device), function, packed, None,
         None, None, *args, *[kwargs[name] for name in tail])
+    if recorder is not None:
+        recorder(kernel, grid, args, kwargs, entry)
 
 
 def _first_launch(kernel: JITFunction, grid, full: tuple, args, kwargs) -> None:
@@ -111,5 +121,7 @@ def _first_launch(kernel: JITFunction, grid, full: tuple, args, kwargs) -> None:
 
 
 def clear() -> None:
-    """Forget every cached variant (tests)."""
+    """Forget every cached variant (tests), and what holds their entries (``_on_clear``)."""
     _cache.clear()
+    for forget in _on_clear:
+        forget()

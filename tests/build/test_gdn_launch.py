@@ -47,14 +47,17 @@ class _Driver:
         return self.target
 
 
-@pytest.fixture
-def stub_device(monkeypatch):
+@pytest.fixture(params=[False, True], ids=["plan-off", "plan-on"])
+def stub_device(monkeypatch, request):
+    """The launches stubbed; with ``plan-on`` gdn_chunk goes through its plans (``gdn/plan.py``), whose
+    launches VERIFY checks too."""
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
 
     from torch_aura.triton_kernels import _launch, _tune
-    from torch_aura.triton_kernels.gdn import _common, chunk, prep, segments, state_pass
+    from torch_aura.triton_kernels.gdn import _common, chunk, plan, prep, segments, state_pass
 
+    monkeypatch.setattr(plan, "ENABLED", request.param)
     compiled = []
 
     def compile_stub(self, key, signature, device, constexprs, options, attrs, warmup):
@@ -158,7 +161,7 @@ def test_repeat_calls_skip_triton_and_fallbacks_launch(stub_device, monkeypatch)
     _chunk(1, 4096, 2, 4, 128, 128)
     first = len(runs)
     assert first >= 4
-    _chunk(1, 4096, 2, 4, 128, 128)
+    _chunk(1, 4096, 2, 4, 128, 128)  # plan-on: replayed
     _chunk(1, 3000, 2, 4, 128, 128)  # a new length: same variants
     assert len(runs) == first, runs[first:]
     monkeypatch.setattr(_launch, "ENABLED", False)

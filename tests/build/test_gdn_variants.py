@@ -46,16 +46,21 @@ class _Recorder:
         self.variants.add((self.fn.__name__, repr(specialization), repr(sorted(options.items()))))
 
 
-@pytest.fixture
-def recorded(monkeypatch):
+@pytest.fixture(params=[False, True], ids=["plan-off", "plan-on"])
+def recorded(monkeypatch, request):
     """Patch the GDN launchers onto recorders; returns ``(variants, tuning keys)``, both sets. Nothing
-    is computed, so the suite's NaN poisoning of allocations (~1 GB per call here) is left out."""
+    is computed, so the suite's NaN poisoning of allocations (~1 GB per call here) is left out. With
+    ``plan-on`` gdn_chunk goes through ``gdn/plan.py``, which plans nothing launched through stand-ins:
+    every call runs the launchers."""
     real = torch.empty.__globals__  # the poisoning wrapper's module (tests/conftest.py) keeps the originals
     monkeypatch.setattr(torch, "empty", real.get("_real_empty", torch.empty))
     monkeypatch.setattr(torch, "empty_like", real.get("_real_empty_like", torch.empty_like))
     from torch_aura.triton_kernels import _tune
-    from torch_aura.triton_kernels.gdn import _common, chunk, conv, prep, recurrent, segments, state_pass
+    from torch_aura.triton_kernels import _launch
+    from torch_aura.triton_kernels.gdn import _common, chunk, conv, plan, prep, recurrent, segments, state_pass
 
+    monkeypatch.setattr(plan, "ENABLED", request.param)
+    _launch.clear()
     variants, keys = set(), set()
     for mod in (chunk, prep, state_pass, segments, recurrent, conv):
         for name, obj in list(vars(mod).items()):

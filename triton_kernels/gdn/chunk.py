@@ -43,7 +43,7 @@ import triton.language as tl
 from ..._checks import gdn as _checks
 from ..._checks.common import remembered
 from .._launch import launch, tensor_key
-from . import segments
+from . import plan, segments
 from ._common import _pow2, _s3, _varlen_plan
 from ._jit import length_agnostic
 # the stage ops live with their kernels; the op table (triton_kernels.LAUNCHERS) and tests find them here too
@@ -99,6 +99,15 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     The per-chunk states h and v_new of the stage ops are never materialised."""
     _check_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
                       state_v_first)
+    if plan.ENABLED:  # TORCH_AURA_GDN_PLAN: this geometry's launches replayed (plan.py)
+        return plan.chunk(_gdn_chunk, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices,
+                          use_qk_l2norm, state_v_first)
+    return _gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
+                      state_v_first)
+
+
+def _gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first):
+    """``gdn_chunk``'s launchers, its arguments checked."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     scale = float(K ** -0.5 if scale is None else scale)

@@ -14,7 +14,7 @@ import triton.language as tl
 from ..._checks import gdn as _checks
 from .._launch import launch, tensor_key
 from .._tune import Config, Tuner
-from . import _common, state_pass
+from . import _common, plan, state_pass
 from ._common import _dot_prec, _pow2, _s3, _varlen_plan
 from ._jit import (BT, CHUNK, LOG2E, chunk_span, decay_log, dot_f32, fixed_tile, gate_causal, inv_unit_lower16,
                    length_agnostic, load_rows, load_tile, store_fixed_tile, store_tile)
@@ -396,6 +396,8 @@ def _chunk_prep(q, k, v, g, beta, cu_seqlens, ci, NT, NT_total, overlap: bool = 
     a_qk = torch.empty_like(Ai)
     publish = overlap and NT_total > 0 and state_pass._overlap_pass(k, q, w, u, a_qk, cu_seqlens)
     ready = torch.zeros(NT_total * HV, dtype=torch.int32, device=dev) if publish else None
+    if publish:
+        plan.note_zeros(ready)
     if NT_total == 0:
         return ChunkPrep(g_cum, w, u, a_qk, ready, None)
     key = (K, V, k.dtype, cu_seqlens is not None, many_chunks(NT_total, HV, dev))

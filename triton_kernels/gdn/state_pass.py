@@ -16,7 +16,7 @@ from ... import _env
 from ..._checks import gdn as _checks
 from .._launch import launch, tensor_key
 from .._tune import Config, Tuner, cdiv, cuda_capability
-from . import _common, segments
+from . import _common, plan, segments
 from ._common import _dot_prec, _pass_copies_tiles, _pow2, _s3, _state_strides, _varlen_plan
 from ._jit import (BT, CHUNK, LOG2E, _chain_operands, chunk_rows, chunk_span, gate_causal, length_agnostic,
                    load_rows, load_tile, rows_desc, segment_span, seq_span, store_tile, store_tile_t,
@@ -232,6 +232,8 @@ def _state_pass(k, w, u, g_cum, initial_state, cu_seqlens, ci, NT, NT_total, sta
     BK = _pow2(K)
     with_o = o is not None
     first = _chunk_offsets(cu_seqlens) if cu_seqlens is not None else None
+    if first is not None:
+        plan.note_computed(first, _chunk_offsets, cu_seqlens)
     hs = (h.stride(1), h.stride(2), *((h.stride(4), h.stride(3)) if state_v_first else (h.stride(3), h.stride(4)))) \
         if h is not None else (0, 0, 0, 0)
     out_rows = o if with_o else v_new  # o and v_new share the [B, T, HV, V] layout
@@ -307,10 +309,13 @@ def _beside(device: torch.device, first):
     the caller's stream, which then waits for the side stream). ``first`` goes first so that a failing
     launch of it never leaves the block's kernels waiting for it."""
     main, side = torch.cuda.current_stream(device), _side_stream(device)
+    plan.note_event("wait")  # a plan replays these steps (plan._Plan._event)
     side.wait_stream(main)
     first()
+    plan.note_event("enter")
     with torch.cuda.stream(side):
         yield
+    plan.note_event("exit")
     main.wait_stream(side)
 
 

@@ -1,0 +1,308 @@
+"""A planned ``gdn_chunk`` (``triton_kernels/gdn/plan.py``, ``TORCH_AURA_GDN_PLAN``) launches exactly what its
+launchers launch.
+
+No GPU: Triton's runtime runs against a stand-in driver modelled as an sm_90 device of 132 SMs, and every
+compiled variant is a stand-in whose launcher records what it is given (grid and arguments). Each call of a
+mix of geometries runs three times with fresh inputs, with plans off and on; every launch must match:
+kernel, grid, each argument's value, a tensor's shape, strides, dtype and which input it is (or which
+buffer of the call, numbered by first use), a TMA descriptor's geometry and base. ``_launch.VERIFY``
+re-derives Triton's variant key at every planned launch too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="Triton's compiled-launch path; the interpreter tree runs kernels instead")
+
+
+class _Compiled:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+        self.function, self.packed_metadata = 0, (4, 1, 1, 1, 0)
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, gx, gy, gz, stream, function, packed, meta, enter, exit_, *args):
+        self.log.append(("launch", self.name, (gx, gy, gz), args))
+
+
+class _Driver:
+    def __init__(self):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+
+@pytest.fixture
+def stub(monkeypatch):
+    """Returns the launch log; the GDN modules' JIT caches, the launch cache and the plans are fresh."""
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+    from torch_aura.triton_kernels import _launch, _tune
+    from torch_aura.triton_kernels.gdn import _common, chunk, plan, prep, segments, state_pass
+
+    real = torch.empty.__globals__  # nothing is computed: no NaN poisoning (tests/conftest.py)
+    monkeypatch.setattr(torch, "empty", real.get("_real_empty", torch.empty))
+    monkeypatch.setattr(torch, "empty_like", real.get("_real_empty_like", torch.empty_like))
+    log = []
+
+    def compile_stub(self, key, signature, device, constexprs, options, attrs, warmup):
+        kernel = _Compiled(self.__name__, log)
+        self.device_caches[device][0][key] = kernel
+        return kernel
+
+    @contextlib.contextmanager
+    def beside(device, first):  # state_pass._beside's steps, streams aside
+        plan.note_event("wait")
+        log.append(("event", "wait"))
+        first()
+        plan.note_event("enter")
+        log.append(("event", "enter"))
+        yield
+        plan.note_event("exit")
+        log.append(("event", "exit"))
+
+    def event(name, device, ctx, side):
+        log.append(("event", name))
+        return None, ctx, side
+
+    previous = driver._active
+    driver.set_active(_Driver())
+    monkeypatch.setattr(JITFunction, "_do_compile", compile_stub)
+    monkeypatch.setattr(_common, "interpreting", lambda: True)  # _tma_ready's alignment rules on CPU tensors
+    monkeypatch.setattr(state_pass, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
+    monkeypatch.setattr(_common, "sm_count", lambda device: 132)
+    seg_plan = segments._segment_plan
+    monkeypatch.setattr(segments, "_segment_plan", lambda device, *a: seg_plan(torch.device("cuda"), *a))
+    monkeypatch.setattr(_common, "descriptor_workspace", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(state_pass, "_beside", beside)
+    monkeypatch.setattr(plan._Plan, "_event", staticmethod(event))
+    monkeypatch.setattr(_tune.Tuner, "__call__", lambda self, key, launch, device: launch(self.configs[0]))
+    monkeypatch.setattr(_launch, "VERIFY", True)
+    monkeypatch.setattr(_launch, "ENABLED", True)
+
+    def fresh():
+        _launch.clear()
+        for mod in (chunk, prep, state_pass, segments):
+            for obj in vars(mod).values():
+                if isinstance(obj, JITFunction):
+                    obj.device_caches.clear()
+
+    fresh()
+    yield log, fresh
+    fresh()
+    driver._active = previous
+
+
+H, HV, K, V = 2, 4, 128, 128
+
+
+def _inputs(B, T, h=H, hv=HV, kd=K, vd=V, cu=None, dtype=torch.bfloat16, strided=False, h0=True,
+            state_v_first=False, with_ci=False):
+    if strided:  # q, k, v as slices of one fused projection
+        qkv = torch.empty(B, T, 2 * h * kd + hv * vd + 8, dtype=dtype)
+        q = qkv[..., :h * kd].unflatten(-1, (h, kd))
+        k = qkv[..., h * kd:2 * h * kd].unflatten(-1, (h, kd))
+        v = qkv[..., 2 * h * kd:2 * h * kd + hv * vd].unflatten(-1, (hv, vd))
+    else:
+        q, k, v = torch.empty(B, T, h, kd, dtype=dtype), torch.empty(B, T, h, kd, dtype=dtype), \
+            torch.empty(B, T, hv, vd, dtype=dtype)
+    N = B if cu is None else len(cu) - 1
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    ci = None
+    if with_ci and cu is not None:
+        from torch_aura.reference.gdn import chunk_indices_from_cu_seqlens
+
+        ci = chunk_indices_from_cu_seqlens(cu_t)
+    state = torch.zeros(N, hv, *((vd, kd) if state_v_first else (kd, vd))) if h0 else None
+    return q, k, v, torch.empty(B, T, hv), torch.empty(B, T, hv), state, cu_t, ci
+
+
+def _varlen(lengths):
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return cu
+
+
+# (B, T, kwargs of _inputs, l2norm, scale): odd and chunk-edge lengths, batches, varlen (with and without
+# the chunk table), head splits and dims, strided views, both state layouts, the initial state on and off,
+# the serial pass, the sequence-parallel one and the one beside w/u
+GEOMETRIES = [
+    (1, 1, {}, True, None),
+    (1, 63, {"h0": False}, True, None),
+    (1, 64, {"state_v_first": True}, False, 0.5),
+    (1, 65, {}, True, None),
+    (3, 127, {"strided": True}, True, None),
+    (2, 300, {"state_v_first": True, "h0": False}, True, None),
+    (1, 8192, {}, True, None),  # sequence-parallel at 2/4 heads
+    (1, 4096, {"state_v_first": True}, True, None),
+    (8, 300, {}, True, None),  # serial
+    (1, 2000, {"state_v_first": True, "strided": True}, True, None),
+    (1, 300, {"h": 1, "hv": 1, "kd": 100, "vd": 48}, True, None),
+    (2, 200, {"h": 3, "hv": 6, "kd": 64, "vd": 80, "dtype": torch.float16}, False, None),
+    (1, 4096, {"h": 16, "hv": 32}, True, None),
+    (1, 200, {"dtype": torch.float32}, True, None),
+]
+VARLEN = [
+    ([1, 64, 65, 300], {}),
+    ([0, 17, 2000, 1], {"state_v_first": True, "with_ci": True}),
+    ([8192], {"h0": False}),  # one packed sequence: sequence-parallel with the device-built segment table
+    ([3000, 3000, 100], {"strided": True}),
+    ([63, 5, 700], {"h": 16, "hv": 32, "with_ci": True}),
+]
+
+
+def _calls():
+    yield from GEOMETRIES
+    for lengths, kw in VARLEN:
+        cu = _varlen(lengths)
+        yield 1, cu[-1], {**kw, "cu": cu}, True, None
+
+
+def _normalise(log, inputs_of_call):
+    """Each launch with its tensors named: ``("in", i)`` for input i of its call, ``("buf", n, offset)`` for
+    the call's n-th buffer (by storage, in order of first use)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    out = []
+    for call, entries in enumerate(log):
+        inputs = inputs_of_call[call]
+        storages = {}
+
+        def name(t):
+            for i, x in enumerate(inputs):
+                if t is x:
+                    return ("in", i)
+            ptr = t.untyped_storage().data_ptr()
+            storages.setdefault(ptr, len(storages))
+            return ("buf", storages[ptr], t.storage_offset())
+
+        def norm(a):
+            if isinstance(a, torch.Tensor):
+                return ("T", name(a), tuple(a.shape), a.stride(), a.dtype)
+            if isinstance(a, TensorDescriptor):
+                return ("D", norm(a.base), tuple(a.shape), tuple(a.strides), tuple(a.block_shape), a.padding)
+            return ("V", type(a).__name__, a)
+
+        for e in entries:
+            out.append(e if e[0] == "event" else (call, e[1], e[2], tuple(norm(a) for a in e[3])))
+    return out
+
+
+def _run_all(log, repeats=3):
+    """Every call of the mix ``repeats`` times (fresh inputs each), interleaved; returns the launches per
+    call and each call's inputs."""
+    from torch_aura.triton_kernels.gdn import chunk
+
+    per_call, inputs_of_call = [], []
+    for _ in range(repeats):
+        for B, T, kw, l2, scale in _calls():
+            args = _inputs(B, T, **kw)
+            q, k, v, g, beta, h0, cu, ci = args
+            start = len(log)
+            o, final = chunk.gdn_chunk(q, k, v, g, beta, scale, h0, cu, ci, l2, kw.get("state_v_first", False))
+            per_call.append(log[start:] + [("event", "out", tuple(o.shape), o.dtype, tuple(final.shape))])
+            inputs_of_call.append(args)
+    return per_call, inputs_of_call
+
+
+def test_planned_calls_launch_what_the_launchers_launch(stub, monkeypatch):
+    from torch_aura.triton_kernels.gdn import plan
+
+    log, fresh = stub
+    monkeypatch.setattr(plan, "ENABLED", False)
+    off, off_inputs = _run_all(log)
+    fresh()
+    log.clear()
+    monkeypatch.setattr(plan, "ENABLED", True)
+    replays = []
+    real_run = plan._Plan.run
+    monkeypatch.setattr(plan._Plan, "run", lambda self, *a: (replays.append(1), real_run(self, *a))[1])
+    on, on_inputs = _run_all(log)
+    assert len(off) == len(on)
+    n_calls = len(off) // 3
+    assert len(replays) == 2 * n_calls, "every call after a geometry's first should be planned"
+    assert sum(p is not None for p in plan._plans.values()) == n_calls
+    a, b = _normalise(off, off_inputs), _normalise(on, on_inputs)
+    assert any(e[0] == "event" and e[1] == "enter" for e in a), "no call ran the pass beside w/u"
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert x == y, f"entry {i} differs:\n off {x}\n on  {y}"
+    assert len(a) == len(b)
+    for p in plan._plans.values():  # buffers are made on the main stream, before the pass's side stream
+        side = False
+        for op in p.ops:
+            if op[0] == "event":
+                side = op[1] == "enter" or (side and op[1] != "exit")
+            elif side:
+                assert not op[-2], "a buffer made on the side stream"
+
+
+def test_plan_cache_is_bounded_and_keyed_on_what_launchers_read(stub, monkeypatch):
+    """A plan per geometry, at most ``_MAX_PLANS``; the per-call environment is in the key."""
+    from torch_aura.triton_kernels.gdn import chunk, plan
+
+    monkeypatch.setattr(plan, "ENABLED", True)
+    monkeypatch.setattr(plan, "_MAX_PLANS", 4)
+    for T in range(100, 110):
+        chunk.gdn_chunk(*_inputs(1, T)[:5], None, None, None, None, True, False)
+    assert 0 < len(plan._plans) <= 4
+    plan._plans.clear()
+    args = _inputs(1, 300)
+    chunk.gdn_chunk(*args[:5], None, args[5], None, None, True, False)
+    monkeypatch.setenv("TORCH_AURA_GDN_OVERLAP", "0")
+    chunk.gdn_chunk(*args[:5], None, args[5], None, None, True, False)
+    assert len(plan._plans) == 2
+
+
+def test_calls_that_cannot_be_planned_run_as_usual(stub, monkeypatch):
+    """Launches through Triton (fast launches off, a launch hook) and tuning calls keep no plan."""
+    from triton import knobs
+
+    from torch_aura.triton_kernels import _launch, _tune
+    from torch_aura.triton_kernels.gdn import chunk, plan
+
+    log, _ = stub
+    monkeypatch.setattr(plan, "ENABLED", True)
+    args = _inputs(1, 300)
+    monkeypatch.setattr(_launch, "ENABLED", False)
+    chunk.gdn_chunk(*args[:5], None, args[5], None, None, True, False)
+    chunk.gdn_chunk(*args[:5], None, args[5], None, None, True, False)
+    assert not plan._plans
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    hook_calls = []
+    knobs.runtime.launch_enter_hook.add(hook_calls.append)
+    try:
+        chunk.gdn_chunk(*args[:5], None, args[5], None, None, True, False)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook_calls.append)
+    assert not plan._plans  # (the stand-in launcher never calls the hook)
+
+    def timing(self, key, launch, device):  # a tuner that times: its trial launches are not a plan
+        self.timed += 1
+        launch(self.configs[0])
+
+    monkeypatch.setattr(_tune.Tuner, "__call__", timing)
+    chunk.gdn_chunk(*args[:5], None, args[5], None, None, True, False)
+    assert not plan._plans
+    n = len(log)
+    chunk.gdn_chunk(*args[:5], None, args[5], None, None, True, False)
+    assert len(log) > n

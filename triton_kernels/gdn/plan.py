@@ -1,0 +1,352 @@
+"""Plans: ``gdn_chunk``'s launches kept per geometry, the plan/run split of FlashInfer (gdn.md §6.1).
+
+Every GDN layer of a forward calls ``gdn_chunk`` with one geometry (heads, dims, dtypes, B, T, the
+varlen tensors' shapes, the strides), and every later forward at the same length repeats it. All that
+the launchers compute in Python from it (which kernels, their grids, tuned configs, constexprs,
+strides, buffer shapes, the cached launchers of ``_launch``) is then the same at every call: a plan
+keeps it, and a call that finds its plan only allocates the buffers, builds the TMA descriptors that
+embed their pointers, and calls each kernel's launcher with the new pointers.
+
+A plan is not written by hand: the first call of a geometry runs the launchers as usual while
+``_launch.recorder`` sees every launch (``_Recording``), and the plan is what they launched, with every
+tensor argument replaced by a slot: an input of the call, or a buffer the call allocated (``empty``,
+a view of one, ``zeros`` or a value computed from an input: the launchers ``note`` the last two),
+allocated right before its first launch and dropped after its last, as the launchers drop them. The
+stream switches of the pass beside w/u are noted as events (``note_event``). Nothing is planned
+(the call just ran as usual) where a launch went through Triton without a cache entry (the
+interpreter, a launch hook, a stand-in kernel, ``TORCH_AURA_FAST_LAUNCH=0``), a tuner timed configs,
+the stream was capturing, or a tensor could not be given a slot.
+
+The key holds every fact the launchers read: each input's shape, strides, dtype and 16-byte alignment,
+the varlen chunk table's shape (built before the lookup, as the launchers build it), scale, the flags,
+the device and the environment variables read per call. Opt-in (``TORCH_AURA_GDN_PLAN``) until the GPU
+suite has run with it; ``tests/build/test_gdn_plan.py`` checks that a planned call launches exactly
+what the launchers launch.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+from ... import _env
+from .. import _launch
+
+ENABLED = _env.get("TORCH_AURA_GDN_PLAN") and not _env.get("TRITON_INTERPRET")
+_MAX_PLANS = 256  # bounded like _launch's cache: a plan per geometry, a forward needs one per length
+_plans: dict[tuple, "_Plan | None"] = {}
+_launch._on_clear.append(_plans.clear)
+
+_N_INPUTS = 8  # q, k, v, g, beta, initial_state, cu_seqlens, chunk indices: slots 0-7
+
+
+def _facts(x):
+    return None if x is None else (x.shape, x.stride(), x.dtype, x.data_ptr() & 15)
+
+
+def _tuners():
+    from . import prep, segments, state_pass
+
+    return (prep._SOLVE, prep._W_U, state_pass._STATE_PASS, state_pass._STATE_PASS_SM90, segments._SEG_SUMMARY)
+
+
+def _allocator_lent() -> bool:
+    """Whether an allocator for in-kernel descriptors is set (``descriptor_workspace`` or the caller's)."""
+    try:
+        from triton.runtime import _allocation
+
+        return not isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
+    except (ImportError, AttributeError):
+        return True
+
+
+class _Refuse(Exception):
+    """This call cannot be planned: it ran as usual and no plan is kept."""
+
+
+class _Recording:
+    """Turns the launches of one call into a plan's ops as they happen, holding no tensor (weak
+    references only), so the call frees its buffers as it would unrecorded."""
+
+    def __init__(self, inputs):
+        self.thread = threading.get_ident()
+        self.slots: dict[int, tuple] = {}  # id(tensor) -> (weakref, slot)
+        self.recipes: list = [None] * _N_INPUTS  # per slot: how a call makes it (None: an input)
+        self.meta: list = [None] * _N_INPUTS  # per slot: (shape, stride, dtype, offset) as recorded
+        self.ops: list = []
+        self.workspace = False
+        self.failed = None
+        for i, x in enumerate(inputs):
+            if x is not None:
+                if id(x) in self.slots:
+                    raise _Refuse("an input passed twice")
+                self._bind(x, i)
+        self.storages = {x.untyped_storage().data_ptr() for x in inputs if x is not None and x.numel()}
+
+    def _bind(self, x, slot):
+        self.slots[id(x)] = (weakref.ref(x), slot)
+
+    def slot_of(self, x):
+        got = self.slots.get(id(x))
+        return got[1] if got is not None and got[0]() is x else None
+
+    def _new(self, x, recipe) -> int:
+        slot = len(self.recipes)
+        self.recipes.append(recipe)
+        self.meta.append((tuple(x.shape), x.stride(), x.dtype, x.storage_offset()))
+        self._bind(x, slot)
+        return slot
+
+    def note(self, x, recipe):
+        if threading.get_ident() == self.thread and self.failed is None:
+            self._new(x, recipe)
+
+    def event(self, name):
+        if threading.get_ident() == self.thread and self.failed is None:
+            self.ops.append(("event", name))
+
+    def _tensor_slot(self, x) -> int:
+        slot = self.slot_of(x)
+        if slot is not None:
+            return slot
+        if not x.numel():
+            raise _Refuse("an empty buffer")
+        if x.untyped_storage().data_ptr() in self.storages:
+            raise _Refuse("a view of an input")
+        base = x._base
+        if base is None:
+            if x.storage_offset() or not x.is_contiguous():
+                raise _Refuse("a strided buffer without a base")
+            return self._new(x, ("empty", tuple(x.shape), x.dtype))
+        b = self.slot_of(base)
+        if b is None or self.recipes[b] is None:
+            raise _Refuse("a view of a tensor the call did not allocate")
+        return self._new(x, ("view", b, tuple(x.shape), x.stride(), x.storage_offset()))
+
+    def __call__(self, kernel, grid, args, kwargs, entry):
+        if threading.get_ident() != self.thread or self.failed is not None:
+            return
+        try:
+            if entry is None:
+                raise _Refuse(f"{getattr(kernel, '__name__', kernel)} launched without a cache entry")
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            run, function, packed, tail, variant = entry
+            values = [*args, *[kwargs[name] for name in tail]]
+            holes = []
+            for pos, a in enumerate(values):
+                if isinstance(a, torch.Tensor):
+                    holes.append((pos, self._tensor_slot(a), None))
+                    values[pos] = None
+                elif isinstance(a, TensorDescriptor):
+                    d = (tuple(a.shape), tuple(a.strides), list(a.block_shape), a.padding)
+                    holes.append((pos, self._tensor_slot(a.base), d))
+                    values[pos] = None
+            n = len(grid)
+            self.workspace |= _allocator_lent()
+            self.ops.append(("launch", kernel, (grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1), run,
+                             function, packed, values, holes, variant, len(args), dict(kwargs)))
+        except _Refuse as e:
+            self.failed = str(e)
+
+
+class _Plan:
+    """What ``run`` replays: ``ops`` (launches and stream events), with each slot's recipe, the slots
+    to allocate before each op and drop after it, and the output slots."""
+
+    def __init__(self, rec: _Recording, outputs: tuple[int, ...]):
+        self.recipes, self.outputs, self.workspace = rec.recipes, outputs, rec.workspace
+        self.n_slots = len(self.recipes)
+        ops = rec.ops
+        makes = [[] for _ in ops]
+        drops = [[] for _ in ops]
+        made, last = set(), {}
+        side, enter = False, None
+        for i, op in enumerate(ops):
+            if op[0] == "event":
+                if op[1] == "enter":
+                    side, enter = True, i
+                elif op[1] == "exit":
+                    side = False
+                continue
+            for _, s, _ in op[7]:
+                chain = [s]  # a view's base is made before it (its recipe reads it)
+                while self.recipes[chain[-1]] is not None and self.recipes[chain[-1]][0] == "view":
+                    chain.append(self.recipes[chain[-1]][1])
+                for c in reversed(chain):
+                    if self.recipes[c] is None:
+                        continue
+                    if c not in made:  # on the main stream, as the launchers allocate: before "enter"
+                        made.add(c)
+                        makes[enter if side else i].append(c)
+                    last[c] = None if side else i  # used on the side stream: kept to the end, as today
+        for s, i in last.items():
+            if i is not None and s not in outputs:
+                drops[i].append(s)
+        if any(s not in made for s in outputs if self.recipes[s] is not None):
+            raise _Refuse("an output no launch wrote")
+        self.ops = [(*op, makes[i], drops[i]) if op[0] == "launch" else (*op, makes[i]) for i, op in enumerate(ops)]
+
+    def _make(self, slots, s, device):
+        r = self.recipes[s]
+        kind = r[0]
+        if kind == "empty":
+            return torch.empty(r[1], dtype=r[2], device=device)
+        if kind == "view":
+            return slots[r[1]].as_strided(r[2], r[3], r[4])
+        if kind == "zeros":
+            return torch.zeros(r[1], dtype=r[2], device=device)
+        return r[1](*[slots[i] for i in r[2]])  # "computed": fn(*input slots)
+
+    def run(self, inputs, device):
+        from triton.runtime.driver import driver
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        slots = [*inputs, *[None] * (self.n_slots - _N_INPUTS)]
+        drv = driver.active
+        dev = drv.get_current_device()
+        stream = drv.get_current_stream(dev)
+        verify = _launch.VERIFY
+        ctx = side = None
+        try:
+            for op in self.ops:
+                if op[0] == "event":
+                    for s in op[2]:
+                        slots[s] = self._make(slots, s, device)
+                    stream, ctx, side = self._event(op[1], device, ctx, side)
+                    stream = drv.get_current_stream(dev) if stream is None else stream
+                    continue
+                _, kernel, (gx, gy, gz), run, function, packed, values, holes, variant, n_args, kwargs, makes, \
+                    drops = op
+                for s in makes:
+                    slots[s] = self._make(slots, s, device)
+                a = values.copy()
+                for pos, s, d in holes:
+                    if d is None:
+                        a[pos] = slots[s]
+                    else:
+                        t = TensorDescriptor.__new__(TensorDescriptor)
+                        t.base, t.shape, t.strides, t.block_shape, t.padding = slots[s], d[0], d[1], d[2], d[3]
+                        a[pos] = t
+                if verify:
+                    got = _launch._variant_key(kernel, a[:n_args], kwargs)
+                    if got != variant:
+                        raise AssertionError(f"{kernel.__name__}: planned launch ran variant {variant}, Triton "
+                                             f"derives {got}")
+                run(gx, gy, gz, stream, function, packed, None, None, None, *a)
+                for s in drops:
+                    slots[s] = None
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+        return tuple(slots[s] for s in self.outputs)
+
+    @staticmethod
+    def _event(name, device, ctx, side):
+        """``state_pass._beside``'s stream steps, in its order: the side stream waits for the main one
+        ("wait"; the w/u launch follows on the main stream), the pass launches on the side stream
+        ("enter"), the main stream waits for it ("exit")."""
+        from . import state_pass
+
+        if name == "wait":
+            side = state_pass._side_stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            return None, ctx, side
+        if name == "enter":
+            ctx = torch.cuda.stream(side)
+            ctx.__enter__()
+            return None, ctx, side
+        ctx.__exit__(None, None, None)
+        torch.cuda.current_stream(device).wait_stream(side)
+        return None, None, side
+
+
+# ------------------------------------------------------------------ what the launchers call
+def note_zeros(x: torch.Tensor) -> None:
+    """``x`` was allocated by ``torch.zeros`` (a plan makes it so each call)."""
+    rec = _launch.recorder
+    if rec is not None and isinstance(rec, _Recording):
+        rec.note(x, ("zeros", tuple(x.shape), x.dtype))
+
+
+def note_computed(x: torch.Tensor, fn, *of: torch.Tensor) -> None:
+    """``x = fn(*of)``, ``of`` inputs of the call (a plan computes it so each call)."""
+    rec = _launch.recorder
+    if rec is not None and isinstance(rec, _Recording):
+        slots = [rec.slot_of(t) for t in of]
+        if None in slots or any(s >= _N_INPUTS for s in slots):
+            rec.failed = "computed from a buffer"
+            return
+        rec.note(x, ("computed", fn, slots))
+
+
+def note_event(name: str) -> None:
+    rec = _launch.recorder
+    if rec is not None and isinstance(rec, _Recording):
+        rec.event(name)
+
+
+# ------------------------------------------------------------------------------ gdn_chunk
+def _key(inputs, device, scale, use_qk_l2norm, state_v_first):
+    # the current device too: _launch's entries are per current device, as the launches run there
+    current = torch.cuda.current_device() if device.type == "cuda" else None
+    return (device, current, *map(_facts, inputs), scale, use_qk_l2norm, state_v_first,
+            _env.get("TORCH_AURA_GDN_OVERLAP"), _env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+            _env.get("TORCH_AURA_TUNE"))
+
+
+def chunk(body, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first):
+    """``body(...)`` (``chunk._gdn_chunk``, the launchers) through this geometry's plan: replayed where one
+    exists, else ``body`` runs and, where it can be, is recorded into one."""
+    if not (_launch.ENABLED and _launch._idle(_launch.knobs.runtime.launch_enter_hook)
+            and _launch._idle(_launch.knobs.runtime.launch_exit_hook)) or _launch.recorder is not None:
+        return body(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
+    if cu_seqlens is not None:  # the launchers' chunk table: its length is part of the geometry
+        from ._common import _varlen_plan
+
+        chunk_indices = _varlen_plan(q.shape[1], q.shape[0], cu_seqlens, chunk_indices)[0]
+    else:
+        chunk_indices = None
+    inputs = (q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices)
+    device = q.device
+    try:
+        key = _key(inputs, device, scale, use_qk_l2norm, state_v_first)
+        plan = _plans.get(key, False)
+    except TypeError:  # an unhashable scale
+        key, plan = None, None
+    if plan:
+        return plan.run(inputs, device)
+    if plan is None or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return body(*inputs[:5], scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
+    try:
+        rec = _Recording(inputs)
+    except _Refuse:
+        rec = None
+    if rec is None:
+        return body(*inputs[:5], scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
+    timed = sum(t.timed for t in _tuners())
+    _launch.recorder = rec
+    try:
+        out = body(*inputs[:5], scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
+    finally:
+        _launch.recorder = None
+    if sum(t.timed for t in _tuners()) != timed:
+        return out  # a tuner timed configs: the launches recorded are its trials; plan the next call
+    if len(_plans) >= _MAX_PLANS:
+        _plans.clear()
+    try:
+        if rec.failed is not None or not rec.ops:
+            raise _Refuse(rec.failed)
+        outputs = tuple(rec.slot_of(x) for x in out)
+        if None in outputs:
+            raise _Refuse("an output no launch saw")
+        _plans[key] = _Plan(rec, outputs)
+    except _Refuse:
+        _plans[key] = None  # this geometry runs as usual from now on
+    return out
+
+
+def clear() -> None:
+    _plans.clear()
