@@ -9,6 +9,11 @@ bench_gdn.py.
 ``--kernels``: device time per kernel of one call (torch profiler), eager.
 ``--recurrent B``: host time per eager ``gdn_recurrent`` call (one token, batch B, the heads of
 ``--heads``) and its cProfile, instead of the chunk profiles.
+``--host-cpu``: no GPU needed: the Python host time per ``gdn_chunk`` call (the Triton launchers called
+directly, as the op's CUDA kernel calls them) with every launch stubbed on this CPU, plans off and on
+(``TORCH_AURA_GDN_PLAN``, gdn.md §6.1): a stand-in driver modelled as a 132-SM sm_90 GPU, compiled variants
+whose launchers do nothing, CPU tensors (their allocations are CPU ones, not the caching allocator's),
+each tuner's first config, and a cProfile of the planned calls.
 ``--memory``: peak allocated and reserved bytes of one call over its inputs, with the overlapped
 state pass and without (``TORCH_AURA_GDN_OVERLAP``), the caching allocator's segments by stream
 (what the side stream keeps), and the same for four calls between model-sized allocations.
@@ -80,13 +85,14 @@ def eager_loop_split(call, reps: int = 40) -> tuple[float, float]:
     return statistics.median(host), statistics.median(a.elapsed_time(b) * 1e3 for a, b in ev)
 
 
-def cprofile_top(call, calls: int = 50, rows: int = 18) -> str:
+def cprofile_top(call, calls: int = 50, rows: int = 18, sync: bool = True) -> str:
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
         call()
     prof.disable()
-    torch.cuda.synchronize()
+    if sync:
+        torch.cuda.synchronize()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(rows)
     return "\n".join(line for line in text.getvalue().splitlines() if line.strip())[:4000]
@@ -107,6 +113,110 @@ def recurrent_host(batch: int, H_: int, HV: int) -> int:
     with torch.inference_mode():
         print(f"  under inference_mode: host {B.H.host_us(call):.1f} us")
     print(cprofile_top(call))
+    return 0
+
+
+def stubbed_host(H_: int, HV: int, lens: list[int], calls: int = 200, repeats: int = 15) -> int:
+    """``--host-cpu``: host us per gdn_chunk call with launches stubbed, plans off then on (the median of
+    ``repeats`` means over ``calls`` calls, ``_harness.host_us``), and where the planned call's time goes."""
+    import contextlib
+    import statistics
+
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+    from torch_aura.triton_kernels import _launch, _tune
+    from torch_aura.triton_kernels.gdn import _common, chunk, plan, segments, state_pass
+
+    class Compiled:  # a compiled variant whose launcher does nothing
+        function, packed_metadata = 0, (4, 1, 1, 1, 0)
+
+        def launch_metadata(self, *args):
+            return None
+
+        def run(self, *args):
+            pass
+
+    class Driver:
+        target = GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return self.target
+
+    def compile_stub(self, key, signature, device, constexprs, options, attrs, warmup):
+        self.device_caches[device][0][key] = kernel = Compiled()
+        return kernel
+
+    @contextlib.contextmanager
+    def beside(device, first):  # the stream steps of the pass beside w/u, without streams
+        plan.note_event("wait")
+        first()
+        plan.note_event("enter")
+        yield
+        plan.note_event("exit")
+
+    driver.set_active(Driver())
+    JITFunction._do_compile = compile_stub
+    _common.interpreting = lambda: True  # _tma_ready's alignment rules on CPU tensors (no capability query)
+    state_pass._hopper_pass_ready = lambda k, tma_ready, with_o: with_o and tma_ready
+    _common.sm_count = lambda device: 132
+    seg_plan = segments._segment_plan
+    segments._segment_plan = lambda device, *a: seg_plan(torch.device("cuda"), *a)
+    _common.descriptor_workspace = lambda device: contextlib.nullcontext()
+    state_pass._beside = beside
+    plan._Plan._event = staticmethod(lambda name, device, ctx, side: (None, ctx, side))
+    _tune.Tuner.__call__ = lambda self, key, launch, device: launch(self.configs[0])
+    _launch.ENABLED = True
+
+    fixed = len(set(lens)) == 1
+    B_, T = (len(lens), lens[0]) if fixed else (1, sum(lens))
+    q, k = torch.randn(B_, T, H_, 128, dtype=torch.bfloat16), torch.randn(B_, T, H_, 128, dtype=torch.bfloat16)
+    v = torch.randn(B_, T, HV, 128, dtype=torch.bfloat16)
+    g, beta, h0 = torch.zeros(B_, T, HV), torch.rand(B_, T, HV), torch.zeros(len(lens), HV, 128, 128)
+    cu = ci = None
+    if not fixed:
+        from torch_aura.reference.gdn import chunk_indices_from_cu_seqlens
+
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        ci = chunk_indices_from_cu_seqlens(cu)
+
+    def call():
+        return chunk.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)
+
+    print(f"{H_}/{HV} {'x'.join(map(str, lens[:1]))}{'' if len(lens) == 1 else f' ({len(lens)} sequences)'}, "
+          f"K = V = 128, bf16, L2 norm in the op: pass {B.segment_plan(lens, HV, 128) or 'serial'}; "
+          f"launches stubbed on the CPU ({torch.get_num_threads()} threads), {calls} calls x {repeats}")
+    result = {}
+    for on in (False, True):
+        plan.ENABLED = on
+        call()
+        call()  # compiles (stubbed), records the plan
+        runs = [B.H.host_us(call, calls=calls, device="cpu") for _ in range(repeats)]
+        result[on] = statistics.median(runs)
+        print(f"  plans {'on ' if on else 'off'}: {result[on]:7.1f} us per call (fastest run {min(runs):.1f})")
+    print(f"  planned / unplanned: {result[True] / result[False]:.2f}")
+    p = next(p for p in plan._plans.values() if p is not None)
+    print(f"  the plan: {sum(op[0] == 'launch' for op in p.ops)} launches, "
+          f"{sum(r is not None and r[0] in ('empty', 'zeros') for r in p.recipes)} allocations, "
+          f"{sum(d is not None for op in p.ops if op[0] == 'launch' for _, _, d in op[7])} TMA descriptors, "
+          f"{sum(r is not None and r[0] == 'view' for r in p.recipes)} views, "
+          f"{sum(r is not None and r[0] == 'computed' for r in p.recipes)} computed")
+    allocs = [r for r in p.recipes if r is not None and r[0] in ("empty", "zeros")]
+    runs = [B.H.host_us(lambda: [torch.empty(r[1], dtype=r[2]) for r in allocs], calls=calls, device="cpu")
+            for _ in range(repeats)]
+    alloc_us = statistics.median(runs)
+    print(f"  its allocations alone (CPU torch.empty of the same shapes, which both paths make): {alloc_us:.1f} us (fastest {min(runs):.1f}); "
+          f"beside them: plans off {result[False] - alloc_us:.1f} us, on {result[True] - alloc_us:.1f} us")
+    plan.ENABLED = True
+    print("  cProfile of the planned calls:")
+    print(cprofile_top(call, calls=calls, rows=14, sync=False))
     return 0
 
 
@@ -142,6 +252,8 @@ def main(argv=None) -> int:
     p.add_argument("--heads", default="16/32", help="q/k heads / v heads (default 16/32)")
     p.add_argument("--lens", default="32768", help="one length, NxCOUNT (fixed length), or 'varlen'")
     p.add_argument("--host", action="store_true")
+    p.add_argument("--host-cpu", action="store_true", help="host time with launches stubbed on this CPU, "
+                   "plans off and on (no GPU)")
     p.add_argument("--kernels", action="store_true")
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--memory", action="store_true")
@@ -153,6 +265,8 @@ def main(argv=None) -> int:
     if args.recurrent:
         return recurrent_host(args.recurrent, H_, HV)
     lens = parse_lens(args.lens)
+    if args.host_cpu:
+        return stubbed_host(H_, HV, lens)
     (q, k, v, g, beta, h0), cu, ci = B.make_inputs(lens, H_, HV, 128, 128)
     calls = {"ours": lambda: torch.ops.aura.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)}
     fla_chunk, _, version = B.fla_or_none()
