@@ -349,6 +349,7 @@ _SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=1, num_stages=2), Config(num
                                    Config(num_warps=2, num_stages=1), Config(num_warps=4, num_stages=2)])
 _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_warps=4, num_stages=2),
                                Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=2)])
+plan.TUNERS += [_SOLVE, _W_U]
 
 
 # The prep kernels' parallelism bucket: a config tuned on a small grid is not the best on a large one

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .._launch import launch, tensor_key
 from .._tune import Config, Tuner, cdiv
-from . import _common
+from . import _common, plan
 from ._common import _dot_prec, _pass_copies_tiles, _pow2, _s3, _state_strides
 from ._jit import BT, _chain_operands, length_agnostic, rows_desc, segment_span, seq_span, v_tile_head_row
 
@@ -251,6 +251,7 @@ _SEG_SUMMARY = Tuner("gdn_segment_summary", [
     Config({"BV": 64}, num_warps=8, num_stages=2), Config({"BV": 32}, num_warps=4, num_stages=2),
     Config({"BV": 64}, num_warps=8, num_stages=3), Config({"BV": 32, "TMA": False}, num_warps=4, num_stages=1),
 ])
+plan.TUNERS.append(_SEG_SUMMARY)
 
 
 def _scan_in_regs(K: int, dtype: torch.dtype) -> bool:

@@ -186,6 +186,7 @@ _STATE_PASS_SM90 = Tuner("gdn_state_pass_sm90", [
     Config({"SM90": True, "BV": 64}, num_warps=4, num_stages=3), Config({"SM90": True, "BV": 64}, num_warps=4, num_stages=2),
     *_STATE_PASS.configs,
 ])
+plan.TUNERS += [_STATE_PASS, _STATE_PASS_SM90]
 # The overlapped pass (``_overlap_pass``) is not tuned: timing it alone would not measure it beside w/u.
 _OVERLAP_PASS = _STATE_PASS_SM90.configs[0]
 
@@ -300,6 +301,9 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     if idx not in _SIDE_STREAMS:
         _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx, priority=-100)  # clamped to the highest
     return _SIDE_STREAMS[idx]
+
+
+plan.side_stream = _side_stream
 
 
 @contextlib.contextmanager
