@@ -113,7 +113,7 @@ _VARS = [
         read="per engine, by integrations/vllm/_env.py (which accepts 0 or 1)"),
     Var("TORCH_AURA_VLLM_GDN", "0", flag, USER,
         "1: vLLM's Qwen3-Next / Qwen3.5 GDN prefill, decode and causal conv run on torch_aura's GDN ops",
-        read="per vLLM process, by integrations/vllm/gdn.py", readme=False),
+        read="per vLLM process, by integrations/vllm/gdn.py"),
     # ------------------------------------------------------------------ developers
     Var("TORCH_AURA_TUNE", "1", flag, DEVELOPER,
         "0 runs every Triton kernel's first config untuned (the GPU tests use it)"),
@@ -122,7 +122,7 @@ _VARS = [
         "launchers (for comparisons)", read="at import"),
     Var("TORCH_AURA_GDN_PLAN", "0", flag, DEVELOPER,
         "1 replays an eager gdn_chunk's launches from a plan kept per geometry (opt-in until the GPU suite "
-        "has run with it)", read="at import", readme=False),
+        "has run with it)", read="at import"),
     Var("TORCH_AURA_GDN_OVERLAP", "1", flag, DEVELOPER,
         "0 keeps the serial order of the chunked GDN's w/u and state passes (no stream overlap)"),
     Var("TORCH_AURA_DECODE_SCHEDULE", "auto", _choice("auto", "static", "balanced"), DEVELOPER,
