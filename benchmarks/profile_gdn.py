@@ -119,104 +119,53 @@ def recurrent_host(batch: int, H_: int, HV: int) -> int:
 def stubbed_host(H_: int, HV: int, lens: list[int], calls: int = 200, repeats: int = 15) -> int:
     """``--host-cpu``: host us per gdn_chunk call with launches stubbed, plans off then on (the median of
     ``repeats`` means over ``calls`` calls, ``_harness.host_us``), and where the planned call's time goes."""
-    import contextlib
     import statistics
 
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-    from triton.runtime.jit import JITFunction
+    from torch_aura.triton_kernels.gdn import chunk, launch_stub, plan
 
-    from torch_aura.triton_kernels import _launch, _tune
-    from torch_aura.triton_kernels.gdn import _common, chunk, plan, segments, state_pass
+    with launch_stub.stubbed(verify=False):
+        fixed = len(set(lens)) == 1
+        B_, T = (len(lens), lens[0]) if fixed else (1, sum(lens))
+        q, k = torch.randn(B_, T, H_, 128, dtype=torch.bfloat16), torch.randn(B_, T, H_, 128, dtype=torch.bfloat16)
+        v = torch.randn(B_, T, HV, 128, dtype=torch.bfloat16)
+        g, beta, h0 = torch.zeros(B_, T, HV), torch.rand(B_, T, HV), torch.zeros(len(lens), HV, 128, 128)
+        cu = ci = None
+        if not fixed:
+            from torch_aura.reference.gdn import chunk_indices_from_cu_seqlens
 
-    class Compiled:  # a compiled variant whose launcher does nothing
-        function, packed_metadata = 0, (4, 1, 1, 1, 0)
+            cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+            ci = chunk_indices_from_cu_seqlens(cu)
 
-        def launch_metadata(self, *args):
-            return None
+        def call():
+            return chunk.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)
 
-        def run(self, *args):
-            pass
-
-    class Driver:
-        target = GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-        def get_current_target(self):
-            return self.target
-
-    def compile_stub(self, key, signature, device, constexprs, options, attrs, warmup):
-        self.device_caches[device][0][key] = kernel = Compiled()
-        return kernel
-
-    @contextlib.contextmanager
-    def beside(device, first):  # the stream steps of the pass beside w/u, without streams
-        plan.note_event("wait")
-        first()
-        plan.note_event("enter")
-        yield
-        plan.note_event("exit")
-
-    driver.set_active(Driver())
-    JITFunction._do_compile = compile_stub
-    _common.interpreting = lambda: True  # _tma_ready's alignment rules on CPU tensors (no capability query)
-    state_pass._hopper_pass_ready = lambda k, tma_ready, with_o: with_o and tma_ready
-    _common.sm_count = lambda device: 132
-    seg_plan = segments._segment_plan
-    segments._segment_plan = lambda device, *a: seg_plan(torch.device("cuda"), *a)
-    _common.descriptor_workspace = lambda device: contextlib.nullcontext()
-    state_pass._beside = beside
-    plan._Plan._event = staticmethod(lambda name, device, ctx, side: (None, ctx, side))
-    _tune.Tuner.__call__ = lambda self, key, launch, device: launch(self.configs[0])
-    _launch.ENABLED = True
-
-    fixed = len(set(lens)) == 1
-    B_, T = (len(lens), lens[0]) if fixed else (1, sum(lens))
-    q, k = torch.randn(B_, T, H_, 128, dtype=torch.bfloat16), torch.randn(B_, T, H_, 128, dtype=torch.bfloat16)
-    v = torch.randn(B_, T, HV, 128, dtype=torch.bfloat16)
-    g, beta, h0 = torch.zeros(B_, T, HV), torch.rand(B_, T, HV), torch.zeros(len(lens), HV, 128, 128)
-    cu = ci = None
-    if not fixed:
-        from torch_aura.reference.gdn import chunk_indices_from_cu_seqlens
-
-        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
-        ci = chunk_indices_from_cu_seqlens(cu)
-
-    def call():
-        return chunk.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)
-
-    print(f"{H_}/{HV} {'x'.join(map(str, lens[:1]))}{'' if len(lens) == 1 else f' ({len(lens)} sequences)'}, "
-          f"K = V = 128, bf16, L2 norm in the op: pass {B.segment_plan(lens, HV, 128) or 'serial'}; "
-          f"launches stubbed on the CPU ({torch.get_num_threads()} threads), {calls} calls x {repeats}")
-    result = {}
-    for on in (False, True):
-        plan.ENABLED = on
-        call()
-        call()  # compiles (stubbed), records the plan
-        runs = [B.H.host_us(call, calls=calls, device="cpu") for _ in range(repeats)]
-        result[on] = statistics.median(runs)
-        print(f"  plans {'on ' if on else 'off'}: {result[on]:7.1f} us per call (fastest run {min(runs):.1f})")
-    print(f"  planned / unplanned: {result[True] / result[False]:.2f}")
-    p = next(p for p in plan._plans.values() if p is not None)
-    print(f"  the plan: {sum(op[0] == 'launch' for op in p.ops)} launches, "
-          f"{sum(r is not None and r[0] in ('empty', 'zeros') for r in p.recipes)} allocations, "
-          f"{sum(d is not None for op in p.ops if op[0] == 'launch' for _, _, d in op[7])} TMA descriptors, "
-          f"{sum(r is not None and r[0] == 'view' for r in p.recipes)} views, "
-          f"{sum(r is not None and r[0] == 'computed' for r in p.recipes)} computed")
-    allocs = [r for r in p.recipes if r is not None and r[0] in ("empty", "zeros")]
-    runs = [B.H.host_us(lambda: [torch.empty(r[1], dtype=r[2]) for r in allocs], calls=calls, device="cpu")
-            for _ in range(repeats)]
-    alloc_us = statistics.median(runs)
-    print(f"  its allocations alone (CPU torch.empty of the same shapes, which both paths make): {alloc_us:.1f} us (fastest {min(runs):.1f}); "
-          f"beside them: plans off {result[False] - alloc_us:.1f} us, on {result[True] - alloc_us:.1f} us")
-    plan.ENABLED = True
-    print("  cProfile of the planned calls:")
-    print(cprofile_top(call, calls=calls, rows=14, sync=False))
+        print(f"{H_}/{HV} {'x'.join(map(str, lens[:1]))}{'' if len(lens) == 1 else f' ({len(lens)} sequences)'}, "
+              f"K = V = 128, bf16, L2 norm in the op: pass {B.segment_plan(lens, HV, 128) or 'serial'}; "
+              f"launches stubbed on the CPU ({torch.get_num_threads()} threads), {calls} calls x {repeats}")
+        result = {}
+        for on in (False, True):
+            plan.ENABLED = on
+            call()
+            call()  # compiles (stubbed), records the plan
+            runs = [B.H.host_us(call, calls=calls, device="cpu") for _ in range(repeats)]
+            result[on] = statistics.median(runs)
+            print(f"  plans {'on ' if on else 'off'}: {result[on]:7.1f} us per call (fastest run {min(runs):.1f})")
+        print(f"  planned / unplanned: {result[True] / result[False]:.2f}")
+        p = next(p for p in plan._plans.values() if p is not None)
+        print(f"  the plan: {sum(op[0] == 'launch' for op in p.ops)} launches, "
+              f"{sum(r is not None and r[0] in ('empty', 'zeros') for r in p.recipes)} allocations, "
+              f"{sum(d is not None for op in p.ops if op[0] == 'launch' for _, _, d in op[7])} TMA descriptors, "
+              f"{sum(r is not None and r[0] == 'view' for r in p.recipes)} views, "
+              f"{sum(r is not None and r[0] == 'computed' for r in p.recipes)} computed")
+        allocs = [r for r in p.recipes if r is not None and r[0] in ("empty", "zeros")]
+        runs = [B.H.host_us(lambda: [torch.empty(r[1], dtype=r[2]) for r in allocs], calls=calls, device="cpu")
+                for _ in range(repeats)]
+        alloc_us = statistics.median(runs)
+        print(f"  its allocations alone (CPU torch.empty of the same shapes, which both paths make): {alloc_us:.1f} us (fastest {min(runs):.1f}); "
+              f"beside them: plans off {result[False] - alloc_us:.1f} us, on {result[True] - alloc_us:.1f} us")
+        plan.ENABLED = True
+        print("  cProfile of the planned calls:")
+        print(cprofile_top(call, calls=calls, rows=14, sync=False))
     return 0
 
 

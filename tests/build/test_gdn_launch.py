@@ -8,7 +8,6 @@ at random lengths, batch mixes, head dims and strided inputs.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 
@@ -20,73 +19,15 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="Triton's compiled-launch path; the interpreter tree runs kernels instead")
 
 
-class _Compiled:
-    def __init__(self):
-        self.function, self.packed_metadata, self.launches = 0, (4, 1, 1, 1, 0), 0
-
-    def launch_metadata(self, grid, stream, *args):
-        return None
-
-    def run(self, *args):
-        self.launches += 1
-
-
-class _Driver:
-    def __init__(self):
-        from triton.backends.compiler import GPUTarget
-
-        self.target = GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return self.target
-
-
 @pytest.fixture(params=[False, True], ids=["plan-off", "plan-on"])
 def stub_device(monkeypatch, request):
-    """The launches stubbed; with ``plan-on`` gdn_chunk goes through its plans (``gdn/plan.py``), whose
-    launches VERIFY checks too."""
-    from triton.runtime.driver import driver
-    from triton.runtime.jit import JITFunction
-
-    from torch_aura.triton_kernels import _launch, _tune
-    from torch_aura.triton_kernels.gdn import _common, chunk, plan, prep, segments, state_pass
+    """The launches stubbed (``gdn/launch_stub.py``, VERIFY on); with ``plan-on`` gdn_chunk goes through its
+    plans (``gdn/plan.py``), whose launches VERIFY checks too."""
+    from torch_aura.triton_kernels.gdn import launch_stub, plan
 
     monkeypatch.setattr(plan, "ENABLED", request.param)
-    compiled = []
-
-    def compile_stub(self, key, signature, device, constexprs, options, attrs, warmup):
-        kernel = _Compiled()
-        self.device_caches[device][0][key] = kernel
-        compiled.append(self.__name__)
-        return kernel
-
-    previous = driver._active
-    driver.set_active(_Driver())
-    monkeypatch.setattr(JITFunction, "_do_compile", compile_stub)
-    monkeypatch.setattr(_common, "interpreting", lambda: True)  # _tma_ready's alignment rules on CPU tensors
-    monkeypatch.setattr(state_pass, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
-    monkeypatch.setattr(_common, "sm_count", lambda device: 132)
-    plan = segments._segment_plan
-    monkeypatch.setattr(segments, "_segment_plan", lambda device, *a: plan(torch.device("cuda"), *a))
-    monkeypatch.setattr(_common, "descriptor_workspace", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(state_pass, "_beside", lambda device, first: (first(), contextlib.nullcontext())[1])
-    monkeypatch.setattr(_tune.Tuner, "__call__", lambda self, key, launch, device: launch(self.configs[0]))
-    monkeypatch.setattr(_launch, "VERIFY", True)
-    monkeypatch.setattr(_launch, "ENABLED", True)  # whatever TORCH_AURA_FAST_LAUNCH says: the mechanism is under test
-    _launch.clear()
-    for mod in (chunk, prep, state_pass, segments):  # a fresh device cache per test: the stand-in driver's
-        for obj in vars(mod).values():
-            if isinstance(obj, JITFunction):
-                obj.device_caches.clear()
-    yield compiled
-    _launch.clear()
-    driver._active = previous
+    with launch_stub.stubbed():
+        yield
 
 
 def _chunk(B, T, H, HV, K, V, cu=None, dtype=torch.bfloat16, strided=False, h0=True, state_v_first=False):

@@ -11,7 +11,6 @@ re-derives Triton's variant key at every planned launch too.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
@@ -22,94 +21,18 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="Triton's compiled-launch path; the interpreter tree runs kernels instead")
 
 
-class _Compiled:
-    def __init__(self, name, log):
-        self.name, self.log = name, log
-        self.function, self.packed_metadata = 0, (4, 1, 1, 1, 0)
-
-    def launch_metadata(self, grid, stream, *args):
-        return None
-
-    def run(self, gx, gy, gz, stream, function, packed, meta, enter, exit_, *args):
-        self.log.append(("launch", self.name, (gx, gy, gz), args))
-
-
-class _Driver:
-    def __init__(self):
-        from triton.backends.compiler import GPUTarget
-
-        self.target = GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return self.target
-
-
 @pytest.fixture
 def stub(monkeypatch):
-    """Returns the launch log; the GDN modules' JIT caches, the launch cache and the plans are fresh."""
-    from triton.runtime.driver import driver
-    from triton.runtime.jit import JITFunction
-
-    from torch_aura.triton_kernels import _launch, _tune
-    from torch_aura.triton_kernels.gdn import _common, chunk, plan, prep, segments, state_pass
+    """The launches stubbed (``gdn/launch_stub.py``, VERIFY on); yields the log of launches and stream
+    steps and ``fresh()``, which empties the JIT, launch and plan caches."""
+    from torch_aura.triton_kernels.gdn import launch_stub
 
     real = torch.empty.__globals__  # nothing is computed: no NaN poisoning (tests/conftest.py)
     monkeypatch.setattr(torch, "empty", real.get("_real_empty", torch.empty))
     monkeypatch.setattr(torch, "empty_like", real.get("_real_empty_like", torch.empty_like))
     log = []
-
-    def compile_stub(self, key, signature, device, constexprs, options, attrs, warmup):
-        kernel = _Compiled(self.__name__, log)
-        self.device_caches[device][0][key] = kernel
-        return kernel
-
-    @contextlib.contextmanager
-    def beside(device, first):  # state_pass._beside's steps, streams aside
-        plan.note_event("wait")
-        log.append(("event", "wait"))
-        first()
-        plan.note_event("enter")
-        log.append(("event", "enter"))
-        yield
-        plan.note_event("exit")
-        log.append(("event", "exit"))
-
-    def event(name, device, ctx, side):
-        log.append(("event", name))
-        return None, ctx, side
-
-    previous = driver._active
-    driver.set_active(_Driver())
-    monkeypatch.setattr(JITFunction, "_do_compile", compile_stub)
-    monkeypatch.setattr(_common, "interpreting", lambda: True)  # _tma_ready's alignment rules on CPU tensors
-    monkeypatch.setattr(state_pass, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready)
-    monkeypatch.setattr(_common, "sm_count", lambda device: 132)
-    seg_plan = segments._segment_plan
-    monkeypatch.setattr(segments, "_segment_plan", lambda device, *a: seg_plan(torch.device("cuda"), *a))
-    monkeypatch.setattr(_common, "descriptor_workspace", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(state_pass, "_beside", beside)
-    monkeypatch.setattr(plan._Plan, "_event", staticmethod(event))
-    monkeypatch.setattr(_tune.Tuner, "__call__", lambda self, key, launch, device: launch(self.configs[0]))
-    monkeypatch.setattr(_launch, "VERIFY", True)
-    monkeypatch.setattr(_launch, "ENABLED", True)
-
-    def fresh():
-        _launch.clear()
-        for mod in (chunk, prep, state_pass, segments):
-            for obj in vars(mod).values():
-                if isinstance(obj, JITFunction):
-                    obj.device_caches.clear()
-
-    fresh()
-    yield log, fresh
-    fresh()
-    driver._active = previous
+    with launch_stub.stubbed(log) as fresh:
+        yield log, fresh
 
 
 H, HV, K, V = 2, 4, 128, 128
