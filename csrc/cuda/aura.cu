@@ -1,5 +1,6 @@
 // Host launchers of the AURA family (docs/aura-format.md, ops.md §2): hadamard_rotate, aura_encode,
-// aura_write_cache, aura_append (kernels instantiated in aura_append.cu), aura_dequantize, aura_flash_p1, aura_flash_p2, aura_decode.
+// aura_write_cache, aura_append (its kernels are instantiated in aura_append.cu), aura_dequantize,
+// aura_flash_p1, aura_flash_p2, aura_decode.
 // Stable ABI only, current stream, no host synchronisation: grids and the decode split come from
 // static values (shapes, SM count, occupancy), never from seq_lens or slot values (decode.md §4, §8).
 // Every check a kernel's memory safety relies on is repeated here, since direct torch.ops calls skip

@@ -19,7 +19,7 @@ import importlib
 
 # op -> module of this package with a function of the same name and the reference's signature.
 FAST_PATHS: dict[str, str] = {
-    **{op: ".aura" for op in ("aura_encode", "aura_write_cache", "aura_append", "hadamard_rotate", "aura_flash_p1",
+    **{op: ".aura" for op in ("aura_encode", "aura_write_cache", "hadamard_rotate", "aura_flash_p1",
                               "aura_flash_p2", "aura_decode")},
     "gdn_chunk": ".gdn",
     **{op: ".decode" for op in ("flash_decode", "flash_decode_out")},

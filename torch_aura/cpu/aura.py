@@ -2,8 +2,8 @@
 and pass 2 of ``torch_aura.reference.aura`` with the same signatures, data checks and results up to
 fp32 rounding (pass 1 sums over tokens tile by tile with an online softmax; the rotation and the
 merge follow the reference's order of operations; a code may differ by one where y sits within
-rounding of a boundary). ``aura_decode``, ``aura_write_cache`` and ``aura_append`` are the reference's own plans
-(``decode_with``, ``write_cache_with``, ``append_with``) over these kernels.
+rounding of a boundary). ``aura_decode`` and ``aura_write_cache`` are the reference's own plans
+(``decode_with``, ``write_cache_with``) over these kernels.
 
 Why native: the reference unpacks every code into int64 tensors and runs ~90 small tensor ops per
 decode; here codes are expanded a tile at a time through a byte table and stay in cache.
@@ -29,12 +29,6 @@ def aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, bounda
                      sign_mask=None, paged=False):
     return ref.write_cache_with(NATIVE, x, codes_cache, norms_cache, slot_mapping, codebook,
                                 boundaries, bits, sign_mask, paged)
-
-
-def aura_append(k, v, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, k_boundaries, v_codebook,
-                v_boundaries, key_bits, value_bits, k_sign_mask=None, v_sign_mask=None, block_table=None):
-    return ref.append_with(NATIVE, k, v, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, k_boundaries,
-                           v_codebook, v_boundaries, key_bits, value_bits, k_sign_mask, v_sign_mask, block_table)
 
 
 def hadamard_rotate(x, sign_mask=None, scale=1.0, inverse=False):
@@ -75,6 +69,6 @@ def aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, v_c
                            block_table, scale, num_splits)
 
 
-# this module's native kernels, handed to the reference's plans (aura_decode, aura_write_cache, aura_append above)
+# this module's native kernels, handed to the reference's plans (aura_decode, aura_write_cache above)
 NATIVE = ref.Kernels(aura_encode=aura_encode, hadamard_rotate=hadamard_rotate, aura_flash_p1=aura_flash_p1,
                      aura_flash_p2=aura_flash_p2)
