@@ -105,10 +105,13 @@ def plan_schemes(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor, bits_p
     exact chunk; the head's error is the largest ``1 - cosine`` of the two outputs over its query
     heads and queries (what a sharp head loses shows in its worst query). This measures what the
     choice is for: a head whose softmax is peaked or nearly tied turns a small logit error into a
-    large output error, which no key-only statistic sees. The choice minimises the summed error
-    of the heads (an exact knapsack: costs are whole half bits) with the mean over heads within
-    ``bits_per_coordinate`` (:func:`scheme_bits`: codes and norms; the exact sinks/window are
-    extra).
+    large output error, which no key-only statistic sees. The choice minimises the summed
+    *squared* error of the heads (an exact knapsack: costs are whole half bits) with the mean
+    over heads within ``bits_per_coordinate`` (:func:`scheme_bits`: codes and norms; the exact
+    sinks/window are extra): the quality that matters is the worst head's, and the squares spend
+    the bytes on the largest errors first rather than on several small ones that add up to as
+    much (docs/aura-quality.md §4: measured against the plain sum, the minimax and smoother
+    per-head statistics).
 
     Args:
         k, v: ``[B, L, Hkv, D]`` the prefill chunk (fp16, bf16 or fp32).
@@ -155,8 +158,8 @@ def plan_schemes(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor, bits_p
     vq = {vb: roundtrip(vf, vb, "v") for vb in sorted({vb for _, _, vb in cands})}
     qi = L - Lq + torch.arange(Lq, device=dev)  # chunk index of each query
     see = valid[:, None, :] & (i[:, None, :] <= qi[None, :, None])  # [B, Lq, L]
-    q_ok = valid[:, L - Lq:]  # [B, Lq]
-    errors = torch.zeros(Hkv, len(cands), dtype=torch.float64)
+    live = valid[:, L - Lq:, None].expand(B, Lq, G).reshape(-1)  # [B * Lq * G]: the queries of real tokens
+    per_query = []  # [Hkv][C] of [B * Lq * G]: each query's 1 - cos, on the device (no host sync per head)
     for h in range(Hkv):
         qh = queries[:, :, h * G:(h + 1) * G].float()  # [B, Lq, G, D]
 
@@ -166,13 +169,11 @@ def plan_schemes(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor, bits_p
             return torch.einsum("bjgi,bid->bjgd", p, V[:, :, h])
 
         ref = attend(kf, vf)
-        w = q_ok[:, :, None].expand(B, Lq, G)
-
-        def worst(err):  # [B, Lq, G] -> the head's worst live query
-            return err.double()[w].max() if bool(w.any()) else torch.zeros((), dtype=torch.float64)
-
-        for j, (_, kb, vb) in enumerate(cands):
-            errors[h, j] = worst(1 - torch.nn.functional.cosine_similarity(attend(kq[kb], vq[vb]), ref, dim=-1))
+        per_query.append(torch.stack([
+            1 - torch.nn.functional.cosine_similarity(attend(kq[kb], vq[vb]), ref, dim=-1).reshape(-1)
+            for _, kb, vb in cands]))
+    err = torch.stack(per_query).double().masked_fill(~live, -torch.inf).amax(-1)  # each head's worst live query
+    errors = torch.where(live.any(), err, torch.zeros_like(err)).cpu()  # [Hkv, C]: the one host sync
     # Exact knapsack over heads: costs are whole numbers of half bits ((kb + vb) / 2 + a constant).
     units = [kb + vb for _, kb, vb in cands]
     cap = math.floor((float(bits_per_coordinate) - 32 / D) * 2 * Hkv + 1e-9)
@@ -180,8 +181,8 @@ def plan_schemes(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor, bits_p
         raise ValueError(f"bits_per_coordinate: {bits_per_coordinate} is below the cheapest candidate "
                          f"({candidates[units.index(min(units))]}: {float(cost.min()):.3f} bits per coordinate "
                          f"at head_dim {D})")
-    err = errors.tolist()
-    best = {0: (0.0, [])}  # units spent -> (summed error, choices), the lowest error per spend
+    err = (errors ** 2).tolist()  # the knapsack minimises the summed squares: the largest errors first
+    best = {0: (0.0, [])}  # units spent -> (summed squared error, choices), the lowest per spend
     for h in range(Hkv):
         nxt = {}
         for spent, (e, picks) in best.items():
@@ -191,7 +192,7 @@ def plan_schemes(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor, bits_p
                 if key <= cap and (key not in nxt or cand[0] < nxt[key][0]):
                     nxt[key] = cand
         best = nxt
-    # the lowest error; among equal errors the cheapest
+    # the lowest summed square; among equal ones the cheapest
     _, cur = min(best.values(), key=lambda ep: (round(ep[0], 12), sum(units[j] for j in ep[1])))
     return [candidates[j] for j in cur], errors
 
