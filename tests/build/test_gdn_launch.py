@@ -26,7 +26,7 @@ def stub_device(monkeypatch, request):
     from torch_aura.triton_kernels.gdn import launch_stub, plan
 
     monkeypatch.setattr(plan, "ENABLED", request.param)
-    with launch_stub.stubbed():
+    with launch_stub.stubbed(setattr=monkeypatch.setattr):
         yield
 
 

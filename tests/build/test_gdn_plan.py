@@ -31,7 +31,7 @@ def stub(monkeypatch):
     monkeypatch.setattr(torch, "empty", real.get("_real_empty", torch.empty))
     monkeypatch.setattr(torch, "empty_like", real.get("_real_empty_like", torch.empty_like))
     log = []
-    with launch_stub.stubbed(log) as fresh:
+    with launch_stub.stubbed(log, setattr=monkeypatch.setattr) as fresh:
         yield log, fresh
 
 

@@ -13,6 +13,7 @@ tests (``tests/build/test_gdn_launch.py``, ``test_gdn_plan.py``) and by ``benchm
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 
 import torch
@@ -64,13 +65,16 @@ def _fresh() -> None:
 
 
 @contextlib.contextmanager
-def stubbed(log: list | None = None, verify: bool = True):
+def stubbed(log: list | None = None, verify: bool = True, setattr=None):
     """Stub the launches (see the module doc) until the block exits, then restore everything.
 
     Args:
         log: receives ``("launch", kernel name, grid, args)`` and, for the stream steps of the pass
             beside w/u, ``("event", name)``; None records nothing (timing).
         verify: ``_launch.VERIFY``: each cached launch re-derives Triton's own variant key.
+        setattr: a test's ``monkeypatch.setattr``: the patches go through it and it undoes them, in
+            order with the test's own patches of the same attributes (restoring them here as well
+            would hand a test's later undo the stub's value).
 
     Yields:
         ``fresh()``, which empties the JIT, launch and plan caches (also done on entry and exit).
@@ -112,16 +116,17 @@ def stubbed(log: list | None = None, verify: bool = True):
         (_launch, "VERIFY", verify),
         (_launch, "ENABLED", True),  # whatever TORCH_AURA_FAST_LAUNCH says: the mechanism is what runs
     ]
-    saved = [(obj, name, vars(obj)[name]) for obj, name, _ in patches]
+    saved = [] if setattr else [(obj, name, vars(obj)[name]) for obj, name, _ in patches]
+    patch = setattr or builtins.setattr
     previous = driver._active
     driver.set_active(_Driver())
     for obj, name, value in patches:
-        setattr(obj, name, value)
+        patch(obj, name, value)
     _fresh()
     try:
         yield _fresh
     finally:
         _fresh()
         for obj, name, value in saved:
-            setattr(obj, name, value)
+            builtins.setattr(obj, name, value)
         driver._active = previous
