@@ -55,6 +55,27 @@ def recurrence64(q, k, v, g, beta, h0=None, cu=None, scale=None, l2norm=False):
     return o, pool
 
 
+def empty_chunk_inputs(B, T, H, HV, K, V, cu=None, dtype=torch.bfloat16, strided=False, h0=True,
+                       state_v_first=False, with_ci=False, pad=8):
+    """Uninitialised CPU inputs of one ``gdn_chunk`` call, for launches that compute nothing (the launch
+    stub of tests/build): ``(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices)``. ``strided``:
+    q, k, v as slices of one fused projection with ``pad`` spare columns, as a model's layer hands them
+    over; ``cu``: a list of offsets (varlen, B = 1)."""
+    if strided:
+        qkv = torch.empty(B, T, 2 * H * K + HV * V + pad, dtype=dtype)
+        q = qkv[..., :H * K].unflatten(-1, (H, K))
+        k = qkv[..., H * K:2 * H * K].unflatten(-1, (H, K))
+        v = qkv[..., 2 * H * K:2 * H * K + HV * V].unflatten(-1, (HV, V))
+    else:
+        q, k, v = (torch.empty(B, T, H, K, dtype=dtype), torch.empty(B, T, H, K, dtype=dtype),
+                   torch.empty(B, T, HV, V, dtype=dtype))
+    N = B if cu is None else len(cu) - 1
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    ci = ref.chunk_indices_from_cu_seqlens(cu_t) if with_ci and cu is not None else None
+    state = torch.zeros(N, HV, *((V, K) if state_v_first else (K, V))) if h0 else None
+    return q, k, v, torch.empty(B, T, HV), torch.empty(B, T, HV), state, cu_t, ci
+
+
 def _cu(device, offsets):
     return None if offsets is None else torch.tensor(offsets, dtype=torch.int32, device=device)
 

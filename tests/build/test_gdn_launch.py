@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+from _gdn_check import empty_chunk_inputs
 
 triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
@@ -33,19 +34,9 @@ def stub_device(monkeypatch, request):
 def _chunk(B, T, H, HV, K, V, cu=None, dtype=torch.bfloat16, strided=False, h0=True, state_v_first=False):
     from torch_aura.triton_kernels.gdn import chunk
 
-    if strided:  # q, k, v as slices of one fused projection, as a model's layer hands them over
-        qkv = torch.empty(B, T, 2 * H * K + HV * V + 16, dtype=dtype)
-        q = qkv[..., :H * K].unflatten(-1, (H, K))
-        k = qkv[..., H * K:2 * H * K].unflatten(-1, (H, K))
-        v = qkv[..., 2 * H * K:2 * H * K + HV * V].unflatten(-1, (HV, V))
-    else:
-        q, k, v = torch.empty(B, T, H, K, dtype=dtype), torch.empty(B, T, H, K, dtype=dtype), \
-            torch.empty(B, T, HV, V, dtype=dtype)
-    N = B if cu is None else len(cu) - 1
-    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    state = torch.zeros(N, HV, *((V, K) if state_v_first else (K, V))) if h0 else None
-    chunk.gdn_chunk(q, k, v, torch.empty(B, T, HV), torch.empty(B, T, HV), None, state, cu_t, None, True,
-                    state_v_first)
+    q, k, v, g, beta, state, cu_t, _ = empty_chunk_inputs(B, T, H, HV, K, V, cu, dtype, strided, h0, state_v_first,
+                                                          pad=16)
+    chunk.gdn_chunk(q, k, v, g, beta, None, state, cu_t, None, True, state_v_first)
 
 
 def _stages(B, T, H, HV, K, V, h0=True, state_v_first=False):

@@ -15,6 +15,7 @@ import os
 
 import pytest
 import torch
+from _gdn_check import empty_chunk_inputs
 
 triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
@@ -38,25 +39,8 @@ def stub(monkeypatch):
 H, HV, K, V = 2, 4, 128, 128
 
 
-def _inputs(B, T, h=H, hv=HV, kd=K, vd=V, cu=None, dtype=torch.bfloat16, strided=False, h0=True,
-            state_v_first=False, with_ci=False):
-    if strided:  # q, k, v as slices of one fused projection
-        qkv = torch.empty(B, T, 2 * h * kd + hv * vd + 8, dtype=dtype)
-        q = qkv[..., :h * kd].unflatten(-1, (h, kd))
-        k = qkv[..., h * kd:2 * h * kd].unflatten(-1, (h, kd))
-        v = qkv[..., 2 * h * kd:2 * h * kd + hv * vd].unflatten(-1, (hv, vd))
-    else:
-        q, k, v = torch.empty(B, T, h, kd, dtype=dtype), torch.empty(B, T, h, kd, dtype=dtype), \
-            torch.empty(B, T, hv, vd, dtype=dtype)
-    N = B if cu is None else len(cu) - 1
-    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    ci = None
-    if with_ci and cu is not None:
-        from torch_aura.reference.gdn import chunk_indices_from_cu_seqlens
-
-        ci = chunk_indices_from_cu_seqlens(cu_t)
-    state = torch.zeros(N, hv, *((vd, kd) if state_v_first else (kd, vd))) if h0 else None
-    return q, k, v, torch.empty(B, T, hv), torch.empty(B, T, hv), state, cu_t, ci
+def _inputs(B, T, h=H, hv=HV, kd=K, vd=V, **kw):
+    return empty_chunk_inputs(B, T, h, hv, kd, vd, **kw)
 
 
 def _varlen(lengths):
