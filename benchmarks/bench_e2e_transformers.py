@@ -312,22 +312,6 @@ def torch_only(model):
             setattr(module, global_name, fn)
 
 
-@torch.inference_mode()
-def truth_logits(ref, B, T, device, prefill_rows=None) -> dict:
-    """run_one's prefill and teacher-forced decode logits from the fp32 reference on transformers' torch paths."""
-    import transformers
-
-    ids, steps = prompts(ref, B, T, device, prefill_rows)
-    with torch_only(ref):
-        cache = transformers.DynamicCache(config=ref.config)
-        out = ref(ids, cache=cache, use_cache=True, logits_to_keep=1)
-        if ids.shape[0] != B:
-            cache.reorder_cache(torch.arange(ids.shape[0], device=device).repeat_interleave(B // ids.shape[0]))
-        logits = [ref(steps[s], cache=cache, use_cache=True).logits[:, -1].float() for s in range(DECODE_STEPS)]
-    return {"prefill_logits": out.logits[:, -1].float(), "decode_logits": torch.stack(logits),
-            "prefill_rows": ids.shape[0]}
-
-
 def compare(res, other, prefix="") -> dict:
     """Logit cosines and teacher-forced argmax agreement of ``res`` with ``other``, keys prefixed by
     ``prefix``. Row 0's prompt and steps are the same whether B or one row was prefilled (the other rows
@@ -594,8 +578,11 @@ def main(argv=None) -> int:
                     if base is None and variant == "default":
                         base = res
                         if ref is not None and B * T <= truth_tokens:
-                            try:
-                                truth = truth_logits(ref, B, T, device, row["prefill_rows"])
+                            try:  # the default path's prompt and steps through the fp32 copy on torch paths
+                                with torch_only(ref):
+                                    truth = run_one(ref, "default", B, T, device, reps=1,
+                                                    prefill_rows=row["prefill_rows"])
+                                truth["prefill_rows"] = row["prefill_rows"]
                             except torch.OutOfMemoryError:
                                 print(f"{name} B={B} T={T}: the fp32 truth is out of memory; judged against default")
                     if truth is not None:
