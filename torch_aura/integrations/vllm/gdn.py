@@ -44,9 +44,10 @@ import torch
 import torch.nn.functional as F
 
 from ... import _env as _table
+from ..._checks.gdn import MAX_HEAD_DIM
 from ._env import GDN_ENV
+
 MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
-MAX_HEAD_DIM = 256  # gdn_chunk / gdn_recurrent: K, V <= 256
 ROUTED = ("causal_conv1d_fn", "causal_conv1d_update", "fused_post_conv_prep", "fla_chunk_gated_delta_rule",
           "fused_sigmoid_gating_delta_rule_update", "fused_recurrent_gated_delta_rule_packed_decode")
 L2NORM_EPS = 1e-6  # as vLLM's kernels: x / sqrt(sum x^2 + eps)
@@ -125,6 +126,11 @@ def _slots(indices: torch.Tensor, n: int, *invalid: int | None) -> torch.Tensor:
         if value is not None:
             skip = skip | (idx == value)
     return torch.where(skip, torch.full_like(idx, -1), idx).to(torch.int32)
+
+
+def _too_wide(K: int, V: int) -> str | None:
+    """Why our GDN ops cannot take these head dims (None: they can)."""
+    return None if K <= MAX_HEAD_DIM and V <= MAX_HEAD_DIM else f"head dims K={K}, V={V} above {MAX_HEAD_DIM}"
 
 
 def _activation(activation):
@@ -255,9 +261,8 @@ def fla_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     """vLLM's chunked prefill: ``q, k [1, T, H, K]``, ``v [1, T, HV, V]``, ``g, beta [1, T, HV]``,
     ``initial_state [N, HV, V, K]`` (gathered by the caller); returns ``(o, final_state [N, HV, V, K])``."""
     name = "fla_chunk_gated_delta_rule"
-    K, V = q.shape[-1], v.shape[-1]
-    if not (K <= MAX_HEAD_DIM and V <= MAX_HEAD_DIM):
-        return _fallback(name, f"head dims K={K}, V={V} above {MAX_HEAD_DIM}", q, k, v, g, beta, scale,
+    if reason := _too_wide(q.shape[-1], v.shape[-1]):
+        return _fallback(name, reason, q, k, v, g, beta, scale,
                          initial_state, output_final_state, cu_seqlens, chunk_indices, chunk_offsets,
                          use_qk_l2norm_in_kernel, core_attn_out)
     _count(name)
@@ -291,8 +296,8 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, beta=1
         return _fallback(name, "per-channel (KDA) gates", *args)
     if not inplace_final_state or ssm_state_indices is None or initial_state is None:
         return _fallback(name, "not the in-place pool layout (inplace_final_state with ssm_state_indices)", *args)
-    if not (q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM):
-        return _fallback(name, f"head dims K={q.shape[-1]}, V={v.shape[-1]} above {MAX_HEAD_DIM}", *args)
+    if reason := _too_wide(q.shape[-1], v.shape[-1]):
+        return _fallback(name, reason, *args)
     _count(name)
     B, T, HV = v.shape[0], v.shape[1], v.shape[2]
     n = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -309,8 +314,8 @@ def fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv, a, b, A_log, dt_bi
     written into ``out [N, 1, HV, V]``; returns ``(out, the pool)``."""
     name = "fused_recurrent_gated_delta_rule_packed_decode"
     HV, V, K = initial_state.shape[-3:]
-    if not (K <= MAX_HEAD_DIM and V <= MAX_HEAD_DIM):
-        return _fallback(name, f"head dims K={K}, V={V} above {MAX_HEAD_DIM}", mixed_qkv, a, b, A_log, dt_bias,
+    if reason := _too_wide(K, V):
+        return _fallback(name, reason, mixed_qkv, a, b, A_log, dt_bias,
                          scale, initial_state, out, ssm_state_indices, use_qk_l2norm_in_kernel)
     _count(name)
     N = mixed_qkv.shape[0]
