@@ -171,8 +171,8 @@ def plan_schemes(k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor, bits_p
         per_query.append(torch.stack([
             1 - torch.nn.functional.cosine_similarity(attend(kq[kb], vq[vb]), ref, dim=-1).reshape(-1)
             for _, kb, vb in cands]))
-    err = torch.stack(per_query).double().masked_fill(~live, -torch.inf).amax(-1)  # each head's worst live query
-    errors = torch.where(live.any(), err, torch.zeros_like(err)).cpu()  # [Hkv, C]: the one host sync
+    worst = torch.stack(per_query).double().masked_fill(~live, -torch.inf).amax(-1)  # each head's worst live query
+    errors = torch.where(live.any(), worst, torch.zeros_like(worst)).cpu()  # [Hkv, C]: the one host sync
     # Exact knapsack over heads: costs are whole numbers of half bits ((kb + vb) / 2 + a constant).
     units = [kb + vb for _, kb, vb in cands]
     cap = math.floor((float(bits_per_coordinate) - 32 / D) * 2 * Hkv + 1e-9)
