@@ -125,7 +125,49 @@ def main(argv=None) -> int:
 
 
 def write_and_encode_rows():
-    """aura_write_cache of one decode token at B = 64 (K; K and V), and a bulk prefill encode."""
+    """aura_write_cache of one decode token at B = 64 (K; K and V), the fused append of that token (K and V
+    and the seq_lens advance, one launch) against today's unfused append, and a bulk prefill encode."""
+    def _fused_append_row(B, Hkv, D, cap, bits, t0=1234):
+        """aura_append of one token per sequence (K and V at ``bits``) against the path AuraCache.append takes
+        without it (slots from seq_lens, aura_write_cache of K and of V, seq_lens += 1): checked bitwise from the
+        same state first, then both timed eager and as a graph. Each timed call first puts seq_lens back to
+        ``t0`` (one fill, in both), so thousands of calls never run past the capacity."""
+        cb, bd = (t.cuda() for t in ta.aura_codebook(bits, D))
+        km, vm = ta.aura_sign_mask(D, kind="k", device="cuda"), ta.aura_sign_mask(D, kind="v", device="cuda")
+        k = torch.randn(B, 1, Hkv, D, device="cuda", dtype=DTYPE)
+        v = torch.randn(B, 1, Hkv, D, device="cuda", dtype=DTYPE)
+
+        def state():
+            pw = D * bits // 32
+            return ([torch.zeros(B, Hkv, cap, pw, dtype=torch.int32, device="cuda") for _ in range(2)],
+                    [torch.zeros(B, Hkv, cap, device="cuda") for _ in range(2)],
+                    torch.full((B,), t0, dtype=torch.int32, device="cuda"))
+
+        (fkc, fvc), (fkn, fvn), fseq = state()
+        (ukc, uvc), (ukn, uvn), useq = state()
+        row_base = torch.arange(B, device="cuda") * cap
+
+        def fused():
+            fseq.fill_(t0)
+            torch.ops.aura.aura_append(k, v, fkc, fkn, fvc, fvn, fseq, cb, bd, cb, bd, bits, bits, km, vm, None)
+
+        def unfused():
+            useq.fill_(t0)
+            slots = row_base + useq
+            slots.masked_fill_(useq >= cap, B * cap)
+            torch.ops.aura.aura_write_cache(k[:, 0], ukc, ukn, slots, cb, bd, bits, km, False)
+            torch.ops.aura.aura_write_cache(v[:, 0], uvc, uvn, slots, cb, bd, bits, vm, False)
+            useq.add_(1)
+
+        fused()
+        unfused()
+        ok = all(torch.equal(a, b) for a, b in ((fkc, ukc), (fkn, ukn), (fvc, uvc), (fvn, uvn), (fseq, useq)))
+        row = {"case": "fused_append-B64-1tok", "B": B, "Hkv": Hkv, "D": D, "bits": bits, "correct": ok}
+        if ok:
+            row["ours_us"], row["ours_graph_us"] = H.time_us(fused), H.time_us(fused, graph=True)
+            row["unfused_us"], row["unfused_graph_us"] = H.time_us(unfused), H.time_us(unfused, graph=True)
+        return row
+
     out = []
     D, Hkv, B, cap, bits = 128, 8, 64, 4096, 4
     cb, bd = (t.cuda() for t in ta.aura_codebook(bits, D))
@@ -142,6 +184,7 @@ def write_and_encode_rows():
     if ok:
         row["ours_us"], row["ours_graph_us"] = H.time_us(write), H.time_us(write, graph=True)
     out.append(row)
+    out.append(_fused_append_row(B, Hkv, D, cap, bits))
     T = 131072
     xs = torch.randn(T, Hkv, D, device="cuda", dtype=DTYPE)
     enc = lambda: torch.ops.aura.aura_encode(xs, cb, bd, bits, mask)  # noqa: E731
@@ -155,8 +198,10 @@ def write_and_encode_rows():
         row["input_TBs"] = xs.numel() * xs.element_size() / row["ours_us"] / 1e6
     out.append(row)
     for r in out:
+        unfused = (f"; unfused {r['unfused_us']:.1f} us (graph {r['unfused_graph_us']:.1f})"
+                   if "unfused_us" in r else "")
         print(f"{r['case']:>22}: {r.get('ours_us', float('nan')):8.1f} us (graph {r.get('ours_graph_us', float('nan')):.1f})"
-              f"{'' if r['correct'] else '  WRONG'}", flush=True)
+              f"{unfused}{'' if r['correct'] else '  WRONG'}", flush=True)
     return out
 
 

@@ -69,6 +69,13 @@ _OPS = [
           "Tensor slot_mapping, Tensor codebook, Tensor boundaries, int bits, "
           "Tensor? sign_mask=None, bool paged=False) -> ()",
           "encode x [N,Hkv,D] in place into contiguous or paged cache slots"),
+    # One launch per cache write (AuraCache.append): token i of row b encoded into position
+    # seq_lens[b] + i of the K and V caches (positions past the capacity skipped), seq_lens += L.
+    OpDef("aura", "aura_append(Tensor k, Tensor v, Tensor(a!) k_codes, Tensor(b!) k_norms, "
+          "Tensor(c!) v_codes, Tensor(d!) v_norms, Tensor(e!) seq_lens, Tensor k_codebook, "
+          "Tensor k_boundaries, Tensor v_codebook, Tensor v_boundaries, int key_bits, int value_bits, "
+          "Tensor? k_sign_mask=None, Tensor? v_sign_mask=None, Tensor? block_table=None) -> ()",
+          "encode k, v [B,L,Hkv,D] at each row's seq_lens into a contiguous or paged cache; seq_lens += L"),
     # codes + norms -> vectors; rotated domain, or original domain when the sign mask is given.
     OpDef("aura", "aura_dequantize(Tensor codes, Tensor norms, Tensor codebook, int bits, "
           "Tensor? sign_mask=None, ScalarType? out_dtype=None) -> Tensor",

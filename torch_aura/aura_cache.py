@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import torch
 
+from . import _env
 from ._checks import common as _c
 from ._checks.aura import BITS, HEAD_DIMS, packed_words
 from .reference import aura as _ref
@@ -381,6 +382,10 @@ class AuraCache:
         # wrappers' re-validation of them would only cost host time on every decode step.
         self._write_op = torch.ops.aura.aura_write_cache.default
         self._encode_op = torch.ops.aura.aura_encode.default
+        # TORCH_AURA_FUSED_APPEND=1 (opt-in until the GPU suite has run it): on CUDA, a plain append
+        # (lengths=None, no window) is one aura_append launch instead of slots + two writes + the advance.
+        self._append_op = torch.ops.aura.aura_append.default
+        self._fused_append = bool(_env.get("TORCH_AURA_FUSED_APPEND")) and self._dev.type == "cuda"
         self._decode_op = torch.ops.aura.aura_decode.default
         self._dense_op = torch.ops.aura.flash_decode.default
         self._merge_op = torch.ops.aura.merge_attn_states.default
@@ -810,6 +815,9 @@ class AuraCache:
         if self.windowed:
             self._append_windowed(k if four_d else k[:, None], v if four_d else v[:, None], n, left_padded, compiling)
             return
+        if n is None and self._fused_append:
+            self._append_fused(k if four_d else k[:, None], v if four_d else v[:, None], L, compiling)
+            return
         if L == 1 and n is None and not self.paged and self._dev.type == "cpu" and not compiling:
             self._append_token_cpu(k[:, 0] if four_d else k, v[:, 0] if four_d else v)
             return
@@ -828,6 +836,18 @@ class AuraCache:
         self._write_op(v, self.v_codes, self.v_norms, slots, self.v_codebook, self.v_boundaries,
                        self.value_bits, self.v_sign_mask, self.paged)
         self.seq_lens += L if n is None else n
+        if not compiling:
+            self._appended += L
+
+    def _append_fused(self, k: torch.Tensor, v: torch.Tensor, L: int, compiling: bool) -> None:
+        """The plain append as one ``aura_append`` (k, v ``[B, L, Hkv, D]``): the same slots, writes and
+        ``seq_lens += L`` as below, in one launch. Paged and eager, the pages are checked first as
+        ``_slots`` does (one host read; not under capture or compile, where such tokens are skipped)."""
+        if self.paged and not compiling and not _capturing(self.k_codes):
+            self._slots(L, None, False)  # raises, naming the rows, before anything is written
+        self._append_op(k, v, self.k_codes, self.k_norms, self.v_codes, self.v_norms, self.seq_lens,
+                        self.k_codebook, self.k_boundaries, self.v_codebook, self.v_boundaries, self.key_bits,
+                        self.value_bits, self.k_sign_mask, self.v_sign_mask, self.block_table if self.paged else None)
         if not compiling:
             self._appended += L
 

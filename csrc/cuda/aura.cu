@@ -1,5 +1,6 @@
 // Host launchers of the AURA family (docs/aura-format.md, ops.md §2): hadamard_rotate, aura_encode,
-// aura_write_cache, aura_dequantize, aura_flash_p1, aura_flash_p2, aura_decode.
+// aura_write_cache, aura_append (its kernels are instantiated in aura_append.cu), aura_dequantize,
+// aura_flash_p1, aura_flash_p2, aura_decode.
 // Stable ABI only, current stream, no host synchronisation: grids and the decode split come from
 // static values (shapes, SM count, occupancy), never from seq_lens or slot values (decode.md §4, §8).
 // Every check a kernel's memory safety relies on is repeated here, since direct torch.ops calls skip
@@ -379,6 +380,105 @@ void aura_write_cache_cuda(Tensor x, Tensor codes_cache, Tensor norms_cache, Ten
   p.codes_vec = row_vector_bytes(codes_cache);
   if (p.slot_div == 0) return;  // an empty cache: nothing can be written
   launch_encode(p, x, codebook, boundaries, bits, sign_mask, D);
+}
+
+namespace {
+// One side (K or V) of aura_append: k / v [B, L, Hkv, D] and its cache [.., PW] / norms, checked against
+// the layout (contiguous [B, Hkv, T_cap, PW] or paged [num_blocks, page_size, Hkv, PW]).
+AuraAppendSide append_side_params(const Tensor& x, const char* x_name, const Tensor& codes, const char* codes_name,
+                                  const Tensor& norms, const char* norms_name, const Tensor& codebook,
+                                  const char* cb_name, const Tensor& boundaries, const char* bd_name, int64_t bits,
+                                  const char* bits_name, const std::optional<Tensor>& sign_mask, const char* mask_name,
+                                  bool paged) {
+  const int64_t B = x.size(0), Hkv = x.size(2), D = x.size(3);
+  check_bits(bits, bits_name);
+  check_table(codebook, cb_name, int64_t(1) << bits, x);
+  check_table(boundaries, bd_name, (int64_t(1) << bits) - 1, x);
+  check_cuda_rows(codes, codes_name, 4);
+  check_cuda_rows(norms, norms_name, 3);
+  AURA_CHECK(codes.dim() == 4, codes_name, ": expected rank 4, got ", codes.dim());
+  AURA_CHECK(norms.dim() == 3, norms_name, ": expected rank 3, got ", norms.dim());
+  check_dtype(codes, codes_name, ScalarType::Int);
+  check_dtype(norms, norms_name, ScalarType::Float);
+  check_same_device(x, codes, codes_name);
+  check_same_device(x, norms, norms_name);
+  const int hd = paged ? 2 : 1;  // the KV-head dim of the layout
+  AURA_CHECK(codes.size(hd) == Hkv && codes.size(3) == D * bits / 32, codes_name, ": expected Hkv = ", Hkv, " and ",
+             D * bits / 32, " words per row, got shape [", codes.size(0), ", ", codes.size(1), ", ", codes.size(2),
+             ", ", codes.size(3), "]");
+  AURA_CHECK(paged || codes.size(0) == B, codes_name, ": expected batch ", B, ", got ", codes.size(0));
+  for (int d = 0; d < 3; ++d)
+    AURA_CHECK(norms.size(d) == codes.size(d), norms_name, ": expected ", codes_name, ".shape[:3]");
+  AuraAppendSide s{};
+  s.x = x.data_ptr();
+  s.x_sb = x.stride(0), s.x_sl = x.stride(1), s.x_sh = x.stride(2);
+  s.x_vec16 = row_vector_bytes(x) == 16 ? 1 : 0;
+  s.codebook = static_cast<const float*>(codebook.data_ptr());
+  s.boundaries = static_cast<const float*>(boundaries.data_ptr());
+  s.mask = sign_mask_ptr(sign_mask, D, mask_name, x);
+  s.codes = static_cast<uint32_t*>(codes.data_ptr());
+  s.norms = static_cast<float*>(norms.data_ptr());
+  s.codes_vec = row_vector_bytes(codes);
+  s.c_s0 = codes.stride(0), s.c_s1 = codes.stride(1), s.c_s2 = codes.stride(2);
+  s.n_s0 = norms.stride(0), s.n_s1 = norms.stride(1), s.n_s2 = norms.stride(2);
+  return s;
+}
+}  // namespace
+
+void aura_append_cuda(Tensor k, Tensor v, Tensor k_codes, Tensor k_norms, Tensor v_codes, Tensor v_norms,
+                      Tensor seq_lens, Tensor k_codebook, Tensor k_boundaries, Tensor v_codebook, Tensor v_boundaries,
+                      int64_t key_bits, int64_t value_bits, std::optional<Tensor> k_sign_mask,
+                      std::optional<Tensor> v_sign_mask, std::optional<Tensor> block_table) {
+  check_cuda_rows(k, "k", 4);
+  check_cuda_rows(v, "v", 4);
+  AURA_CHECK(k.dim() == 4, "k: expected [B, L, Hkv, D], got rank ", k.dim());
+  AURA_CHECK(v.dim() == 4, "v: expected [B, L, Hkv, D], got rank ", v.dim());
+  for (int d = 0; d < 4; ++d) AURA_CHECK(v.size(d) == k.size(d), "v: expected the shape of k, mismatch in dim ", d);
+  const FloatKind kind = float_kind(k, "k");
+  AURA_CHECK(v.scalar_type() == k.scalar_type(), "v: expected the dtype of k, got ", dtype_name(v.scalar_type()));
+  check_same_device(k, v, "v");
+  const int64_t B = k.size(0), L = k.size(1), Hkv = k.size(2), D = k.size(3);
+  check_head_dim(D, "k.shape[-1]");
+  const bool paged = block_table.has_value();
+  int64_t capacity = 0;
+  AuraAppendParams p{};
+  p.k = append_side_params(k, "k", k_codes, "k_codes", k_norms, "k_norms", k_codebook, "k_codebook", k_boundaries,
+                           "k_boundaries", key_bits, "key_bits", k_sign_mask, "k_sign_mask", paged);
+  p.v = append_side_params(v, "v", v_codes, "v_codes", v_norms, "v_norms", v_codebook, "v_codebook", v_boundaries,
+                           "v_boundaries", value_bits, "value_bits", v_sign_mask, "v_sign_mask", paged);
+  for (int d = 0; d < 3; ++d)
+    AURA_CHECK(v_codes.size(d) == k_codes.size(d), "v_codes: expected k_codes.shape[:3], mismatch in dim ", d);
+  AURA_CHECK(seq_lens.is_cuda() && seq_lens.dim() == 1 && seq_lens.size(0) == B, "seq_lens: expected a CUDA tensor [",
+             B, "]");
+  check_dtype(seq_lens, "seq_lens", ScalarType::Int);
+  check_same_device(k, seq_lens, "seq_lens");
+  AURA_CHECK(seq_lens.stride(0) == 1 || B <= 1, "seq_lens: expected a contiguous tensor");
+  if (paged) {
+    const Tensor& bt = *block_table;
+    AURA_CHECK(bt.is_cuda() && bt.dim() == 2, "block_table: expected a 2-D CUDA tensor");
+    check_dtype(bt, "block_table", ScalarType::Int);
+    check_same_device(k, bt, "block_table");
+    AURA_CHECK(bt.size(0) == B, "block_table: expected ", B, " rows, got ", bt.size(0));
+    AURA_CHECK(bt.size(1) <= 1 || bt.stride(1) == 1, "block_table: expected a unit last stride");
+    p.block_table = static_cast<const int*>(bt.data_ptr());
+    p.bt_sb = bt.stride(0);
+    AURA_CHECK(k_codes.size(0) <= INT32_MAX, "k_codes: expected fewer than 2^31 pages");
+    p.num_blocks = int(k_codes.size(0)), p.page_size = int(k_codes.size(1));
+    capacity = bt.size(1) * k_codes.size(1);
+  } else {
+    capacity = k_codes.size(2);
+  }
+  AURA_CHECK(capacity < (int64_t(1) << 31), "k_codes: expected fewer than 2^31 token slots per sequence");
+  p.capacity = int(capacity);
+  AURA_CHECK(B <= INT32_MAX, "k: expected at most 2^31 - 1 sequences, got ", B);
+  AURA_CHECK(L * Hkv < (int64_t(1) << 31), "k: expected L * Hkv < 2^31, got ", L * Hkv);
+  if (B == 0 || L == 0) return;  // nothing is written and seq_lens does not move
+  torch::stable::accelerator::DeviceGuard guard(k.get_device_index());
+  p.kind = kind;
+  p.seq_lens = static_cast<int*>(seq_lens.data_ptr());
+  p.L = int(L), p.Hkv = int(Hkv);
+  p.factor = float(1.0 / std::sqrt(double(D)));
+  launch_aura_append_kernel(p, B, D, key_bits, value_bits, current_stream(k));
 }
 
 Tensor aura_dequantize_cuda(Tensor codes, Tensor norms, Tensor codebook, int64_t bits, std::optional<Tensor> sign_mask,

@@ -100,6 +100,51 @@ struct AuraEncodeParams {
   int64_t n_s0, n_s1, n_s2;  // norms cache strides
 };
 
+// Encode one row held in lane chunks (aura-format.md §5-6): v holds this lane's 32 elements (chunk c) of
+// the row as fp32 (zeros for a row that will not be stored); words gets the chunk's packed codes, and the
+// corrected norm is returned (the same on every lane of the row). Every lane of the warp must call it
+// (row sums and butterflies shuffle across the row's lanes). cb_s / bd_s: the codebook and boundaries in
+// shared memory; mask: the sign mask words or nullptr; factor: 1 / sqrt(D). Shared by aura_encode /
+// aura_write_cache (aura_encode_kernel) and aura_append (aura_append.cuh), so both store the same bits.
+template <int D, int BITS>
+__device__ __forceinline__ float encode_chunk(float (&v)[32], int c, const float* cb_s, const float* bd_s,
+                                              const uint32_t* mask, float factor, uint32_t (&words)[BITS]) {
+  using CR = ChunkRows<D>;
+  float sq = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) sq = fmaf(v[i], v[i], sq);
+  const float r = sqrtf(row_sum<CR::kLanes>(sq));
+  const bool degenerate = !(r > 0.f) || isinf(r);  // zero, or a NaN/Inf element: codes 2^(b-1)
+  // x * (1 / r): one division per row; one ulp off the reference's quotient, which moves a code only
+  // within ~1e-7 of a boundary (the tests allow it)
+  const float inv_r = degenerate ? 0.f : 1.f / r;
+  const uint32_t signs = mask != nullptr ? __ldg(mask + c) : 0u;  // dims 32 c + i: bit i of word c
+#pragma unroll
+  for (int i = 0; i < 32; ++i) v[i] = __uint_as_float(__float_as_uint(v[i] * inv_r) ^ (((signs >> i) & 1u) << 31));
+  fwht_chunk<D>(v);
+#pragma unroll
+  for (int w = 0; w < BITS; ++w) words[w] = 0u;
+  float cc = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    // idx = #{k : y > boundaries[k]} by binary search over the sorted boundaries (strict >: a tie
+    // takes the lower index)
+    const float y = v[i] * factor;
+    uint32_t k = 0;
+#pragma unroll
+    for (int step = 1 << (BITS - 1); step > 0; step >>= 1)
+      if (y > bd_s[k + step - 1]) k += step;
+    if (degenerate) k = 1u << (BITS - 1);
+    const float cv = cb_s[k];
+    cc = fmaf(cv, cv, cc);
+    const int bit = i * BITS;  // compile-time after unrolling: the packing is shifts and ORs
+    words[bit >> 5] |= k << (bit & 31);
+    if ((bit & 31) + BITS > 32) words[(bit >> 5) + 1] |= k >> (32 - (bit & 31));
+  }
+  // |x_hat| = |x| (aura-format.md §5); a zero row has norm 0, a NaN/Inf one norm NaN (propagates like dense attention)
+  return degenerate ? (r == 0.f ? 0.f : __int_as_float(0x7fc00000)) : r / sqrtf(row_sum<CR::kLanes>(cc));
+}
+
 template <int D, int BITS>
 __global__ void __launch_bounds__(kAuraThreads) aura_encode_kernel(const AuraEncodeParams p) {
   using CR = ChunkRows<D>;
@@ -137,40 +182,8 @@ __global__ void __launch_bounds__(kAuraThreads) aura_encode_kernel(const AuraEnc
 #pragma unroll
     for (int i = 0; i < 32; ++i) v[i] = 0.f;
   }
-  float sq = 0.f;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) sq = fmaf(v[i], v[i], sq);
-  const float r = sqrtf(row_sum<CR::kLanes>(sq));
-  const bool degenerate = !(r > 0.f) || isinf(r);  // zero, or a NaN/Inf element: codes 2^(b-1)
-  // x * (1 / r): one division per row; one ulp off the reference's quotient, which moves a code only
-  // within ~1e-7 of a boundary (the tests allow it)
-  const float inv_r = degenerate ? 0.f : 1.f / r;
-  const uint32_t signs = p.mask != nullptr ? __ldg(p.mask + c) : 0u;  // dims 32 c + i: bit i of word c
-#pragma unroll
-  for (int i = 0; i < 32; ++i) v[i] = __uint_as_float(__float_as_uint(v[i] * inv_r) ^ (((signs >> i) & 1u) << 31));
-  fwht_chunk<D>(v);
   uint32_t words[BITS];
-#pragma unroll
-  for (int w = 0; w < BITS; ++w) words[w] = 0u;
-  float cc = 0.f;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    // idx = #{k : y > boundaries[k]} by binary search over the sorted boundaries (strict >: a tie
-    // takes the lower index)
-    const float y = v[i] * p.factor;
-    uint32_t k = 0;
-#pragma unroll
-    for (int step = 1 << (BITS - 1); step > 0; step >>= 1)
-      if (y > bd_s[k + step - 1]) k += step;
-    if (degenerate) k = 1u << (BITS - 1);
-    const float cv = cb_s[k];
-    cc = fmaf(cv, cv, cc);
-    const int bit = i * BITS;  // compile-time after unrolling: the packing is shifts and ORs
-    words[bit >> 5] |= k << (bit & 31);
-    if ((bit & 31) + BITS > 32) words[(bit >> 5) + 1] |= k >> (32 - (bit & 31));
-  }
-  // |x_hat| = |x| (aura-format.md §5); a zero row has norm 0, a NaN/Inf one norm NaN (propagates like dense attention)
-  const float norm = degenerate ? (r == 0.f ? 0.f : __int_as_float(0x7fc00000)) : r / sqrtf(row_sum<CR::kLanes>(cc));
+  const float norm = encode_chunk<D, BITS>(v, c, cb_s, bd_s, p.mask, p.factor, words);
   if (!live) return;
   store_words<BITS>(p.codes + codes_off + c * BITS, words, p.codes_vec);
   if (c == 0) p.norms[norm_off] = norm;

@@ -28,6 +28,10 @@ std::tuple<Tensor, Tensor> aura_encode_cuda(Tensor x, Tensor codebook, Tensor bo
                                             std::optional<Tensor> sign_mask);
 void aura_write_cache_cuda(Tensor x, Tensor codes_cache, Tensor norms_cache, Tensor slot_mapping, Tensor codebook,
                            Tensor boundaries, int64_t bits, std::optional<Tensor> sign_mask, bool paged);
+void aura_append_cuda(Tensor k, Tensor v, Tensor k_codes, Tensor k_norms, Tensor v_codes, Tensor v_norms,
+                      Tensor seq_lens, Tensor k_codebook, Tensor k_boundaries, Tensor v_codebook, Tensor v_boundaries,
+                      int64_t key_bits, int64_t value_bits, std::optional<Tensor> k_sign_mask,
+                      std::optional<Tensor> v_sign_mask, std::optional<Tensor> block_table);
 Tensor aura_dequantize_cuda(Tensor codes, Tensor norms, Tensor codebook, int64_t bits, std::optional<Tensor> sign_mask,
                             std::optional<ScalarType> out_dtype);
 std::tuple<Tensor, Tensor, Tensor> aura_flash_p1_cuda(Tensor q_rot, Tensor k_codes, Tensor k_norms, Tensor v_codes,

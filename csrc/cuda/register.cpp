@@ -18,6 +18,7 @@ STABLE_TORCH_LIBRARY_IMPL(aura, CUDA, m) {
   m.impl("hadamard_rotate", TORCH_BOX(&aura::hadamard_rotate_cuda));
   m.impl("aura_encode", TORCH_BOX(&aura::aura_encode_cuda));
   m.impl("aura_write_cache", TORCH_BOX(&aura::aura_write_cache_cuda));
+  m.impl("aura_append", TORCH_BOX(&aura::aura_append_cuda));
   m.impl("aura_dequantize", TORCH_BOX(&aura::aura_dequantize_cuda));
   m.impl("aura_flash_p1", TORCH_BOX(&aura::aura_flash_p1_cuda));
   m.impl("aura_flash_p2", TORCH_BOX(&aura::aura_flash_p2_cuda));

@@ -93,6 +93,41 @@ def aura_write_cache(device):
     return out
 
 
+def aura_append(device):
+    out = []
+    # Contiguous, B=3, L=2, Hkv=2, T_cap=5, D=64, K 4 bits V 2: row 1 fills its last slot (one token
+    # skipped), row 2 is full (both skipped, seq_lens still advances).
+    kcb, kbd = _cb(4, 64, device)
+    vcb, vbd = _cb(2, 64, device)
+    kc, kn = torch.zeros(3, 2, 5, 8, dtype=torch.int32, device=device), torch.zeros(3, 2, 5, device=device)
+    vc, vn = torch.zeros(3, 2, 5, 4, dtype=torch.int32, device=device), torch.zeros(3, 2, 5, device=device)
+    seq = torch.tensor([0, 4, 5], dtype=torch.int32, device=device)
+    out.append(Sample("B3-L2-Hkv2-T5-D64-k4v2-contig-overflow",
+                      (_randn(3, 2, 2, 64, device=device), _randn(3, 2, 2, 64, device=device), kc, kn, vc, vn, seq,
+                       kcb, kbd, vcb, vbd, 4, 2, _mask(64, "k", device), _mask(64, "v", device))))
+    # k, v as token-major views of one fused qkv-style buffer (non-contiguous, unit last stride),
+    # caches as views of one (2, B, Hkv, T, PW) buffer; bf16; no sign masks.
+    cb3, bd3 = _cb(3, 128, device)
+    cb8, bd8 = _cb(8, 128, device)
+    kv = _randn(2, 1, 3, 2, 128, dtype=torch.bfloat16, device=device)  # [B, 1, 3, Hkv, D]: k, v = token slices 0, 1
+    kcodes = torch.zeros(2, 2, 2, 7, 12, dtype=torch.int32, device=device)  # [B, 2, Hkv, T, PW]
+    out.append(Sample("B2-L1-Hkv2-T7-D128-k3v8-bf16-views",
+                      (kv[:, 0, :1], kv[:, 0, 1:2], kcodes[:, 1], torch.zeros(2, 2, 7, device=device),
+                       torch.zeros(2, 2, 7, 32, dtype=torch.int32, device=device), torch.zeros(2, 2, 7, device=device),
+                       torch.tensor([3, 6], dtype=torch.int32, device=device), cb3, bd3, cb8, bd8, 3, 8)))
+    # Paged [num_blocks=6, page_size=3, Hkv=1, PW], shuffled table; row 1 crosses a page boundary,
+    # row 0 runs past its two pages (capacity 6).
+    pk = torch.zeros(6, 3, 1, 8, dtype=torch.int32, device=device)
+    pv = torch.zeros(6, 3, 1, 8, dtype=torch.int32, device=device)
+    table = torch.tensor([[4, 1], [0, 5]], dtype=torch.int32, device=device)
+    out.append(Sample("B2-L3-Hkv1-D64-k4v4-fp16-paged-p3",
+                      (_randn(2, 3, 1, 64, dtype=torch.float16, device=device),
+                       _randn(2, 3, 1, 64, dtype=torch.float16, device=device), pk, torch.zeros(6, 3, 1, device=device),
+                       pv, torch.zeros(6, 3, 1, device=device), torch.tensor([4, 2], dtype=torch.int32, device=device),
+                       kcb, kbd, kcb, kbd, 4, 4, _mask(64, "k", device), _mask(64, "v", device), table)))
+    return out
+
+
 def aura_dequantize(device):
     cb4, _ = _cb(4, 64, device)
     codes, norms, _ = _encoded_contiguous(2, 3, 7, 64, 4, "k", device)
@@ -170,8 +205,97 @@ SAMPLES = {
     "hadamard_rotate": hadamard_rotate,
     "aura_encode": aura_encode,
     "aura_write_cache": aura_write_cache,
+    "aura_append": aura_append,
     "aura_dequantize": aura_dequantize,
     "aura_flash_p1": aura_flash_p1,
     "aura_flash_p2": aura_flash_p2,
     "aura_decode": aura_decode,
 }
+
+
+# ------------------------------------------------------------------ aura_append: the equivalence grid
+# Shared by tests/reference/test_aura_append.py (CPU) and tests/cuda/test_aura_cuda.py (the kernel):
+# plain AuraCaches (one scheme, no window) and the path AuraCache.append takes without the fused op.
+APPEND_BITS = (2, 3, 4, 8)
+
+
+def append_cases():
+    """``(id, dict)`` of the grid: every (key_bits, value_bits) pair x layout x L in (1, 2, 17), with
+    B in (1, 3), Hkv in 1..8 and D in (64, 128, 256) cycling through it, so each value of each axis
+    appears; ``"full"`` picks rows at capacity - 1 and capacity (some tokens skipped)."""
+    out, n = [], 0
+    for kb in APPEND_BITS:
+        for vb in APPEND_BITS:
+            for layout in ("contig", "paged"):
+                for L in (1, 2, 17):
+                    B, Hkv, D = (1, 3)[n % 2], 1 + n % 8, (64, 128, 256)[n % 3]
+                    full = n % 4 == 3
+                    out.append((f"k{kb}v{vb}-{layout}-L{L}-B{B}-Hkv{Hkv}-D{D}{'-full' if full else ''}",
+                                dict(kb=kb, vb=vb, layout=layout, L=L, B=B, Hkv=Hkv, D=D, full=full, seed=n)))
+                    n += 1
+    return out
+
+
+def append_cache(kb, vb, layout, L, B, Hkv, D, full, seed, device="cpu", **_):
+    """A plain AuraCache with random tokens already in it and ``seq_lens`` set: random lengths that
+    leave room for L more tokens, or (``full``) rows at capacity - 1 and capacity."""
+    import torch_aura as ta
+
+    g = torch.Generator().manual_seed(1000 + seed)
+    page = 3 + seed % 4
+    if layout == "paged":
+        max_blocks = -(-(2 * L + 3) // page)
+        n_blocks = B * max_blocks + 2  # spare pages; the table is a shuffled subset
+        table = torch.randperm(n_blocks, generator=g)[: B * max_blocks].reshape(B, max_blocks).to(torch.int32)
+        cache = ta.AuraCache(f"aura{kb}v{vb}", batch=B, kv_heads=Hkv, head_dim=D, num_blocks=n_blocks,
+                             page_size=page, block_table=table.to(device), seed=seed, layer=seed % 3)
+    else:
+        cache = ta.AuraCache(f"aura{kb}v{vb}", batch=B, kv_heads=Hkv, head_dim=D, capacity=2 * L + 3 + seed % 5,
+                             seed=seed, layer=seed % 3, device=device)
+    cap = cache.capacity
+    for t in (cache.k_codes, cache.v_codes):  # old contents: random words, must survive where not written
+        t.copy_(torch.randint(-2**31, 2**31 - 1, t.shape, generator=g, dtype=torch.int64).to(torch.int32))
+    for t in (cache.k_norms, cache.v_norms):
+        t.copy_(torch.rand(t.shape, generator=g))
+    if full:
+        lens = torch.tensor([cap - 1, cap, max(cap - L - 1, 0)][:B] if B > 1 else [cap - 1])
+    else:
+        lens = torch.randint(0, cap - L + 1, (B,), generator=g)
+    cache.seq_lens.copy_(lens.to(torch.int32))
+    cache._appended = int(lens.max())  # the host bound append keeps
+    return cache
+
+
+def append_tokens(cache, L, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(2000 + seed)
+    shape = (cache.batch, L, cache.kv_heads, cache.head_dim)
+    return tuple(torch.randn(*shape, generator=g).to(dtype=dtype, device=cache.k_codes.device) for _ in range(2))
+
+
+def unfused_append(cache, k, v, write=None) -> None:
+    """AuraCache.append's plain-cache path without the fused op (aura_cache.py: slots from seq_lens,
+    aura_write_cache of K and of V, ``seq_lens += L``), for any seq_lens. The slot append rejects
+    (``n_slots``, a position past the capacity) is handed to the write as -1: the CUDA write kernel
+    skips a slot >= n_slots, and -1 is the same skip where the CPU reference would raise on it.
+    ``write``: the aura_write_cache to use (default: the op, whatever serves it on the device)."""
+    write = write or torch.ops.aura.aura_write_cache.default
+    B, L = k.shape[:2]
+    slots = cache._slots(L, None, False)
+    slots = torch.where(slots >= cache._n_slots, -1, slots)
+    flat = (B * L, cache.kv_heads, cache.head_dim)
+    write(k.reshape(flat), cache.k_codes, cache.k_norms, slots, cache.k_codebook, cache.k_boundaries, cache.key_bits,
+          cache.k_sign_mask, cache.paged)
+    write(v.reshape(flat), cache.v_codes, cache.v_norms, slots, cache.v_codebook, cache.v_boundaries,
+          cache.value_bits, cache.v_sign_mask, cache.paged)
+    cache.seq_lens += L
+
+
+def fused_args(cache, k, v):
+    """The arguments of aura_append for ``cache``."""
+    return (k, v, cache.k_codes, cache.k_norms, cache.v_codes, cache.v_norms, cache.seq_lens, cache.k_codebook,
+            cache.k_boundaries, cache.v_codebook, cache.v_boundaries, cache.key_bits, cache.value_bits,
+            cache.k_sign_mask, cache.v_sign_mask, cache.block_table if cache.paged else None)
+
+
+def cache_state(cache):
+    return (cache.k_codes, cache.k_norms, cache.v_codes, cache.v_norms, cache.seq_lens)

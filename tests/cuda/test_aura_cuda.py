@@ -17,6 +17,7 @@ import torch_aura as ta
 from torch_aura import backends
 from torch_aura.reference import aura as R
 
+from _samples.aura import append_cache, append_cases, append_tokens, cache_state, fused_args, unfused_append
 from _aura_cache import EncodedCache, check_codes_near_boundaries, check_non_finite_propagation, synthetic_attention
 from _util import assert_max_rel, dtype_id, max_rel
 
@@ -27,7 +28,7 @@ HEAD_DIMS = (64, 128, 256, 512)
 BITS = (2, 3, 4, 8)
 PAIRS = [(kb, vb) for kb in BITS for vb in BITS]
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-OPS = ("hadamard_rotate", "aura_encode", "aura_write_cache", "aura_dequantize", "aura_flash_p1",
+OPS = ("hadamard_rotate", "aura_encode", "aura_write_cache", "aura_append", "aura_dequantize", "aura_flash_p1",
        "aura_flash_p2", "aura_decode")
 
 
@@ -555,3 +556,108 @@ def test_aura_cache_ragged_rows_crop_grow_match_the_cpu_cache(scheme, D):
 
 def test_non_finite_keys_and_values_propagate_as_in_dense_attention():
     check_non_finite_propagation(DEV)
+
+
+# ===================================================================== aura_append (fused append)
+# One launch per cache write: the kernel against the unfused path on the device (slots, the
+# aura_write_cache kernel for K and V, seq_lens += L), bitwise, over tests/_samples/aura.py's grid.
+# Opt-in in AuraCache (TORCH_AURA_FUSED_APPEND=1) until this section passes on a GPU (docs/aura-format.md §7).
+APPEND_CASES = append_cases()
+
+
+def _append_same(got, want):
+    for name, g, w in zip(("k_codes", "k_norms", "v_codes", "v_norms", "seq_lens"), got, want):
+        assert torch.equal(g, w), f"{name} differs"
+
+
+@pytest.mark.parametrize("case", [c for _, c in APPEND_CASES], ids=[i for i, _ in APPEND_CASES])
+def test_append_fused_equals_unfused_bitwise(case):
+    a, b = append_cache(**case, device=DEV), append_cache(**case, device=DEV)
+    for dtype in (torch.float32, (torch.float16, torch.bfloat16)[case["seed"] % 2]):
+        k, v = append_tokens(a, case["L"], case["seed"], dtype)
+        unfused_append(a, k, v)
+        torch.ops.aura.aura_append(*fused_args(b, k, v))
+        torch.cuda.synchronize()
+        _append_same(cache_state(b), cache_state(a))
+
+
+def test_append_strided_views_and_cache_views():
+    """k, v as views of one [B, L, 2, Hkv, D] buffer (no 16-byte vector loads for odd offsets), caches as
+    views of one (2, B, Hkv, T, PW) buffer: the kernel walks strides as the write kernel does."""
+    case = dict(kb=3, vb=4, layout="contig", L=5, B=3, Hkv=3, D=128, full=True, seed=9)
+    a, b = append_cache(**case, device=DEV), append_cache(**case, device=DEV)
+    kv = torch.randn(3, 5, 2, 3, 128, device=DEV, dtype=torch.bfloat16)
+    k, v = kv[:, :, 0], kv[:, :, 1]
+    unfused_append(a, k, v)
+    torch.ops.aura.aura_append(*fused_args(b, k, v))
+    _append_same(cache_state(b), cache_state(a))
+
+
+@pytest.mark.parametrize("layout", ["contig", "paged"])
+def test_append_cuda_graph_append_then_decode_equals_eager(layout, monkeypatch):
+    """AuraCache.append (fused, TORCH_AURA_FUSED_APPEND=1) + decode captured in one graph, replayed three
+    times (seq_lens advanced by the graph itself) == the same steps eagerly, fused and unfused."""
+    def fresh(fused):
+        monkeypatch.setenv("TORCH_AURA_FUSED_APPEND", "1" if fused else "0")
+        case = dict(kb=4, vb=2, layout=layout, L=1, B=4, Hkv=2, D=128, full=False, seed=21)
+        c = append_cache(**case, device=DEV)
+        c.seq_lens.fill_(1)  # room for the three steps (capacity >= 6)
+        c._appended = 1
+        assert c._fused_append is fused
+        return c
+
+    g = torch.Generator(device=DEV).manual_seed(0)
+    steps = [(torch.randn(4, 2, 128, device=DEV, generator=g), torch.randn(4, 2, 128, device=DEV, generator=g))
+             for _ in range(3)]
+    q = torch.randn(4, 8, 128, device=DEV, generator=g)
+    eager, unfused = fresh(True), fresh(False)
+    want = []
+    for k1, v1 in steps:
+        eager.append(k1, v1)
+        unfused.append(k1, v1)
+        want.append(eager.decode(q))
+        _append_same(cache_state(eager), cache_state(unfused))
+    cache = fresh(True)
+    k_in, v_in = steps[0][0].clone(), steps[0][1].clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # recorded, not run
+        cache.append(k_in, v_in)
+        out, lse = cache.decode(q)
+    for (k1, v1), (want_out, want_lse) in zip(steps, want):
+        k_in.copy_(k1)
+        v_in.copy_(v1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    _append_same(cache_state(cache), cache_state(eager))
+
+
+def test_append_rejects_bad_input_in_cpp():
+    case = dict(kb=4, vb=2, layout="contig", L=2, B=3, Hkv=2, D=64, full=False, seed=1)
+    a = append_cache(**case, device=DEV)
+    k, v = append_tokens(a, 2, 1)
+    args = list(fused_args(a, k, v))
+    with pytest.raises(RuntimeError, match="seq_lens"):
+        torch.ops.aura.aura_append(*args[:6], a.seq_lens.long(), *args[7:])
+    with pytest.raises(RuntimeError, match="v_codes"):
+        torch.ops.aura.aura_append(*args[:4], a.k_codes, *args[5:])
+    with pytest.raises(RuntimeError, match="v:"):
+        torch.ops.aura.aura_append(k, v[:, :1], *args[2:])
+
+
+@pytest.mark.sanitize
+def test_append_small_cases_for_compute_sanitizer():
+    """The fused append on small shapes for memcheck/racecheck: rows at and past the capacity, a paged
+    table with unallocated (-1) and out-of-range pages (skipped, never dereferenced), 3-bit 8-byte rows,
+    L = 17 (several CTA iterations), the seq_lens read-then-advance of every CTA."""
+    for case in (dict(kb=3, vb=8, layout="contig", L=17, B=3, Hkv=3, D=64, full=True, seed=3),
+                 dict(kb=2, vb=4, layout="paged", L=2, B=3, Hkv=2, D=128, full=True, seed=2),
+                 dict(kb=4, vb=4, layout="paged", L=1, B=1, Hkv=8, D=256, full=False, seed=5)):
+        a = append_cache(**case, device=DEV)
+        k, v = append_tokens(a, case["L"], case["seed"], torch.float16)
+        if a.paged:
+            a.block_table[0, -1] = -1
+            a.block_table[-1, 0] = a.k_codes.shape[0] + 5
+        torch.ops.aura.aura_append(*fused_args(a, k, v))
+    torch.cuda.synchronize()

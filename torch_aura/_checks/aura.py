@@ -126,6 +126,50 @@ def aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, bounda
     return []
 
 
+def aura_append(k, v, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, k_boundaries, v_codebook,
+                v_boundaries, key_bits, value_bits, k_sign_mask=None, v_sign_mask=None,
+                block_table=None) -> list[c.TensorSpec]:
+    c.tensor("k", k, ndim=4, dtypes=c.FLOATS, unit_last_stride=True)
+    B, L, Hkv, D = k.shape
+    c.tensor("v", v, ndim=4, dtypes=c.FLOATS, unit_last_stride=True)
+    c.shape("v", v, [B, L, Hkv, D], "the shape of k [B, L, Hkv, D]")
+    c.same_dtype(k=k, v=v)
+    _head_dim(D, "k.shape[-1]")
+    _bits("key_bits", key_bits)
+    _bits("value_bits", value_bits)
+    PWk, PWv = packed_words(D, key_bits), packed_words(D, value_bits)
+    c.tensor("k_codes", k_codes, ndim=4, dtypes=CODES, unit_last_stride=True)
+    c.tensor("v_codes", v_codes, ndim=4, dtypes=CODES, unit_last_stride=True)
+    c.tensor("k_norms", k_norms, ndim=3, dtypes=NORMS, unit_last_stride=True)
+    c.tensor("v_norms", v_norms, ndim=3, dtypes=NORMS, unit_last_stride=True)
+    if block_table is None:  # contiguous [B, Hkv, T_cap, PW], norms [B, Hkv, T_cap]
+        c.shape("k_codes", k_codes, [B, Hkv, None, PWk], "contiguous [B, Hkv, T_cap, PW = head_dim * key_bits / 32]")
+        c.shape("v_codes", v_codes, [B, Hkv, k_codes.shape[2], PWv],
+                "contiguous [B, Hkv, T_cap, PW = head_dim * value_bits / 32]")
+    else:  # paged [num_blocks, page_size, Hkv, PW], block_table int32 [B, max_blocks]
+        c.tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
+        c.dim("block_table", block_table, 0, B, "batch of k")
+        c.shape("k_codes", k_codes, [None, None, Hkv, PWk],
+                "paged [num_blocks, page_size, Hkv, PW = head_dim * key_bits / 32]")
+        c.shape("v_codes", v_codes, [k_codes.shape[0], k_codes.shape[1], Hkv, PWv],
+                "paged [num_blocks, page_size, Hkv, PW = head_dim * value_bits / 32]")
+    c.shape("k_norms", k_norms, list(k_codes.shape[:3]), "k_codes.shape[:3]")
+    c.shape("v_norms", v_norms, list(k_codes.shape[:3]), "k_codes.shape[:3]")
+    c.tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,))
+    c.dim("seq_lens", seq_lens, 0, B, "batch of k")
+    _codebook("k_codebook", k_codebook, key_bits)
+    _boundaries("k_boundaries", k_boundaries, key_bits)
+    _codebook("v_codebook", v_codebook, value_bits)
+    _boundaries("v_boundaries", v_boundaries, value_bits)
+    _sign_mask("k_sign_mask", k_sign_mask, D)
+    _sign_mask("v_sign_mask", v_sign_mask, D)
+    c.same_device(k=k, v=v, k_codes=k_codes, k_norms=k_norms, v_codes=v_codes, v_norms=v_norms,
+                  seq_lens=seq_lens, k_codebook=k_codebook, k_boundaries=k_boundaries, v_codebook=v_codebook,
+                  v_boundaries=v_boundaries, k_sign_mask=k_sign_mask, v_sign_mask=v_sign_mask,
+                  block_table=block_table)
+    return []
+
+
 def aura_dequantize(codes, norms, codebook, bits, sign_mask=None, out_dtype=None) -> list[c.TensorSpec]:
     _vectors("codes", codes, CODES, unit_last_stride=True)
     _bits("bits", bits)

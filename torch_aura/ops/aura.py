@@ -23,6 +23,7 @@ __all__ = [
     "hadamard_rotate",
     "aura_encode",
     "aura_write_cache",
+    "aura_append",
     "aura_dequantize",
     "aura_flash_p1",
     "aura_flash_p2",
@@ -212,6 +213,61 @@ def aura_write_cache(x: torch.Tensor, codes_cache: torch.Tensor, norms_cache: to
     """
     checked_call(_check.aura_write_cache, torch.ops.aura.aura_write_cache,
                  x, codes_cache, norms_cache, slot_mapping, codebook, boundaries, bits, sign_mask, paged)
+
+
+@_debug.validated
+def aura_append(k: torch.Tensor, v: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Tensor,
+                v_codes: torch.Tensor, v_norms: torch.Tensor, seq_lens: torch.Tensor, k_codebook: torch.Tensor,
+                k_boundaries: torch.Tensor, v_codebook: torch.Tensor, v_boundaries: torch.Tensor, key_bits: int,
+                value_bits: int, k_sign_mask: torch.Tensor | None = None, v_sign_mask: torch.Tensor | None = None,
+                block_table: torch.Tensor | None = None) -> None:
+    """Append L tokens per sequence to an AURA cache in one op: encode K and V, write, advance ``seq_lens``.
+
+    Equals :func:`AuraCache.append <torch_aura.AuraCache.append>` of a plain cache (one scheme, no
+    window, ``lengths=None``): token i of row b goes to position ``seq_lens[b] + i``
+    (:func:`aura_write_cache` of K and of V at those slots), then ``seq_lens += L``. A position at or
+    past the capacity is not written, and ``seq_lens`` still advances by L (not clamped), as
+    ``AuraCache.append`` does on a GPU. On CUDA it is one kernel launch with no host sync (CUDA-graph
+    safe): one CTA per sequence reads ``seq_lens[b]``, writes the row's tokens, then advances it.
+
+    Args:
+        k, v: ``[B, L, Hkv, D]`` fp16, bf16 or fp32 (the same dtype), unit last stride.
+        k_codes, v_codes: int32 ``[B, Hkv, T_cap, PW]`` (contiguous) or ``[num_blocks, page_size, Hkv, PW]``
+            (paged), PW = D * bits // 32 with ``key_bits`` / ``value_bits``; unit last stride, other
+            strides free. Written in place.
+        k_norms, v_norms: fp32 ``k_codes.shape[:3]``. Written in place.
+        seq_lens: int32 ``[B]``, each row's current length; advanced by L in place.
+        k_codebook, k_boundaries, v_codebook, v_boundaries: fp32 ``[2**bits]``, ``[2**bits - 1]`` from
+            :func:`aura_codebook`.
+        key_bits, value_bits: 2, 3, 4 or 8.
+        k_sign_mask, v_sign_mask: int32 ``[D // 32]`` or None.
+        block_table: None (contiguous) or int32 ``[B, max_blocks]`` (paged: position p of row b is
+            offset ``p % page_size`` of page ``block_table[b, p // page_size]``; capacity
+            ``max_blocks * page_size``).
+
+    Returns:
+        None: the caches and ``seq_lens`` are updated in place.
+
+    Raises:
+        ValueError: bad dtype/shape/device; a negative ``seq_lens``, or (paged) a written token whose
+            block-table entry is not a page. Data errors are raised on CPU always and on CUDA under
+            ``TORCH_AURA_DEBUG=1``; otherwise the kernel skips those tokens (README, "Out-of-range data").
+
+    Example:
+        >>> import torch, torch_aura
+        >>> kcb, kbd = torch_aura.aura_codebook(4, 64)
+        >>> vcb, vbd = torch_aura.aura_codebook(2, 64)
+        >>> kc, vc = torch.zeros(2, 3, 4, 8, dtype=torch.int32), torch.zeros(2, 3, 4, 4, dtype=torch.int32)
+        >>> kn, vn = torch.zeros(2, 3, 4), torch.zeros(2, 3, 4)              # B=2, Hkv=3, T_cap=4
+        >>> seq_lens = torch.tensor([1, 3], dtype=torch.int32)
+        >>> k, v = torch.randn(2, 2, 3, 64), torch.randn(2, 2, 3, 64)          # L=2 tokens per row
+        >>> torch_aura.aura_append(k, v, kc, kn, vc, vn, seq_lens, kcb, kbd, vcb, vbd, 4, 2)
+        >>> seq_lens.tolist(), (kn[0, :, 1:3] > 0).all().item(), int((kn[1] > 0).sum())  # row 1: 1 token fits
+        ([3, 5], True, 3)
+    """
+    checked_call(_check.aura_append, torch.ops.aura.aura_append, k, v, k_codes, k_norms, v_codes, v_norms,
+                 seq_lens, k_codebook, k_boundaries, v_codebook, v_boundaries, key_bits, value_bits,
+                 k_sign_mask, v_sign_mask, block_table)
 
 
 @_debug.validated

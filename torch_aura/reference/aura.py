@@ -205,6 +205,57 @@ def aura_write_cache(x, codes_cache, norms_cache, slot_mapping, codebook, bounda
                             boundaries, bits, sign_mask, paged)
 
 
+def aura_append(k, v, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, k_boundaries, v_codebook,
+                v_boundaries, key_bits, value_bits, k_sign_mask=None, v_sign_mask=None, block_table=None):
+    """Token i of row b to position ``seq_lens[b] + i`` (skipped at or past the capacity), ``seq_lens += L``."""
+    return append_with(REFERENCE, k, v, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, k_boundaries,
+                       v_codebook, v_boundaries, key_bits, value_bits, k_sign_mask, v_sign_mask, block_table)
+
+
+def append_slots(seq_lens: torch.Tensor, L: int, codes: torch.Tensor, block_table=None) -> torch.Tensor:
+    """int64 ``[B * L]`` slots of ``aura_append`` in ``aura_write_cache``'s numbering (row b's tokens in
+    order): position ``p = seq_lens[b] + i``; -1 (skip) where ``p`` is at or past the capacity. The
+    data checks a kernel cannot make: ``seq_lens >= 0``; paged, a valid page for every written token."""
+    B = seq_lens.shape[0]
+    lens = seq_lens.to(torch.int64)
+    if lens.numel() and int(lens.min()) < 0:
+        raise ValueError(f"seq_lens: expected values >= 0, got {lens.tolist()[:8]}")
+    pos = lens[:, None] + torch.arange(L, dtype=torch.int64, device=seq_lens.device)[None, :]  # [B, L]
+    if block_table is None:
+        capacity = codes.shape[2]
+        slots = torch.arange(B, dtype=torch.int64, device=seq_lens.device)[:, None] * capacity + pos
+    else:
+        num_blocks, page_size, max_blocks = codes.shape[0], codes.shape[1], block_table.shape[1]
+        capacity = max_blocks * page_size
+        if capacity == 0:
+            return torch.full((B * L,), -1, dtype=torch.int64, device=seq_lens.device)
+        live = pos < capacity
+        page = block_table.gather(1, (pos // page_size).clamp(max=max_blocks - 1)).to(torch.int64)
+        missing = live & ((page < 0) | (page >= num_blocks))
+        if bool(missing.any()):
+            rows = missing.any(1).nonzero().flatten().tolist()
+            raise ValueError(f"block_table: rows {rows[:8]} have no valid page (an entry outside [0, {num_blocks}), "
+                             "e.g. -1) for tokens this append writes")
+        slots = page * page_size + pos % page_size
+    return torch.where(pos < capacity, slots, -1).reshape(-1)
+
+
+def append_with(ops, k, v, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, k_boundaries, v_codebook,
+                v_boundaries, key_bits, value_bits, k_sign_mask=None, v_sign_mask=None, block_table=None):
+    """``aura_append`` as ``AuraCache.append`` composes it: the slots, ``aura_write_cache`` for K and V
+    (with the ``aura_encode`` of ``ops``), then ``seq_lens += L`` in place (not clamped: a row past
+    its capacity keeps counting, its tokens are not written)."""
+    B, L, Hkv, D = k.shape
+    slots = append_slots(seq_lens, L, k_codes, block_table)
+    paged = block_table is not None
+    write_cache_with(ops, k.reshape(B * L, Hkv, D), k_codes, k_norms, slots, k_codebook, k_boundaries, key_bits,
+                     k_sign_mask, paged)
+    write_cache_with(ops, v.reshape(B * L, Hkv, D), v_codes, v_norms, slots, v_codebook, v_boundaries, value_bits,
+                     v_sign_mask, paged)
+    seq_lens += L
+    return None
+
+
 class Kernels(NamedTuple):
     """The kernels :func:`decode_with` and :func:`write_cache_with` compose, by name: this module's
     references (``REFERENCE``, defined at the end) or a backend's own (``cpu/aura.py``'s ``NATIVE``)."""
