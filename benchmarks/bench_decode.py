@@ -7,10 +7,12 @@ reference, then time ours and SDPA eagerly (cold L2) and as CUDA-graph replays. 
 microseconds, KV bytes read per second, % of the measured copy bandwidth, the ratio to SDPA, paged
 vs contiguous, and the targets.md gates as PASS / MISS.
 
-    python benchmarks/bench_decode.py [--out DIR] [--cases SUBSTRING] [--schedules]
+    python benchmarks/bench_decode.py [--out DIR] [--cases SUBSTRING] [--schedules] [--splits]
 
 ``--schedules`` also times ours under each schedule (``TORCH_AURA_DECODE_SCHEDULE=static`` and
 ``balanced``, docs/decode.md §4), each checked first, in the same run as the automatic choice.
+``--splits`` also times ours (graph) at each forced split count of ``SPLIT_SWEEP``: how far the
+automatic plan is from the best split on this GPU.
 
 Writes ``decode_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL rows.
 """
@@ -69,6 +71,8 @@ def main(argv=None) -> int:
                             "committed one)")
         parser.add_argument("--schedules", action="store_true", help="also time the static and the balanced "
                             "schedule (TORCH_AURA_DECODE_SCHEDULE), each checked against SDPA first")
+        parser.add_argument("--splits", action="store_true", help="also time ours (graph) at each forced "
+                            "num_splits of SPLIT_SWEEP, each checked against SDPA first")
 
     started = H.start("bench_decode", "flash_decode", __doc__, argv, cases_arg)
     if started is None:
@@ -81,7 +85,7 @@ def main(argv=None) -> int:
         if args.cases and not any(c in name for c in args.cases.split(",")):
             continue
         q, k, v, sl, table, kc, vc = make_inputs(B, Hq, Hkv, D, T, page)
-        ours = lambda: torch.ops.aura.flash_decode(q, k, v, sl, table)  # noqa: E731
+        ours = lambda splits=0: torch.ops.aura.flash_decode(q, k, v, sl, table, None, splits)  # noqa: E731
         sdpa = lambda: F.scaled_dot_product_attention(q[:, :, None], kc, vc, enable_gqa=True)  # noqa: E731
         out, lse = ours()
         want = sdpa()[:, :, 0]
@@ -105,6 +109,8 @@ def main(argv=None) -> int:
             row["speedup_graph"] = row["sdpa_graph_us"] / row["ours_graph_us"]
             if args.schedules:
                 time_schedules(row, ours, want)
+            if args.splits:
+                time_splits(row, ours, want)
             key = (B, Hq, Hkv, D, T)
             if page is None:
                 contiguous_us[key] = (row["ours_us"], row["ours_graph_us"])
@@ -152,6 +158,18 @@ def time_schedules(row: dict, ours, want) -> None:
             os.environ.pop("TORCH_AURA_DECODE_SCHEDULE", None)
         else:
             os.environ["TORCH_AURA_DECODE_SCHEDULE"] = saved
+
+
+SPLIT_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def time_splits(row: dict, ours, want) -> None:
+    """Graph time of ours at each forced split count (checked against SDPA first): row['splits'] maps
+    num_splits -> us; the automatic plan's own time is row['ours_graph_us']."""
+    row["splits"] = {}
+    for n in SPLIT_SWEEP:
+        if rel_rms(ours(n)[0], want) < 5e-3:
+            row["splits"][n] = H.time_us(lambda: ours(n), graph=True)
 
 
 def gates(rows):
@@ -222,6 +240,17 @@ def render(facts, copy_tbs, rows) -> str:
             ratio = (f"{r['static_graph_us'] / r['balanced_graph_us']:.2f}x"
                      if "static_us" in r and "balanced_us" in r else "")
             lines.append(f"| {r['case']} | {cells[0]} | {cells[1]} | {ratio} |")
+    swept = [r for r in rows if r.get("splits")]
+    if swept:
+        lines += ["", "Ours at each forced `num_splits` (`--splits`), graph us; best against the automatic plan "
+                  "and SDPA:", "", "| case | " + " | ".join(str(n) for n in SPLIT_SWEEP)
+                  + " | auto | best over auto | best over SDPA |", "|---|" + "---|" * (len(SPLIT_SWEEP) + 3)]
+        for r in swept:
+            best = min(r["splits"].values())
+            lines.append(f"| {r['case']} | " + " | ".join(f"{r['splits'][n]:.1f}" if n in r["splits"] else "-"
+                                                      for n in SPLIT_SWEEP)
+                         + f" | {r['ours_graph_us']:.1f} | {r['ours_graph_us'] / best:.2f}x | "
+                         f"{r['sdpa_graph_us'] / best:.2f}x |")
     lines += ["", "## Targets (docs/targets.md)", "", "| gate | result | measured |", "|---|---|---|"]
     lines += [f"| {w} | {res} | {vals} |" for w, res, vals in gates(rows)]
     return "\n".join(lines) + "\n"
