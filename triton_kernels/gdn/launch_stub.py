@@ -39,8 +39,29 @@ class _Kernel:
         return None
 
     def run(self, gx, gy, gz, stream, function, packed, meta, enter, exit_, *args):
+        # a variant the launchers launch inside a lent descriptor workspace needs one at every launch (a
+        # real launch fails without it: the plans' first GPU run did); a replay may lend one to more
+        if _workspace["lent"] and not _workspace["replaying"]:
+            _workspace["needed"].add(self)
+        elif not _workspace["lent"] and self in _workspace["needed"]:
+            raise RuntimeError(f"{self.name}: launched without the descriptor workspace it needs")
         if self.log is not None:
             self.log.append(("launch", self.name, (gx, gy, gz), args))
+
+
+_workspace = {"lent": False, "replaying": False, "needed": set()}
+
+
+@contextlib.contextmanager
+def _lend_workspace(device):
+    """``_common.descriptor_workspace`` that also records, for the stand-in launches, that it is lent."""
+    outer = _workspace["lent"]
+    _workspace["lent"] = True
+    try:
+        with _tune.descriptor_workspace(device):
+            yield
+    finally:
+        _workspace["lent"] = outer
 
 
 class _Driver:
@@ -103,15 +124,24 @@ def stubbed(log: list | None = None, verify: bool = True, setattr=None):
         return None, ctx, side
 
     segment_plan = segments._segment_plan
+    replay = plan._Plan._replay
+
+    def replaying(self, *args):
+        _workspace["replaying"] = True
+        try:
+            return replay(self, *args)
+        finally:
+            _workspace["replaying"] = False
     patches = [
         (JITFunction, "_do_compile", compile_stub),
         (_common, "interpreting", lambda: True),  # _tma_ready's alignment rules on CPU tensors
         (state_pass, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready),
         (_common, "sm_count", lambda device: SMS),
         (segments, "_segment_plan", lambda device, *a: segment_plan(torch.device("cuda"), *a)),
-        (_common, "descriptor_workspace", lambda device: contextlib.nullcontext()),
+        (_common, "descriptor_workspace", _lend_workspace),
         (state_pass, "_beside", beside),
         (plan._Plan, "_event", staticmethod(event)),
+        (plan._Plan, "_replay", replaying),
         (_tune.Tuner, "__call__", lambda self, key, launch, device: launch(self.configs[0])),
         (_launch, "VERIFY", verify),
         (_launch, "ENABLED", True),  # whatever TORCH_AURA_FAST_LAUNCH says: the mechanism is what runs

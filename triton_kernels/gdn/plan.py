@@ -26,6 +26,7 @@ what the launchers launch.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 
@@ -33,6 +34,7 @@ import torch
 
 from ... import _env
 from .. import _launch
+from . import _common
 
 ENABLED = _env.get("TORCH_AURA_GDN_PLAN") and not _env.get("TRITON_INTERPRET")
 _MAX_PLANS = 256  # bounded like _launch's cache: a plan per geometry, a forward needs one per length
@@ -202,13 +204,20 @@ class _Plan:
 
     def run(self, inputs, device):
         from triton.runtime.driver import driver
-        from triton.tools.tensor_descriptor import TensorDescriptor
 
         slots = [*inputs, *[None] * (self.n_slots - _N_INPUTS)]
         drv = driver.active
         dev = drv.get_current_device()
         stream = drv.get_current_stream(dev)
         verify = _launch.VERIFY
+        # the launchers lend Triton an allocator for in-kernel descriptors; the replay must too
+        workspace = _common.descriptor_workspace(device) if self.workspace else contextlib.nullcontext()
+        with workspace:
+            return self._replay(slots, device, drv, dev, stream, verify)
+
+    def _replay(self, slots, device, drv, dev, stream, verify):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
         ctx = side = None
         try:
             for op in self.ops:
