@@ -1,15 +1,21 @@
 """The vLLM backend's attention (``integrations/vllm/_paged.py``) on CUDA tensors, driven with the
-batch plan vLLM's metadata builds (vLLM itself cannot be installed on the GPU machine): decode,
+batch plan vLLM's metadata builds (vLLM itself need not be installed): decode,
 speculative and prefill rows against fp64 attention over the pages, and the uniform one-token decode
-step captured in a CUDA graph and replayed with new lengths, as vLLM replays it."""
+step captured in a CUDA graph and replayed with new lengths, as vLLM replays it. Where vLLM's CUDA
+build is installed, the dense write's one-launch path (vLLM's ``reshape_and_cache_flash``) against the
+``index_copy_`` path, bit for bit, eagerly and in a CUDA graph."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 from _vllm_paged import BLOCK, HKV, HQ, make_attention, make_pages, run_batch
-from torch_aura.integrations.vllm._paged import plan_batch
+from torch_aura.integrations.vllm import _paged
+from torch_aura.integrations.vllm._common import STATS
+from torch_aura.integrations.vllm._paged import DensePages, index_copy_write, plan_batch, vllm_cache_write
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 DEV = "cuda"
@@ -89,3 +95,116 @@ def test_uniform_decode_step_in_a_cuda_graph(fmt):
 def test_small_batch_for_compute_sanitizer(fmt):
     out, ref, *_ = run_batch(FORMATS[fmt], 64, torch.float32, DEV, [3, 1, 13, BLOCK + 1], [5, 0, 20, 0], 2)
     torch.testing.assert_close(out[:ref.shape[0]].double(), ref, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------- the dense write: vLLM's one launch vs index_copy_
+@pytest.fixture
+def cache_op():
+    """vLLM's op, or a skip (a failure under AURA_REQUIRE_VLLM=1, as in tests/vllm_plugin)."""
+    if _paged._reshape_and_cache_flash() is None:
+        why = "no vLLM CUDA build here (torch.ops._C_cache_ops.reshape_and_cache_flash)"
+        if os.environ.get("AURA_REQUIRE_VLLM") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+def _write_case(dtype, H, D, N, page_pad, key_offset=0, nb=12, n=29, seed=0):
+    """Random pages (LBNHC view over a raw buffer whose page stride is padded by ``page_pad``
+    elements), ``n`` distinct real slots outside the null block 0 with -1 padding slots between
+    them, and K / V as vLLM's [T, H, D] views of one qkv projection, T past the slots' length."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    C, page = 2 * D, N * H * 2 * D + page_pad
+    raw = torch.randn(nb * page, generator=g, device=DEV).to(dtype)
+    real = (torch.randperm((nb - 1) * N, generator=g, device=DEV) + N)[:n]
+    slots = torch.full((n + 6,), -1, dtype=torch.int64, device=DEV)
+    slots[torch.randperm(n + 6, generator=g, device=DEV)[:n]] = real
+    T, Hq = slots.shape[0] + 3, 2 * H
+    width = (Hq + 2 * H) * D + key_offset
+    qkv = torch.randn(T, width, generator=g, device=DEV).to(dtype)[:, key_offset:]
+    key = qkv[:, Hq * D:(Hq + H) * D].view(T, H, D)
+    value = qkv[:, (Hq + H) * D:].view(T, H, D)
+
+    def pages_of(buf):
+        return buf.as_strided((nb, H, N, C), (page, C, H * C, 1))
+    return raw, pages_of, key, value, slots, page, qkv
+
+
+def _check_same_as_index_copy(raw, fused, reference, page):
+    """Bit for bit beyond the null block 0; there the op skips -1 slots (index_copy_ parks them),
+    so block 0 keeps its old bytes."""
+    assert torch.equal(fused[page:], reference[page:])
+    assert torch.equal(fused[:page], raw[:page])
+    assert not torch.equal(fused[page:], raw[page:])
+
+
+@pytest.mark.parametrize("page_pad", ["unpadded", "pad16B", "pad2D"])
+@pytest.mark.parametrize("N", [16, 32])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("H", [1, 2, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fused_dense_write_matches_index_copy(cache_op, dtype, H, D, N, page_pad):
+    # pad2D: one K|V cell, not a whole token row unless H == 1 (index_copy_'s element path);
+    # pad16B: 16 bytes, a hybrid model's padding the op still serves
+    pad = {"unpadded": 0, "pad16B": 16 // torch.empty((), dtype=dtype).element_size(), "pad2D": 2 * D}[page_pad]
+    raw, pages_of, key, value, slots, page, _ = _write_case(dtype, H, D, N, pad)
+    fused, reference = raw.clone(), raw.clone()
+    before = STATS.dense_fused_write
+    DensePages(2 * H, D, D ** -0.5).write(key, value, pages_of(fused), slots)
+    assert STATS.dense_fused_write == before + 1, "the write did not take vLLM's one-launch path"
+    index_copy_write(key, value, pages_of(reference), slots)
+    _check_same_as_index_copy(raw, fused, reference, page)
+
+
+@pytest.mark.parametrize("case", ["odd-page-pad", "odd-key-offset"])
+def test_dense_write_falls_back_where_the_op_would_misalign(cache_op, case):
+    # a page stride (or a K / V row) off 16 bytes: the op's vector path would store misaligned,
+    # so the write takes index_copy_ (and stays correct)
+    D, H = 128, 2
+    raw, pages_of, key, value, slots, page, _ = _write_case(
+        torch.bfloat16, H, D, BLOCK, 3 if case == "odd-page-pad" else 0, key_offset=int(case == "odd-key-offset"))
+    fused, reference = raw.clone(), raw.clone()
+    n = slots.shape[0]
+    assert not vllm_cache_write(key[:n], value[:n], pages_of(fused), slots, D)
+    before = STATS.dense_fused_write
+    DensePages(2 * H, D, D ** -0.5).write(key, value, pages_of(fused), slots)
+    assert STATS.dense_fused_write == before
+    index_copy_write(key, value, pages_of(reference), slots)
+    assert torch.equal(fused, reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_dense_write_in_a_cuda_graph(cache_op, dtype):
+    """The one-launch write captured once, replayed with new slots (-1 padding included) and new
+    K / V written into the same buffers, each replay against index_copy_ on a copy of the pages."""
+    H, D, N = 8, 128, BLOCK
+    raw, pages_of, key, value, slots, page, qkv = _write_case(dtype, H, D, N, 2 * D)
+    fused, reference = raw.clone(), raw.clone()
+    pages = pages_of(fused)
+    attn = DensePages(2 * H, D, D ** -0.5)
+    g = torch.Generator(device=DEV).manual_seed(1)
+    nb = raw.shape[0] // page
+
+    def set_step():
+        n = slots.shape[0]
+        slots.fill_(-1)
+        slots[torch.randperm(n, generator=g, device=DEV)[:n - 4]] = \
+            (torch.randperm((nb - 1) * N, generator=g, device=DEV) + N)[:n - 4]
+        qkv.copy_(torch.randn(qkv.shape, generator=g, device=DEV).to(dtype))
+
+    set_step()
+    attn.write(key, value, pages, slots)  # warm-up outside the capture, as vLLM does
+    index_copy_write(key, value, pages_of(reference), slots)
+    before = STATS.dense_fused_write
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attn.write(key, value, pages, slots)
+    assert STATS.dense_fused_write == before + 1, "the captured write is not vLLM's one-launch path"
+    for _ in range(4):
+        set_step()
+        start = fused.clone()
+        graph.replay()
+        index_copy_write(key, value, pages_of(reference), slots)
+        torch.cuda.synchronize()
+        assert torch.equal(fused[page:], reference[page:])
+        assert torch.equal(fused[:page], start[:page])
+        assert not torch.equal(fused[page:], start[page:])

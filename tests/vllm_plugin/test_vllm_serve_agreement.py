@@ -89,6 +89,7 @@ def test_custom_dense_agrees_with_vllm_backend(model):
     theirs = top1(model, "FLASH_ATTN" if GPU else None)
     ours = top1(model, "CUSTOM")
     assert STATS.dense_prefill > 0, "the CUSTOM engine's prefills were not served by the plugin"
+    assert STATS.dense_fused_write > 0 or not GPU, "the dense writes did not take vLLM's reshape_and_cache_flash"
     pairs = [(a, b) for x, y in zip(ours, theirs) for a, b in zip(x, y)]
     agreement = sum(a[0] == b[0] for a, b in pairs) / len(pairs)
     logprob_diff = max(abs(a[1] - b[1]) for a, b in pairs if a[0] == b[0])

