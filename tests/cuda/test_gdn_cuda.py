@@ -26,6 +26,16 @@ GDN_OPS = ("gdn_chunk", "gdn_chunk_cumsum", "gdn_kkt_solve", "gdn_recompute_w_u"
            "gdn_recurrent", "causal_conv1d", "causal_conv1d_update")
 
 
+@pytest.fixture(autouse=True)
+def _launchers_not_plans(monkeypatch):
+    """The tests below observe the launchers' Python steps (the pass taken, the split, the tuner), which a
+    plan's replay skips: they run the launchers; plans are checked against them in
+    test_planned_calls_equal_the_launchers."""
+    from torch_aura.triton_kernels.gdn import plan
+
+    monkeypatch.setattr(plan, "ENABLED", False)
+
+
 def _id(case):
     B, T, H, HV, K, V, dt, extra = case
     tail = "-".join(f"{a}{b}" for a, b in extra.items() if a != "offsets")
@@ -694,3 +704,51 @@ def test_conv_new_lengths_compile_nothing():
         call(rng.choice((1, 2, 5)), rng.randint(1, 1900), None, rng.randint(1, 40), rng.randint(40, 300))
         call(1, 900 + cut, [0, cut, cut, 900 + cut], rng.randint(1, 40), rng.randint(40, 300))
     assert _compiled_variants() == before
+
+
+# ================================================================ plans (TORCH_AURA_GDN_PLAN)
+PLAN_CASES = [  # geometry, and what of the launchers it takes
+    (1, 4096, 2, 4, 128, 128, BF16, {}),  # a TP shard: the sequence-parallel pass
+    (2, 1000, 16, 32, 128, 128, BF16, {"h0": True}),  # the pass beside w/u (sm_90)
+    (1, 1300, 4, 8, 128, 128, F16, {"offsets": [0, 7, 7, 300, 1300], "l2norm": True}),  # varlen, L2 norm
+    (2, 513, 2, 2, 64, 128, BF16, {"h0": True, "state_v_first": True}),
+]
+
+
+@pytest.mark.parametrize("case", PLAN_CASES, ids=[_id(c) for c in PLAN_CASES])
+def test_planned_calls_equal_the_launchers(case, monkeypatch):
+    """A geometry's first call records its plan; later calls, new values each, replay it, eagerly and
+    inside a CUDA graph: every output equals the launchers' bit for bit."""
+    from torch_aura.triton_kernels.gdn import plan
+
+    B, T, H, HV, K, V, dt, extra = case
+    offsets, h0 = extra.get("offsets"), extra.get("h0", False)
+    N = B if offsets is None else len(offsets) - 1
+    cu = None if offsets is None else torch.tensor(offsets, dtype=torch.int32, device=DEV)
+
+    def args(seed):
+        q, k, v, g, beta = make_inputs(DEV, B, T, H, HV, K, V, dt, seed=seed)
+        shape = (N, HV, V, K) if extra.get("state_v_first") else (N, HV, K, V)
+        init = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(DEV) if h0 else None
+        return (q, k, v, g, beta, None, init, cu, None, extra.get("l2norm", False),
+                extra.get("state_v_first", False))
+
+    calls = [args(seed) for seed in range(3)]
+    want = [torch.ops.aura.gdn_chunk(*a) for a in calls]  # the launchers (plans off: the fixture above)
+    monkeypatch.setattr(plan, "ENABLED", True)
+    monkeypatch.setattr(plan, "_plans", {})
+    got = [torch.ops.aura.gdn_chunk(*a) for a in calls]
+    assert any(p for p in plan._plans.values()), "no plan was recorded"
+    static = [x.clone() if isinstance(x, torch.Tensor) else x for x in calls[0]]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.aura.gdn_chunk(*static)
+    for a, w in zip(calls, want):
+        for x, y in zip(static, a):
+            if isinstance(x, torch.Tensor):
+                x.copy_(y)
+        graph.replay()
+        got.append(tuple(o.clone() for o in out))
+    for i, (o, w) in enumerate(zip(got, want + want)):
+        for name, a, b in zip(("o", "final_state"), o, w):
+            assert torch.equal(a, b), f"call {i}: planned {name} differs from the launchers'"
