@@ -4,7 +4,7 @@
 # Everything is teed under $OUT so the logs come back even if a step times out. No -x: one device
 # run must report every failure.
 #   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_aura|bench_gdn|bench_gdn_first_call|profile_gdn|
-#                                   bench_e2e|bench_vllm]...
+#                                   bench_e2e|bench_vllm|gdn_plan|aura_append|decode_ring]...
 #   (default: all but bench_e2e)
 #   FAMILY=decode|aura|gdn|transformers|vllm|all (default all) narrows the tests and sanitizer runs to one family.
 #   AURA_BUILD_CUDA=0 skips the CUDA C++ build (Triton-only runs). TESTS_TIMEOUT, SANITIZE_TIMEOUT (each tool),
@@ -66,6 +66,33 @@ for step in $steps; do
       # fresh processes, cold and warm caches; --write-table ships the tuned table this run built
       timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/bench_gdn_first_call.py --out "$OUT/results" --write-table 2>&1 \
         | tee "$OUT/bench_gdn_first_call.log" | tail -30 || rc=1 ;;
+    gdn_plan)
+      # the GDN plans' replay test (eager and in a graph, bitwise vs the launchers), then host time with plans on
+      TORCH_AURA_TUNE=0 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/cuda/test_gdn_cuda.py \
+        -k planned 2>&1 | tee "$OUT/gdn_plan.log" | tail -5 || rc=1
+      TORCH_AURA_GDN_PLAN=1 timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/profile_gdn.py --heads 2/4 --lens 8192 --host \
+        --no-fla 2>&1 | tee -a "$OUT/gdn_plan.log" | tail -30 || rc=1 ;;
+    aura_append)
+      # the fused append's GPU tests in one process (xdist start-up outlasted a short timeout), then both sanitizers
+      TORCH_AURA_TUNE=0 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/cuda/test_aura_cuda.py \
+        -k append --durations=5 2>&1 | tee "$OUT/aura_append.log" | tail -12 || rc=1
+      for tool in memcheck racecheck; do
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCH_AURA_TUNE=0 timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool $tool \
+          --error-exitcode 9 python3 -m pytest tests/cuda/test_aura_cuda.py -m sanitize -k append -q -p no:cacheprovider 2>&1 \
+          | tee -a "$OUT/aura_append.log" | tail -4 || rc=1
+      done ;;
+    decode_ring)
+      # flash_decode's ring depth and shared-memory budget at the large reads (issue 39 d4; docs/decode.md §4):
+      # the standalone timeline driver built per (stages, budget), graph us of split + merge on the launcher's plan
+      inc=$(python3 -c 'import torch.utils.cpp_extension as c; print(c.include_paths()[0])')
+      for cfg in "4 112640" "6 200704" "8 200704" "12 220160"; do
+        set -- $cfg
+        nvcc -std=c++20 -O3 -DUSE_CUDA --expt-relaxed-constexpr -gencode arch=compute_90,code=sm_90 -I"$inc" -Icsrc \
+          -DAURA_DECODE_MAX_STAGES=$1 -DAURA_DECODE_SMEM_BUDGET=$2 tools/decode_timeline.cu -o /tmp/dt_$1 || { rc=1; continue; }
+        for c in "8 32768 128" "1 131072 128" "32 8192 128" "1 32768 256"; do
+          echo "stages<=$1 budget $2: $(/tmp/dt_$1 $c 2>&1 | grep -E 'graph us' | tail -1)"
+        done
+      done 2>&1 | tee "$OUT/decode_ring.log" ;;
     profile_gdn)
       # PROFILE_ARGS e.g. "--heads 16/32 --lens 131072 --memory --no-fla" (default: host time at 2/4 heads, 1x8k)
       timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/profile_gdn.py ${PROFILE_ARGS:---heads 2/4 --lens 8192 --host --no-fla} \
