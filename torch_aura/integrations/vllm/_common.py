@@ -1,12 +1,12 @@
 """What every module of the plugin shares: its backend's import path, the INFO line's prefix, and the
-per-process counters :data:`STATS`. A leaf: imports neither vLLM nor the rest of the plugin, so the
-package's ``register()``, ``platform.py``, ``backend.py`` and ``_paged.py`` all import it and none of them
-imports the package back.
+per-process counters :data:`STATS` (:func:`worker_stats` copies them for ``collective_rpc``). A leaf:
+imports neither vLLM nor the rest of the plugin, so the package's ``register()``, ``platform.py``,
+``backend.py`` and ``_paged.py`` all import it and none of them imports the package back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 BACKEND_PATH = "torch_aura.integrations.vllm.backend.AuraAttentionBackend"
 SERVING_LOG_PREFIX = "torch_aura: serving"  # starts the INFO line that shows the plugin serving (README)
@@ -35,3 +35,10 @@ class Stats:
 
 
 STATS = Stats()
+
+
+def worker_stats(worker=None) -> Stats:
+    """A copy of this process's :data:`STATS`. Pass it to ``LLM.collective_rpc`` to read every worker's
+    (one per tensor-parallel rank; they run in processes of their own when ``tensor_parallel_size > 1``).
+    ``worker``: vLLM's worker, which ``collective_rpc`` passes first; unused."""
+    return replace(STATS)
