@@ -135,13 +135,7 @@ def aura_append(k, v, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, 
     c.shape("v", v, [B, L, Hkv, D], "the shape of k [B, L, Hkv, D]")
     c.same_dtype(k=k, v=v)
     _head_dim(D, "k.shape[-1]")
-    _bits("key_bits", key_bits)
-    _bits("value_bits", value_bits)
-    PWk, PWv = packed_words(D, key_bits), packed_words(D, value_bits)
-    c.tensor("k_codes", k_codes, ndim=4, dtypes=CODES, unit_last_stride=True)
-    c.tensor("v_codes", v_codes, ndim=4, dtypes=CODES, unit_last_stride=True)
-    c.tensor("k_norms", k_norms, ndim=3, dtypes=NORMS, unit_last_stride=True)
-    c.tensor("v_norms", v_norms, ndim=3, dtypes=NORMS, unit_last_stride=True)
+    PWk, PWv = _cache_tensors(k_codes, k_norms, v_codes, v_norms, D, key_bits, value_bits)
     if block_table is None:  # contiguous [B, Hkv, T_cap, PW], norms [B, Hkv, T_cap]
         c.shape("k_codes", k_codes, [B, Hkv, None, PWk], "contiguous [B, Hkv, T_cap, PW = head_dim * key_bits / 32]")
         c.shape("v_codes", v_codes, [B, Hkv, k_codes.shape[2], PWv],
@@ -183,6 +177,18 @@ def aura_dequantize(codes, norms, codebook, bits, sign_mask=None, out_dtype=None
     return [c.TensorSpec(tuple(codes.shape[:-1]) + (D,), out_dtype or torch.float32, dev)]
 
 
+def _cache_tensors(k_codes, k_norms, v_codes, v_norms, D, key_bits, value_bits) -> tuple[int, int]:
+    """The bit widths and the four code / norm tensors' rank, dtype and unit last stride (their shapes
+    depend on the layout: the callers check them); returns the packed words per K and V vector."""
+    _bits("key_bits", key_bits)
+    _bits("value_bits", value_bits)
+    c.tensor("k_codes", k_codes, ndim=4, dtypes=CODES, unit_last_stride=True)
+    c.tensor("v_codes", v_codes, ndim=4, dtypes=CODES, unit_last_stride=True)
+    c.tensor("k_norms", k_norms, ndim=3, dtypes=NORMS, unit_last_stride=True)
+    c.tensor("v_norms", v_norms, ndim=3, dtypes=NORMS, unit_last_stride=True)
+    return packed_words(D, key_bits), packed_words(D, value_bits)
+
+
 def _attention_inputs(q_name, q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook,
                       v_codebook, key_bits, value_bits, block_table):
     """Checks shared by pass 1 and aura_decode; returns (B, L or None, Hq, D, capacity, page_size)."""
@@ -190,13 +196,7 @@ def _attention_inputs(q_name, q, k_codes, k_norms, v_codes, v_norms, seq_lens, k
     B, Hq, D = q.shape[0], q.shape[-2], q.shape[-1]
     L = q.shape[1] if q.dim() == 4 else None
     _head_dim(D, f"{q_name}.shape[-1]")
-    _bits("key_bits", key_bits)
-    _bits("value_bits", value_bits)
-    PWk, PWv = packed_words(D, key_bits), packed_words(D, value_bits)
-    c.tensor("k_codes", k_codes, ndim=4, dtypes=CODES, unit_last_stride=True)
-    c.tensor("v_codes", v_codes, ndim=4, dtypes=CODES, unit_last_stride=True)
-    c.tensor("k_norms", k_norms, ndim=3, dtypes=NORMS, unit_last_stride=True)
-    c.tensor("v_norms", v_norms, ndim=3, dtypes=NORMS, unit_last_stride=True)
+    PWk, PWv = _cache_tensors(k_codes, k_norms, v_codes, v_norms, D, key_bits, value_bits)
     if block_table is None:  # contiguous [B, Hkv, T_cap, PW]
         c.dim("k_codes", k_codes, 0, B, f"batch of {q_name}")
         Hkv, capacity, page_size = k_codes.shape[1], k_codes.shape[2], None
