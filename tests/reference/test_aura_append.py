@@ -113,22 +113,21 @@ def test_zero_tokens_and_empty_batch():
 
 
 def test_data_errors_raise_before_writing():
+    def raises_untouched(a, k, v, match):
+        before = [t.clone() for t in cache_state(a)]
+        with pytest.raises(ValueError, match=match):
+            ta.aura_append(*fused_args(a, k, v))
+        _assert_same(cache_state(a), before)
+
     case = dict(kb=4, vb=2, layout="contig", L=2, B=3, Hkv=2, D=64, full=False, seed=1)
     a = append_cache(**case)
     k, v = append_tokens(a, 2, 1)
     a.seq_lens[1] = -1
-    before = [t.clone() for t in cache_state(a)]
-    with pytest.raises(ValueError, match="seq_lens: expected values >= 0"):
-        ta.aura_append(*fused_args(a, k, v))
-    _assert_same(cache_state(a), before)
-    case = dict(kb=4, vb=2, layout="paged", L=2, B=3, Hkv=2, D=64, full=False, seed=1)
-    a = append_cache(**case)
+    raises_untouched(a, k, v, "seq_lens: expected values >= 0")
+    a = append_cache(**{**case, "layout": "paged"})
     a.seq_lens.zero_()
     a.block_table[2, 0] = -1  # row 2's first page is not allocated
-    before = [t.clone() for t in cache_state(a)]
-    with pytest.raises(ValueError, match=r"block_table: rows \[2\] have no valid page"):
-        ta.aura_append(*fused_args(a, k, v))
-    _assert_same(cache_state(a), before)
+    raises_untouched(a, k, v, r"block_table: rows \[2\] have no valid page")
 
 
 def test_metadata_errors_name_the_argument():
