@@ -355,6 +355,10 @@ def render(facts, copy_tbs, rows, plot) -> str:
         if r["case"] == "write_cache-B64-1tok" and "ours_us" in r:
             lines.append(f"| `aura_write_cache`, 1 token, B=64, 8 KV heads, D=128, 4 bits | {r['ours_us']:.1f} / "
                          f"{r['ours_graph_us']:.1f} us | |")
+        if r["case"] == "fused_append-B64-1tok" and "ours_us" in r:
+            lines.append(f"| `aura_append` (fused: K and V encoded and written, `seq_lens` advanced), 1 token, B=64, "
+                         f"8 KV heads, D=128, 4 bits | {r['ours_us']:.1f} / {r['ours_graph_us']:.1f} us | the unfused "
+                         f"append it equals bit for bit: {r['unfused_us']:.1f} / {r['unfused_graph_us']:.1f} us |")
         if r["case"] == "encode-128k-x8" and "ours_us" in r:
             lines.append(f"| `aura_encode`, 128k tokens x 8 heads, D=128, bf16 in, 4 bits | {r['ours_us']:.1f} us | "
                          f"{r['input_TBs']:.2f} TB/s of input (codes equal to the reference: {100 * r['codes_equal_frac']:.3f}%) |")
