@@ -17,7 +17,7 @@ def test_schema_table_matches_ops_md_catalogue():
     # ops.md fixes the names; a renamed or dropped op must fail here, not in a user's model.
     expected = {
         "flash_decode", "flash_decode_out", "merge_attn_states",
-        "hadamard_rotate", "aura_encode", "aura_write_cache", "aura_dequantize", "aura_flash_p1",
+        "hadamard_rotate", "aura_encode", "aura_write_cache", "aura_append", "aura_dequantize", "aura_flash_p1",
         "aura_flash_p2", "aura_decode",
         "gdn_chunk", "gdn_chunk_cumsum", "gdn_kkt_solve", "gdn_recompute_w_u", "gdn_fwd_h",
         "gdn_fwd_o", "gdn_recurrent", "causal_conv1d", "causal_conv1d_update",

@@ -337,6 +337,117 @@ OpPlan plan_aura_write_cache(const OpCall& call) {
   return pb.take();
 }
 
+// aura_append(k, v, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, k_boundaries, v_codebook,
+// v_boundaries, k_sign_mask, v_sign_mask, block_table; key_bits, value_bits): AuraCache.append as
+// reference/aura.py append_with composes it, in three dispatches on one stream: aura_append_slots
+// (each row's int64 slots from seq_lens into a workspace, then seq_lens += L), and aura_encode's
+// write mode (the aura_write_cache launch) for K and for V over those slots. Nothing is read on the
+// host. Data the reference rejects (a negative seq_lens, a block-table entry that is not a page)
+// only skips the tokens concerned, as on CUDA.
+namespace {
+constexpr int kAppendK = 0, kAppendV = 1, kAppendKCodes = 2, kAppendSeqLens = 6, kAppendTable = 13;
+constexpr std::int64_t kInt32Limit = std::int64_t(1) << 31;
+
+// Tables and sign mask of one side (K: tensors 7, 8, 11, scalar 0; V: 9, 10, 12, scalar 1).
+void append_table_checks(const Args& a, int side, std::int64_t D) {
+  const char* bits_name = side == 0 ? "key_bits" : "value_bits";
+  check_bits(a.s(side), bits_name);
+  const std::int64_t levels = std::int64_t(1) << int(a.s(side));
+  check_table(a, 7 + 2 * side, side == 0 ? "k_codebook" : "v_codebook", levels);
+  check_table(a, 8 + 2 * side, side == 0 ? "k_boundaries" : "v_boundaries", levels - 1);
+  check_mask(a, 11 + side, side == 0 ? "k_sign_mask" : "v_sign_mask", D);
+}
+
+// One side's write: aura_encode in write mode 1 (contiguous) / 2 (paged) over x [B, L, Hkv, D]
+// (rows (b, i, h); row n = b * L + i of the slots), codes at `codes`, norms at `codes` + 1.
+void add_append_write(PlanBuilder& pb, const Args& a, int side, bool paged, const Operand& slots) {
+  const int x = side == 0 ? kAppendK : kAppendV, codes = kAppendKCodes + 2 * side;
+  const TensorMeta& xm = a.t(x);
+  const TensorMeta& cm = a.t(codes);
+  AuraRowParams p = encode_params(xm, 3, int(a.s(side)), a.has(11 + side));
+  p.write_mode = paged ? 2 : 1;
+  p.kv_heads = int(xm.size(2));
+  p.slot_div = int(paged ? cm.size(1) : cm.size(2));
+  p.slots = cm.size(0) * cm.size(paged ? 1 : 2);
+  for (int d = 0; d < 3; ++d) p.cache_stride[d] = cm.stride(d), p.norms_cache_stride[d] = a.t(codes + 1).stride(d);
+  Launch l = row_launch(kernel_name("aura_encode", xm.type(), xm.size(3)), p.rows);
+  bind(l, 0, a, x);
+  bind(l, 1, a, 7 + 2 * side);
+  bind(l, 2, a, 8 + 2 * side);
+  bind(l, 3, a, 11 + side, x);
+  bind(l, 4, slots);
+  bind(l, 5, a, codes);
+  bind(l, 6, a, codes + 1);
+  set_params(l, p, 7);
+  if (p.rows > 0 && p.slots > 0) pb.add(l);
+}
+}  // namespace
+
+OpPlan plan_aura_append(const OpCall& call) {
+  Args a(call, 14, 2, "aura_append");
+  const TensorMeta& k = a.t(kAppendK);
+  const TensorMeta& v = a.t(kAppendV);
+  check(k, "k", 4, kFloats);
+  check(v, "v", 4, kFloats);
+  if (v.type() != k.type())
+    fail("v", std::string("the dtype of k (") + dtype_name(k.type()) + ")", dtype_name(v.type()));
+  for (int d = 0; d < 4; ++d) check_dim(v, "v", d, k.size(d), "the shape of k [B, L, Hkv, D]");
+  const std::int64_t B = k.size(0), L = k.size(1), Hkv = k.size(2), D = k.size(3);
+  check_dim_supported(D, "k.shape[-1]");
+  append_table_checks(a, 0, D);
+  append_table_checks(a, 1, D);
+  const bool paged = a.has(kAppendTable);
+  const TensorMeta& kc = a.t(kAppendKCodes);
+  check(kc, "k_codes", 4, {DType::i32});
+  check(a.t(3), "k_norms", 3, {DType::f32});
+  check(a.t(4), "v_codes", 4, {DType::i32});
+  check(a.t(5), "v_norms", 3, {DType::f32});
+  if (paged) {
+    check(a.t(kAppendTable), "block_table", 2, {DType::i32}, false);
+    check_dim(a.t(kAppendTable), "block_table", 0, B, "batch of k");
+    check_dim(kc, "k_codes", 2, Hkv, "Hkv of k (paged [num_blocks, page_size, Hkv, PW])");
+  } else {
+    check_dim(kc, "k_codes", 0, B, "batch of k (contiguous [B, Hkv, T_cap, PW])");
+    check_dim(kc, "k_codes", 1, Hkv, "Hkv of k (contiguous [B, Hkv, T_cap, PW])");
+  }
+  check_dim(kc, "k_codes", 3, D * std::int64_t(a.s(0)) / 32, "PW = head_dim * key_bits / 32");
+  check_dim(a.t(4), "v_codes", 3, D * std::int64_t(a.s(1)) / 32, "PW = head_dim * value_bits / 32");
+  for (int d = 0; d < 3; ++d) {
+    check_dim(a.t(4), "v_codes", d, kc.size(d), "k_codes.shape[:3]");
+    check_dim(a.t(3), "k_norms", d, kc.size(d), "k_codes.shape[:3]");
+    check_dim(a.t(5), "v_norms", d, kc.size(d), "k_codes.shape[:3]");
+  }
+  check(a.t(kAppendSeqLens), "seq_lens", 1, {DType::i32}, false);
+  check_dim(a.t(kAppendSeqLens), "seq_lens", 0, B, "batch of k");
+  // the kernels' int arithmetic: positions, slots' divisor, rows of the encode grid
+  const std::int64_t capacity = paged ? a.t(kAppendTable).size(1) * kc.size(1) : kc.size(2);
+  if (capacity >= kInt32Limit) fail("k_codes", "fewer than 2^31 token slots per sequence", std::to_string(capacity));
+  if (paged && kc.size(0) >= kInt32Limit) fail("k_codes", "fewer than 2^31 pages", std::to_string(kc.size(0)));
+  if (B * L * std::max<std::int64_t>(Hkv, 1) >= kInt32Limit)
+    fail("k", "B * L * Hkv < 2^31", std::to_string(B) + " * " + std::to_string(L) + " * " + std::to_string(Hkv));
+
+  PlanBuilder pb(call);
+  if (B * L == 0) return pb.take();  // nothing is written and seq_lens does not move
+  const Operand slots = pb.workspace(DType::i64, {B * L});
+  AuraAppendParams p{};
+  p.seq_stride = a.t(kAppendSeqLens).stride(0);
+  if (paged) p.table_stride[0] = a.t(kAppendTable).stride(0), p.table_stride[1] = a.t(kAppendTable).stride(1);
+  p.tokens = int(L), p.capacity = int(capacity), p.paged = paged;
+  p.page_size = paged ? int(kc.size(1)) : 0, p.num_blocks = paged ? int(kc.size(0)) : 0;
+  Launch l;
+  l.kernel = "aura_append_slots";
+  l.groups = {std::uint32_t(B), 1, 1};
+  l.group_size = {32, 1, 1};
+  bind(l, 0, a, kAppendSeqLens);
+  bind(l, 1, a, kAppendTable, kAppendSeqLens);
+  bind(l, 2, slots);
+  set_params(l, p, 3);
+  pb.add(l);
+  add_append_write(pb, a, 0, paged, slots);
+  add_append_write(pb, a, 1, paged, slots);
+  return pb.take();
+}
+
 std::vector<OutputSpec> specs_aura_dequantize(const OpCall& call) {
   Args a(call, 4, 2, "aura_dequantize");
   const std::int64_t D = dequantize_checks(a);

@@ -21,7 +21,8 @@ const std::map<std::string, OpEntry>& table() {
   static const std::map<std::string, OpEntry> t = {
       AURA_OP(flash_decode), AURA_INPLACE_OP(flash_decode_out), AURA_OP(merge_attn_states),
       AURA_OP(hadamard_rotate), AURA_OP(aura_encode), AURA_INPLACE_OP(aura_write_cache),
-      AURA_OP(aura_dequantize), AURA_OP(aura_flash_p1), AURA_OP(aura_flash_p2), AURA_OP(aura_decode),
+      AURA_INPLACE_OP(aura_append), AURA_OP(aura_dequantize), AURA_OP(aura_flash_p1), AURA_OP(aura_flash_p2),
+      AURA_OP(aura_decode),
       AURA_OP(gdn_chunk), AURA_OP(gdn_chunk_cumsum), AURA_OP(gdn_kkt_solve), AURA_OP(gdn_recompute_w_u),
       AURA_OP(gdn_fwd_h), AURA_OP(gdn_fwd_o), AURA_OP(gdn_recurrent), AURA_OP(causal_conv1d),
       AURA_OP(causal_conv1d_update),

@@ -158,6 +158,43 @@ kernel void aura_encode(device const T* x [[buffer(0)]],
   }
 }
 
+// ------------------------------------------------------------------------------ append slots
+// aura_append's first dispatch (then aura_encode's write mode for K and for V, which read only
+// these slots). Row b reads seq_lens[b] and writes the int64 slots of its L tokens in
+// aura_write_cache's numbering (reference/aura.py append_slots): position t = seq_lens[b] + i goes
+// to slot b * T_cap + t (contiguous) or page * page_size + t % page_size with page =
+// block_table[b, t / page_size] (paged); -1 (skipped by the writes) where t is negative, at or past
+// the capacity, or its table entry is not a page. After a barrier, seq_lens[b] += L (not clamped,
+// wrapping like torch's int32 add), as AuraCache.append. Grid (B), 32 threads: no other group
+// touches row b, and the writes that follow read the slots, never seq_lens.
+kernel void aura_append_slots(device int* seq_lens [[buffer(0)]],
+                              device const int* block_table [[buffer(1)]],
+                              device int* slots [[buffer(2)]],
+                              constant AuraAppendParams& p [[buffer(3)]],
+                              uint b [[threadgroup_position_in_grid]],
+                              uint tid [[thread_index_in_threadgroup]]) {
+  const int t0 = seq_lens[b * p.seq_stride];
+  threadgroup_barrier(mem_flags::mem_device);  // every thread has read seq_lens[b]
+  for (int i = int(tid); i < p.tokens; i += 32) {
+    const aura_i64 t = aura_i64(t0) + i;
+    aura_i64 slot = -1;
+    if (t >= 0 && t < p.capacity) {
+      if (p.paged == 0) {
+        slot = aura_i64(b) * p.capacity + t;
+      } else {
+        const int page = block_table[b * p.table_stride[0] + (t / p.page_size) * p.table_stride[1]];
+        if (page >= 0 && page < p.num_blocks) slot = aura_i64(page) * p.page_size + t % p.page_size;
+      }
+    }
+    const aura_i64 at = 2 * (aura_i64(b) * p.tokens + i);  // int64 as two little-endian words
+    slots[at] = int(uint(slot & 0xffffffff));
+    slots[at + 1] = int(slot >> 32);
+  }
+  threadgroup_barrier(mem_flags::mem_device);
+  if (tid == 0) seq_lens[b * p.seq_stride] = int(uint(t0) + uint(p.tokens));
+}
+AURA_REGISTER(aura_append_slots)
+
 // ------------------------------------------------------------------------------- dequantize
 // norm * codebook[idx] (rotated domain) or, with the mask, factor * s (H (norm * codebook[idx])).
 template <typename Tout, int D>

@@ -142,6 +142,18 @@ struct AuraRowParams {
 };
 static_assert(sizeof(AuraRowParams) == (5 * 12 + 1 + 9 + 1) * 8 + 10 * 4, "AuraRowParams layout");
 
+// aura_append's slots dispatch (aura.metal aura_append_slots): one threadgroup per sequence row.
+struct AuraAppendParams {
+  aura_i64 seq_stride;       // seq_lens
+  aura_i64 table_stride[2];  // block_table: row, column
+  int tokens;                // L
+  int capacity;              // T_cap (contiguous) or max_blocks * page_size (paged), < 2^31
+  int paged, page_size;      // paged: slots are page * page_size + offset
+  int num_blocks;            // paged: an entry outside [0, num_blocks) is no page (token skipped)
+  int pad_;
+};
+static_assert(sizeof(AuraAppendParams) == 3 * 8 + 6 * 4, "AuraAppendParams layout");
+
 struct AuraP1Params {
   aura_i64 q_stride[3];          // b, (query i), h
   aura_i64 k_stride[3], v_stride[3];      // contiguous: b, h, t; paged: block, slot, h

@@ -1,6 +1,6 @@
 """AURA kernels (csrc/mps/shaders/aura.metal) under the emulator vs the reference (aura-format.md
-§11.6): rotation, encode and cache writes, dequantize, pass 1 (plain and causal), pass 2 with the
-fused inverse rotation, and the whole aura_decode, for every bit width and head dim."""
+§11.6): rotation, encode and cache writes, the fused append, dequantize, pass 1 (plain and causal),
+pass 2 with the fused inverse rotation, and the whole aura_decode, for every bit width and head dim."""
 
 import math
 
@@ -9,7 +9,7 @@ import torch
 
 import torch_aura
 from _compare import check_op, emulated_results, reference_results
-from _samples.aura import SAMPLES
+from _samples.aura import SAMPLES, append_cache, append_cases, append_tokens, fused_args
 from _util import dtype_id
 from torch_aura.reference import aura as ref
 
@@ -195,3 +195,120 @@ def test_write_cache_skips_negative_and_out_of_range_slots(emu):
     ref.aura_write_cache(x[[0, 3]], want_c, want_n, slots[[0, 3]], cb, bd, 4)
     assert torch.equal(codes, want_c)
     torch.testing.assert_close(norms, want_n, rtol=1e-6, atol=0)
+
+
+# ------------------------------------------------------------------------------- aura_append
+# Its plan (csrc/mps/plan/aura.cpp plan_aura_append): aura_append_slots (the slots from seq_lens, then
+# seq_lens += L), then aura_encode's write mode for K and for V over those slots.
+APPEND_CASES = append_cases()
+
+
+def _append_close(got, want, args, label):
+    """k_codes, k_norms, v_codes, v_norms, seq_lens: seq_lens equal; codes equal but for an index moved
+    by one at a boundary tie (the encode rule, aura-format.md §11.6; the untouched words are equal);
+    norms within 1e-5, or 1e-4 in a vector whose codes moved (its corrected norm r / |c| moves with them:
+    1.7e-5 for one 8-bit index seen)."""
+    k, key_bits, value_bits = args[0], args[11], args[12]
+    D = k.shape[-1]
+    assert torch.equal(got[4], want[4]), f"{label}: seq_lens differ"
+    for i, bits in ((0, key_bits), (2, value_bits)):
+        assert got[i].shape == want[i].shape, label
+        diff = (ref.unpack_codes(got[i], bits, D) - ref.unpack_codes(want[i], bits, D)).abs()
+        assert diff.numel() == 0 or int(diff.max()) <= 1, f"{label}[{i}]: codes differ by more than one index"
+        assert float((diff > 0).float().mean()) <= 0.01, f"{label}[{i}]: codes differ away from boundary ties"
+        moved = (diff > 0).any(-1)
+        torch.testing.assert_close(got[i + 1][~moved], want[i + 1][~moved], rtol=1e-5, atol=1e-7, equal_nan=True,
+                                   msg=label)
+        torch.testing.assert_close(got[i + 1][moved], want[i + 1][moved], rtol=1e-4, atol=1e-7, msg=label)
+
+
+def _unfused_emulated(emu, args, slots):
+    """The write path on the emulator: aura_write_cache of K and of V at `slots`, then seq_lens += L."""
+    (k, v, kc, kn, vc, vn, seq, kcb, kbd, vcb, vbd, kb, vb, km, vm, table) = [
+        a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    B, L, Hkv, D = k.shape
+    paged = table is not None
+    emu.run_op("aura_write_cache", k.reshape(B * L, Hkv, D), kc, kn, slots, kcb, kbd, kb, km, paged)
+    emu.run_op("aura_write_cache", v.reshape(B * L, Hkv, D), vc, vn, slots, vcb, vbd, vb, vm, paged)
+    return [kc, kn, vc, vn, seq + L]
+
+
+def test_append_samples(emu):
+    for sample in SAMPLES["aura_append"]("cpu"):
+        _append_close(emulated_results(emu, "aura_append", sample.args, "shuffled"),
+                      reference_results("aura_append", sample.args), sample.args, sample.id)
+        assert emu.last_launches == 3, sample.id  # slots + advance, K, V
+
+
+@pytest.mark.parametrize("case", [c for _, c in APPEND_CASES], ids=[i for i, _ in APPEND_CASES])
+def test_append_grid(emu, case):
+    """The grid of tests/reference/test_aura_append.py (every bit pair, contiguous and shuffled paged,
+    L 1 / 2 / 17, odd B, Hkv, capacities and page sizes, rows at capacity - 1 and capacity): the
+    reference within the encode rule, and every third case the emulator's own unfused write path bit
+    for bit (the same encode kernel, so no tie may move)."""
+    cache = append_cache(**case)
+    args = fused_args(cache, *append_tokens(cache, case["L"], case["seed"]))
+    order = ("forward", "reverse", "shuffled")[case["seed"] % 3]
+    got = emulated_results(emu, "aura_append", args, order, seed=case["seed"])
+    _append_close(got, reference_results("aura_append", args), args, order)
+    if case["seed"] % 3 == 0:
+        slots = ref.append_slots(cache.seq_lens, case["L"], cache.k_codes, args[-1])
+        for g, w, name in zip(got, _unfused_emulated(emu, args, slots), ("k_codes", "k_norms", "v_codes", "v_norms",
+                                                                         "seq_lens")):
+            assert torch.equal(g, w), f"{name} differs from the unfused write path"
+
+
+def _lenient_slots(seq_lens, L, codes, table):
+    """append_slots without its data checks: what the kernels do with data the reference rejects (a
+    negative position or a table entry that is not a page skips the token; CUDA does the same)."""
+    B = seq_lens.shape[0]
+    pos = seq_lens.long()[:, None] + torch.arange(L)[None, :]
+    if table is None:
+        cap = codes.shape[2]
+        slot, live = torch.arange(B)[:, None] * cap + pos, (pos >= 0) & (pos < cap)
+    else:
+        nb, ps = codes.shape[0], codes.shape[1]
+        cap = table.shape[1] * ps
+        page = table.long().gather(1, pos.clamp(0, max(cap - 1, 0)) // ps)
+        slot, live = page * ps + pos % ps, (pos >= 0) & (pos < cap) & (page >= 0) & (page < nb)
+    return torch.where(live, slot, -1).reshape(-1)
+
+
+@pytest.mark.parametrize("layout", ["contig", "paged"])
+def test_append_bad_data_skips_tokens_and_never_faults(emu, layout):
+    # The reference raises on these (tests/reference/test_aura_append.py); the kernels, which read no
+    # data on the host, skip the tokens concerned and still advance seq_lens by L (int32 wrap-around).
+    case = dict(kb=3, vb=4, layout=layout, L=3, B=3, Hkv=2, D=64, full=False, seed=5)
+    cache = append_cache(**case)
+    k, v = append_tokens(cache, 3, 5)
+    # row 0: positions -2, -1 skipped, 0 written; row 1: past the capacity, then the advance wraps
+    cache.seq_lens.copy_(torch.tensor([-2, 2**31 - 2, 2], dtype=torch.int32))
+    if layout == "paged":  # page size 4: row 2's positions 2, 3 have no page (skipped), 4 is written
+        cache.block_table[2, 0] = -1
+        cache.block_table[0, 1] = cache.k_codes.shape[0]  # past the pool: never read by this append
+    args = fused_args(cache, k, v)
+    got = emulated_results(emu, "aura_append", args, "shuffled")
+    slots = _lenient_slots(cache.seq_lens, 3, cache.k_codes, args[-1])
+    assert int((slots >= 0).sum()) > 0 and int((slots < 0).sum()) > 0
+    want = [t.clone() for t in args[2:7]]
+    paged = layout == "paged"
+    ref.aura_write_cache(k.reshape(9, 2, 64), want[0], want[1], slots, *args[7:9], 3, args[13], paged)
+    ref.aura_write_cache(v.reshape(9, 2, 64), want[2], want[3], slots, *args[9:11], 4, args[14], paged)
+    want[4] += 3
+    assert want[4].tolist()[:2] == [1, -2**31 + 1]
+    _append_close(got, want, args, layout)
+
+
+def test_append_nothing_to_do(emu):
+    # L = 0 or B = 0: no dispatch, seq_lens unmoved; a zero capacity: seq_lens advances, nothing written
+    cache = append_cache(kb=4, vb=4, layout="contig", L=1, B=3, Hkv=2, D=64, full=False, seed=3)
+    k = torch.zeros(3, 0, 2, 64)
+    args = fused_args(cache, k, k)
+    got = emulated_results(emu, "aura_append", args)
+    assert emu.last_launches == 0 and all(torch.equal(g, w) for g, w in zip(got, args[2:7]))
+    cb, bd = _tables(4, 64)
+    codes, norms = torch.zeros(2, 1, 0, 8, dtype=torch.int32), torch.zeros(2, 1, 0)
+    seq = torch.tensor([0, 5], dtype=torch.int32)
+    x = torch.randn(2, 2, 1, 64)
+    emu.run_op("aura_append", x, x, codes, norms, codes.clone(), norms.clone(), seq, cb, bd, cb, bd, 4, 4)
+    assert seq.tolist() == [2, 7] and emu.last_launches == 1

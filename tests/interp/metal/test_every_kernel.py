@@ -70,6 +70,15 @@ def _aura_sweep(emu):
             q = torch.randn(1, 2, D, generator=g).to(dt)
             check_op(emu, "aura_flash_p1", (q, kc, kn, vc, vn, lens, cb, cb, 4, 4), ONE)
             check_op(emu, "aura_decode", (q, kc, kn, vc, vn, lens, cb, cb, km, vm, 4, 4), ONE)
+            # aura_append: its slots kernel, then the write kernel of dt for K and V (the last token past T_cap)
+            kv = torch.randn(2, 1, 2, 1, D, generator=g).to(dt)
+            args = (kv[0], kv[1], kc.clone(), kn.clone(), vc.clone(), vn.clone(), torch.tensor([2], dtype=torch.int32),
+                    cb, bd, cb, bd, 4, 4, km, vm)
+            got, want = emulated_results(emu, "aura_append", args), reference_results("aura_append", args)
+            assert torch.equal(got[4], want[4]) and emu.last_launches == 3
+            for i in (0, 2):
+                assert (ref_aura.unpack_codes(got[i], 4, D) - ref_aura.unpack_codes(want[i], 4, D)).abs().max() <= 1
+                torch.testing.assert_close(got[i + 1], want[i + 1], rtol=1e-5, atol=1e-7)
 
 
 def test_every_shipped_kernel_runs_and_matches(emu):
