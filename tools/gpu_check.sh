@@ -85,12 +85,13 @@ for step in $steps; do
       # flash_decode's ring depth and shared-memory budget at the large reads (issue 39 d4; docs/decode.md §4):
       # the standalone timeline driver built per (stages, budget), graph us of split + merge on the launcher's plan
       inc=$(python3 -c 'import torch.utils.cpp_extension as c; print(c.include_paths()[0])')
-      for cfg in "4 112640" "6 200704" "8 200704" "12 220160"; do
+      # D=128 bf16: 34816 B per ring step of the four warps, 4480 B of q and barriers -> 3 (the default), 4, 5, 6 steps
+      for cfg in "4 112640" "4 143744" "5 178560" "6 213376"; do
         set -- $cfg
         nvcc -std=c++20 -O3 -DUSE_CUDA --expt-relaxed-constexpr -gencode arch=compute_90,code=sm_90 -I"$inc" -Icsrc \
-          -DAURA_DECODE_MAX_STAGES=$1 -DAURA_DECODE_SMEM_BUDGET=$2 tools/decode_timeline.cu -o /tmp/dt_$1 || { rc=1; continue; }
+          -DAURA_DECODE_MAX_STAGES=$1 -DAURA_DECODE_SMEM_BUDGET=$2 tools/decode_timeline.cu -o /tmp/dt_$2 || { rc=1; continue; }
         for c in "8 32768 128" "1 131072 128" "32 8192 128" "1 32768 256"; do
-          echo "stages<=$1 budget $2: $(/tmp/dt_$1 $c 2>&1 | grep -E 'graph us' | tail -1)"
+          echo "stages<=$1 budget $2: $(/tmp/dt_$2 $c 2>&1 | grep -E 'ring|graph us' | tr '\n' ' ')"
         done
       done 2>&1 | tee "$OUT/decode_ring.log" ;;
     profile_gdn)
