@@ -87,21 +87,35 @@ std::int64_t rotate_checks(const Args& a) {
 }
 
 // ---- aura_encode(x, codebook, boundaries, sign_mask; bits) and the encode launch
-void encode_table_checks(const Args& a, int cb, int bd, int mask, double bits, std::int64_t D) {
-  check_bits(bits, "bits");
-  check_table(a, cb, "codebook", std::int64_t(1) << int(bits));
-  check_table(a, bd, "boundaries", (std::int64_t(1) << int(bits)) - 1);
-  check_mask(a, mask, "sign_mask", D);
+// The codebook, boundaries and sign mask of one encode; `side` prefixes their names ("k_", "v_": aura_append).
+void encode_table_checks(const Args& a, int cb, int bd, int mask, double bits, std::int64_t D,
+                         const char* bits_name = "bits", const std::string& side = "") {
+  check_bits(bits, bits_name);
+  check_table(a, cb, (side + "codebook").c_str(), std::int64_t(1) << int(bits));
+  check_table(a, bd, (side + "boundaries").c_str(), (std::int64_t(1) << int(bits)) - 1);
+  check_mask(a, mask, (side + "sign_mask").c_str(), D);
 }
 
-Launch encode_launch(const Args& a, const TensorMeta& x, int lead, int cb, int bd, int mask) {
+// aura_encode over the rows of tensor `xi` (x): input, codebook, boundaries, sign mask bound.
+Launch encode_launch(const Args& a, const TensorMeta& x, int lead, int cb, int bd, int mask, int xi = 0) {
   const std::int64_t D = x.size(-1);
   Launch l = row_launch(kernel_name("aura_encode", x.type(), D), rows_count(x, lead));
-  bind(l, 0, a, 0);
+  bind(l, 0, a, xi);
   bind(l, 1, a, cb);
   bind(l, 2, a, bd);
-  bind(l, 3, a, mask, 0);
+  bind(l, 3, a, mask, xi);
   return l;
+}
+
+// aura_encode's write mode: rows go to the cache slots of `codes` [.., PW] / `norms`, contiguous (mode 1:
+// [B, Hkv, T_cap]) or paged (mode 2: [num_blocks, page_size, Hkv]).
+void set_cache_write(AuraRowParams& p, const TensorMeta& codes, const TensorMeta& norms, bool paged,
+                     std::int64_t Hkv) {
+  p.write_mode = paged ? 2 : 1;
+  p.kv_heads = int(Hkv);
+  p.slot_div = int(paged ? codes.size(1) : codes.size(2));
+  p.slots = codes.size(0) * codes.size(paged ? 1 : 2);
+  for (int d = 0; d < 3; ++d) p.cache_stride[d] = codes.stride(d), p.norms_cache_stride[d] = norms.stride(d);
 }
 
 AuraRowParams encode_params(const TensorMeta& x, int lead, int bits, bool has_mask) {
@@ -322,11 +336,7 @@ OpPlan plan_aura_write_cache(const OpCall& call) {
   check_dim(a.t(1), "codes_cache", 3, D * std::int64_t(a.s(0)) / 32, "PW = head_dim * bits / 32");
   for (int d = 0; d < 3; ++d) check_dim(a.t(2), "norms_cache", d, a.t(1).size(d), "codes_cache.shape[:3]");
   AuraRowParams p = encode_params(x, 2, int(a.s(0)), a.has(6));
-  p.write_mode = paged ? 2 : 1;
-  p.kv_heads = int(Hkv);
-  p.slot_div = int(paged ? a.t(1).size(1) : a.t(1).size(2));
-  p.slots = a.t(1).size(0) * a.t(1).size(paged ? 1 : 2);
-  for (int d = 0; d < 3; ++d) p.cache_stride[d] = a.t(1).stride(d), p.norms_cache_stride[d] = a.t(2).stride(d);
+  set_cache_write(p, a.t(1), a.t(2), paged, Hkv);
   Launch l = encode_launch(a, x, 2, 4, 5, 6);
   bind(l, 4, a, 3);
   bind(l, 5, a, 1);
@@ -350,31 +360,18 @@ constexpr std::int64_t kInt32Limit = std::int64_t(1) << 31;
 
 // Tables and sign mask of one side (K: tensors 7, 8, 11, scalar 0; V: 9, 10, 12, scalar 1).
 void append_table_checks(const Args& a, int side, std::int64_t D) {
-  const char* bits_name = side == 0 ? "key_bits" : "value_bits";
-  check_bits(a.s(side), bits_name);
-  const std::int64_t levels = std::int64_t(1) << int(a.s(side));
-  check_table(a, 7 + 2 * side, side == 0 ? "k_codebook" : "v_codebook", levels);
-  check_table(a, 8 + 2 * side, side == 0 ? "k_boundaries" : "v_boundaries", levels - 1);
-  check_mask(a, 11 + side, side == 0 ? "k_sign_mask" : "v_sign_mask", D);
+  encode_table_checks(a, 7 + 2 * side, 8 + 2 * side, 11 + side, a.s(side), D, side == 0 ? "key_bits" : "value_bits",
+                      side == 0 ? "k_" : "v_");
 }
 
-// One side's write: aura_encode in write mode 1 (contiguous) / 2 (paged) over x [B, L, Hkv, D]
-// (rows (b, i, h); row n = b * L + i of the slots), codes at `codes`, norms at `codes` + 1.
+// One side's write: aura_encode in write mode over x [B, L, Hkv, D] (rows (b, i, h); row n = b * L + i
+// of the slots), codes at `codes`, norms at `codes` + 1.
 void add_append_write(PlanBuilder& pb, const Args& a, int side, bool paged, const Operand& slots) {
   const int x = side == 0 ? kAppendK : kAppendV, codes = kAppendKCodes + 2 * side;
   const TensorMeta& xm = a.t(x);
-  const TensorMeta& cm = a.t(codes);
   AuraRowParams p = encode_params(xm, 3, int(a.s(side)), a.has(11 + side));
-  p.write_mode = paged ? 2 : 1;
-  p.kv_heads = int(xm.size(2));
-  p.slot_div = int(paged ? cm.size(1) : cm.size(2));
-  p.slots = cm.size(0) * cm.size(paged ? 1 : 2);
-  for (int d = 0; d < 3; ++d) p.cache_stride[d] = cm.stride(d), p.norms_cache_stride[d] = a.t(codes + 1).stride(d);
-  Launch l = row_launch(kernel_name("aura_encode", xm.type(), xm.size(3)), p.rows);
-  bind(l, 0, a, x);
-  bind(l, 1, a, 7 + 2 * side);
-  bind(l, 2, a, 8 + 2 * side);
-  bind(l, 3, a, 11 + side, x);
+  set_cache_write(p, a.t(codes), a.t(codes + 1), paged, xm.size(2));
+  Launch l = encode_launch(a, xm, 3, 7 + 2 * side, 8 + 2 * side, 11 + side, x);
   bind(l, 4, slots);
   bind(l, 5, a, codes);
   bind(l, 6, a, codes + 1);
