@@ -212,32 +212,37 @@ def aura_append(k, v, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, 
                        v_codebook, v_boundaries, key_bits, value_bits, k_sign_mask, v_sign_mask, block_table)
 
 
-def append_slots(seq_lens: torch.Tensor, L: int, codes: torch.Tensor, block_table=None) -> torch.Tensor:
+def append_slots(seq_lens: torch.Tensor, L: int, codes: torch.Tensor, block_table=None,
+                 strict: bool = True) -> torch.Tensor:
     """int64 ``[B * L]`` slots of ``aura_append`` in ``aura_write_cache``'s numbering (row b's tokens in
     order): position ``p = seq_lens[b] + i``; -1 (skip) where ``p`` is at or past the capacity. The
-    data checks a kernel cannot make: ``seq_lens >= 0``; paged, a valid page for every written token."""
+    data checks a kernel cannot make: ``seq_lens >= 0``; paged, a valid page for every written token.
+    ``strict=False``: what the kernels do with such data instead (they read nothing on the host): the
+    token concerned is skipped."""
     B = seq_lens.shape[0]
     lens = seq_lens.to(torch.int64)
-    if lens.numel() and int(lens.min()) < 0:
+    if strict and lens.numel() and int(lens.min()) < 0:
         raise ValueError(f"seq_lens: expected values >= 0, got {lens.tolist()[:8]}")
     pos = lens[:, None] + torch.arange(L, dtype=torch.int64, device=seq_lens.device)[None, :]  # [B, L]
     if block_table is None:
         capacity = codes.shape[2]
         slots = torch.arange(B, dtype=torch.int64, device=seq_lens.device)[:, None] * capacity + pos
+        live = (pos >= 0) & (pos < capacity)
     else:
         num_blocks, page_size, max_blocks = codes.shape[0], codes.shape[1], block_table.shape[1]
         capacity = max_blocks * page_size
         if capacity == 0:
             return torch.full((B * L,), -1, dtype=torch.int64, device=seq_lens.device)
-        live = pos < capacity
-        page = block_table.gather(1, (pos // page_size).clamp(max=max_blocks - 1)).to(torch.int64)
+        live = (pos >= 0) & (pos < capacity)
+        page = block_table.gather(1, (pos.clamp(min=0) // page_size).clamp(max=max_blocks - 1)).to(torch.int64)
         missing = live & ((page < 0) | (page >= num_blocks))
-        if bool(missing.any()):
+        if strict and bool(missing.any()):
             rows = missing.any(1).nonzero().flatten().tolist()
             raise ValueError(f"block_table: rows {rows[:8]} have no valid page (an entry outside [0, {num_blocks}), "
                              "e.g. -1) for tokens this append writes")
+        live &= ~missing
         slots = page * page_size + pos % page_size
-    return torch.where(pos < capacity, slots, -1).reshape(-1)
+    return torch.where(live, slots, -1).reshape(-1)
 
 
 def append_with(ops, k, v, k_codes, k_norms, v_codes, v_norms, seq_lens, k_codebook, k_boundaries, v_codebook,
