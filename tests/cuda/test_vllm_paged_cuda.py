@@ -131,7 +131,7 @@ def _write_case(dtype, H, D, N, page_pad, key_offset=0, nb=12, n=29, seed=0):
 
 def _check_same_as_index_copy(raw, fused, reference, page):
     """Bit for bit beyond the null block 0; there the op skips -1 slots (index_copy_ parks them),
-    so block 0 keeps its old bytes."""
+    so block 0 keeps its old bytes (``raw``: the pages before the write)."""
     assert torch.equal(fused[page:], reference[page:])
     assert torch.equal(fused[:page], raw[:page])
     assert not torch.equal(fused[page:], raw[page:])
@@ -205,6 +205,4 @@ def test_fused_dense_write_in_a_cuda_graph(cache_op, dtype):
         graph.replay()
         index_copy_write(key, value, pages_of(reference), slots)
         torch.cuda.synchronize()
-        assert torch.equal(fused[page:], reference[page:])
-        assert torch.equal(fused[:page], start[:page])
-        assert not torch.equal(fused[page:], start[page:])
+        _check_same_as_index_copy(start, fused, reference, page)
