@@ -79,6 +79,7 @@ class _Driver:
 
 def _fresh() -> None:
     _launch.clear()
+    _workspace["needed"].clear()  # the stand-in variants below are dropped with the JIT caches
     for mod in (chunk, prep, state_pass, segments):
         for obj in vars(mod).values():
             if isinstance(obj, JITFunction):
