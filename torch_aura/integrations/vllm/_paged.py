@@ -120,8 +120,7 @@ class DensePages(PagedAttention):
         self._lse = None  # fp32 [max_rows, Hq] at a fixed address, allocated on the first decode
 
     def kv(self, pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        D = self.head_dim
-        return pages[..., :D].transpose(1, 2), pages[..., D:].transpose(1, 2)
+        return kv_views(pages, self.head_dim)
 
     def write(self, key, value, pages, slot_mapping) -> None:
         """The step's K/V into the pages: on CUDA one launch of vLLM's ``reshape_and_cache_flash``
@@ -146,6 +145,11 @@ class DensePages(PagedAttention):
         k_pages, v_pages = self.kv(pages)
         out.copy_(prefill_sdpa(q, k_pages, v_pages, pf, self.scale))
         STATS.dense_prefill += 1
+
+
+def kv_views(pages: torch.Tensor, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ``[num_blocks, block_size, Hkv, D]`` of dense pages ``[num_blocks, Hkv, block_size, 2D]``, in place."""
+    return pages[..., :D].transpose(1, 2), pages[..., D:].transpose(1, 2)
 
 
 def index_copy_write(key, value, pages, slot_mapping) -> None:
@@ -219,7 +223,7 @@ def vllm_cache_write(key, value, pages, slot_mapping, head_dim: int) -> bool:
         if not (x.is_cuda and x.shape[1:] == (H, D) and x.stride(2) == 1 and x.stride(1) == D
                 and _aligned16(x, x.stride()[:1])):
             return False
-    k_cache, v_cache = pages[..., :D].transpose(1, 2), pages[..., D:].transpose(1, 2)
+    k_cache, v_cache = kv_views(pages, D)
     one = _unit_scale(pages.device)
     op(key, value, k_cache, v_cache, slot_mapping.long(), "auto", one, one)
     return True
