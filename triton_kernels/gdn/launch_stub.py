@@ -40,7 +40,7 @@ class _Kernel:
 
     def run(self, gx, gy, gz, stream, function, packed, meta, enter, exit_, *args):
         # a variant the launchers launch inside a lent descriptor workspace needs one at every launch (a
-        # real launch fails without it: the plans' first GPU run did); a replay may lend one to more
+        # real launch fails without it); a replay may lend one to more
         if _workspace["lent"] and not _workspace["replaying"]:
             _workspace["needed"].add(self)
         elif not _workspace["lent"] and self in _workspace["needed"]:
