@@ -141,8 +141,11 @@ __device__ __forceinline__ float encode_chunk(float (&v)[32], int c, const float
     words[bit >> 5] |= k << (bit & 31);
     if ((bit & 31) + BITS > 32) words[(bit >> 5) + 1] |= k >> (32 - (bit & 31));
   }
+  // Every lane runs this full-mask shuffle, degenerate or not: behind the ternary only the non-degenerate
+  // lanes ran it and waited for the rest, which hung a warp mixing live and padding rows (aura_append).
+  const float cc_row = row_sum<CR::kLanes>(cc);
   // |x_hat| = |x| (aura-format.md §5); a zero row has norm 0, a NaN/Inf one norm NaN (propagates like dense attention)
-  return degenerate ? (r == 0.f ? 0.f : __int_as_float(0x7fc00000)) : r / sqrtf(row_sum<CR::kLanes>(cc));
+  return degenerate ? (r == 0.f ? 0.f : __int_as_float(0x7fc00000)) : r / sqrtf(cc_row);
 }
 
 template <int D, int BITS>
