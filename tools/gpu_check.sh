@@ -10,6 +10,8 @@
 #   AURA_BUILD_CUDA=0 skips the CUDA C++ build (Triton-only runs). TESTS_TIMEOUT, SANITIZE_TIMEOUT (each tool),
 #   BENCH_TIMEOUT bound the steps; BENCH_ARGS go to bench_decode.py (e.g. "--schedules --cases B8,T128k").
 #   Wheels under .whl/ (e.g. fla-core, the GDN peer) are installed first when present.
+#   HANG_S (120): a test still running after that many seconds prints its Python stack (pytest's
+#   faulthandler_timeout), so a hung kernel is named before the step's timeout kills it silently.
 set -uo pipefail
 OUT=${OUT:-/tmp/aura_gpu}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -18,11 +20,14 @@ export PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 steps=${*:-tests sanitize bench_decode bench_aura bench_gdn}
 FAMILY=${FAMILY:-all}
+hang="-o faulthandler_timeout=${HANG_S:-120}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# decode_ring builds its own standalone driver: the package is neither built nor imported for it alone
+if [ "$steps" = decode_ring ]; then AURA_BUILD_CUDA=0; fi
 AURA_BUILD_CUDA=${AURA_BUILD_CUDA:-1} python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 \
   || { tail -60 "$OUT/build.log"; exit 1; }
 python3 -c "import torch_aura as t; s = t.backends.status(); print({op: s[op]['cuda'] for op in ('flash_decode', 'aura_decode', 'gdn_chunk')})"
@@ -41,12 +46,12 @@ for step in $steps; do
       # tests check numerics, not launch configs: skip the Triton warm-up tuning (each key would time
       # every config); xdist spreads the Triton compiles over the host's cores
       TORCH_AURA_TUNE=0 timeout ${TESTS_TIMEOUT:-540} python3 -m pytest $test_paths tests/registration/test_opcheck.py \
-        -k "$opcheck_k or not opcheck" -q -p no:cacheprovider -n 16 --durations=10 2>&1 | tee "$OUT/tests.log" \
+        -k "$opcheck_k or not opcheck" -q -p no:cacheprovider $hang -n 16 --durations=10 2>&1 | tee "$OUT/tests.log" \
         | grep -E "passed|failed|FAILED|ERROR|Error" | tail -60 || rc=1 ;;
     sanitize)
       for tool in memcheck racecheck; do
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCH_AURA_TUNE=0 timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool $tool --error-exitcode 9 \
-          python3 -m pytest $test_paths -m sanitize -q -p no:cacheprovider 2>&1 | tee "$OUT/$tool.log" | tail -6 || rc=1
+          python3 -m pytest $test_paths -m sanitize -q -p no:cacheprovider $hang 2>&1 | tee "$OUT/$tool.log" | tail -6 || rc=1
       done ;;
     bench_decode)
       timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/bench_decode.py --out "$OUT/results" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" | tail -45 || rc=1 ;;
@@ -68,17 +73,17 @@ for step in $steps; do
         | tee "$OUT/bench_gdn_first_call.log" | tail -30 || rc=1 ;;
     gdn_plan)
       # the GDN plans' replay test (eager and in a graph, bitwise vs the launchers), then host time with plans on
-      TORCH_AURA_TUNE=0 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/cuda/test_gdn_cuda.py \
+      TORCH_AURA_TUNE=0 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider $hang tests/cuda/test_gdn_cuda.py \
         -k planned 2>&1 | tee "$OUT/gdn_plan.log" | tail -5 || rc=1
       TORCH_AURA_GDN_PLAN=1 timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/profile_gdn.py --heads 2/4 --lens 8192 --host \
         --no-fla 2>&1 | tee -a "$OUT/gdn_plan.log" | tail -30 || rc=1 ;;
     aura_append)
       # the fused append's GPU tests in one process (xdist start-up outlasted a short timeout), then both sanitizers
-      TORCH_AURA_TUNE=0 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/cuda/test_aura_cuda.py \
+      TORCH_AURA_TUNE=0 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider $hang tests/cuda/test_aura_cuda.py \
         -k append --durations=5 2>&1 | tee "$OUT/aura_append.log" | tail -12 || rc=1
       for tool in memcheck racecheck; do
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCH_AURA_TUNE=0 timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool $tool \
-          --error-exitcode 9 python3 -m pytest tests/cuda/test_aura_cuda.py -m sanitize -k append -q -p no:cacheprovider 2>&1 \
+          --error-exitcode 9 python3 -m pytest tests/cuda/test_aura_cuda.py -m sanitize -k append -q -p no:cacheprovider $hang 2>&1 \
           | tee -a "$OUT/aura_append.log" | tail -4 || rc=1
       done ;;
     decode_ring)
