@@ -4,7 +4,7 @@
 # Everything is teed under $OUT so the logs come back even if a step times out. No -x: one device
 # run must report every failure.
 #   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_aura|bench_gdn|bench_gdn_first_call|profile_gdn|
-#                                   bench_e2e|bench_vllm|gdn_plan|aura_append|decode_ring]...
+#                                   bench_e2e|bench_vllm|gdn_plan|aura_append|decode_ring|snapshot]...
 #   (default: all but bench_e2e)
 #   FAMILY=decode|aura|gdn|transformers|vllm|all (default all) narrows the tests and sanitizer runs to one family.
 #   AURA_BUILD_CUDA=0 skips the CUDA C++ build (Triton-only runs). TESTS_TIMEOUT, SANITIZE_TIMEOUT (each tool),
@@ -99,6 +99,10 @@ for step in $steps; do
           echo "stages<=$1 budget $2: $(/tmp/dt_$2 $c 2>&1 | grep -E 'ring|graph us' | tr '\n' ' ')"
         done
       done 2>&1 | tee "$OUT/decode_ring.log" ;;
+    snapshot)
+      # the built extension back as $OUT/so.tgz: later runs on a fresh machine unpack it instead of building
+      # (tar xzf so.tgz && AURA_BUILD_CUDA=0 AURA_BUILD_CPU=0 bash tools/gpu_check.sh ...), until csrc/ changes
+      tar czf "$OUT/so.tgz" torch_aura/_C_*.so && ls -la "$OUT/so.tgz" || rc=1 ;;
     profile_gdn)
       # PROFILE_ARGS e.g. "--heads 16/32 --lens 131072 --memory --no-fla" (default: host time at 2/4 heads, 1x8k)
       timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/profile_gdn.py ${PROFILE_ARGS:---heads 2/4 --lens 8192 --host --no-fla} \
