@@ -6,6 +6,10 @@ bench_gdn.py.
 
 ``--host``: host time per eager call (``bench_gdn.host_us``), host and event time per call inside
 ``do_bench``'s eager loop, and a cProfile of 50 calls (the Python functions that cost it).
+``--anatomy`` (with ``--host`` or ``--host-cpu``): the planned call (``TORCH_AURA_GDN_PLAN``, turned on
+for it) taken apart: the same call timed again with one part removed at a time (the op's dispatch,
+checks and key; Triton's Python launcher around each C launch; the launches; the allocations), so the
+differences are what each part costs (gdn.md §6.1).
 ``--kernels``: device time per kernel of one call (torch profiler), eager.
 ``--recurrent B``: host time per eager ``gdn_recurrent`` call (one token, batch B, the heads of
 ``--heads``) and its cProfile, instead of the chunk profiles.
@@ -98,6 +102,72 @@ def cprofile_top(call, calls: int = 50, rows: int = 18, sync: bool = True) -> st
     return "\n".join(line for line in text.getvalue().splitlines() if line.strip())[:4000]
 
 
+def plan_anatomy(call, inputs, device, calls: int = 30, repeats: int = 5) -> None:
+    """``--anatomy``: the planned ``gdn_chunk`` call's host time, then ``_Plan.run`` alone and three copies of
+    its plan with one more part taken out each: Triton's ``CudaLauncher.__call__`` around the C launch
+    (where a variant uses no scratch), the launches themselves, and the allocations (made once, then
+    handed back). Each row is the median of ``repeats`` ``host_us`` runs; the differences between rows
+    are what the parts cost. ``inputs``: the op's eight tensor slots as ``plan.chunk`` keys them."""
+    import copy
+    import statistics
+
+    from torch_aura.triton_kernels.gdn import plan
+
+    was, plan.ENABLED = plan.ENABLED, True
+    try:
+        call()
+        call()  # records the plan, then replays it
+        p = plan._plans.get(plan._key(inputs, device, None, True, False))
+        if not p:
+            print("  anatomy: no plan was kept for this call (a tuner timed, the interpreter, a hook?)")
+            return
+
+        def with_runs(make_run, pooled=False):
+            q = copy.copy(p)
+            q.ops = [op[:3] + (make_run(op[3]),) + op[4:] if op[0] == "launch" else op for op in p.ops]
+            if pooled:  # each allocation made once, then the same tensor every call
+                made, make = {}, p._make
+
+                def _make(slots, s, dev):
+                    if q.recipes[s][0] not in ("empty", "zeros"):
+                        return make(slots, s, dev)
+                    if s not in made:
+                        made[s] = make(slots, s, dev)
+                    return made[s]
+                q._make = _make
+            return q
+
+        def direct(run):
+            """Triton 3.6's ``CudaLauncher.__call__`` minus its frame: the C launch with the launcher's flags."""
+            launcher = getattr(run, "__self__", None)
+            if not hasattr(launcher, "launch") or launcher.global_scratch_size or launcher.profile_scratch_size:
+                return run
+            launch, coop, pdl = launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
+            return lambda gx, gy, gz, stream, fn, *rest: launch(gx, gy, gz, stream, fn, coop, pdl, None, None, *rest)
+
+        def skipped(run):
+            return lambda *args: None
+
+        rows = [("the op (dispatch, checks, key, plan.run)", call),
+                ("plan.run alone", lambda: p.run(inputs, device)),
+                ("  C launches called directly", lambda q=with_runs(direct): q.run(inputs, device)),
+                ("  launches skipped", lambda q=with_runs(skipped): q.run(inputs, device)),
+                ("  launches skipped, allocations pooled", lambda q=with_runs(skipped, True): q.run(inputs, device))]
+        n_alloc = sum(r is not None and r[0] in ("empty", "zeros") for r in p.recipes)
+        n_launch = sum(op[0] == "launch" for op in p.ops)
+        print(f"  anatomy of the planned call ({n_launch} launches, {n_alloc} allocations), host us, median of {repeats}:")
+        times = []
+        for name, fn in rows:
+            times.append(statistics.median(B.H.host_us(fn, calls=calls, device=device.type) for _ in range(repeats)))
+            print(f"    {name:44s} {times[-1]:8.1f}")
+        op, run, direct_run, no_launch, pooled = times
+        print(f"    => dispatch + checks + key {op - run:.1f}; Triton's Python launchers {run - direct_run:.1f}; "
+              f"launches {run - no_launch:.1f}; allocations {no_launch - pooled:.1f}; the replay loop and "
+              f"the rest {pooled:.1f}")
+    finally:
+        plan.ENABLED = was
+
+
 def recurrent_host(batch: int, H_: int, HV: int) -> int:
     """Host time of one eager gdn_recurrent step (one token per sequence, fp32 state pool, L2 norm in
     the op), as transformers' decode calls it."""
@@ -116,7 +186,7 @@ def recurrent_host(batch: int, H_: int, HV: int) -> int:
     return 0
 
 
-def stubbed_host(H_: int, HV: int, lens: list[int], calls: int = 200, repeats: int = 15) -> int:
+def stubbed_host(H_: int, HV: int, lens: list[int], calls: int = 200, repeats: int = 15, anatomy: bool = False) -> int:
     """``--host-cpu``: host us per gdn_chunk call with launches stubbed, plans off then on (the median of
     ``repeats`` means over ``calls`` calls, ``_harness.host_us``), and where the planned call's time goes."""
     import statistics
@@ -166,7 +236,18 @@ def stubbed_host(H_: int, HV: int, lens: list[int], calls: int = 200, repeats: i
         plan.ENABLED = True
         print("  cProfile of the planned calls:")
         print(cprofile_top(call, calls=calls, rows=14, sync=False))
+        if anatomy:
+            plan_anatomy(call, (q, k, v, g, beta, h0, cu, _plan_chunks(q, cu, ci)), q.device, calls=calls)
     return 0
+
+
+def _plan_chunks(q, cu, ci):
+    """The chunk table as ``plan.chunk`` keys a call (built from ``cu_seqlens`` when not given)."""
+    if cu is None:
+        return None
+    from torch_aura.triton_kernels.gdn._common import _varlen_plan
+
+    return _varlen_plan(q.shape[1], q.shape[0], cu, ci)[0]
 
 
 def memory_report(call, who: str) -> None:
@@ -203,6 +284,8 @@ def main(argv=None) -> int:
     p.add_argument("--host", action="store_true")
     p.add_argument("--host-cpu", action="store_true", help="host time with launches stubbed on this CPU, "
                    "plans off and on (no GPU)")
+    p.add_argument("--anatomy", action="store_true", help="with --host or --host-cpu: the planned call's host "
+                   "time taken apart")
     p.add_argument("--kernels", action="store_true")
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--memory", action="store_true")
@@ -215,7 +298,7 @@ def main(argv=None) -> int:
         return recurrent_host(args.recurrent, H_, HV)
     lens = parse_lens(args.lens)
     if args.host_cpu:
-        return stubbed_host(H_, HV, lens)
+        return stubbed_host(H_, HV, lens, anatomy=args.anatomy)
     (q, k, v, g, beta, h0), cu, ci = B.make_inputs(lens, H_, HV, 128, 128)
     calls = {"ours": lambda: torch.ops.aura.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)}
     fla_chunk, _, version = B.fla_or_none()
@@ -242,6 +325,8 @@ def main(argv=None) -> int:
             h, e = eager_loop_split(call)
             print(f"  {who}: in do_bench's eager loop: host {h:.1f} us per call, events {e:.1f} us")
             print(cprofile_top(call))
+            if args.anatomy and who == "ours":
+                plan_anatomy(call, (q, k, v, g, beta, h0, cu, _plan_chunks(q, cu, ci)), q.device)
         if args.memory:
             memory_report(call, who)
         if args.kernels:
