@@ -73,6 +73,37 @@ def test_cuda_header_compiles_on_its_own(header, headers_compiled):
     assert headers_compiled[header.name].returncode == 0, f"{header.name} alone:\n{stderr[-5000:]}"
 
 
+# A register spill in a bandwidth kernel is a performance bug, so every spill ptxas reports (-warn-spills)
+# fails, except in these kernels (a substring of the mangled name), each up to a byte budget and with why.
+SPILLS_ALLOWED = {
+    # the code norm's IEEE division and square root call ptxas's slow-path subroutine, which saves a
+    # register or three around the call: once per stored row of a store-bound kernel
+    "aura_append_kernel": 16,
+}
+_SPILL = re.compile(r"Registers are spilled to local memory in function '([^']+)', (\d+) bytes spill stores, "
+                    r"(\d+) bytes spill loads")
+
+
+def spills_over_budget(stderr: str) -> list[str]:
+    """The spills ptxas reported that ``SPILLS_ALLOWED`` does not cover, one line each."""
+    bad = []
+    for function, stores, loads in _SPILL.findall(stderr):
+        budget = next((b for name, b in SPILLS_ALLOWED.items() if name in function), 0)
+        if max(int(stores), int(loads)) > budget:
+            bad.append(f"{function}: {stores} bytes spill stores, {loads} loads (allowed {budget})")
+    return bad
+
+
+def test_spill_check_reads_ptxas_warnings():
+    """The check itself: a spill is found by function and byte count (an earlier substring check let any
+    count ending in 0, e.g. "40 bytes spill", pass)."""
+    line = "ptxas warning : Registers are spilled to local memory in function '{}', {} bytes spill stores, {} bytes spill loads"
+    assert spills_over_budget(line.format("_ZN4aura12decode_splitILi128EEEvv", 40, 40)) != []
+    assert spills_over_budget(line.format("_ZN4aura18aura_append_kernelILi512ELi8ELi4EEEvNS", 12, 12)) == []
+    assert spills_over_budget(line.format("_ZN4aura18aura_append_kernelILi512ELi8ELi4EEEvNS", 20, 4)) != []
+    assert spills_over_budget("ptxas info : Used 80 registers") == []
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("source", CUDA_SOURCES, ids=lambda p: p.name)
 def test_cuda_source_compiles_for_sm90(source, compiled):
@@ -80,8 +111,9 @@ def test_cuda_source_compiles_for_sm90(source, compiled):
     _, stderr = proc.communicate(timeout=1800)
     r = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
     assert r.returncode == 0, r.stderr[-5000:]
-    # a register spill in a bandwidth kernel is a performance bug: make it visible here
-    assert "spill" not in r.stderr.lower() or "0 bytes spill" in r.stderr.lower(), r.stderr[-3000:]
+    assert "Registers are spilled" not in stderr or _SPILL.search(stderr), "ptxas's spill warning changed form:\n" + stderr[-2000:]
+    bad = spills_over_budget(stderr)
+    assert not bad, "register spills (a performance bug in a bandwidth kernel):\n" + "\n".join(bad)
 
 
 def test_registration_unit_compiles():
