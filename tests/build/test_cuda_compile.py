@@ -76,8 +76,8 @@ def test_cuda_header_compiles_on_its_own(header, headers_compiled):
 # A register spill in a bandwidth kernel is a performance bug, so every spill ptxas reports (-warn-spills)
 # fails, except in these kernels (a substring of the mangled name), each up to a byte budget and with why.
 SPILLS_ALLOWED = {
-    # the code norm's IEEE division and square root call ptxas's slow-path subroutine, which saves a
-    # register or three around the call: once per stored row of a store-bound kernel
+    # a store-bound kernel (one CTA per sequence row): ptxas keeps 64-96 registers and spills 4-12 bytes in
+    # 10 of the 64 instantiations even when allowed 160 (-maxrregcount); the PTX has no call and no local array
     "aura_append_kernel": 16,
 }
 _SPILL = re.compile(r"Registers are spilled to local memory in function '([^']+)', (\d+) bytes spill stores, "
