@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM 0.24.0 (CUDA 13, torch 2.11: the GPU image's torch) onto a lent GPU machine that reaches no
-# registry. One run carries at most 64 MiB of git-ignored files, so the wheels travel in 56 MiB parts,
+# registry. One run carries at most 64 MiB of git-ignored files, so the wheels travel in 58 MiB parts (6: 341 MiB),
 # one per run, into /root/stash, which survives while the machine stays warm (30 s after a run: make
 # the next run at once). docs: README "vLLM on a GPU".
 #
@@ -11,13 +11,14 @@
 #
 # Parameters (environment): VLLM_VERSION (0.24.0), GPU_PYTHON (3.12: the image's python3 is 3.12.3),
 # GPU_PLATFORM (manylinux_2_35_x86_64, the newest glibc tag accepted; the image's Ubuntu 24.04 has 2.39),
-# PART_SIZE (56m), STASH (/root/stash), TARGET (/root/vllm024), AURA_BUILD_CUDA (1: build the CUDA extension).
+# PART_SIZE (58m: a part, its checksums and the ~3 MiB working tree stay under the 64 MiB a run carries),
+# STASH (/root/stash), TARGET (/root/vllm024), AURA_BUILD_CUDA (1: build the CUDA extension).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VLLM_VERSION=${VLLM_VERSION:-0.24.0}
 GPU_PYTHON=${GPU_PYTHON:-3.12}
 GPU_PLATFORM=${GPU_PLATFORM:-manylinux_2_35_x86_64}
-PART_SIZE=${PART_SIZE:-56m}
+PART_SIZE=${PART_SIZE:-58m}
 STASH=${STASH:-/root/stash}
 TARGET=${TARGET:-/root/vllm024}
 W=.gpu-wheels  # git-ignored (.gitignore)

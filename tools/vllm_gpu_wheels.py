@@ -30,10 +30,12 @@ IMAGE = {"torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0", "tr
          "transformers": "5.17.0", "tokenizers": "0.23.2", "huggingface-hub": "1.33.0", "safetensors": "0.8.0",
          "numpy": "2.5.2", "sentencepiece": "0.2.2", "tiktoken": "0.14.0"}
 # Imported lazily by vLLM, only by backends and kernels the plugin's runs do not select; each is large.
-# numba (vLLM's ngram proposer only) pins numpy < 2.5, below the image's 2.5.2.
+# numba (vLLM's ngram proposer only) pins numpy < 2.5, below the image's 2.5.2. opencv-python-headless (61 MB,
+# a whole 56 MiB part): only video inputs use it; vLLM's multimodal/video.py and mistral_common import it
+# under a guard and fall back when it is missing.
 OPTIONAL = {"flashinfer-python", "flashinfer-cubin", "tilelang", "apache-tvm-ffi", "nvidia-cutlass-dsl",
             "quack-kernels", "tokenspeed-mla", "humming-kernels", "fastsafetensors", "nvidia-cudnn-frontend",
-            "numba"}
+            "numba", "opencv-python-headless"}
 DROP = set(IMAGE) | OPTIONAL
 
 
