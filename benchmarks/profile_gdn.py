@@ -102,17 +102,29 @@ def cprofile_top(call, calls: int = 50, rows: int = 18, sync: bool = True) -> st
     return "\n".join(line for line in text.getvalue().splitlines() if line.strip())[:4000]
 
 
-def plan_anatomy(call, inputs, device, calls: int = 30, repeats: int = 5) -> None:
+def plan_summary(p) -> str:
+    """What a GDN plan (``plan._Plan``) replays per call."""
+    return (f"{sum(op[0] == 'launch' for op in p.ops)} launches, "
+            f"{sum(r is not None and r[0] in ('empty', 'zeros') for r in p.recipes)} allocations, "
+            f"{sum(d is not None for op in p.ops if op[0] == 'launch' for _, _, d in op[7])} TMA descriptors, "
+            f"{sum(r is not None and r[0] == 'view' for r in p.recipes)} views, "
+            f"{sum(r is not None and r[0] == 'computed' for r in p.recipes)} computed")
+
+
+def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
     """``--anatomy``: the planned ``gdn_chunk`` call's host time, then ``_Plan.run`` alone and three copies of
     its plan with one more part taken out each: Triton's ``CudaLauncher.__call__`` around the C launch
     (where a variant uses no scratch), the launches themselves, and the allocations (made once, then
     handed back). Each row is the median of ``repeats`` ``host_us`` runs; the differences between rows
-    are what the parts cost. ``inputs``: the op's eight tensor slots as ``plan.chunk`` keys them."""
+    are what the parts cost. ``tensors``: the call's q, k, v, g, beta, initial state, cu_seqlens and
+    chunk indices."""
     import copy
     import statistics
 
     from torch_aura.triton_kernels.gdn import plan
 
+    inputs = plan.key_inputs(*tensors)
+    device = inputs[0].device
     was, plan.ENABLED = plan.ENABLED, True
     try:
         call()
@@ -153,9 +165,7 @@ def plan_anatomy(call, inputs, device, calls: int = 30, repeats: int = 5) -> Non
                 ("  C launches called directly", lambda q=with_runs(direct): q.run(inputs, device)),
                 ("  launches skipped", lambda q=with_runs(skipped): q.run(inputs, device)),
                 ("  launches skipped, allocations pooled", lambda q=with_runs(skipped, True): q.run(inputs, device))]
-        n_alloc = sum(r is not None and r[0] in ("empty", "zeros") for r in p.recipes)
-        n_launch = sum(op[0] == "launch" for op in p.ops)
-        print(f"  anatomy of the planned call ({n_launch} launches, {n_alloc} allocations), host us, median of {repeats}:")
+        print(f"  anatomy of the planned call ({plan_summary(p)}), host us, median of {repeats}:")
         times = []
         for name, fn in rows:
             times.append(statistics.median(B.H.host_us(fn, calls=calls, device=device.type) for _ in range(repeats)))
@@ -222,11 +232,7 @@ def stubbed_host(H_: int, HV: int, lens: list[int], calls: int = 200, repeats: i
             print(f"  plans {'on ' if on else 'off'}: {result[on]:7.1f} us per call (fastest run {min(runs):.1f})")
         print(f"  planned / unplanned: {result[True] / result[False]:.2f}")
         p = next(p for p in plan._plans.values() if p is not None)
-        print(f"  the plan: {sum(op[0] == 'launch' for op in p.ops)} launches, "
-              f"{sum(r is not None and r[0] in ('empty', 'zeros') for r in p.recipes)} allocations, "
-              f"{sum(d is not None for op in p.ops if op[0] == 'launch' for _, _, d in op[7])} TMA descriptors, "
-              f"{sum(r is not None and r[0] == 'view' for r in p.recipes)} views, "
-              f"{sum(r is not None and r[0] == 'computed' for r in p.recipes)} computed")
+        print(f"  the plan: {plan_summary(p)}")
         allocs = [r for r in p.recipes if r is not None and r[0] in ("empty", "zeros")]
         runs = [B.H.host_us(lambda: [torch.empty(r[1], dtype=r[2]) for r in allocs], calls=calls, device="cpu")
                 for _ in range(repeats)]
@@ -237,17 +243,8 @@ def stubbed_host(H_: int, HV: int, lens: list[int], calls: int = 200, repeats: i
         print("  cProfile of the planned calls:")
         print(cprofile_top(call, calls=calls, rows=14, sync=False))
         if anatomy:
-            plan_anatomy(call, (q, k, v, g, beta, h0, cu, _plan_chunks(q, cu, ci)), q.device, calls=calls)
+            plan_anatomy(call, (q, k, v, g, beta, h0, cu, ci), calls=calls)
     return 0
-
-
-def _plan_chunks(q, cu, ci):
-    """The chunk table as ``plan.chunk`` keys a call (built from ``cu_seqlens`` when not given)."""
-    if cu is None:
-        return None
-    from torch_aura.triton_kernels.gdn._common import _varlen_plan
-
-    return _varlen_plan(q.shape[1], q.shape[0], cu, ci)[0]
 
 
 def memory_report(call, who: str) -> None:
@@ -326,7 +323,7 @@ def main(argv=None) -> int:
             print(f"  {who}: in do_bench's eager loop: host {h:.1f} us per call, events {e:.1f} us")
             print(cprofile_top(call))
             if args.anatomy and who == "ours":
-                plan_anatomy(call, (q, k, v, g, beta, h0, cu, _plan_chunks(q, cu, ci)), q.device)
+                plan_anatomy(call, (q, k, v, g, beta, h0, cu, ci))
         if args.memory:
             memory_report(call, who)
         if args.kernels:

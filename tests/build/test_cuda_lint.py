@@ -34,6 +34,11 @@ def _body(text: str, open_brace: int) -> str:
     return text[open_brace:]
 
 
+def _calls_of(names: set[str]) -> re.Pattern:
+    """A call of any function in ``names`` (template arguments allowed), or None for no names."""
+    return re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\s*(<[^;{}()]*>)?\s*\(") if names else None
+
+
 def _collective_functions(texts: dict) -> set[str]:
     """Device functions that run a warp collective, directly or through another such function."""
     bodies = {}
@@ -42,7 +47,7 @@ def _collective_functions(texts: dict) -> set[str]:
             bodies.setdefault(m.group(1), []).append(_body(text, m.end() - 1))
     names: set[str] = set()
     while True:
-        calls = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\s*(<[^;{}()]*>)?\s*\(") if names else None
+        calls = _calls_of(names)
         grown = {n for n, bs in bodies.items() if n not in names and any(
             _PRIMITIVES.search(b) or (calls and calls.search(b)) for b in bs)}
         if not grown:
@@ -73,8 +78,7 @@ def _conditional_tail(statement: str):
 
 
 def _violations(texts: dict, names: set[str]) -> list[str]:
-    calls = re.compile(_PRIMITIVES.pattern + "|" + r"\b(" + "|".join(map(re.escape, sorted(names))) +
-                       r")\s*(<[^;{}()]*>)?\s*\(")
+    calls = re.compile(_PRIMITIVES.pattern + "|" + _calls_of(names).pattern)
     found = []
     for path, text in texts.items():
         for m in re.finditer(r"[^;{}]+", text):

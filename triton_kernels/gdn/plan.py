@@ -304,19 +304,25 @@ def _key(inputs, device, scale, use_qk_l2norm, state_v_first):
             _env.get("TORCH_AURA_TUNE"))
 
 
-def chunk(body, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first):
-    """``body(...)`` (``chunk._gdn_chunk``, the launchers) through this geometry's plan: replayed where one
-    exists, else ``body`` runs and, where it can be, is recorded into one."""
-    if not (_launch.ENABLED and _launch._idle(_launch.knobs.runtime.launch_enter_hook)
-            and _launch._idle(_launch.knobs.runtime.launch_exit_hook)) or _launch.recorder is not None:
-        return body(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
+def key_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices) -> tuple:
+    """The call's eight tensor slots as a plan keys and replays them (slots 0-7)."""
     if cu_seqlens is not None:  # the launchers' chunk table: its length is part of the geometry
         from ._common import _varlen_plan
 
         chunk_indices = _varlen_plan(q.shape[1], q.shape[0], cu_seqlens, chunk_indices)[0]
     else:
         chunk_indices = None
-    inputs = (q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices)
+    return (q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices)
+
+
+def chunk(body, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first):
+    """``body(...)`` (``chunk._gdn_chunk``, the launchers) through this geometry's plan: replayed where one
+    exists, else ``body`` runs and, where it can be, is recorded into one."""
+    if not (_launch.ENABLED and _launch._idle(_launch.knobs.runtime.launch_enter_hook)
+            and _launch._idle(_launch.knobs.runtime.launch_exit_hook)) or _launch.recorder is not None:
+        return body(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
+    inputs = key_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices)
+    chunk_indices = inputs[7]
     device = q.device
     try:
         key = _key(inputs, device, scale, use_qk_l2norm, state_v_first)
