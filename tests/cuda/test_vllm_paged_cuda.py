@@ -169,7 +169,9 @@ def test_dense_write_falls_back_where_the_op_would_misalign(cache_op, case):
     DensePages(2 * H, D, D ** -0.5).write(key, value, pages_of(fused), slots)
     assert STATS.dense_fused_write == before
     index_copy_write(key, value, pages_of(reference), slots)
-    assert torch.equal(fused, reference)
+    # beyond the null block 0: there index_copy_ parks every -1 slot on one row, and on CUDA which of
+    # those duplicate rows lands last is not defined (measured: two calls differ)
+    assert torch.equal(fused[page:], reference[page:])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
