@@ -165,13 +165,15 @@ class _Plan:
         makes = [[] for _ in ops]
         drops = [[] for _ in ops]
         made, last = set(), {}
-        side, enter = False, None
+        side, wait = False, None
         for i, op in enumerate(ops):
             if op[0] == "event":
-                if op[1] == "enter":
-                    side, enter = True, i
+                if op[1] == "wait":
+                    wait = i
+                elif op[1] == "enter":
+                    side = True
                 elif op[1] == "exit":
-                    side = False
+                    side, wait = False, None
                 continue
             for _, s, _ in op[7]:
                 chain = [s]  # a view's base is made before it (its recipe reads it)
@@ -180,9 +182,12 @@ class _Plan:
                 for c in reversed(chain):
                     if self.recipes[c] is None:
                         continue
-                    if c not in made:  # on the main stream, as the launchers allocate: before "enter"
+                    if c not in made:
                         made.add(c)
-                        makes[enter if side else i].append(c)
+                        # between "wait" and "exit": made on the main stream before the side stream waits
+                        # for it, as the launchers make every buffer before state_pass._beside (a zeros or
+                        # computed slot runs kernels that the pass on the side stream must see finished)
+                        makes[i if wait is None else wait].append(c)
                     last[c] = None if side else i  # used on the side stream: kept to the end, as today
         for s, i in last.items():
             if i is not None and s not in outputs:
