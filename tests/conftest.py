@@ -53,6 +53,12 @@ def _poisoned_empty_like(*args, **kwargs):
 
 @pytest.fixture(autouse=True, scope="session")
 def nan_poisoned_allocations():
+    # `with torch.device(d):` gives d to the constructors of a set built at its first use: built after the
+    # patch it holds the wrappers, not torch.empty, and vLLM's models made under `with torch.device("cuda")`
+    # landed on the CPU (the H200 serving tests); build it first, from the real functions
+    from torch.utils import _device
+
+    getattr(_device, "_device_constructors", lambda: None)()
     torch.empty, torch.empty_like = _poisoned_empty, _poisoned_empty_like
     yield
     torch.empty, torch.empty_like = _real_empty, _real_empty_like
