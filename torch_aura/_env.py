@@ -123,9 +123,9 @@ _VARS = [
     Var("TORCH_AURA_GDN_PLAN", "0", flag, DEVELOPER,
         "1 replays an eager gdn_chunk's launches from a plan kept per geometry (opt-in until the GPU suite "
         "has run with it)", read="at import"),
-    Var("TORCH_AURA_FUSED_APPEND", "0", flag, DEVELOPER,
-        "1: a plain AuraCache.append on CUDA is one aura_append launch (encode, write, seq_lens advance) "
-        "instead of several (opt-in until the GPU suite has run with it)",
+    Var("TORCH_AURA_FUSED_APPEND", "1", flag, DEVELOPER,
+        "0: a plain AuraCache.append on CUDA takes the unfused path (slots, two aura_write_cache launches, "
+        "the seq_lens advance) instead of one aura_append launch (for comparisons)",
         read="per AuraCache, by torch_aura/aura_cache.py", readme=False),
     Var("TORCH_AURA_GDN_OVERLAP", "1", flag, DEVELOPER,
         "0 keeps the serial order of the chunked GDN's w/u and state passes (no stream overlap)"),

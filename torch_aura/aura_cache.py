@@ -382,8 +382,8 @@ class AuraCache:
         # wrappers' re-validation of them would only cost host time on every decode step.
         self._write_op = torch.ops.aura.aura_write_cache.default
         self._encode_op = torch.ops.aura.aura_encode.default
-        # TORCH_AURA_FUSED_APPEND=1 (opt-in until the GPU suite has run it): on CUDA, a plain append
-        # (lengths=None, no window) is one aura_append launch instead of slots + two writes + the advance.
+        # On CUDA a plain append (lengths=None, no window) is one aura_append launch instead of slots + two
+        # writes + the advance; TORCH_AURA_FUSED_APPEND=0 keeps the unfused path.
         self._append_op = torch.ops.aura.aura_append.default
         self._fused_append = bool(_env.get("TORCH_AURA_FUSED_APPEND")) and self._dev.type == "cuda"
         self._decode_op = torch.ops.aura.aura_decode.default

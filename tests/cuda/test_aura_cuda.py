@@ -561,7 +561,7 @@ def test_non_finite_keys_and_values_propagate_as_in_dense_attention():
 # ===================================================================== aura_append (fused append)
 # One launch per cache write: the kernel against the unfused path on the device (slots, the
 # aura_write_cache kernel for K and V, seq_lens += L), bitwise, over tests/_samples/aura.py's grid.
-# Opt-in in AuraCache (TORCH_AURA_FUSED_APPEND=1) until this section passes on a GPU (docs/aura-format.md §7).
+# AuraCache's default on CUDA since this section passed on the H200 (docs/aura-format.md §7).
 APPEND_CASES = append_cases()
 
 
@@ -595,8 +595,9 @@ def test_append_strided_views_and_cache_views():
 
 @pytest.mark.parametrize("layout", ["contig", "paged"])
 def test_append_cuda_graph_append_then_decode_equals_eager(layout, monkeypatch):
-    """AuraCache.append (fused, TORCH_AURA_FUSED_APPEND=1) + decode captured in one graph, replayed three
-    times (seq_lens advanced by the graph itself) == the same steps eagerly, fused and unfused."""
+    """AuraCache.append (fused: the default; unfused with TORCH_AURA_FUSED_APPEND=0) + decode captured in
+    one graph, replayed three times (seq_lens advanced by the graph itself) == the same steps eagerly, fused
+    and unfused."""
     def fresh(fused):
         monkeypatch.setenv("TORCH_AURA_FUSED_APPEND", "1" if fused else "0")
         case = dict(kb=4, vb=2, layout=layout, L=1, B=4, Hkv=2, D=128, full=False, seed=21)

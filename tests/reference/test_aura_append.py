@@ -80,7 +80,7 @@ def test_half_inputs_and_strided_views(dtype):
 
 
 def test_wired_into_aura_cache_append(monkeypatch):
-    """AuraCache.append with the fused op switched on (TORCH_AURA_FUSED_APPEND=1 does it on CUDA only;
+    """AuraCache.append with the fused op switched on (the default on CUDA only;
     forced here to run the wiring on the CPU) equals the unfused append, contiguous and paged, one
     token ([B, Hkv, D]) and a chunk."""
     for layout in ("contig", "paged"):
