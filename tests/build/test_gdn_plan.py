@@ -170,6 +170,26 @@ def test_planned_calls_launch_what_the_launchers_launch(stub, monkeypatch):
                 assert not made, f"{[p.recipes[s][0] for s in made]} made after the side stream's wait"
 
 
+def test_a_replay_skips_the_checks_its_recording_passed(stub, monkeypatch):
+    """The checks run until a geometry has its plan, never on its replays; another geometry (here k's
+    dtype) or an argument the key cannot read (a list for q) still meets the checks' named error."""
+    from torch_aura.triton_kernels.gdn import chunk, plan
+
+    monkeypatch.setattr(plan, "ENABLED", True)
+    checked = []
+    real = chunk._check_chunk
+    monkeypatch.setattr(chunk, "_check_chunk", lambda *a: (checked.append(1), real(*a))[1])
+    q, k, v, g, beta, h0, cu, ci = _inputs(1, 300)
+    for _ in range(4):
+        chunk.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)
+    assert len(checked) == 1 and sum(p is not None for p in plan._plans.values()) == 1
+    with pytest.raises(ValueError, match="^k: expected dtype bfloat16"):
+        chunk.gdn_chunk(q, k.float(), v, g, beta, None, h0, cu, ci, True, False)
+    with pytest.raises(ValueError, match="^q: expected a Tensor"):
+        chunk.gdn_chunk([q], k, v, g, beta, None, h0, cu, ci, True, False)
+    assert len(checked) == 3
+
+
 def test_plan_cache_is_bounded_and_keyed_on_what_launchers_read(stub, monkeypatch):
     """A plan per geometry, at most ``_MAX_PLANS``; the per-call environment is in the key."""
     from torch_aura.triton_kernels.gdn import chunk, plan

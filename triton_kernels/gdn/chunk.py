@@ -97,11 +97,11 @@ def gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None,
     ``_overlap_pass`` allows). Where ``_segment_plan`` splits the sequences (few heads and sequences),
     the pass is three kernels instead: segment summaries, the scan over segments, the per-segment pass.
     The per-chunk states h and v_new of the stage ops are never materialised."""
+    if plan.ENABLED:  # TORCH_AURA_GDN_PLAN: this geometry's launches replayed, its checks passed once (plan.py)
+        return plan.chunk(_gdn_chunk, _check_chunk, q, k, v, g, beta, scale, initial_state, cu_seqlens,
+                          chunk_indices, use_qk_l2norm, state_v_first)
     _check_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
-                      state_v_first)
-    if plan.ENABLED:  # TORCH_AURA_GDN_PLAN: this geometry's launches replayed (plan.py)
-        return plan.chunk(_gdn_chunk, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices,
-                          use_qk_l2norm, state_v_first)
+                 state_v_first)
     return _gdn_chunk(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
                       state_v_first)
 

@@ -45,7 +45,8 @@ _N_INPUTS = 8  # q, k, v, g, beta, initial_state, cu_seqlens, chunk indices: slo
 
 
 def _facts(x):
-    return None if x is None else (x.shape, x.stride(), x.dtype, x.data_ptr() & 15)
+    # every fact of a tensor that the argument checks read too (the device), so a replay may skip them
+    return None if x is None else (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
 
 
 # set by the launcher modules as they load (they import this one, never the other way): the tuners whose
@@ -320,22 +321,32 @@ def key_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices) -> tu
     return (q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices)
 
 
-def chunk(body, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first):
+def chunk(body, check, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm,
+          state_v_first):
     """``body(...)`` (``chunk._gdn_chunk``, the launchers) through this geometry's plan: replayed where one
-    exists, else ``body`` runs and, where it can be, is recorded into one."""
+    exists, else ``check(...)`` (the arguments' checks) and ``body`` run and, where it can be, ``body`` is
+    recorded into one. A replay skips ``check``: its plan was recorded from a call that passed it, and the
+    key holds every fact the checks read (each tensor's shape, strides, dtype and device, the scalars)."""
+    args = (q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
     if not (_launch.ENABLED and _launch._idle(_launch.knobs.runtime.launch_enter_hook)
             and _launch._idle(_launch.knobs.runtime.launch_exit_hook)) or _launch.recorder is not None:
-        return body(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
-    inputs = key_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices)
-    chunk_indices = inputs[7]
-    device = q.device
+        check(*args)
+        return body(*args)
     try:
-        key = _key(inputs, device, scale, use_qk_l2norm, state_v_first)
+        inputs = key_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices)
+        key = _key(inputs, q.device, scale, use_qk_l2norm, state_v_first)
+    except Exception:  # an argument the key cannot read: the checks name it
+        check(*args)
+        raise
+    try:
         plan = _plans.get(key, False)
     except TypeError:  # an unhashable scale
         key, plan = None, None
+    device = q.device
     if plan:
         return plan.run(inputs, device)
+    check(*args)
+    chunk_indices = inputs[7]
     if plan is None or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return body(*inputs[:5], scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
     try:
