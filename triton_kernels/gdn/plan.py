@@ -333,8 +333,9 @@ def chunk(body, check, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk
         check(*args)
         return body(*args)
     try:
+        device = q.device
         inputs = key_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices)
-        key = _key(inputs, q.device, scale, use_qk_l2norm, state_v_first)
+        key = _key(inputs, device, scale, use_qk_l2norm, state_v_first)
     except Exception:  # an argument the key cannot read: the checks name it
         check(*args)
         raise
@@ -342,23 +343,23 @@ def chunk(body, check, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk
         plan = _plans.get(key, False)
     except TypeError:  # an unhashable scale
         key, plan = None, None
-    device = q.device
     if plan:
         return plan.run(inputs, device)
     check(*args)
-    chunk_indices = inputs[7]
-    if plan is None or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        return body(*inputs[:5], scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
-    try:
-        rec = _Recording(inputs)
-    except _Refuse:
-        rec = None
+    # the launchers take the chunk table key_inputs built (from cu_seqlens where the caller passed none)
+    built = (*inputs[:5], scale, initial_state, cu_seqlens, inputs[7], use_qk_l2norm, state_v_first)
+    rec = None
+    if plan is not None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        try:
+            rec = _Recording(inputs)
+        except _Refuse:
+            pass
     if rec is None:
-        return body(*inputs[:5], scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
+        return body(*built)
     timed = sum(t.timed for t in TUNERS)
     _launch.recorder = rec
     try:
-        out = body(*inputs[:5], scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
+        out = body(*built)
     finally:
         _launch.recorder = None
     if sum(t.timed for t in TUNERS) != timed:
