@@ -107,8 +107,8 @@ def save_llama_sized(path: Path, size: str) -> Path:
     cfg = LlamaConfig(**SIZES[size], bos_token_id=1, eos_token_id=2,
                       pad_token_id=0, tie_word_embeddings=False, dtype="bfloat16")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    # built on the meta device and drawn here, one draw per tensor on the GPU: transformers' per-module init
-    # of llama3-8b (on the host, see tests/conftest.py) outran a 240 s step; the same distributions
+    # built on the meta device and drawn here, one draw per tensor (transformers' per-module init of
+    # llama3-8b outran a 240 s step on the H200's host); the same distributions as that init
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     model = model.to(torch.bfloat16).to_empty(device=device)

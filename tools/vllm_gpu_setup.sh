@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM 0.24.0 (CUDA 13, torch 2.11: the GPU image's torch) onto a lent GPU machine that reaches no
-# registry. One run carries at most 64 MiB of git-ignored files, so the wheels travel in 58 MiB parts (6: 341 MiB),
+# registry. One run carries at most 64 MiB of git-ignored files, so the wheels travel in 58 MiB parts (6: 343 MiB),
 # one per run, into /root/stash, which survives while the machine stays warm (30 s after a run: make
 # the next run at once). docs: README "vLLM on a GPU".
 #

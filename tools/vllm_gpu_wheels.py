@@ -31,7 +31,7 @@ IMAGE = {"torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0", "tr
          "numpy": "2.5.2", "sentencepiece": "0.2.2", "tiktoken": "0.14.0"}
 # Imported lazily by vLLM, only by backends and kernels the plugin's runs do not select; each is large.
 # numba (vLLM's ngram proposer only) pins numpy < 2.5, below the image's 2.5.2. opencv-python-headless (61 MB,
-# a whole 56 MiB part): only video inputs use it; vLLM's multimodal/video.py and mistral_common import it
+# a whole part): only video inputs use it; vLLM's multimodal/video.py and mistral_common import it
 # under a guard and fall back when it is missing.
 # apache-tvm-ffi is not optional: xgrammar imports it at load, and `from vllm import LLM` imports xgrammar
 # (measured on the H200: ModuleNotFoundError: tvm_ffi).
