@@ -72,10 +72,10 @@ for step in $steps; do
       timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/bench_gdn_first_call.py --out "$OUT/results" --write-table 2>&1 \
         | tee "$OUT/bench_gdn_first_call.log" | tail -30 || rc=1 ;;
     gdn_plan)
-      # the GDN plans' replay test (eager and in a graph, bitwise vs the launchers), then host time with plans on, taken apart (--anatomy)
+      # the GDN plans' replay test (eager and in a graph, bitwise vs the launchers), then the planned call's host time taken apart (--anatomy)
       TORCH_AURA_TUNE=0 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider $hang tests/cuda/test_gdn_cuda.py \
         -k planned 2>&1 | tee "$OUT/gdn_plan.log" | tail -5 || rc=1
-      TORCH_AURA_GDN_PLAN=1 timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/profile_gdn.py --heads 2/4 --lens 8192 --host --anatomy \
+      timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/profile_gdn.py --heads 2/4 --lens 8192 --host --anatomy \
         --no-fla 2>&1 | tee -a "$OUT/gdn_plan.log" | tail -30 || rc=1 ;;
     aura_append)
       # the fused append's GPU tests in one process (xdist start-up outlasted a short timeout), then both sanitizers

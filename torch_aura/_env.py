@@ -120,9 +120,9 @@ _VARS = [
     Var("TORCH_AURA_FAST_LAUNCH", "1", flag, DEVELOPER,
         "0 launches the GDN and conv Triton kernels through Triton's own JIT path instead of the cached "
         "launchers (for comparisons)", read="at import"),
-    Var("TORCH_AURA_GDN_PLAN", "0", flag, DEVELOPER,
-        "1 replays an eager gdn_chunk's launches from a plan kept per geometry (opt-in until the GPU suite "
-        "has run with it)", read="at import"),
+    Var("TORCH_AURA_GDN_PLAN", "1", flag, DEVELOPER,
+        "0 runs every eager gdn_chunk through the launchers instead of replaying the launches kept per "
+        "geometry (for comparisons)", read="at import"),
     Var("TORCH_AURA_FUSED_APPEND", "1", flag, DEVELOPER,
         "0: a plain AuraCache.append on CUDA takes the unfused path (slots, two aura_write_cache launches, "
         "the seq_lens advance) instead of one aura_append launch (for comparisons)",

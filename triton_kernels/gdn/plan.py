@@ -19,9 +19,9 @@ the stream was capturing, or a tensor could not be given a slot.
 
 The key holds every fact the launchers read: each input's shape, strides, dtype and 16-byte alignment,
 the varlen chunk table's shape (built before the lookup, as the launchers build it), scale, the flags,
-the device and the environment variables read per call. Opt-in (``TORCH_AURA_GDN_PLAN``) until the GPU
-suite has run with it; ``tests/build/test_gdn_plan.py`` checks that a planned call launches exactly
-what the launchers launch.
+the device and the environment variables read per call. On by default (``TORCH_AURA_GDN_PLAN=0`` turns
+it off); ``tests/build/test_gdn_plan.py`` checks on the CPU that a planned call launches exactly what the
+launchers launch, and ``tests/cuda/test_gdn_cuda.py -k planned`` that its replays equal them bit for bit.
 """
 
 from __future__ import annotations
