@@ -208,8 +208,20 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
         def skipped(run):
             return lambda *args: None
 
+        @contextlib.contextmanager
+        def pointers_as_tensors():
+            """The replay hands tensors to Triton's launcher (``plan.POINTERS_AS_INTS`` off), which then
+            calls each one's data_ptr() and checks it with cuPointerGetAttribute."""
+            plan.POINTERS_AS_INTS = False
+            try:
+                yield
+            finally:
+                plan.POINTERS_AS_INTS = True
+
         rows = [("the op (dispatch, checks, key, plan.run)", call, None),
                 ("plan.run alone", lambda: p.run(inputs, device), None),
+                ("plan.run, pointers as tensors", lambda: p.run(inputs, device),
+                 pointers_as_tensors),
                 ("  C launches called directly", lambda q=with_runs(direct): q.run(inputs, device), None),
                 ("  C launches, scratch made once", lambda q=with_runs(scratch_once): q.run(inputs, device), None),
                 ("    and host descriptors reused", lambda q=with_runs(scratch_once): q.run(inputs, device),
@@ -224,8 +236,9 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                 times.append(statistics.median(B.H.host_us(fn, calls=calls, device=device.type)
                                                for _ in range(repeats)))
             print(f"    {name:44s} {times[-1]:8.1f}")
-        op, run, direct_run, scratch_run, reused_run, no_launch, pooled = times
-        print(f"    => dispatch + checks + key {op - run:.1f}; Triton's Python launchers {run - direct_run:.1f}; "
+        op, run, tensors_run, direct_run, scratch_run, reused_run, no_launch, pooled = times
+        print(f"    => dispatch + checks + key {op - run:.1f}; pointers passed as ints save {tensors_run - run:.1f}; "
+              f"Triton's Python launchers {run - direct_run:.1f}; "
               f"launches {run - no_launch:.1f} (scratch allocations {run - scratch_run:.1f}, host descriptors "
               f"{scratch_run - reused_run:.1f}, the C launches {reused_run - no_launch:.1f}); allocations "
               f"{no_launch - pooled:.1f}; the replay loop and the rest {pooled:.1f}")

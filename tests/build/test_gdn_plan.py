@@ -22,18 +22,28 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="Triton's compiled-launch path; the interpreter tree runs kernels instead")
 
 
-@pytest.fixture
-def stub(monkeypatch):
-    """The launches stubbed (``gdn/launch_stub.py``, VERIFY on); yields the log of launches and stream
-    steps and ``fresh()``, which empties the JIT, launch and plan caches."""
+def _stubbed(monkeypatch, verify: bool):
     from torch_aura.triton_kernels.gdn import launch_stub
 
     real = torch.empty.__globals__  # nothing is computed: no NaN poisoning (tests/conftest.py)
     monkeypatch.setattr(torch, "empty", real.get("_real_empty", torch.empty))
     monkeypatch.setattr(torch, "empty_like", real.get("_real_empty_like", torch.empty_like))
     log = []
-    with launch_stub.stubbed(log, setattr=monkeypatch.setattr) as fresh:
+    with launch_stub.stubbed(log, verify=verify, setattr=monkeypatch.setattr) as fresh:
         yield log, fresh
+
+
+@pytest.fixture
+def stub(monkeypatch):
+    """The launches stubbed (``gdn/launch_stub.py``, VERIFY on); yields the log of launches and stream
+    steps and ``fresh()``, which empties the JIT, launch and plan caches."""
+    yield from _stubbed(monkeypatch, verify=True)
+
+
+@pytest.fixture
+def stub_unverified(monkeypatch):
+    """As ``stub``, VERIFY off: replays hand plain pointers to the launchers as ints (``POINTERS_AS_INTS``)."""
+    yield from _stubbed(monkeypatch, verify=False)
 
 
 H, HV, K, V = 2, 4, 128, 128
@@ -168,6 +178,55 @@ def test_planned_calls_launch_what_the_launchers_launch(stub, monkeypatch):
             if region:
                 made = op[-2] if op[0] == "launch" else op[-1]
                 assert not made, f"{[p.recipes[s][0] for s in made]} made after the side stream's wait"
+
+
+def test_replays_hand_each_pointer_as_the_int_of_the_tensor_the_launchers_passed(stub_unverified, monkeypatch):
+    """Without VERIFY a replay passes each plain pointer argument as an int (Triton's launcher then skips
+    data_ptr() and cuPointerGetAttribute): at every position where the recording passed a tensor, the
+    replay passes the data pointer of the same input, or of a buffer it made with that tensor's shape,
+    strides and dtype; every other argument is unchanged."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from torch_aura.triton_kernels.gdn import chunk, plan
+
+    log, _ = stub_unverified
+    monkeypatch.setattr(plan, "ENABLED", True)
+    # every buffer a replay makes and every input it is given (the chunk table is built from cu_seqlens
+    # before the plan's lookup), held so that no address is reused within the test
+    made = []
+    real_make, real_run = plan._Plan._make, plan._Plan.run
+    monkeypatch.setattr(plan._Plan, "_make", lambda self, *a: (made.append(real_make(self, *a)), made[-1])[1])
+    monkeypatch.setattr(plan._Plan, "run", lambda self, inputs, device: (
+        made.extend(t for t in inputs if t is not None), real_run(self, inputs, device))[1])
+    cases = [GEOMETRIES[3], GEOMETRIES[4], GEOMETRIES[6], GEOMETRIES[7], *list(_calls())[len(GEOMETRIES):]]
+    for B, T, kw, l2, scale in cases:
+        args = _inputs(B, T, **kw)
+        q, k, v, g, beta, h0, cu, ci = args
+        runs = []
+        for _ in range(2):  # recorded by the launchers, then replayed
+            start = len(log)
+            chunk.gdn_chunk(q, k, v, g, beta, scale, h0, cu, ci, l2, kw.get("state_v_first", False))
+            runs.append([e for e in log[start:] if e[0] == "launch"])
+        recorded, replayed = runs
+        assert len(recorded) == len(replayed) and recorded
+        ints = 0
+        for x, y in zip(recorded, replayed):
+            assert x[:3] == y[:3] and len(x[3]) == len(y[3])
+            for a, b in zip(x[3], y[3]):
+                if not isinstance(a, torch.Tensor):
+                    if isinstance(a, TensorDescriptor):
+                        assert isinstance(b, TensorDescriptor) and (a.shape, a.strides) == (b.shape, b.strides)
+                    else:
+                        assert a == b
+                    continue
+                assert type(b) is int, f"{x[1]}: a {type(b).__name__} where the launchers passed a tensor"
+                ints += 1
+                if any(a is t for t in args):
+                    assert b == a.data_ptr()
+                else:
+                    assert any(t.data_ptr() == b and (t.shape, t.stride(), t.dtype) == (a.shape, a.stride(), a.dtype)
+                               for t in made), f"{x[1]}: {b:#x} is no buffer the replay made like {tuple(a.shape)}"
+        assert ints
 
 
 def test_a_replay_skips_the_checks_its_recording_passed(stub, monkeypatch):

@@ -42,6 +42,11 @@ _plans: dict[tuple, "_Plan | None"] = {}
 _launch._on_clear.append(_plans.clear)
 
 _N_INPUTS = 8  # q, k, v, g, beta, initial_state, cu_seqlens, chunk indices: slots 0-7
+# A replay hands each plain pointer argument to Triton's C launcher as an int: given a tensor, that launcher
+# calls its data_ptr() and checks the pointer with cuPointerGetAttribute, a driver call per argument per
+# launch; the key already fixed each tensor's device. VERIFY replays keep tensors (Triton derives the
+# variant from them). profile_gdn --anatomy turns this off for one row to time what it saves.
+POINTERS_AS_INTS = True
 
 
 def _facts(x):
@@ -225,6 +230,7 @@ class _Plan:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         ctx = side = None
+        as_tensors = verify or not POINTERS_AS_INTS
         try:
             for op in self.ops:
                 if op[0] == "event":
@@ -240,7 +246,7 @@ class _Plan:
                 a = values.copy()
                 for pos, s, d in holes:
                     if d is None:
-                        a[pos] = slots[s]
+                        a[pos] = slots[s] if as_tensors else slots[s].data_ptr()
                     else:
                         t = TensorDescriptor.__new__(TensorDescriptor)
                         t.base, t.shape, t.strides, t.block_shape, t.padding = slots[s], d[0], d[1], d[2], d[3]
