@@ -90,6 +90,23 @@ def test_uniform_decode_step_in_a_cuda_graph(fmt):
         eager_pages = pages.clone()
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_prefill_runs_vllm_flash_attention_where_vllm_is_installed(fmt, D):
+    """With vLLM's CUDA build present, a bf16 prefill (dense pages, or AURA pages dequantized) runs vLLM's
+    FlashAttention over the pages' strides, and equals attention over the pages."""
+    from torch_aura.integrations.vllm._common import STATS
+    from torch_aura.integrations.vllm._paged import _flash_attn_varlen
+
+    if _flash_attn_varlen(D) is None:
+        pytest.skip("vLLM's CUDA build is not installed here: prefills run SDPA")
+    before = STATS.flash_prefill
+    query_lens, context_lens, nd = BATCHES["spec+prefill"]
+    out, ref, *_ = run_batch(FORMATS[fmt], D, torch.bfloat16, DEV, query_lens, context_lens, nd)
+    assert STATS.flash_prefill == before + 1
+    torch.testing.assert_close(out[:ref.shape[0]].double(), ref, atol=3e-2, rtol=3e-2)
+
+
 @pytest.mark.sanitize
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_small_batch_for_compute_sanitizer(fmt):

@@ -31,6 +31,32 @@ def test_batch_matches_attention_over_the_pages(batch, fmt, D):
     assert (out[n:] == 7.0).all(), "padding rows of the output must be left alone"
 
 
+def test_prefill_offsets_count_the_prefill_tokens_from_zero():
+    """``PrefillBatch.query_start_loc`` (FlashAttention's ``cu_seqlens_q`` on a GPU) starts each prefill
+    request at its first token among the prefill tokens, past the decode rows."""
+    query_lens, context_lens, nd = BATCHES["spec+prefill"]
+    plan = run_batch("dense", 64, torch.float32, "cpu", query_lens, context_lens, nd)[6]
+    prefill_lens = query_lens[nd:]
+    want = [sum(prefill_lens[:i]) for i in range(len(prefill_lens) + 1)]
+    assert plan.prefill.query_start_loc.dtype == torch.int32
+    assert plan.prefill.query_start_loc.tolist() == want
+
+
+def test_packed_pages_hold_each_prefill_request_s_pages_once_in_order():
+    """AURA prefills dequantize ``packed_pages``: each request's first ceil(seq_len / BLOCK) pages, not
+    the table's padding to the longest request, and a table that reads the same pages from the copy."""
+    query_lens, context_lens, nd = [1, 2 * BLOCK + 3, 5, 1], [9, 0, 3 * BLOCK, BLOCK - 1], 1
+    plan = run_batch("dense", 64, torch.float32, "cpu", query_lens, context_lens, nd)[6]
+    pf = plan.prefill
+    used, table = pf.packed_pages
+    seq = [q + c for q, c in zip(query_lens[nd:], context_lens[nd:])]
+    want = torch.cat([pf.block_table[r, :-(-n // BLOCK)].long() for r, n in enumerate(seq)])
+    assert torch.equal(used, want) and table.dtype == torch.int32 and table.shape == pf.block_table.shape
+    for r, n in enumerate(seq):
+        pages = -(-n // BLOCK)
+        assert torch.equal(used[table[r, :pages].long()], pf.block_table[r, :pages].long())
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_padding_slots_write_nothing_a_request_reads(fmt):
     # slot -1 rows (vLLM's padding) carry garbage: the dense format parks them in the null block 0,

@@ -127,6 +127,7 @@ def test_custom_dense_agrees_with_vllm_backend(model, reference, floor):
     for rank in ranks:
         assert rank.dense_prefill > 0, "the CUSTOM engine's prefills were not served by the plugin"
         assert rank.dense_fused_write > 0 or not GPU, "the dense writes did not take vLLM's reshape_and_cache_flash"
+        assert rank.flash_prefill == rank.dense_prefill or not GPU, "a prefill did not run vLLM's FlashAttention"
     agreement, logprob_diff, positions = compare(ours, reference)
     floor_agreement, floor_diff = floor[:2] if floor else (None, None)
     print(f"{SIZE} TP {TP}: top-1 agreement {agreement:.4f} over {positions} positions, "
@@ -158,3 +159,4 @@ def test_aura_pages_match_dense_over_the_dequantized_cache(model, monkeypatch):
               f"max |AURA - dense| {stats.verify_max_abs:.3g}")
         assert stats.aura_decode >= 15 * layers  # every decode step of every layer ran through the plugin
         assert s.verified([stats]), stats  # each of them verified, within bound
+        assert stats.flash_prefill == stats.aura_prefill > 0 or not GPU, "a prefill did not run vLLM's FlashAttention"

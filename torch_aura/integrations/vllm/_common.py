@@ -21,6 +21,7 @@ class Stats:
     dense_fused_write: int = 0  # dense K/V writes by vLLM's one-launch reshape_and_cache_flash (CUDA)
     aura_decode: int = 0
     aura_prefill: int = 0
+    flash_prefill: int = 0  # prefill batches (either format) run by vLLM's FlashAttention (CUDA)
     speculative_decode: int = 0  # decode batches holding speculative verification rows (either format)
     verify_steps: int = 0  # AURA decode batches checked in verify mode
     verify_max_abs: float = 0.0  # the largest |AURA - dense over the dequantized pages| seen

