@@ -141,11 +141,11 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
             if pooled:  # each allocation made once, then the same tensor every call
                 made, make = {}, p._make
 
-                def _make(slots, s, dev):
+                def _make(slots, s, dev, *rest):
                     if q.recipes[s][0] not in ("empty", "zeros"):
-                        return make(slots, s, dev)
+                        return make(slots, s, dev, *rest)
                     if s not in made:
-                        made[s] = make(slots, s, dev)
+                        made[s] = make(slots, s, dev, *rest)
                     return made[s]
                 q._make = _make
             return q
@@ -209,6 +209,15 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
             return lambda *args: None
 
         @contextlib.contextmanager
+        def buffers_pooled():
+            """The replay carves its buffers out of one workspace (``plan.POOL_BUFFERS``, off by default)."""
+            was_pooled, plan.POOL_BUFFERS = plan.POOL_BUFFERS, True
+            try:
+                yield
+            finally:
+                plan.POOL_BUFFERS = was_pooled
+
+        @contextlib.contextmanager
         def pointers_as_tensors():
             """The replay hands tensors to Triton's launcher (``plan.POINTERS_AS_INTS`` off), which then
             calls each one's data_ptr() and checks it with cuPointerGetAttribute."""
@@ -222,6 +231,7 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                 ("plan.run alone", lambda: p.run(inputs, device), None),
                 ("plan.run, pointers as tensors", lambda: p.run(inputs, device),
                  pointers_as_tensors),
+                ("plan.run, buffers pooled", lambda: p.run(inputs, device), buffers_pooled),
                 ("  C launches called directly", lambda q=with_runs(direct): q.run(inputs, device), None),
                 ("  C launches, scratch made once", lambda q=with_runs(scratch_once): q.run(inputs, device), None),
                 ("    and host descriptors reused", lambda q=with_runs(scratch_once): q.run(inputs, device),
@@ -236,8 +246,9 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                 times.append(statistics.median(B.H.host_us(fn, calls=calls, device=device.type)
                                                for _ in range(repeats)))
             print(f"    {name:44s} {times[-1]:8.1f}")
-        op, run, tensors_run, direct_run, scratch_run, reused_run, no_launch, pooled = times
+        op, run, tensors_run, pooled_run, direct_run, scratch_run, reused_run, no_launch, pooled = times
         print(f"    => dispatch + checks + key {op - run:.1f}; pointers passed as ints save {tensors_run - run:.1f}; "
+              f"one pooled workspace would save {run - pooled_run:.1f}; "
               f"Triton's Python launchers {run - direct_run:.1f}; "
               f"launches {run - no_launch:.1f} (scratch allocations {run - scratch_run:.1f}, host descriptors "
               f"{scratch_run - reused_run:.1f}, the C launches {reused_run - no_launch:.1f}); allocations "

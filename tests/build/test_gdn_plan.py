@@ -180,25 +180,44 @@ def test_planned_calls_launch_what_the_launchers_launch(stub, monkeypatch):
                 assert not made, f"{[p.recipes[s][0] for s in made]} made after the side stream's wait"
 
 
-def test_replays_hand_each_pointer_as_the_int_of_the_tensor_the_launchers_passed(stub_unverified, monkeypatch):
+@pytest.mark.parametrize("pooled", [False, True], ids=["own-buffers", "pooled-buffers"])
+def test_replays_hand_each_pointer_as_the_int_of_the_tensor_the_launchers_passed(stub_unverified, monkeypatch,
+                                                                                  pooled):
     """Without VERIFY a replay passes each plain pointer argument as an int (Triton's launcher then skips
     data_ptr() and cuPointerGetAttribute): at every position where the recording passed a tensor, the
-    replay passes the data pointer of the same input, or of a buffer it made with that tensor's shape,
-    strides and dtype; every other argument is unchanged."""
+    replay passes the data pointer of the same input, or of a buffer it made (its own allocation, or its
+    place in the pooled workspace) with that tensor's shape, strides and dtype; all else is unchanged."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from torch_aura.triton_kernels.gdn import chunk, plan
 
     log, _ = stub_unverified
     monkeypatch.setattr(plan, "ENABLED", True)
-    # every buffer a replay makes and every input it is given (the chunk table is built from cu_seqlens
-    # before the plan's lookup), held so that no address is reused within the test
-    made = []
+    monkeypatch.setattr(plan, "POOL_BUFFERS", pooled)
+    # (address, shape, strides, dtype) of every buffer a replay makes and every input it is given (the
+    # chunk table is built from cu_seqlens before the plan's lookup); the objects are held so that no
+    # address is reused within the test
+    made, held = [], []
     real_make, real_run = plan._Plan._make, plan._Plan.run
-    monkeypatch.setattr(plan._Plan, "_make", lambda self, *a: (made.append(real_make(self, *a)), made[-1])[1])
-    monkeypatch.setattr(plan._Plan, "run", lambda self, inputs, device: (
-        made.extend(t for t in inputs if t is not None), real_run(self, inputs, device))[1])
+
+    def make(self, slots, s, *a):
+        x = real_make(self, slots, s, *a)
+        held.append(x)
+        if isinstance(x, torch.Tensor):
+            made.append((x.data_ptr(), tuple(x.shape), x.stride(), x.dtype))
+        else:  # a pooled buffer's address: an "empty" recipe, contiguous
+            shape, dtype = self.recipes[s][1], self.recipes[s][2]
+            made.append((int(x), tuple(shape), torch.empty(shape, device="meta").stride(), dtype))
+        return x
+
+    def run(self, inputs, device):
+        held.extend(inputs)
+        made.extend((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in inputs if t is not None)
+        return real_run(self, inputs, device)
+    monkeypatch.setattr(plan._Plan, "_make", make)
+    monkeypatch.setattr(plan._Plan, "run", run)
     cases = [GEOMETRIES[3], GEOMETRIES[4], GEOMETRIES[6], GEOMETRIES[7], *list(_calls())[len(GEOMETRIES):]]
+    pools = 0
     for B, T, kw, l2, scale in cases:
         args = _inputs(B, T, **kw)
         q, k, v, g, beta, h0, cu, ci = args
@@ -224,9 +243,48 @@ def test_replays_hand_each_pointer_as_the_int_of_the_tensor_the_launchers_passed
                 if any(a is t for t in args):
                     assert b == a.data_ptr()
                 else:
-                    assert any(t.data_ptr() == b and (t.shape, t.stride(), t.dtype) == (a.shape, a.stride(), a.dtype)
-                               for t in made), f"{x[1]}: {b:#x} is no buffer the replay made like {tuple(a.shape)}"
+                    assert (b, tuple(a.shape), a.stride(), a.dtype) in made, \
+                        f"{x[1]}: {b:#x} is no buffer the replay made like {tuple(a.shape)}"
         assert ints
+        pools += any(isinstance(x, plan._Address) for x in held)
+    assert bool(pools) == pooled
+
+
+def test_pooled_buffers_never_share_a_byte_while_both_are_live(stub, monkeypatch):
+    """For every plan of the mix: each pooled buffer is live (made, not yet dropped) at every launch that
+    reads it, holds its recorded bytes, and shares no byte with any other buffer live at a common op;
+    first fit reuses what ended (the workspace is below the sum of its buffers where lifetimes allow)."""
+    from torch_aura.triton_kernels.gdn import plan
+
+    log, _ = stub
+    monkeypatch.setattr(plan, "ENABLED", True)
+    _run_all(log, repeats=1)  # each geometry's first call records its plan
+    plans = [p for p in plan._plans.values() if p]
+    assert plans and any(p.pool for p in plans)
+    reused = False
+    for p in plans:
+        spans = {s: (p.pool[s], n, first, last) for s, (n, first, last) in p.pool_spans.items()}
+        for i, op in enumerate(p.ops):
+            if op[0] == "launch":
+                for _, s, _ in op[7]:
+                    if s in spans:
+                        assert spans[s][2] <= i <= spans[s][3], f"slot {s} read at op {i} outside its span"
+        for s, (o, n, a, b) in spans.items():
+            assert o % plan._POOL_ALIGN == 0 and o + n <= p.pool_bytes
+            for t, (o2, n2, a2, b2) in spans.items():
+                if s < t and a <= b2 and a2 <= b:
+                    assert o + n <= o2 or o2 + n2 <= o, f"slots {s} and {t} overlap while both live"
+        reused |= p.pool_bytes < sum(-(-n // plan._POOL_ALIGN) * plan._POOL_ALIGN for n, _, _ in p.pool_spans.values())
+    assert reused
+
+
+def test_pack_lifetimes_reuses_only_what_has_ended():
+    from torch_aura.triton_kernels.gdn.plan import _POOL_ALIGN as A, pack_lifetimes
+
+    offsets, total = pack_lifetimes({1: (A, 0, 2), 2: (2 * A, 1, 3), 3: (A, 3, 5), 4: (A - 1, 4, 4)})
+    # 3 takes 1's bytes once 1 ended, 4 (rounded up to A) 2's beside 3; 2 and 3 meet at op 3: apart
+    assert offsets == {1: 0, 2: A, 3: 0, 4: A} and total == 3 * A
+    assert pack_lifetimes({1: (A, 0, 3), 2: (A, 3, 4)}) == ({1: 0, 2: A}, 2 * A)  # live at a common op
 
 
 def test_a_replay_skips_the_checks_its_recording_passed(stub, monkeypatch):

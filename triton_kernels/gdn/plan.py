@@ -47,6 +47,12 @@ _N_INPUTS = 8  # q, k, v, g, beta, initial_state, cu_seqlens, chunk indices: slo
 # launch; the key already fixed each tensor's device. VERIFY replays keep tensors (Triton derives the
 # variant from them). profile_gdn --anatomy turns this off for one row to time what it saves.
 POINTERS_AS_INTS = True
+# A replay carves the buffers that only launches read (not an output, no view's base, made "empty") out of
+# one workspace allocation, packed by lifetime, instead of one caching-allocator call each (10 of 12 at 2/4
+# heads: ~4 us each on the H200 host, gdn.md 6.1). Off until its GPU replay test has passed; with it on,
+# VERIFY and tensor-pointer replays get views of the workspace, every other replay plain addresses.
+POOL_BUFFERS = False
+_POOL_ALIGN = 512  # the caching allocator's alignment: what Triton's pointer specialisation (16) saw
 
 
 def _facts(x):
@@ -68,6 +74,30 @@ def _allocator_lent() -> bool:
         return not isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
     except (ImportError, AttributeError):
         return True
+
+
+class _Address(int):
+    """A pooled buffer's device address: an int to Triton's C launcher (taken as is), and ``data_ptr()``
+    for a host TMA descriptor's base (``make_tensordesc_arg`` reads only that)."""
+
+    def data_ptr(self) -> int:
+        return int(self)
+
+
+def pack_lifetimes(buffers: dict) -> tuple[dict, int]:
+    """First-fit offsets for ``buffers`` (slot -> (bytes, first op, last op), ops inclusive), in order of
+    first use: two buffers live at a common op never share a byte. Returns ({slot: offset}, total bytes)."""
+    placed, offsets = [], {}
+    for slot, (size, first, last) in sorted(buffers.items(), key=lambda kv: (kv[1][1], kv[0])):
+        size = -(-size // _POOL_ALIGN) * _POOL_ALIGN
+        offset = 0
+        for lo, hi in sorted((o, o + n) for o, n, a, b in placed if a <= last and first <= b):
+            if offset + size <= lo:
+                break
+            offset = max(offset, hi)
+        placed.append((offset, size, first, last))
+        offsets[slot] = offset
+    return offsets, max((o + n for o, n, _, _ in placed), default=0)
 
 
 class _Refuse(Exception):
@@ -201,9 +231,36 @@ class _Plan:
         if any(s not in made for s in outputs if self.recipes[s] is not None):
             raise _Refuse("an output no launch wrote")
         self.ops = [(*op, makes[i], drops[i]) if op[0] == "launch" else (*op, makes[i]) for i, op in enumerate(ops)]
+        self.pool_spans = self._pool_spans(makes, last, outputs, len(ops))
+        self.pool, self.pool_bytes = pack_lifetimes(self.pool_spans)
 
-    def _make(self, slots, s, device):
+    def _pool_spans(self, makes, last, outputs, n_ops) -> dict:
+        """The "empty" buffers that only launches read (:data:`POOL_BUFFERS`): slot -> (bytes, the op it is
+        made at, its last op: the end for those the pass beside w/u uses, kept to the end as the launchers
+        keep them)."""
+        bases = {r[1] for r in self.recipes if r is not None and r[0] == "view"}
+        first = {s: i for i, ss in enumerate(makes) for s in ss}
+        buffers = {}
+        for s, i in first.items():
+            r = self.recipes[s]
+            if r[0] == "empty" and s not in outputs and s not in bases:
+                numel = 1
+                for n in r[1]:
+                    numel *= n
+                end = last[s]
+                buffers[s] = (numel * r[2].itemsize, i, n_ops if end is None else end)
+        return buffers
+
+    def _make(self, slots, s, device, workspace=None, as_tensors=True):
         r = self.recipes[s]
+        if workspace is not None and s in self.pool:
+            at = self.pool[s]
+            if not as_tensors:
+                return _Address(workspace.data_ptr() + at)
+            numel = 1
+            for n in r[1]:
+                numel *= n
+            return workspace[at:at + numel * r[2].itemsize].view(r[2]).view(r[1])
         kind = r[0]
         if kind == "empty":
             return torch.empty(r[1], dtype=r[2], device=device)
@@ -222,8 +279,8 @@ class _Plan:
         stream = drv.get_current_stream(dev)
         verify = _launch.VERIFY
         # the launchers lend Triton an allocator for in-kernel descriptors; the replay must too
-        workspace = _common.descriptor_workspace(device) if self.workspace else contextlib.nullcontext()
-        with workspace:
+        lent = _common.descriptor_workspace(device) if self.workspace else contextlib.nullcontext()
+        with lent:
             return self._replay(slots, device, drv, dev, stream, verify)
 
     def _replay(self, slots, device, drv, dev, stream, verify):
@@ -231,22 +288,24 @@ class _Plan:
 
         ctx = side = None
         as_tensors = verify or not POINTERS_AS_INTS
+        pool = (torch.empty(self.pool_bytes, dtype=torch.uint8, device=device)
+                if POOL_BUFFERS and self.pool_bytes else None)  # held until the replay returns
         try:
             for op in self.ops:
                 if op[0] == "event":
                     for s in op[2]:
-                        slots[s] = self._make(slots, s, device)
+                        slots[s] = self._make(slots, s, device, pool, as_tensors)
                     stream, ctx, side = self._event(op[1], device, ctx, side)
                     stream = drv.get_current_stream(dev) if stream is None else stream
                     continue
                 _, kernel, (gx, gy, gz), run, function, packed, values, holes, variant, n_args, kwargs, makes, \
                     drops = op
                 for s in makes:
-                    slots[s] = self._make(slots, s, device)
+                    slots[s] = self._make(slots, s, device, pool, as_tensors)
                 a = values.copy()
                 for pos, s, d in holes:
                     if d is None:
-                        a[pos] = slots[s] if as_tensors else slots[s].data_ptr()
+                        a[pos] = slots[s] if as_tensors else int(slots[s].data_ptr())
                     else:
                         t = TensorDescriptor.__new__(TensorDescriptor)
                         t.base, t.shape, t.strides, t.block_shape, t.padding = slots[s], d[0], d[1], d[2], d[3]
