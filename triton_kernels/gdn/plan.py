@@ -27,6 +27,7 @@ launchers launch, and ``tests/cuda/test_gdn_cuda.py -k planned`` that its replay
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import weakref
 
@@ -244,11 +245,8 @@ class _Plan:
         for s, i in first.items():
             r = self.recipes[s]
             if r[0] == "empty" and s not in outputs and s not in bases:
-                numel = 1
-                for n in r[1]:
-                    numel *= n
                 end = last[s]
-                buffers[s] = (numel * r[2].itemsize, i, n_ops if end is None else end)
+                buffers[s] = (math.prod(r[1]) * r[2].itemsize, i, n_ops if end is None else end)
         return buffers
 
     def _make(self, slots, s, device, workspace=None, as_tensors=True):
@@ -257,10 +255,7 @@ class _Plan:
             at = self.pool[s]
             if not as_tensors:
                 return _Address(workspace.data_ptr() + at)
-            numel = 1
-            for n in r[1]:
-                numel *= n
-            return workspace[at:at + numel * r[2].itemsize].view(r[2]).view(r[1])
+            return workspace[at:at + self.pool_spans[s][0]].view(r[2]).view(r[1])
         kind = r[0]
         if kind == "empty":
             return torch.empty(r[1], dtype=r[2], device=device)
