@@ -278,6 +278,21 @@ def test_pooled_buffers_never_share_a_byte_while_both_are_live(stub, monkeypatch
     assert reused
 
 
+def test_pooled_views_derive_the_variants_the_launchers_ran(stub, monkeypatch):
+    """VERIFY replays with pooled buffers hand Triton views of the workspace: its variant key, re-derived at
+    every planned launch, must equal the recorded one (the views are as aligned as the allocator's)."""
+    from torch_aura.triton_kernels.gdn import plan
+
+    log, _ = stub
+    monkeypatch.setattr(plan, "ENABLED", True)
+    monkeypatch.setattr(plan, "POOL_BUFFERS", True)
+    replays = []
+    real_run = plan._Plan.run
+    monkeypatch.setattr(plan._Plan, "run", lambda self, *a: (replays.append(self.pool_bytes), real_run(self, *a))[1])
+    _run_all(log, repeats=2)
+    assert replays and any(replays)
+
+
 def test_pack_lifetimes_reuses_only_what_has_ended():
     from torch_aura.triton_kernels.gdn.plan import _POOL_ALIGN as A, pack_lifetimes
 
