@@ -22,8 +22,8 @@ tokens/s of one ``generate`` per workload (greedy, ``ignore_eos``; after a warm-
 Correctness before timing: each row first computes the teacher-forced argmax (prompt logprobs, rank 1)
 after every prefix of the check sequences; the ``bf16`` row's are the reference (saved in the output
 folder) and every row reports its agreement with them. On a random-weight 32-layer model the argmax
-margins are so small that bf16 rounding alone flips ~10% (H200, llama3-8b: ``triton`` 0.895) and fp8 KV
-~72%, so agreement gates only ``dense``, against vLLM's own floor: at least the ``triton`` row's agreement
+margins are so small that bf16 rounding alone flips many of them, and fp8 KV most (measured in
+benchmarks/results/profiles/vllm_serve_first_h200.md), so agreement gates only ``dense``, against vLLM's own floor: at least the ``triton`` row's agreement
 less ``FLOOR_MARGIN`` (the fixed ``MIN_AGREEMENT`` when no ``triton`` row was measured, e.g. on the CPU).
 ``triton`` and ``fp8`` are vLLM's own: reported, not gated. ``aura8`` / ``aura4v2`` are gated by the
 plugin's verify mode: before the timed process, a process of their own builds an eager engine (verify runs

@@ -209,29 +209,21 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
             return lambda *args: None
 
         @contextlib.contextmanager
-        def buffers_pooled():
-            """The replay carves its buffers out of one workspace (``plan.POOL_BUFFERS``, off by default)."""
-            was_pooled, plan.POOL_BUFFERS = plan.POOL_BUFFERS, True
+        def switched(name, value):
+            """``plan.<name>`` set to ``value`` for one row: POINTERS_AS_INTS off hands the launcher tensors
+            (each then gets data_ptr() and cuPointerGetAttribute), POOL_BUFFERS on carves one workspace."""
+            was_set = getattr(plan, name)
+            setattr(plan, name, value)
             try:
                 yield
             finally:
-                plan.POOL_BUFFERS = was_pooled
-
-        @contextlib.contextmanager
-        def pointers_as_tensors():
-            """The replay hands tensors to Triton's launcher (``plan.POINTERS_AS_INTS`` off), which then
-            calls each one's data_ptr() and checks it with cuPointerGetAttribute."""
-            plan.POINTERS_AS_INTS = False
-            try:
-                yield
-            finally:
-                plan.POINTERS_AS_INTS = True
+                setattr(plan, name, was_set)
 
         rows = [("the op (dispatch, checks, key, plan.run)", call, None),
                 ("plan.run alone", lambda: p.run(inputs, device), None),
                 ("plan.run, pointers as tensors", lambda: p.run(inputs, device),
-                 pointers_as_tensors),
-                ("plan.run, buffers pooled", lambda: p.run(inputs, device), buffers_pooled),
+                 lambda: switched("POINTERS_AS_INTS", False)),
+                ("plan.run, buffers pooled", lambda: p.run(inputs, device), lambda: switched("POOL_BUFFERS", True)),
                 ("  C launches called directly", lambda q=with_runs(direct): q.run(inputs, device), None),
                 ("  C launches, scratch made once", lambda q=with_runs(scratch_once): q.run(inputs, device), None),
                 ("    and host descriptors reused", lambda q=with_runs(scratch_once): q.run(inputs, device),

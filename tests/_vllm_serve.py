@@ -98,9 +98,9 @@ SIZES = {
 MIN_AGREEMENT = 0.95
 MAX_LOGPROB_DIFF = 0.1
 # On a GPU, vLLM's second backend (TRITON_ATTN against FLASH_ATTN) sets the noise floor: a 32-layer
-# random-weight model's tiny argmax margins let bf16 rounding flip ~10% of argmaxes (H200, llama3-8b:
-# 0.895). 0.03 is ~10 binomial standard errors over 16k positions, far below what a real bug costs (a wrong
-# mask or page falls towards chance), so another equally valid rounding order passes.
+# random-weight model's tiny argmax margins let bf16 rounding alone flip many argmaxes
+# (benchmarks/results/profiles/vllm_serve_first_h200.md). 0.03 is ~10 binomial standard errors over 16k
+# positions, far less than a real bug costs (a wrong mask or page falls towards chance).
 FLOOR_MARGIN = 0.03
 FLOOR_LOGPROB_FACTOR = 1.5  # the max |d logprob| over thousands of positions is a noisy extreme
 VERIFY_BOUND = 3e-2  # bf16 aura_decode against fp32 dense attention over the same codes

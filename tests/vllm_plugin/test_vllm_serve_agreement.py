@@ -40,12 +40,9 @@ TP = int(os.environ.get("AURA_VLLM_TP", "1"))
 GPU = torch.cuda.is_available()
 # (sequences, tokens each, max_num_batched_tokens: below the length, so each prefill is chunked)
 CHECK = {"tiny": (4, 160, 64), "llama3-8b": (8, 2048, 1024)}[SIZE]
-# The most engines one process of this module builds (FLASH_ATTN, TRITON_ATTN, CUSTOM dense, CUSTOM aura4v2).
-# A closed engine's GPU memory is not always given back within the process (H200: the second engine found
-# only the first's 0.5 free), so each asks for its share: 0.225 x 140 GB = 31 GB holds llama3-8b's 16 GB of
-# weights, its activations at 1024 batched tokens and far more than the 0.5 GB of KV one 4096-token sequence needs.
-# An 80 GB H100's share (18 GB) would not hold llama3-8b: there the share is what the model needs (about
-# 24 GB), and -k dense (three engines) still fits where none gives memory back; the whole file may not.
+# A closed engine's GPU memory is not always given back within the process, so each of the module's engines
+# (FLASH_ATTN, TRITON_ATTN, CUSTOM dense and aura4v2) asks for its share, and at least what the model needs
+# (llama3-8b: weights, activations at 1024 batched tokens, a little KV), which an 80 GB GPU's share is not.
 ENGINES = 4
 NEEDS_BYTES = {"tiny": 0, "llama3-8b": 24 << 30}[SIZE]
 GPU_MEMORY_UTILIZATION = (max(0.9 / ENGINES, NEEDS_BYTES / torch.cuda.get_device_properties(0).total_memory)

@@ -43,15 +43,11 @@ _plans: dict[tuple, "_Plan | None"] = {}
 _launch._on_clear.append(_plans.clear)
 
 _N_INPUTS = 8  # q, k, v, g, beta, initial_state, cu_seqlens, chunk indices: slots 0-7
-# A replay hands each plain pointer argument to Triton's C launcher as an int: given a tensor, that launcher
-# calls its data_ptr() and checks the pointer with cuPointerGetAttribute, a driver call per argument per
-# launch; the key already fixed each tensor's device. VERIFY replays keep tensors (Triton derives the
-# variant from them). profile_gdn --anatomy turns this off for one row to time what it saves.
+# ints skip the C launcher's data_ptr() call and cuPointerGetAttribute check per tensor (the key fixed
+# the device); VERIFY replays keep tensors, which Triton's variant check reads (gdn.md 6.1)
 POINTERS_AS_INTS = True
-# A replay carves the buffers that only launches read (not an output, no view's base, made "empty") out of
-# one workspace allocation, packed by lifetime, instead of one caching-allocator call each (10 of 12 at 2/4
-# heads: ~4 us each on the H200 host, gdn.md 6.1). Off until its GPU replay test has passed; with it on,
-# VERIFY and tensor-pointer replays get views of the workspace, every other replay plain addresses.
+# one lifetime-packed workspace for the buffers only launches read, not an allocation each (gdn.md 6.1);
+# off until its GPU replay test has passed
 POOL_BUFFERS = False
 _POOL_ALIGN = 512  # the caching allocator's alignment: what Triton's pointer specialisation (16) saw
 
@@ -300,7 +296,7 @@ class _Plan:
                 a = values.copy()
                 for pos, s, d in holes:
                     if d is None:
-                        a[pos] = slots[s] if as_tensors else int(slots[s].data_ptr())
+                        a[pos] = slots[s] if as_tensors else slots[s].data_ptr()
                     else:
                         t = TensorDescriptor.__new__(TensorDescriptor)
                         t.base, t.shape, t.strides, t.block_shape, t.padding = slots[s], d[0], d[1], d[2], d[3]
