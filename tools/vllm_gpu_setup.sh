@@ -29,8 +29,12 @@ prepare() {
   local whl
   whl=$(ls "$W"/dl/vllm-"$VLLM_VERSION"-*.whl 2>/dev/null | head -1 || true)
   if [ -z "$whl" ]; then  # the CUDA build (~279 MB); its dependencies are resolved below
+    # every manylinux tag up to GPU_PLATFORM: pip < 24 matches --platform exactly (vLLM 0.24 is manylinux_2_28)
+    local plats
+    plats=$(python3 -c "import sys; sys.path.insert(0, 'tools'); from vllm_gpu_wheels import _platforms; \
+print(' '.join('--platform ' + t for t in _platforms('$GPU_PLATFORM')))")
     python3 -m pip download -q "vllm==$VLLM_VERSION" --no-deps --python-version "$GPU_PYTHON" \
-      --platform "$GPU_PLATFORM" --only-binary=:all: -d "$W/dl"
+      $plats --only-binary=:all: -d "$W/dl"
     whl=$(ls "$W"/dl/vllm-"$VLLM_VERSION"-*.whl | head -1)
   fi
   rm -rf "$W/deps" "$W/parts" "$W/bundle.tar"
