@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from _vllm_paged import BLOCK, HKV, run_batch
+from torch_aura.integrations.vllm import _paged as paged
 from torch_aura.integrations.vllm._paged import aura_slot_bytes
 
 # (query_lens, context_lens, num_decodes): one-token decodes; speculative verification rows
@@ -55,6 +56,41 @@ def test_packed_pages_hold_each_prefill_request_s_pages_once_in_order():
     for r, n in enumerate(seq):
         pages = -(-n // BLOCK)
         assert torch.equal(used[table[r, :pages].long()], pf.block_table[r, :pages].long())
+
+
+def test_prefill_groups_bound_the_pages_each_reads():
+    """``PrefillBatch.groups``: consecutive requests, each group within the page budget unless a lone
+    request reads more, tokens split where the requests are, and one group (the batch) when all fit."""
+    query_lens, context_lens, nd = [1, 2 * BLOCK + 3, 5, BLOCK], [9, 0, 3 * BLOCK, 2], 1
+    pf = run_batch("dense", 64, torch.float32, "cpu", query_lens, context_lens, nd)[6].prefill
+    needed = [-(-(q + c) // BLOCK) for q, c in zip(query_lens[nd:], context_lens[nd:])]
+    assert needed == [3, 4, 2]
+    assert pf.groups(sum(needed)) == [(0, sum(query_lens[nd:]), pf)]
+    starts = [0] + torch.tensor(query_lens[nd:]).cumsum(0).tolist()
+    for budget, want in [(6, [[0], [1, 2]]), (3, [[0], [1], [2]])]:  # 4 pages > 3: a group of its own
+        groups = pf.groups(budget)
+        assert [g.seq_lens.tolist() for *_, g in groups] == [[pf.seq_lens[r].item() for r in rs] for rs in want]
+        assert [(t0, t1) for t0, t1, _ in groups] == [(starts[rs[0]], starts[rs[-1] + 1]) for rs in want]
+        for (t0, t1, g), rs in zip(groups, want):
+            assert g.query_start_loc.tolist() == [starts[r] - t0 for r in rs + [rs[-1] + 1]]
+            assert g.max_query_len == max(query_lens[nd + r] for r in rs) and g.token_row.shape[0] == t1 - t0
+            assert g.token_row.tolist() == pf.token_row[t0:t1].sub(rs[0]).tolist()
+            assert g.packed_pages[0].shape[0] == sum(needed[r] for r in rs)
+        assert pf.groups(budget) is groups, "every layer of the step shares the groups"
+
+
+@pytest.mark.parametrize("budget_pages", [1, 3])
+@pytest.mark.parametrize("batch", ["spec+prefill", "prefill"])
+def test_aura_prefill_in_groups_matches_attention_over_the_pages(batch, budget_pages, monkeypatch):
+    """A step whose prefills read more than ``AURA_PREFILL_DEQUANT_BYTES`` of dense pages attends group by
+    group, with the same result (vLLM's warm-up step asks for max_num_seqs x max_model_len tokens)."""
+    D = 64
+    page_bytes = 2 * BLOCK * HKV * D * 4  # fp32 on the CPU
+    monkeypatch.setattr(paged, "AURA_PREFILL_DEQUANT_BYTES", budget_pages * page_bytes)
+    query_lens, context_lens, nd = BATCHES[batch]
+    out, ref, *_, plan = run_batch((4, 2), D, torch.float32, "cpu", query_lens, context_lens, nd)[:7]
+    assert len(plan.prefill.groups(budget_pages)) > 1
+    torch.testing.assert_close(out[:ref.shape[0]].double(), ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

@@ -13,7 +13,8 @@ A batch (decodes first, as vLLM orders it) is split into
 * **prefill rows**: the remaining requests, packed as vLLM packs them (one varlen attention call on a
   GPU) or padded to ``[P, max_query_len]`` on the device (SDPA); vLLM's host-side ``max_query_len`` /
   ``max_seq_len`` size the padding, so dense pages sync nothing with the host; AURA pages sync once per
-  step, to size the packed copy of the pages the prefills read (``PrefillBatch.packed_pages``).
+  step (and once more per group of requests), to size the packed copy of the pages the prefills read
+  (``PrefillBatch.groups``, ``PrefillBatch.packed_pages``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ _aura_decode = torch.ops.aura.aura_decode.default
 _aura_write_cache = torch.ops.aura.aura_write_cache.default
 _aura_dequantize = torch.ops.aura.aura_dequantize.default
 
+# The most dense K + V bytes an AURA prefill dequantizes at once; a step whose prefills read more runs
+# them in groups of requests. Unbounded, vLLM's warm-up step (max_num_seqs requests of max_model_len
+# tokens each) asked for 32 GiB at llama3-8b on the H200 and ran out of memory.
+AURA_PREFILL_DEQUANT_BYTES = 256 << 20
+
 
 # ---------------------------------------------------------------------------------- the plan
 @dataclass
@@ -50,6 +56,45 @@ class PrefillBatch:
     max_query_len: int  # host ints: the padded sizes
     max_seq_len: int
     block_size: int
+
+    @functools.cached_property
+    def host_layout(self) -> tuple[list[int], list[int]]:
+        """(the pages each request reads, ``query_start_loc``) as host lists: one sync, once per step."""
+        needed = (self.seq_lens.long() + self.block_size - 1) // self.block_size
+        both = torch.cat([needed, self.query_start_loc.long()]).tolist()
+        return both[:needed.shape[0]], both[needed.shape[0]:]
+
+    def groups(self, max_pages: int) -> list[tuple[int, int, PrefillBatch]]:
+        """The requests in consecutive groups that read at most ``max_pages`` pages together (a request
+        reading more is a group of its own): ``(first token, end token, the group's batch)`` each, the
+        tokens counted among the prefill tokens. One group, this batch, when all fit. Cached per
+        ``max_pages``: every layer of a step shares them, with their ``packed_pages``."""
+        cache = self.__dict__.setdefault("_groups", {})
+        if max_pages in cache:
+            return cache[max_pages]
+        needed, starts = self.host_layout
+        bounds, total = [0], 0
+        for r, n in enumerate(needed):
+            if total and total + n > max_pages:
+                bounds.append(r)
+                total = 0
+            total += n
+        bounds.append(len(needed))
+        if len(bounds) == 2:
+            cache[max_pages] = [(0, starts[-1], self)]
+            return cache[max_pages]
+        groups = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            t0, t1 = starts[a], starts[b]
+            pages = max(needed[a:b])
+            groups.append((t0, t1, PrefillBatch(
+                seq_lens=self.seq_lens[a:b], query_lens=self.query_lens[a:b],
+                query_start_loc=self.query_start_loc[a:b + 1] - t0, block_table=self.block_table[a:b, :pages],
+                token_row=self.token_row[t0:t1] - a, token_index=self.token_index[t0:t1],
+                max_query_len=max(starts[r + 1] - starts[r] for r in range(a, b)),
+                max_seq_len=min(self.max_seq_len, pages * self.block_size), block_size=self.block_size)))
+        cache[max_pages] = groups
+        return groups
 
     @functools.cached_property
     def packed_pages(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -373,14 +418,18 @@ class AuraPages(PagedAttention):
             STATS.verify_steps += 1
 
     def prefill(self, q, pages, pf: PrefillBatch, out) -> None:
-        """Dense attention over the dequantized pages of the prefill requests: one dequantization of the
-        pages they read, then :func:`prefill_attention` (on a GPU, FlashAttention: a prefill is compute-
-        bound, and the compressed-domain decode kernel, which reads the pages once per query row, is
-        not the kernel for it)."""
+        """Dense attention over the dequantized pages of the prefill requests: per group of requests
+        (:meth:`PrefillBatch.groups`, at most ``AURA_PREFILL_DEQUANT_BYTES`` of dense pages), one
+        dequantization of the pages they read, then :func:`prefill_attention` (on a GPU, FlashAttention:
+        a prefill is compute-bound, and the compressed-domain decode kernel, which reads the pages once
+        per query row, is not the kernel for it)."""
         dtype = q.dtype if q.is_cuda else torch.float32  # the CPU path computes in fp32 (prefill_sdpa)
-        used, table = pf.packed_pages
-        k_pages, v_pages = self.dense_pages(pages, used, dtype)
-        prefill_attention(q, k_pages, v_pages, dataclasses.replace(pf, block_table=table), self.scale, out)
+        page_bytes = 2 * pages.shape[2] * pages.shape[1] * self.head_dim * dtype.itemsize
+        for t0, t1, group in pf.groups(max(1, AURA_PREFILL_DEQUANT_BYTES // page_bytes)):
+            used, table = group.packed_pages
+            k_pages, v_pages = self.dense_pages(pages, used, dtype)
+            prefill_attention(q[t0:t1], k_pages, v_pages, dataclasses.replace(group, block_table=table),
+                              self.scale, out[t0:t1])
         STATS.aura_prefill += 1
 
     def dense_pages(self, pages, used, dtype) -> tuple[torch.Tensor, torch.Tensor]:
