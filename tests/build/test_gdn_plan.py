@@ -146,6 +146,8 @@ def test_planned_calls_launch_what_the_launchers_launch(stub, monkeypatch):
     from torch_aura.triton_kernels.gdn import plan
 
     log, fresh = stub
+    # buffer for buffer: pooled replays hand views of one workspace (their layout: the tests below)
+    monkeypatch.setattr(plan, "POOL_BUFFERS", False)
     monkeypatch.setattr(plan, "ENABLED", False)
     off, off_inputs = _run_all(log)
     fresh()

@@ -46,9 +46,8 @@ _N_INPUTS = 8  # q, k, v, g, beta, initial_state, cu_seqlens, chunk indices: slo
 # ints skip the C launcher's data_ptr() call and cuPointerGetAttribute check per tensor (the key fixed
 # the device); VERIFY replays keep tensors, which Triton's variant check reads (gdn.md 6.1)
 POINTERS_AS_INTS = True
-# one lifetime-packed workspace for the buffers only launches read, not an allocation each (gdn.md 6.1);
-# off until its GPU replay test has passed
-POOL_BUFFERS = False
+# one lifetime-packed workspace for the buffers only launches read, not an allocation each (gdn.md 6.1)
+POOL_BUFFERS = True
 _POOL_ALIGN = 512  # the caching allocator's alignment: what Triton's pointer specialisation (16) saw
 
 
