@@ -107,6 +107,56 @@ def test_prefill_runs_vllm_flash_attention_where_vllm_is_installed(fmt, D):
     torch.testing.assert_close(out[:ref.shape[0]].double(), ref, atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("fmt", ["aura8", "aura4v2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_aura_prefill_in_groups_matches_attention_over_the_pages(fmt, dtype, monkeypatch):
+    """Prefills reading more than ``AURA_PREFILL_DEQUANT_BYTES`` of dense pages run group by group (one
+    page per group here: every request alone), each group one FlashAttention call where vLLM's CUDA
+    build serves bf16, with the result of one call over all the pages."""
+    D = 128
+    monkeypatch.setattr(_paged, "AURA_PREFILL_DEQUANT_BYTES", 2 * BLOCK * HKV * D * dtype.itemsize)
+    query_lens, context_lens, nd = BATCHES["prefill"]
+    before = STATS.flash_prefill
+    out, ref, *_, plan, _ = run_batch(FORMATS[fmt], D, dtype, DEV, query_lens, context_lens, nd)
+    groups = plan.prefill.groups(1)
+    assert len(groups) == len(query_lens) - nd
+    if dtype == torch.bfloat16 and _paged._flash_attn_varlen(D) is not None:
+        assert STATS.flash_prefill == before + len(groups)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(out[:ref.shape[0]].double(), ref, atol=tol, rtol=tol)
+
+
+def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
+    """A CUDA allocation that fails inside one of our stable-ABI C++ ops must raise (torch.OutOfMemoryError)
+    and leave the process alive: on the H200 (torch 2.11) one such failure inside vLLM ended the process
+    with SIGSEGV instead (benchmarks/results/profiles/vllm_serve_flash_prefill_h200.md). Own process: a
+    crash must not take the test session with it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "oom.py"
+    script.write_text(
+        "import torch, torch_aura\n"
+        "from torch_aura._checks.aura import packed_words\n"
+        "from torch_aura.aura_cache import aura_tables\n"
+        "assert torch_aura.backends.status()['aura_dequantize']['cuda'].startswith('kernel')\n"
+        "kc, _, _, _, ks, _ = aura_tables(4, 2, 128, 0, 0, 'cuda')\n"
+        "pw = packed_words(128, 4)\n"
+        "codes = torch.zeros(1, 16, 8, pw, dtype=torch.int32, device='cuda').expand(1 << 24, 16, 8, pw)\n"
+        "norms = torch.zeros(1, 16, 8, device='cuda').expand(1 << 24, 16, 8)\n"
+        "try:\n"
+        "    torch.ops.aura.aura_dequantize.default(codes, norms, kc, 4, ks, torch.bfloat16)\n"
+        "except torch.OutOfMemoryError as e:\n"
+        "    print('raised OutOfMemoryError')\n"
+        "except RuntimeError as e:\n"
+        "    print('raised RuntimeError', str(e)[:200])\n"
+        "torch.cuda.synchronize()\n"
+        "print('alive', float(torch.ones(2, device='cuda').sum()))\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    assert "raised" in r.stdout and "alive 2.0" in r.stdout, r.stdout
+
+
 @pytest.mark.sanitize
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_small_batch_for_compute_sanitizer(fmt):
