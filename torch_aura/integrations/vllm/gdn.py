@@ -19,7 +19,8 @@ vLLM's function (module global)                 served by
 ``ChunkGatedDeltaRule`` is pinned to its ``forward_native`` method (the one that calls
 ``fla_chunk_gated_delta_rule``; vLLM would otherwise pick FlashInfer on Hopper), and on vLLM's CPU
 platform the layer runs its generic ``forward_cuda`` path (vLLM's CPU path is its own bf16-only op)
-so that the routed functions serve it there too.
+so that the routed functions serve it there too (its conv weight left as loaded: vLLM packs it for its own
+CPU op on some hosts).
 
 vLLM's layouts, served as they are: the SSM state pool ``[slots, HV, V, K]`` (our ``state_v_first``),
 one slot per request in ``state_indices`` (``<= 0``: vLLM's null block or padding, skipped); the conv
@@ -338,6 +339,21 @@ def _pin_native_prefill(original_init):
     return __init__
 
 
+def _keep_conv_weight_plain(conv1d) -> None:
+    """After loading, vLLM's CPU platform packs the conv weight in place for its own CPU op (0.24: on AMX
+    hosts, whatever the dtype, and the packing op takes bf16 only; 0.32: bf16 on AVX-512 BF16 and Arm
+    hosts); the routed path reads it as ``[C, 1, W]``. So this layer's weight processing keeps it as loaded,
+    as vLLM does for the layers it exempts (``cpu_linear`` is F.linear, never called for a conv)."""
+    method = conv1d.quant_method
+    original = method.process_weights_after_loading
+
+    def process_weights_after_loading(layer):
+        if layer is not conv1d:  # a method object shared with other layers: theirs as before
+            return original(layer)
+        layer.cpu_linear = F.linear
+    method.process_weights_after_loading = process_weights_after_loading
+
+
 def _generic_path_on_cpu(original_init):
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
@@ -346,6 +362,7 @@ def _generic_path_on_cpu(original_init):
 
         if current_platform.is_cpu():  # vLLM's CPU path is its own bf16-only op: take the routed one
             self._forward_method = self.forward_cuda
+            _keep_conv_weight_plain(self.conv1d)
     __init__._torch_aura = True
     return __init__
 
