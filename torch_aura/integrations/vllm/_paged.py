@@ -13,8 +13,8 @@ A batch (decodes first, as vLLM orders it) is split into
 * **prefill rows**: the remaining requests, packed as vLLM packs them (one varlen attention call on a
   GPU) or padded to ``[P, max_query_len]`` on the device (SDPA); vLLM's host-side ``max_query_len`` /
   ``max_seq_len`` size the padding, so dense pages sync nothing with the host; AURA pages sync once per
-  step (and once more per group of requests), to size the packed copy of the pages the prefills read
-  (``PrefillBatch.groups``, ``PrefillBatch.packed_pages``).
+  step, to size the packed copies of the pages the prefills read (``PrefillBatch.host_layout``, ``groups``,
+  ``packed_pages``).
 """
 
 from __future__ import annotations
@@ -58,11 +58,15 @@ class PrefillBatch:
     block_size: int
 
     @functools.cached_property
+    def pages_needed(self) -> torch.Tensor:
+        """``[P]`` int64 on the device: the pages each request reads, ceil(seq_len / block_size)."""
+        return (self.seq_lens.long() + self.block_size - 1) // self.block_size
+
+    @functools.cached_property
     def host_layout(self) -> tuple[list[int], list[int]]:
         """(the pages each request reads, ``query_start_loc``) as host lists: one sync, once per step."""
-        needed = (self.seq_lens.long() + self.block_size - 1) // self.block_size
-        both = torch.cat([needed, self.query_start_loc.long()]).tolist()
-        return both[:needed.shape[0]], both[needed.shape[0]:]
+        both = torch.cat([self.pages_needed, self.query_start_loc.long()]).tolist()
+        return both[:self.pages_needed.shape[0]], both[self.pages_needed.shape[0]:]
 
     def groups(self, max_pages: int) -> list[tuple[int, int, PrefillBatch]]:
         """The requests in consecutive groups that read at most ``max_pages`` pages together (a request
@@ -100,12 +104,15 @@ class PrefillBatch:
     def packed_pages(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(the pages the requests read, in request order, int64 ``[n]``; the block table ``[P, W]`` int32
         that reads them from a copy packed in that order). Built once per step, as every layer shares
-        the plan, with one host sync (n): the table is padded to the longest request, so a copy of
-        every entry would hold P x W pages, most of them past the shorter requests."""
-        needed = (self.seq_lens.long() + self.block_size - 1) // self.block_size
-        live = torch.arange(self.block_table.shape[1], device=needed.device)[None, :] < needed[:, None]
-        table = (live.flatten().cumsum(0) - 1).clamp_min(0).view(live.shape).to(torch.int32)
-        return self.block_table[live].long(), table
+        the plan; n comes from :attr:`host_layout`, so nothing more syncs: the table is padded to the
+        longest request, so a copy of every entry would hold P x W pages, most of them past the shorter
+        requests (entries past a request's pages point anywhere in the copy: never read)."""
+        n = sum(self.host_layout[0])
+        starts = F.pad(self.pages_needed.cumsum(0), (1, 0))
+        rows, index = _token_rows(starts, n)  # (request, page within it) of each packed page
+        W = self.block_table.shape[1]
+        table = (starts[:-1, None] + torch.arange(W, device=starts.device)).clamp(max=max(n - 1, 0))
+        return self.block_table[rows, index].long(), table.to(torch.int32)
 
 
 @dataclass
