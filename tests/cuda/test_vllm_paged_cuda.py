@@ -110,11 +110,11 @@ def test_prefill_runs_vllm_flash_attention_where_vllm_is_installed(fmt, D):
 @pytest.mark.parametrize("fmt", ["aura8", "aura4v2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_aura_prefill_in_groups_matches_attention_over_the_pages(fmt, dtype, monkeypatch):
-    """Prefills reading more than ``AURA_PREFILL_DEQUANT_BYTES`` of dense pages run group by group (one
+    """Prefills reading more than ``AURA_DEQUANT_BYTES`` of dense pages run group by group (one
     page per group here: every request alone), each group one FlashAttention call where vLLM's CUDA
     build serves bf16, with the result of one call over all the pages."""
     D = 128
-    monkeypatch.setattr(_paged, "AURA_PREFILL_DEQUANT_BYTES", 2 * BLOCK * HKV * D * dtype.itemsize)
+    monkeypatch.setattr(_paged, "AURA_DEQUANT_BYTES", 2 * BLOCK * HKV * D * dtype.itemsize)
     query_lens, context_lens, nd = BATCHES["prefill"]
     before = STATS.flash_prefill
     out, ref, *_, plan, _ = run_batch(FORMATS[fmt], D, dtype, DEV, query_lens, context_lens, nd)

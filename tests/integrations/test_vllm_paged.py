@@ -82,15 +82,40 @@ def test_prefill_groups_bound_the_pages_each_reads():
 @pytest.mark.parametrize("budget_pages", [1, 3])
 @pytest.mark.parametrize("batch", ["spec+prefill", "prefill"])
 def test_aura_prefill_in_groups_matches_attention_over_the_pages(batch, budget_pages, monkeypatch):
-    """A step whose prefills read more than ``AURA_PREFILL_DEQUANT_BYTES`` of dense pages attends group by
+    """A step whose prefills read more than ``AURA_DEQUANT_BYTES`` of dense pages attends group by
     group, with the same result (vLLM's warm-up step asks for max_num_seqs x max_model_len tokens)."""
     D = 64
     page_bytes = 2 * BLOCK * HKV * D * 4  # fp32 on the CPU
-    monkeypatch.setattr(paged, "AURA_PREFILL_DEQUANT_BYTES", budget_pages * page_bytes)
+    monkeypatch.setattr(paged, "AURA_DEQUANT_BYTES", budget_pages * page_bytes)
     query_lens, context_lens, nd = BATCHES[batch]
     out, ref, *_, plan = run_batch((4, 2), D, torch.float32, "cpu", query_lens, context_lens, nd)[:7]
     assert len(plan.prefill.groups(budget_pages)) > 1
     torch.testing.assert_close(out[:ref.shape[0]].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows_per_group", [1, 2])
+def test_verify_dense_decode_in_row_groups(rows_per_group, monkeypatch):
+    """Verify mode's dense decode dequantizes at most ``AURA_DEQUANT_BYTES`` of fp32 pages at once, in groups
+    of decode rows, with the result of one call (vLLM's warm-up decodes max_num_seqs rows of max_model_len
+    tokens: one call asked for 32 GiB at llama3-8b on the H200 and ran out of memory)."""
+    query_lens, context_lens, nd = BATCHES["decode"]
+    _, ref, _, pages, _, attn, plan, q = run_batch((4, 2), 64, torch.float32, "cpu", query_lens, context_lens, nd)
+    args = (q[:nd], pages, plan.decode_seq_lens, plan.decode_block_table)
+    whole = attn.dense_decode(*args)
+    torch.testing.assert_close(whole.double(), ref[:nd], atol=1e-5, rtol=1e-5)
+    W = plan.decode_block_table.shape[1]
+    monkeypatch.setattr(paged, "AURA_DEQUANT_BYTES", rows_per_group * W * attn.dense_page_bytes(pages, torch.float32))
+    rows_per_call = []
+
+    def counted(q, *rest):
+        rows_per_call.append(q.shape[0])
+        return torch.ops.aura.flash_decode(q, *rest)
+
+    monkeypatch.setattr(paged, "_flash_decode", counted)
+    torch.testing.assert_close(attn.dense_decode(*args), whole, atol=1e-6, rtol=1e-6)
+    assert rows_per_call == [min(rows_per_group, nd - r0) for r0 in range(0, nd, rows_per_group)]
+    empty = attn.dense_decode(q[:0], pages, plan.decode_seq_lens[:0], plan.decode_block_table[:0])
+    assert empty.shape == (0, *q.shape[1:])
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

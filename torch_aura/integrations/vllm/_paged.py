@@ -36,10 +36,10 @@ _aura_decode = torch.ops.aura.aura_decode.default
 _aura_write_cache = torch.ops.aura.aura_write_cache.default
 _aura_dequantize = torch.ops.aura.aura_dequantize.default
 
-# The most dense K + V bytes an AURA prefill dequantizes at once; a step whose prefills read more runs
-# them in groups of requests. Unbounded, vLLM's warm-up step (max_num_seqs requests of max_model_len
-# tokens each) asked for 32 GiB at llama3-8b on the H200 and ran out of memory.
-AURA_PREFILL_DEQUANT_BYTES = 256 << 20
+# The most dense K + V bytes dequantized at once, by an AURA prefill and by verify mode's dense decode; a
+# step that reads more runs in groups of requests. Unbounded, vLLM's warm-up step (max_num_seqs requests of
+# max_model_len tokens each) asked for 32 GiB at llama3-8b on the H200 and ran out of memory.
+AURA_DEQUANT_BYTES = 256 << 20
 
 
 # ---------------------------------------------------------------------------------- the plan
@@ -426,18 +426,21 @@ class AuraPages(PagedAttention):
 
     def prefill(self, q, pages, pf: PrefillBatch, out) -> None:
         """Dense attention over the dequantized pages of the prefill requests: per group of requests
-        (:meth:`PrefillBatch.groups`, at most ``AURA_PREFILL_DEQUANT_BYTES`` of dense pages), one
+        (:meth:`PrefillBatch.groups`, at most ``AURA_DEQUANT_BYTES`` of dense pages), one
         dequantization of the pages they read, then :func:`prefill_attention` (on a GPU, FlashAttention:
         a prefill is compute-bound, and the compressed-domain decode kernel, which reads the pages once
         per query row, is not the kernel for it)."""
         dtype = q.dtype if q.is_cuda else torch.float32  # the CPU path computes in fp32 (prefill_sdpa)
-        page_bytes = 2 * pages.shape[2] * pages.shape[1] * self.head_dim * dtype.itemsize
-        for t0, t1, group in pf.groups(max(1, AURA_PREFILL_DEQUANT_BYTES // page_bytes)):
+        for t0, t1, group in pf.groups(max(1, AURA_DEQUANT_BYTES // self.dense_page_bytes(pages, dtype))):
             used, table = group.packed_pages
             k_pages, v_pages = self.dense_pages(pages, used, dtype)
             prefill_attention(q[t0:t1], k_pages, v_pages, dataclasses.replace(group, block_table=table),
                               self.scale, out[t0:t1])
         STATS.aura_prefill += 1
+
+    def dense_page_bytes(self, pages, dtype) -> int:
+        """Bytes of one page's K and V once dequantized to ``dtype``."""
+        return 2 * pages.shape[1] * pages.shape[2] * self.head_dim * dtype.itemsize
 
     def dense_pages(self, pages, used, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The pages ``used`` (int64 ``[n]``), dequantized into dense K and V pages ``[n, N, Hkv, D]`` of
@@ -448,8 +451,16 @@ class AuraPages(PagedAttention):
                 _aura_dequantize(v_codes[used], v_norms[used], vc, self.value_bits, vs, dtype))
 
     def dense_decode(self, q, pages, seq_lens, block_table) -> torch.Tensor:
-        """fp32 ``flash_decode`` over the dequantized pages each row may read (verify mode, tests)."""
-        used = block_table.long().flatten()
-        k, v = self.dense_pages(pages, used, torch.float32)
-        table = torch.arange(used.shape[0], dtype=torch.int32, device=used.device).view(block_table.shape)
-        return _flash_decode(q.float(), k, v, seq_lens, table, self.scale, 0)[0]
+        """fp32 ``flash_decode`` over the dequantized pages each row may read (verify mode, tests), in groups
+        of rows whose pages stay within ``AURA_DEQUANT_BYTES`` (a row reading more is a group of its own)."""
+        R, W = block_table.shape
+        rows = max(1, AURA_DEQUANT_BYTES // (self.dense_page_bytes(pages, torch.float32) * max(W, 1)))
+        outs = []
+        for r0 in range(0, max(R, 1), rows):  # R = 0: one empty call, the op's own empty result
+            table = block_table[r0:r0 + rows]
+            used = table.long().flatten()
+            k, v = self.dense_pages(pages, used, torch.float32)
+            packed = torch.arange(used.shape[0], dtype=torch.int32, device=used.device).view(table.shape)
+            outs.append(_flash_decode(q[r0:r0 + rows].float(), k, v, seq_lens[r0:r0 + rows], packed, self.scale,
+                                      0)[0])
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
