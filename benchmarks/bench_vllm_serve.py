@@ -38,7 +38,8 @@ only if every AURA decode batch was verified within ``VERIFY_BOUND`` (the servin
 fails its gate is reported and not timed.
 
 Results: one JSON line per row in ``OUT/vllm_serve_<size>.jsonl`` (rows of earlier runs into the same
-folder are kept, so rows can be split across device runs), and the Markdown table of every row there in
+folder are kept, so rows can be split across device runs; ``--render`` writes the table again from them,
+running nothing), and the Markdown table of every row there in
 ``OUT/vllm_serve_<size>.md`` (commit it as ``benchmarks/results/vllm_serve_<gpu>.md``); ``--tp N`` > 1
 names them ``vllm_serve_<size>_tp<N>.*``.
 """
@@ -186,7 +187,7 @@ def run_row(row: str, args) -> dict:
     preset = PRESETS[args.size]
     model, max_len, check = setup(args)
     vocab = s.SIZES[args.size]["vocab_size"]
-    result = {**describe(row), "size": args.size, "tp": args.tp}
+    result = {**describe(row), "size": args.size, "tp": args.tp, "versions": versions()}
     ref_path = Path(args.out) / f"{stem(args)}_check_ref.json"
     if row in VERIFIED:
         path = verify_path(row, args)
@@ -235,6 +236,15 @@ def versions() -> str:
     return (f"{device}; vLLM {vllm.__version__}, torch {torch.__version__}"
             f"{', CUDA ' + torch.version.cuda if torch.version.cuda and torch.cuda.is_available() else ''}; "
             f"commit {H.commit()}")
+
+
+def header(rows: list[dict], md: Path) -> str:
+    """The table's machine line: the versions its rows recorded; for rows of runs that recorded none, the
+    line of the table they were first written to (``--render`` after a run cut short)."""
+    recorded = sorted({r["versions"] for r in rows if r.get("versions")})
+    if recorded:
+        return " / ".join(recorded)
+    return md.read_text().splitlines()[2] if md.exists() else "versions not recorded"
 
 
 def table(rows: list[dict], header: str, args) -> str:
@@ -327,6 +337,8 @@ def main() -> None:
     p.add_argument("--short", help="requests,shortest,longest,new tokens (overrides the size's preset)")
     p.add_argument("--one-row", help=argparse.SUPPRESS)  # the child process of one row
     p.add_argument("--verify-only", action="store_true", help=argparse.SUPPRESS)  # that row's verify run
+    p.add_argument("--render", action="store_true",
+                   help="run nothing: write the table again from the rows in --out (e.g. after a run cut short)")
     args = p.parse_args()
     for name in ("long", "short"):
         if getattr(args, name):
@@ -352,6 +364,12 @@ def main() -> None:
             f.write(json.dumps(result) + "\n")
         print(json.dumps(result))
         return
+    md = out / f"{stem(args)}.md"
+    if args.render:
+        rows = list(measured(args).values())
+        md.write_text(table(rows, header(rows, md), args))
+        print(md.read_text())
+        return
     hybrid = "layer_types" in s.SIZES[args.size]
     if args.rows and "gdn" in args.rows and not hybrid:
         sys.exit(f"--rows gdn: {args.size} has no Gated DeltaNet layers (use a qwen3-next size)")
@@ -367,9 +385,9 @@ def main() -> None:
             subprocess.run([*cmd, "--verify-only"], check=False)
         print(f"=== {row}", flush=True)
         subprocess.run(cmd, check=False)
-    text = table(list(measured(args).values()), versions(), args)
-    (out / f"{stem(args)}.md").write_text(text)
-    print(text)
+    rows = list(measured(args).values())
+    md.write_text(table(rows, header(rows, md), args))
+    print(md.read_text())
 
 
 if __name__ == "__main__":
