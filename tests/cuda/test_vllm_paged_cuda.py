@@ -129,8 +129,9 @@ def test_aura_prefill_in_groups_matches_attention_over_the_pages(fmt, dtype, mon
 def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
     """A CUDA allocation that fails inside one of our stable-ABI C++ ops must raise (torch.OutOfMemoryError)
     and leave the process alive: on the H200 (torch 2.11) one such failure inside vLLM ended the process
-    with SIGSEGV instead (benchmarks/results/profiles/vllm_serve_flash_prefill_h200.md). Own process: a
-    crash must not take the test session with it."""
+    with SIGSEGV instead (benchmarks/results/profiles/vllm_serve_flash_prefill_h200.md), and so did this test's
+    script (profiles/vllm_tp2_first_h200.md; on the CPU, torch 2.11's and 2.13's stable shims turn an allocation
+    failure inside such an op into a RuntimeError). Own process: a crash must not take the test session with it."""
     import subprocess
     import sys
 
@@ -144,6 +145,10 @@ def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
         "pw = packed_words(128, 4)\n"
         "codes = torch.zeros(1, 16, 8, pw, dtype=torch.int32, device='cuda').expand(1 << 24, 16, 8, pw)\n"
         "norms = torch.zeros(1, 16, 8, device='cuda').expand(1 << 24, 16, 8)\n"
+        "try:\n"  # the control: torch's own allocation failing in this process
+        "    torch.empty(1 << 50, dtype=torch.uint8, device='cuda')\n"
+        "except torch.OutOfMemoryError:\n"
+        "    print('control: torch.empty raised OutOfMemoryError')\n"
         "try:\n"
         "    torch.ops.aura.aura_dequantize.default(codes, norms, kc, 4, ks, torch.bfloat16)\n"
         "except torch.OutOfMemoryError as e:\n"
@@ -152,9 +157,14 @@ def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
         "    print('raised RuntimeError', str(e)[:200])\n"
         "torch.cuda.synchronize()\n"
         "print('alive', float(torch.ones(2, device='cuda').sum()))\n")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    # unbuffered, with faulthandler: a crash shows how far the script got and the Python stack it died in
+    # (the first run on the H200 ended with SIGSEGV and nothing on stdout)
+    r = subprocess.run([sys.executable, "-u", "-X", "faulthandler", str(script)], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    assert "raised" in r.stdout and "alive 2.0" in r.stdout, r.stdout
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("control: torch.empty raised") and lines[1].startswith("raised"), r.stdout
+    assert lines[2] == "alive 2.0", r.stdout
 
 
 @pytest.mark.sanitize
