@@ -112,6 +112,12 @@ def plan_summary(p) -> str:
             f"{sum(r is not None and r[0] == 'computed' for r in p.recipes)} computed")
 
 
+def _launcher_of(run):
+    """The ``CudaLauncher`` behind a cached launch's ``run``: in Triton 3.6 ``CompiledKernel.run`` is the
+    launcher object itself, not a bound method of it."""
+    return run if hasattr(run, "launch") else getattr(run, "__self__", None)
+
+
 def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
     """``--anatomy``: the planned ``gdn_chunk`` call's host time, then ``_Plan.run`` alone and three copies of
     its plan with one more part taken out each: Triton's ``CudaLauncher.__call__`` around the C launch
@@ -152,7 +158,7 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
 
         def direct(run):
             """Triton 3.6's ``CudaLauncher.__call__`` minus its frame: the C launch with the launcher's flags."""
-            launcher = getattr(run, "__self__", None)
+            launcher = _launcher_of(run)
             if not hasattr(launcher, "launch") or launcher.global_scratch_size or launcher.profile_scratch_size:
                 return run
             launch, coop, pdl = launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
@@ -161,7 +167,7 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
         def scratch_once(run):
             """The C launch with each variant's global scratch (in-kernel descriptors' workspace), which
             ``CudaLauncher.__call__`` asks the allocator for at every launch, made once per grid."""
-            launcher = getattr(run, "__self__", None)
+            launcher = _launcher_of(run)
             if not hasattr(launcher, "launch"):
                 return run
             from triton.runtime import _allocation
