@@ -112,12 +112,6 @@ def plan_summary(p) -> str:
             f"{sum(r is not None and r[0] == 'computed' for r in p.recipes)} computed")
 
 
-def _launcher_of(run):
-    """The ``CudaLauncher`` behind a cached launch's ``run``: in Triton 3.6 ``CompiledKernel.run`` is the
-    launcher object itself, not a bound method of it."""
-    return run if hasattr(run, "launch") else getattr(run, "__self__", None)
-
-
 def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
     """``--anatomy``: the planned ``gdn_chunk`` call's host time, then ``_Plan.run`` alone and three copies of
     its plan with one more part taken out each: Triton's ``CudaLauncher.__call__`` around the C launch
@@ -128,6 +122,7 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
     import copy
     import statistics
 
+    from torch_aura.triton_kernels import _launch
     from torch_aura.triton_kernels.gdn import plan
 
     inputs = plan.key_inputs(*tensors)
@@ -158,8 +153,8 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
 
         def direct(run):
             """Triton 3.6's ``CudaLauncher.__call__`` minus its frame: the C launch with the launcher's flags."""
-            launcher = _launcher_of(run)
-            if not hasattr(launcher, "launch") or launcher.global_scratch_size or launcher.profile_scratch_size:
+            launcher = _launch.launcher_of(run)
+            if launcher is None or launcher.global_scratch_size or launcher.profile_scratch_size:
                 return run
             launch, coop, pdl = launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
             return lambda gx, gy, gz, stream, fn, *rest: launch(gx, gy, gz, stream, fn, coop, pdl, None, None, *rest)
@@ -167,8 +162,8 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
         def scratch_once(run):
             """The C launch with each variant's global scratch (in-kernel descriptors' workspace), which
             ``CudaLauncher.__call__`` asks the allocator for at every launch, made once per grid."""
-            launcher = _launcher_of(run)
-            if not hasattr(launcher, "launch"):
+            launcher = _launch.launcher_of(run)
+            if launcher is None:
                 return run
             from triton.runtime import _allocation
 
@@ -225,11 +220,20 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
             finally:
                 setattr(plan, name, was_set)
 
+        @contextlib.contextmanager
+        def switched_all(**values):
+            with contextlib.ExitStack() as stack:
+                for name, value in values.items():
+                    stack.enter_context(switched(name, value))
+                yield
+
         rows = [("the op (dispatch, checks, key, plan.run)", call, None),
                 ("plan.run alone", lambda: p.run(inputs, device), None),
                 ("plan.run, pointers as tensors", lambda: p.run(inputs, device),
                  lambda: switched("POINTERS_AS_INTS", False)),
                 ("plan.run, buffers pooled", lambda: p.run(inputs, device), lambda: switched("POOL_BUFFERS", True)),
+                ("plan.run, pooled, C launches direct", lambda: p.run(inputs, device), lambda: switched_all(
+                    POOL_BUFFERS=True, DIRECT_LAUNCH=True)),
                 ("  C launches called directly", lambda q=with_runs(direct): q.run(inputs, device), None),
                 ("  C launches, scratch made once", lambda q=with_runs(scratch_once): q.run(inputs, device), None),
                 ("    and host descriptors reused", lambda q=with_runs(scratch_once): q.run(inputs, device),
@@ -244,9 +248,10 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                 times.append(statistics.median(B.H.host_us(fn, calls=calls, device=device.type)
                                                for _ in range(repeats)))
             print(f"    {name:44s} {times[-1]:8.1f}")
-        op, run, tensors_run, pooled_run, direct_run, scratch_run, reused_run, no_launch, pooled = times
+        op, run, tensors_run, pooled_run, planned_direct, direct_run, scratch_run, reused_run, no_launch, pooled = times
         print(f"    => dispatch + checks + key {op - run:.1f}; pointers passed as ints save {tensors_run - run:.1f}; "
               f"one pooled workspace would save {run - pooled_run:.1f}; "
+              f"with it, direct C launches (plan.DIRECT_LAUNCH) {pooled_run - planned_direct:.1f}; "
               f"Triton's Python launchers {run - direct_run:.1f}; "
               f"launches {run - no_launch:.1f} (scratch allocations {run - scratch_run:.1f}, host descriptors "
               f"{scratch_run - reused_run:.1f}, the C launches {reused_run - no_launch:.1f}); allocations "

@@ -120,6 +120,19 @@ def _first_launch(kernel: JITFunction, grid, full: tuple, args, kwargs) -> None:
     _cache[full] = (run, function, packed, tail, _variant_key(kernel, args, kwargs))
 
 
+# what a replay needs of Triton 3.6's CudaLauncher to call its C launch itself (gdn/plan.py, DIRECT_LAUNCH)
+LAUNCHER_FIELDS = ("launch", "num_ctas", "global_scratch_size", "global_scratch_align", "profile_scratch_size",
+                   "launch_cooperative_grid", "launch_pdl")
+
+
+def launcher_of(run):
+    """The launcher object behind a cache entry's ``run`` where it has ``LAUNCHER_FIELDS``, else None. In
+    Triton 3.6 ``CompiledKernel.run`` is the ``CudaLauncher`` itself (its ``__call__`` asks the allocator for
+    the scratch, then calls ``launch``); a stand-in's may be a bound method of it."""
+    launcher = run if hasattr(run, "launch") else getattr(run, "__self__", None)
+    return launcher if all(hasattr(launcher, f) for f in LAUNCHER_FIELDS) else None
+
+
 def clear() -> None:
     """Forget every cached variant (tests), and what holds their entries (``_on_clear``)."""
     _cache.clear()

@@ -142,12 +142,15 @@ def _run_all(log, repeats=3):
     return per_call, inputs_of_call
 
 
-def test_planned_calls_launch_what_the_launchers_launch(stub, monkeypatch):
+@pytest.mark.parametrize("direct", [False, True], ids=["launcher-objects", "direct-launches"])
+def test_planned_calls_launch_what_the_launchers_launch(stub, monkeypatch, direct):
     from torch_aura.triton_kernels.gdn import plan
 
     log, fresh = stub
-    # buffer for buffer: pooled replays hand views of one workspace (their layout: the tests below)
+    # buffer for buffer: pooled replays hand views of one workspace (their layout: the tests below); direct
+    # launches of variants with in-kernel descriptors need the workspace too, so only the others go direct
     monkeypatch.setattr(plan, "POOL_BUFFERS", False)
+    monkeypatch.setattr(plan, "DIRECT_LAUNCH", direct)
     monkeypatch.setattr(plan, "ENABLED", False)
     off, off_inputs = _run_all(log)
     fresh()
@@ -182,9 +185,10 @@ def test_planned_calls_launch_what_the_launchers_launch(stub, monkeypatch):
                 assert not made, f"{[p.recipes[s][0] for s in made]} made after the side stream's wait"
 
 
-@pytest.mark.parametrize("pooled", [False, True], ids=["own-buffers", "pooled-buffers"])
+@pytest.mark.parametrize("pooled,direct", [(False, False), (True, False), (True, True)],
+                         ids=["own-buffers", "pooled-buffers", "pooled-direct"])
 def test_replays_hand_each_pointer_as_the_int_of_the_tensor_the_launchers_passed(stub_unverified, monkeypatch,
-                                                                                  pooled):
+                                                                                  pooled, direct):
     """Without VERIFY a replay passes each plain pointer argument as an int (Triton's launcher then skips
     data_ptr() and cuPointerGetAttribute): at every position where the recording passed a tensor, the
     replay passes the data pointer of the same input, or of a buffer it made (its own allocation, or its
@@ -196,6 +200,7 @@ def test_replays_hand_each_pointer_as_the_int_of_the_tensor_the_launchers_passed
     log, _ = stub_unverified
     monkeypatch.setattr(plan, "ENABLED", True)
     monkeypatch.setattr(plan, "POOL_BUFFERS", pooled)
+    monkeypatch.setattr(plan, "DIRECT_LAUNCH", direct)
     # (address, shape, strides, dtype) of every buffer a replay makes and every input it is given (the
     # chunk table is built from cu_seqlens before the plan's lookup); the objects are held so that no
     # address is reused within the test
@@ -278,6 +283,50 @@ def test_pooled_buffers_never_share_a_byte_while_both_are_live(stub, monkeypatch
                     assert o + n <= o2 or o2 + n2 <= o, f"slots {s} and {t} overlap while both live"
         reused |= p.pool_bytes < sum(-(-n // plan._POOL_ALIGN) * plan._POOL_ALIGN for n, _, _ in p.pool_spans.values())
     assert reused
+
+
+def test_direct_launches_take_their_scratch_from_the_workspace(stub, monkeypatch):
+    """``DIRECT_LAUNCH``: a replay calls every variant's C launch itself, none through the launcher object; a
+    variant with in-kernel descriptors is handed its scratch at its span of the replay's workspace (the
+    layout test above checks the spans), the others none."""
+    from torch_aura.triton_kernels.gdn import launch_stub, plan
+
+    log, _ = stub
+    monkeypatch.setattr(plan, "ENABLED", True)
+    monkeypatch.setattr(plan, "POOL_BUFFERS", True)
+    monkeypatch.setattr(plan, "DIRECT_LAUNCH", True)
+    direct = launch_stub._workspace["direct"]
+    replays, through_run = [], []
+    real_run, real_kernel_run = plan._Plan.run, launch_stub._Kernel.run
+
+    def run(self, *a):
+        start = len(direct)
+        out = real_run(self, *a)
+        replays.append((self, direct[start:]))
+        return out
+
+    def kernel_run(self, *a):
+        if launch_stub._workspace["replaying"]:
+            through_run.append(self.name)
+        return real_kernel_run(self, *a)
+    monkeypatch.setattr(plan._Plan, "run", run)
+    monkeypatch.setattr(launch_stub._Kernel, "run", kernel_run)
+    _run_all(log, repeats=2)
+    assert replays and not through_run, through_run
+    scratched = 0
+    for p, launched in replays:
+        ops = [i for i, op in enumerate(p.ops) if op[0] == "launch"]
+        assert [name for name, _, _ in launched] == [p.ops[i][1].__name__ for i in ops]
+        bases = set()
+        for i, (_, grid, scratch) in zip(ops, launched):
+            key = p.direct[i][3]
+            assert (scratch is None) == (key is None), (p.ops[i][1].__name__, scratch, key)
+            if key is not None:
+                assert p.pool_spans[key][0] == grid[0] * grid[1] * grid[2] * 128
+                bases.add(scratch - p.pool[key])
+                scratched += 1
+        assert len(bases) <= 1, "one replay's scratch addresses are not offsets of one workspace"
+    assert scratched, "no variant of the mix had in-kernel descriptors"
 
 
 def test_pooled_views_derive_the_variants_the_launchers_ran(stub, monkeypatch):

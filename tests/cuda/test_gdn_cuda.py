@@ -716,15 +716,18 @@ PLAN_CASES = [  # geometry, and what of the launchers it takes
 ]
 
 
-@pytest.mark.parametrize("pooled", [False, True], ids=["own-buffers", "pooled-buffers"])
+@pytest.mark.parametrize("pooled,direct", [(False, False), (True, False), (True, True)],
+                         ids=["own-buffers", "pooled-buffers", "pooled-direct"])
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[_id(c) for c in PLAN_CASES])
-def test_planned_calls_equal_the_launchers(case, pooled, monkeypatch):
+def test_planned_calls_equal_the_launchers(case, pooled, direct, monkeypatch):
     """A geometry's first call records its plan; later calls, new values each, replay it, eagerly and
     inside a CUDA graph: every output equals the launchers' bit for bit, with the replay's buffers its
-    own allocations or carved from one workspace (``plan.POOL_BUFFERS``)."""
+    own allocations or carved from one workspace (``plan.POOL_BUFFERS``), and with the C launches called by
+    the replay itself, scratch from that workspace (``plan.DIRECT_LAUNCH``)."""
     from torch_aura.triton_kernels.gdn import plan
 
     monkeypatch.setattr(plan, "POOL_BUFFERS", pooled)
+    monkeypatch.setattr(plan, "DIRECT_LAUNCH", direct)
 
     B, T, H, HV, K, V, dt, extra = case
     offsets, h0 = extra.get("offsets"), extra.get("h0", False)

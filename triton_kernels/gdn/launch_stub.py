@@ -28,12 +28,22 @@ SMS = 132  # an H100 SXM: the sequence-parallel plan depends on the SM count
 
 
 class _Kernel:
-    """A compiled variant whose launcher records its grid and arguments (when given a log)."""
+    """A compiled variant whose launcher records its grid and arguments (when given a log). It is its own
+    launcher object, with Triton 3.6's ``CudaLauncher`` fields: ``run`` (``__call__`` there) and the C
+    ``launch`` that plans call directly (``plan.DIRECT_LAUNCH``), handed the scratch themselves."""
 
     function, packed_metadata = 0, (4, 1, 1, 1, 0)
+    num_ctas, launch_cooperative_grid, launch_pdl = 1, False, False
+    global_scratch_align, profile_scratch_size, profile_scratch_align = 128, 0, 1
 
     def __init__(self, name: str, log: list | None):
         self.name, self.log = name, log
+
+    @property
+    def global_scratch_size(self) -> int:
+        """Bytes per program of in-kernel descriptors: a variant the launchers ran in a lent workspace has
+        some (128, one descriptor), the rest none."""
+        return 128 if self in _workspace["needed"] else 0
 
     def launch_metadata(self, grid, stream, *args):
         return None
@@ -45,11 +55,22 @@ class _Kernel:
             _workspace["needed"].add(self)
         elif not _workspace["lent"] and self in _workspace["needed"]:
             raise RuntimeError(f"{self.name}: launched without the descriptor workspace it needs")
+        self._record(gx, gy, gz, args)
+
+    def launch(self, gx, gy, gz, stream, function, cooperative, pdl, scratch, profile_scratch, packed, meta, enter,
+               exit_, *args):
+        # the C launch: a variant with in-kernel descriptors must be handed its scratch here
+        if self.global_scratch_size and scratch is None:
+            raise RuntimeError(f"{self.name}: launched directly without the scratch its descriptors need")
+        _workspace["direct"].append((self.name, (gx, gy, gz), scratch))
+        self._record(gx, gy, gz, args)
+
+    def _record(self, gx, gy, gz, args):
         if self.log is not None:
             self.log.append(("launch", self.name, (gx, gy, gz), args))
 
 
-_workspace = {"lent": False, "replaying": False, "needed": set()}
+_workspace = {"lent": False, "replaying": False, "needed": set(), "direct": []}
 
 
 @contextlib.contextmanager
@@ -80,6 +101,7 @@ class _Driver:
 def _fresh() -> None:
     _launch.clear()
     _workspace["needed"].clear()  # the stand-in variants below are dropped with the JIT caches
+    _workspace["direct"].clear()
     for mod in (chunk, prep, state_pass, segments):
         for obj in vars(mod).values():
             if isinstance(obj, JITFunction):

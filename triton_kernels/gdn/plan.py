@@ -49,6 +49,10 @@ POINTERS_AS_INTS = True
 # one lifetime-packed workspace for the buffers only launches read, not an allocation each (gdn.md 6.1)
 POOL_BUFFERS = True
 _POOL_ALIGN = 512  # the caching allocator's alignment: what Triton's pointer specialisation (16) saw
+# a replay calls each variant's C launch itself, the in-kernel descriptors' scratch carved from the pooled
+# workspace instead of asked of the allocator at every launch (CudaLauncher.__call__); off until the GPU
+# test of planned calls has passed with it (gdn.md 6.1)
+DIRECT_LAUNCH = False
 
 
 def _facts(x):
@@ -198,6 +202,7 @@ class _Plan:
         drops = [[] for _ in ops]
         made, last = set(), {}
         side, wait = False, None
+        on_side = [False] * len(ops)
         for i, op in enumerate(ops):
             if op[0] == "event":
                 if op[1] == "wait":
@@ -207,6 +212,7 @@ class _Plan:
                 elif op[1] == "exit":
                     side, wait = False, None
                 continue
+            on_side[i] = side
             for _, s, _ in op[7]:
                 chain = [s]  # a view's base is made before it (its recipe reads it)
                 while self.recipes[chain[-1]] is not None and self.recipes[chain[-1]][0] == "view":
@@ -227,8 +233,29 @@ class _Plan:
         if any(s not in made for s in outputs if self.recipes[s] is not None):
             raise _Refuse("an output no launch wrote")
         self.ops = [(*op, makes[i], drops[i]) if op[0] == "launch" else (*op, makes[i]) for i, op in enumerate(ops)]
-        self.pool_spans = self._pool_spans(makes, last, outputs, len(ops))
+        self.direct, scratch = self._direct_launches(on_side)
+        self.pool_spans = {**self._pool_spans(makes, last, outputs, len(ops)), **scratch}
         self.pool, self.pool_bytes = pack_lifetimes(self.pool_spans)
+
+    def _direct_launches(self, on_side) -> tuple[list, dict]:
+        """Per op, what :data:`DIRECT_LAUNCH` calls instead of the launcher object: (Triton 3.6's C ``launch``,
+        its cooperative and PDL flags, the key of its scratch span or None), or None where the launcher is not
+        of that layout or profiles (its profile scratch stays the allocator's). A variant with in-kernel
+        descriptors gets a scratch span: grid x CTAs x its size per program, live at its own launch only (the
+        next launch on the stream starts after it ends), or to the end on the side stream, whose launches
+        overlap the main stream's. Span keys are negative: never a slot."""
+        direct, spans, n_ops = [None] * len(self.ops), {}, len(self.ops)
+        for i, op in enumerate(self.ops):
+            launcher = _launch.launcher_of(op[3]) if op[0] == "launch" else None
+            if launcher is None or launcher.profile_scratch_size or launcher.global_scratch_align > _POOL_ALIGN:
+                continue
+            gx, gy, gz = op[2]
+            size = gx * gy * gz * launcher.num_ctas * launcher.global_scratch_size
+            key = -1 - i if size else None
+            if size:
+                spans[key] = (size, i, n_ops if on_side[i] else i)
+            direct[i] = (launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl, key)
+        return direct, spans
 
     def _pool_spans(self, makes, last, outputs, n_ops) -> dict:
         """The "empty" buffers that only launches read (:data:`POOL_BUFFERS`): slot -> (bytes, the op it is
@@ -280,8 +307,10 @@ class _Plan:
         as_tensors = verify or not POINTERS_AS_INTS
         pool = (torch.empty(self.pool_bytes, dtype=torch.uint8, device=device)
                 if POOL_BUFFERS and self.pool_bytes else None)  # held until the replay returns
+        direct = self.direct if DIRECT_LAUNCH else [None] * len(self.ops)
+        base = pool.data_ptr() if pool is not None else 0
         try:
-            for op in self.ops:
+            for op, call in zip(self.ops, direct):
                 if op[0] == "event":
                     for s in op[2]:
                         slots[s] = self._make(slots, s, device, pool, as_tensors)
@@ -305,7 +334,13 @@ class _Plan:
                     if got != variant:
                         raise AssertionError(f"{kernel.__name__}: planned launch ran variant {variant}, Triton "
                                              f"derives {got}")
-                run(gx, gy, gz, stream, function, packed, None, None, None, *a)
+                if call is not None and (call[3] is None or pool is not None):
+                    launch, cooperative, pdl, key = call
+                    scratch = None if key is None else base + self.pool[key]
+                    launch(gx, gy, gz, stream, function, cooperative, pdl, scratch, None, packed, None, None, None,
+                           *a)
+                else:
+                    run(gx, gy, gz, stream, function, packed, None, None, None, *a)
                 for s in drops:
                     slots[s] = None
         finally:
