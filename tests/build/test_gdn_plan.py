@@ -313,7 +313,7 @@ def test_direct_launches_take_their_scratch_from_the_workspace(stub, monkeypatch
     monkeypatch.setattr(launch_stub._Kernel, "run", kernel_run)
     _run_all(log, repeats=2)
     assert replays and not through_run, through_run
-    scratched = 0
+    scratched = side_scratched = 0
     for p, launched in replays:
         ops = [i for i, op in enumerate(p.ops) if op[0] == "launch"]
         assert [name for name, _, _ in launched] == [p.ops[i][1].__name__ for i in ops]
@@ -326,7 +326,20 @@ def test_direct_launches_take_their_scratch_from_the_workspace(stub, monkeypatch
                 bases.add(scratch - p.pool[key])
                 scratched += 1
         assert len(bases) <= 1, "one replay's scratch addresses are not offsets of one workspace"
-    assert scratched, "no variant of the mix had in-kernel descriptors"
+        # a side-stream launch's scratch is live from the side stream's wait to the end: the main stream's
+        # w/u launch, after that wait in the ops, runs beside it and must not get the same bytes
+        wait = side = None
+        for i, op in enumerate(p.ops):
+            if op[0] == "event":
+                wait = i if op[1] == "wait" else wait
+                side = op[1] == "enter" or (side and op[1] != "exit")
+                continue
+            key = p.direct[i][3]
+            if key is not None:
+                want = (wait, len(p.ops)) if side else (i, i)
+                assert p.pool_spans[key][1:] == want, (p.ops[i][1].__name__, p.pool_spans[key], want)
+                side_scratched += bool(side)
+    assert scratched and side_scratched, "no variant of the mix (on the side stream) had in-kernel descriptors"
 
 
 def test_pooled_views_derive_the_variants_the_launchers_ran(stub, monkeypatch):

@@ -202,7 +202,7 @@ class _Plan:
         drops = [[] for _ in ops]
         made, last = set(), {}
         side, wait = False, None
-        on_side = [False] * len(ops)
+        side_from = [None] * len(ops)  # a side-stream launch: the op from which its stream overlaps the main one
         for i, op in enumerate(ops):
             if op[0] == "event":
                 if op[1] == "wait":
@@ -212,7 +212,7 @@ class _Plan:
                 elif op[1] == "exit":
                     side, wait = False, None
                 continue
-            on_side[i] = side
+            side_from[i] = wait if side else None
             for _, s, _ in op[7]:
                 chain = [s]  # a view's base is made before it (its recipe reads it)
                 while self.recipes[chain[-1]] is not None and self.recipes[chain[-1]][0] == "view":
@@ -233,17 +233,18 @@ class _Plan:
         if any(s not in made for s in outputs if self.recipes[s] is not None):
             raise _Refuse("an output no launch wrote")
         self.ops = [(*op, makes[i], drops[i]) if op[0] == "launch" else (*op, makes[i]) for i, op in enumerate(ops)]
-        self.direct, scratch = self._direct_launches(on_side)
+        self.direct, scratch = self._direct_launches(side_from)
         self.pool_spans = {**self._pool_spans(makes, last, outputs, len(ops)), **scratch}
         self.pool, self.pool_bytes = pack_lifetimes(self.pool_spans)
 
-    def _direct_launches(self, on_side) -> tuple[list, dict]:
+    def _direct_launches(self, side_from) -> tuple[list, dict]:
         """Per op, what :data:`DIRECT_LAUNCH` calls instead of the launcher object: (Triton 3.6's C ``launch``,
         its cooperative and PDL flags, the key of its scratch span or None), or None where the launcher is not
         of that layout or profiles (its profile scratch stays the allocator's). A variant with in-kernel
         descriptors gets a scratch span: grid x CTAs x its size per program, live at its own launch only (the
-        next launch on the stream starts after it ends), or to the end on the side stream, whose launches
-        overlap the main stream's. Span keys are negative: never a slot."""
+        next launch on the stream starts after it ends); on the side stream, from the side stream's "wait" to
+        the end, as the buffers it reads: it overlaps the main stream's w/u launch made after that wait. Span
+        keys are negative: never a slot."""
         direct, spans, n_ops = [None] * len(self.ops), {}, len(self.ops)
         for i, op in enumerate(self.ops):
             launcher = _launch.launcher_of(op[3]) if op[0] == "launch" else None
@@ -253,7 +254,7 @@ class _Plan:
             size = gx * gy * gz * launcher.num_ctas * launcher.global_scratch_size
             key = -1 - i if size else None
             if size:
-                spans[key] = (size, i, n_ops if on_side[i] else i)
+                spans[key] = (size, i, i) if side_from[i] is None else (size, side_from[i], n_ops)
             direct[i] = (launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl, key)
         return direct, spans
 
