@@ -250,6 +250,14 @@ def header(rows: list[dict], md: Path) -> str:
     return md.read_text().splitlines()[2] if md.exists() else "versions not recorded"
 
 
+def write_table(args, md: Path) -> None:
+    """The table of every row measured into ``--out`` (this run's and earlier runs'), to ``md`` and stdout."""
+    rows = list(measured(args).values())
+    text = table(rows, header(rows, md), args)
+    md.write_text(text)
+    print(text)
+
+
 def table(rows: list[dict], header: str, args) -> str:
     by = {r["row"]: r for r in rows}
     preset = PRESETS[args.size]
@@ -297,14 +305,15 @@ def verify_cell(verdict: dict | None) -> str:
             f"{sum(verdict['aura_decode'])}) {'pass' if verdict['verified'] else 'FAIL'}")
 
 
-def stem(args) -> str:
-    """The results' file name: per size, and per TP degree above 1."""
-    return f"vllm_serve_{args.size}" + (f"_tp{args.tp}" if args.tp > 1 else "")
+def stem(args, tp: int | None = None) -> str:
+    """The results' file name: per size, and per TP degree above 1 (``tp``, default this run's)."""
+    tp = tp or args.tp
+    return f"vllm_serve_{args.size}" + (f"_tp{tp}" if tp > 1 else "")
 
 
 def reference_path(args, tp: int | None = None) -> Path:
     """The bf16 row's teacher-forced argmax, the other rows' reference (at ``tp``, default this run's)."""
-    return Path(args.out) / f"{stem(argparse.Namespace(size=args.size, tp=tp or args.tp))}_check_ref.json"
+    return Path(args.out) / f"{stem(args, tp)}_check_ref.json"
 
 
 def agreement(argmax: list[list[int]], ref: list[list[int]]) -> float:
@@ -381,9 +390,7 @@ def main() -> None:
         return
     md = out / f"{stem(args)}.md"
     if args.render:
-        rows = list(measured(args).values())
-        md.write_text(table(rows, header(rows, md), args))
-        print(md.read_text())
+        write_table(args, md)
         return
     hybrid = "layer_types" in s.SIZES[args.size]
     if args.rows and "gdn" in args.rows and not hybrid:
@@ -400,9 +407,7 @@ def main() -> None:
             subprocess.run([*cmd, "--verify-only"], check=False)
         print(f"=== {row}", flush=True)
         subprocess.run(cmd, check=False)
-    rows = list(measured(args).values())
-    md.write_text(table(rows, header(rows, md), args))
-    print(md.read_text())
+    write_table(args, md)
 
 
 if __name__ == "__main__":

@@ -315,30 +315,28 @@ def test_direct_launches_take_their_scratch_from_the_workspace(stub, monkeypatch
     assert replays and not through_run, through_run
     scratched = side_scratched = 0
     for p, launched in replays:
-        ops = [i for i, op in enumerate(p.ops) if op[0] == "launch"]
-        assert [name for name, _, _ in launched] == [p.ops[i][1].__name__ for i in ops]
-        bases = set()
-        for i, (_, grid, scratch) in zip(ops, launched):
-            key = p.direct[i][3]
-            assert (scratch is None) == (key is None), (p.ops[i][1].__name__, scratch, key)
-            if key is not None:
-                assert p.pool_spans[key][0] == grid[0] * grid[1] * grid[2] * 128
-                bases.add(scratch - p.pool[key])
-                scratched += 1
-        assert len(bases) <= 1, "one replay's scratch addresses are not offsets of one workspace"
-        # a side-stream launch's scratch is live from the side stream's wait to the end: the main stream's
-        # w/u launch, after that wait in the ops, runs beside it and must not get the same bytes
+        launches, bases = iter(launched), set()
         wait = side = None
         for i, op in enumerate(p.ops):
             if op[0] == "event":
                 wait = i if op[1] == "wait" else wait
                 side = op[1] == "enter" or (side and op[1] != "exit")
                 continue
+            name, (gx, gy, gz), scratch = next(launches)
+            assert name == op[1].__name__
             key = p.direct[i][3]
-            if key is not None:
-                want = (wait, len(p.ops)) if side else (i, i)
-                assert p.pool_spans[key][1:] == want, (p.ops[i][1].__name__, p.pool_spans[key], want)
-                side_scratched += bool(side)
+            assert (scratch is None) == (key is None), (name, scratch, key)
+            if key is None:
+                continue
+            # a side-stream launch's scratch is live from the side stream's wait to the end: the main stream's
+            # w/u launch, after that wait in the ops, runs beside it and must not get the same bytes
+            want = (gx * gy * gz * 128, *((wait, len(p.ops)) if side else (i, i)))
+            assert p.pool_spans[key] == want, (name, p.pool_spans[key], want)
+            bases.add(scratch - p.pool[key])
+            scratched += 1
+            side_scratched += bool(side)
+        assert next(launches, None) is None, "a replay launched more than its plan holds"
+        assert len(bases) <= 1, "one replay's scratch addresses are not offsets of one workspace"
     assert scratched and side_scratched, "no variant of the mix (on the side stream) had in-kernel descriptors"
 
 

@@ -27,6 +27,7 @@ launchers launch, and ``tests/cuda/test_gdn_cuda.py -k planned`` that its replay
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import threading
 import weakref
@@ -308,7 +309,7 @@ class _Plan:
         as_tensors = verify or not POINTERS_AS_INTS
         pool = (torch.empty(self.pool_bytes, dtype=torch.uint8, device=device)
                 if POOL_BUFFERS and self.pool_bytes else None)  # held until the replay returns
-        direct = self.direct if DIRECT_LAUNCH else [None] * len(self.ops)
+        direct = self.direct if DIRECT_LAUNCH else itertools.repeat(None)
         base = pool.data_ptr() if pool is not None else 0
         try:
             for op, call in zip(self.ops, direct):
