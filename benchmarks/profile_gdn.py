@@ -113,17 +113,18 @@ def plan_summary(p) -> str:
 
 
 def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
-    """``--anatomy``: the planned ``gdn_chunk`` call's host time, then ``_Plan.run`` alone and three copies of
-    its plan with one more part taken out each: Triton's ``CudaLauncher.__call__`` around the C launch
-    (where a variant uses no scratch), the launches themselves, and the allocations (made once, then
-    handed back). Each row is the median of ``repeats`` ``host_us`` runs; the differences between rows
-    are what the parts cost. ``tensors``: the call's q, k, v, g, beta, initial state, cu_seqlens and
+    """``--anatomy``: the planned ``gdn_chunk`` call's host time; ``_Plan.run`` as shipped, then with each of
+    its switches turned back (direct C launches, the pooled workspace, pointers as ints); then, through
+    Triton's launchers, copies of the plan with one more part taken out each: ``CudaLauncher.__call__``
+    around the C launch (where a variant uses no scratch), its scratch allocations, the host descriptors,
+    the launches themselves, the workspace allocation. Each row is the median of ``repeats`` ``host_us``
+    runs and sets its switches itself; the differences between rows are what the parts cost. ``tensors``: the call's q, k, v, g, beta, initial state, cu_seqlens and
     chunk indices."""
     import copy
     import statistics
 
     from torch_aura.triton_kernels import _launch
-    from torch_aura.triton_kernels.gdn import plan
+    from torch_aura.triton_kernels.gdn import chunk, plan
 
     inputs = plan.key_inputs(*tensors)
     device = inputs[0].device
@@ -227,20 +228,38 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                     stack.enter_context(switched(name, value))
                 yield
 
+        def on(**values):
+            """A row's context: the plan switches it sets, each row explicit so no row depends on the defaults."""
+            return lambda: switched_all(**values)
+
+        shipped = dict(POINTERS_AS_INTS=True, POOL_BUFFERS=True, DIRECT_LAUNCH=True)
+        # the rows that take Triton's launcher apart replace each op's ``run``, which only the launcher path calls
+        launchers = {**shipped, "DIRECT_LAUNCH": False}
+        own = {**launchers, "POOL_BUFFERS": False}
+
+        @contextlib.contextmanager
+        def launchers_descriptors_reused():
+            with switched_all(**launchers), descriptors_reused():
+                yield
+
+        run = lambda: p.run(inputs, device)  # noqa: E731
+        q, k, v, g, beta, h0, cu, ci = tensors
         rows = [("the op (dispatch, checks, key, plan.run)", call, None),
-                ("plan.run alone", lambda: p.run(inputs, device), None),
-                ("plan.run, pointers as tensors", lambda: p.run(inputs, device),
-                 lambda: switched("POINTERS_AS_INTS", False)),
-                ("plan.run, buffers pooled", lambda: p.run(inputs, device), lambda: switched("POOL_BUFFERS", True)),
-                ("plan.run, pooled, C launches direct", lambda: p.run(inputs, device), lambda: switched_all(
-                    POOL_BUFFERS=True, DIRECT_LAUNCH=True)),
-                ("  C launches called directly", lambda q=with_runs(direct): q.run(inputs, device), None),
-                ("  C launches, scratch made once", lambda q=with_runs(scratch_once): q.run(inputs, device), None),
+                ("the op under torch.inference_mode()", call, torch.inference_mode),
+                ("its CUDA kernel, no dispatcher", lambda: chunk.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True,
+                                                                           False), None),
+                ("plan.run (ints, pooled, C launches direct)", run, on(**shipped)),
+                ("plan.run, Triton's launchers", run, on(**launchers)),
+                ("plan.run, launchers, own buffers", run, on(**own)),
+                ("plan.run, launchers, own buffers, tensors", run, on(**{**own, "POINTERS_AS_INTS": False})),
+                ("  C launches called directly", lambda q=with_runs(direct): q.run(inputs, device), on(**launchers)),
+                ("  C launches, scratch made once", lambda q=with_runs(scratch_once): q.run(inputs, device),
+                 on(**launchers)),
                 ("    and host descriptors reused", lambda q=with_runs(scratch_once): q.run(inputs, device),
-                 descriptors_reused),
-                ("  launches skipped", lambda q=with_runs(skipped): q.run(inputs, device), None),
-                ("  launches skipped, allocations pooled", lambda q=with_runs(skipped, True): q.run(inputs, device),
-                 None)]
+                 launchers_descriptors_reused),
+                ("  launches skipped", lambda q=with_runs(skipped): q.run(inputs, device), on(**launchers)),
+                ("  launches skipped, allocations made once",
+                 lambda q=with_runs(skipped, True): q.run(inputs, device), on(**launchers))]
         print(f"  anatomy of the planned call ({plan_summary(p)}), host us, median of {repeats}:")
         times = []
         for name, fn, context in rows:
@@ -248,14 +267,16 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                 times.append(statistics.median(B.H.host_us(fn, calls=calls, device=device.type)
                                                for _ in range(repeats)))
             print(f"    {name:44s} {times[-1]:8.1f}")
-        op, run, tensors_run, pooled_run, planned_direct, direct_run, scratch_run, reused_run, no_launch, pooled = times
-        print(f"    => dispatch + checks + key {op - run:.1f}; pointers passed as ints save {tensors_run - run:.1f}; "
-              f"one pooled workspace would save {run - pooled_run:.1f}; "
-              f"with it, direct C launches (plan.DIRECT_LAUNCH) {pooled_run - planned_direct:.1f}; "
-              f"Triton's Python launchers {run - direct_run:.1f}; "
-              f"launches {run - no_launch:.1f} (scratch allocations {run - scratch_run:.1f}, host descriptors "
-              f"{scratch_run - reused_run:.1f}, the C launches {reused_run - no_launch:.1f}); allocations "
-              f"{no_launch - pooled:.1f}; the replay loop and the rest {pooled:.1f}")
+        op, inference, kernel, planned, launched, owned, as_tensors, direct_run, scratch_run, reused_run, no_launch, \
+            made_once = times
+        print(f"    => the dispatcher {op - kernel:.1f} (its Autograd kernel {op - inference:.1f}); the key and the "
+              f"plan lookup {kernel - planned:.1f}; direct C launches (plan.DIRECT_LAUNCH) save "
+              f"{launched - planned:.1f}; the pooled workspace (plan.POOL_BUFFERS) {owned - launched:.1f}; "
+              f"pointers as ints (plan.POINTERS_AS_INTS) {as_tensors - owned:.1f}; through Triton's launchers: "
+              f"their Python frames {launched - direct_run:.1f}, launches {launched - no_launch:.1f} (scratch "
+              f"allocations {launched - scratch_run:.1f}, host descriptors {scratch_run - reused_run:.1f}, the C "
+              f"launches {reused_run - no_launch:.1f}), the workspace allocation {no_launch - made_once:.1f}, the "
+              f"replay loop and the rest {made_once:.1f}")
     finally:
         plan.ENABLED = was
 
