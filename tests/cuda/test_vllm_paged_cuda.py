@@ -132,6 +132,7 @@ def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
     with SIGSEGV instead (benchmarks/results/profiles/vllm_serve_flash_prefill_h200.md), and so did this test's
     script (profiles/vllm_tp2_first_h200.md; on the CPU, torch 2.11's and 2.13's stable shims turn an allocation
     failure inside such an op into a RuntimeError). Own process: a crash must not take the test session with it."""
+    import shutil
     import subprocess
     import sys
 
@@ -161,7 +162,16 @@ def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
     # (the first run on the H200 ended with SIGSEGV and nothing on stdout)
     r = subprocess.run([sys.executable, "-u", "-X", "faulthandler", str(script)], capture_output=True, text=True,
                        timeout=300)
-    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    if r.returncode != 0:
+        # the C++ frames of the crash: the shim's error text comes first in stderr and faulthandler's Python
+        # stack last, so keep both ends; where gdb is installed, the native stack at the signal too
+        native = ""
+        if r.returncode < 0 and shutil.which("gdb"):
+            g = subprocess.run(["gdb", "-q", "-batch", "-ex", "run", "-ex", "bt 40", "--args", sys.executable, "-u",
+                                str(script)], capture_output=True, text=True, timeout=600)
+            native = "\n".join(g.stdout.splitlines()[-60:])
+        raise AssertionError(f"exit {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr head: {r.stderr[:4000]}\n"
+                             f"stderr tail: {r.stderr[-2500:]}\ngdb: {native}")
     lines = r.stdout.splitlines()
     assert lines[0].startswith("control: torch.empty raised") and lines[1].startswith("raised"), r.stdout
     assert lines[2] == "alive 2.0", r.stdout
