@@ -1,5 +1,6 @@
 """KV capacity and output throughput of whole vLLM engines: vLLM's own attention (bf16 and fp8 KV) against
-torch_aura's ``CUSTOM`` backend (dense, aura8, aura4v2 pages), on a long-context and a short workload.
+torch_aura's ``CUSTOM`` backend (dense, aura8, aura4v2 pages), on three workloads (``WORKLOADS``): long
+prompts with short answers, short prompts, and long answers to mid-length prompts.
 
     # GPU (issue 41; vLLM 0.24 from tools/vllm_gpu_setup.sh): Llama-3-8B-shaped, random bf16 weights
     bash tools/vllm_gpu_setup.sh run python3 benchmarks/bench_vllm_serve.py --size llama3-8b --out $OUT
@@ -71,11 +72,17 @@ ROWS = {"bf16": ("FLASH_ATTN", "auto", None, False), "triton": (s.SECOND_BACKEND
 GATED = ("dense",)  # must reach vLLM's own floor of agreement before timing
 VERIFIED = ("aura8", "aura4v2")  # gated by the plugin's verify mode, not by agreement
 VERIFY_NEW_TOKENS = 16  # decode steps of each check sequence in the verify run
+# what each workload shows: "long" (the issue's long-context shape) is prefill-bound on the GPU (its prompts
+# are ~98% of its tokens), "short" many short requests, "decode" long answers, where the KV capacity decides
+# how many requests decode at once (on the H200 bf16 holds ~160 of its 256 requests, aura4v2 all)
+WORKLOADS = ("long", "short", "decode")
+SEEDS = {"long": 11, "short": 13, "decode": 17}
 # workloads per size: (requests, shortest prompt, longest prompt, new tokens)
 PRESETS = {
-    "tiny": {"long": (8, 256, 512, 32), "short": (16, 64, 64, 32), "check": (4, 200),
+    "tiny": {"long": (8, 256, 512, 32), "short": (16, 64, 64, 32), "decode": (16, 128, 256, 96), "check": (4, 200),
              "max_num_seqs": 16, "max_num_batched_tokens": 256},
-    "llama3-8b": {"long": (64, 8192, 32768, 256), "short": (512, 1024, 1024, 256), "check": (8, 2048),
+    "llama3-8b": {"long": (64, 8192, 32768, 256), "short": (512, 1024, 1024, 256),
+                  "decode": (256, 2048, 4096, 1024), "check": (8, 2048),
                   "max_num_seqs": 256, "max_num_batched_tokens": 8192},
 }
 PRESETS["qwen3-next"] = PRESETS["llama3-8b"]  # the same workloads on the hybrid
@@ -142,7 +149,7 @@ def describe(row: str) -> dict:
 def setup(args) -> tuple[Path, int, list[list[int]]]:
     """(the saved model, max_model_len, the check sequences) of ``args.size``."""
     preset = PRESETS[args.size]
-    max_len = max(preset["long"][2], preset["check"][1]) + preset["long"][3]
+    max_len = max(max(preset[w][2] + preset[w][3] for w in WORKLOADS), preset["check"][1] + 1)
     model = s.save_sized(Path(args.model_dir) / args.size, args.size)
     n, length = preset["check"]
     return model, max_len, workload(n, length, length, s.SIZES[args.size]["vocab_size"], seed=7)
@@ -212,9 +219,10 @@ def run_row(row: str, args) -> dict:
     if error := agreement_error(row, result["agreement"], args):
         result["error"] = error
         return result
-    for name in ("long", "short"):
+    result["workloads"] = list(args.workloads)
+    for name in args.workloads:
         count, lo, hi, new = preset[name]
-        seed = 11 if name == "long" else 13
+        seed = SEEDS[name]
         # warm-up on other prompts: the timed ones must not hit the prefix cache
         timed(llm, workload(max(1, count // 8), lo, hi, vocab, seed=seed + 100), 8)
         prompts = workload(count, lo, hi, vocab, seed=seed)
@@ -266,33 +274,33 @@ def table(rows: list[dict], header: str, args) -> str:
         b = by.get(base, {}).get(key)
         return f" ({r[key] / b:.2f}x)" if b and r.get(key) else ""
     tp = f", tensor parallel {args.tp}" if args.tp > 1 else ""
+    shapes = "; ".join(f"{w}: {preset[w][0]} requests, prompts {preset[w][1]}-{preset[w][2]}, {preset[w][3]} new "
+                       "tokens" for w in WORKLOADS)
     setting = (f"gpu_memory_utilization {args.gpu_memory_utilization} (CPU: {args.kv_cache_memory_bytes} bytes "
-               f"of KV), block {args.block_size}; long: {preset['long'][0]} requests, prompts {preset['long'][1]}-"
-               f"{preset['long'][2]}, {preset['long'][3]} new tokens; short: {preset['short'][0]} x "
-               f"{preset['short'][1]}, {preset['short'][3]} new; ratios against bf16 (KV also against fp8).")
+               f"of KV), block {args.block_size}; {shapes}; ratios against bf16 (KV also against fp8).")
     gates = (f"Gates before timing: bf16 is the reference; {s.SECOND_BACKEND} (vLLM's noise floor; GPU only) and "
              f"fp8 are vLLM's own, and gdn, reported, not gated; CUSTOM dense must reach "
              f"{s.SECOND_BACKEND}'s agreement - {s.FLOOR_MARGIN} ({s.MIN_AGREEMENT} without that row); "
              f"CUSTOM aura8 / aura4v2 must pass verify mode (an eager engine: every AURA decode batch against "
              f"dense attention over the dequantized pages, max <= {s.VERIFY_BOUND}), their agreement is reported.")
-    columns = ("| row | KV tokens (vs bf16, vs fp8) | long out tok/s (vs bf16) | short out tok/s (vs bf16) | "
-               "teacher-forced agreement with bf16 (with TP 1's bf16) | verify: max \\|AURA - dense\\| "
+    columns = ("| row | KV tokens (vs bf16, vs fp8) | " + " | ".join(f"{w} out tok/s (vs bf16)" for w in WORKLOADS)
+               + " | teacher-forced agreement with bf16 (with TP 1's bf16) | verify: max \\|AURA - dense\\| "
                "(batches verified) |")
     lines = [f"# vLLM serving: KV capacity and output throughput ({args.size}{tp})", "", header, "",
-             setting, "", gates, "", columns, "|---|---|---|---|---|---|"]
+             setting, "", gates, "", columns, "|---" * (len(WORKLOADS) + 4) + "|"]
     for name in ROWS:
         r = by.get(name)
         if r is None:
             continue
         kv = f"{r.get('kv_tokens', '-')}{ratio(r, 'kv_tokens', 'bf16')}{ratio(r, 'kv_tokens', 'fp8')}"
         cells = [f"{r[k]:.0f}{ratio(r, k, 'bf16')}" if k in r else r.get("error", "-")
-                 for k in ("long_tok_s", "short_tok_s")]
+                 for k in (f"{w}_tok_s" for w in WORKLOADS)]
         agree = (f"{r['agreement']:.4f}" if "agreement" in r else "-") + (
             f" ({r['agreement_tp1']:.4f})" if "agreement_tp1" in r else "")
         label = (f"CUSTOM {r['torch_aura_kv_cache']}" if r["backend"] == "CUSTOM" else
                  f"{r['backend']}, KV {'bf16' if r['kv_cache_dtype'] == 'auto' else r['kv_cache_dtype']}"
                  + (", GDN on torch_aura" if r.get("torch_aura_gdn") else ""))
-        lines.append(f"| {label} | {kv} | {cells[0]} | {cells[1]} | {agree} | {verify_cell(r.get('verify'))} |")
+        lines.append(f"| {label} | {kv} | {' | '.join(cells)} | {agree} | {verify_cell(r.get('verify'))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -332,10 +340,24 @@ def jsonl_path(args) -> Path:
 
 
 def measured(args) -> dict[str, dict]:
-    """The latest result of each row in the output folder (earlier runs' rows included)."""
+    """The latest result of each row in the output folder (earlier runs' rows included). A row's earlier run
+    on the same versions and commit keeps the timings of the workloads the later one did not run (a row split
+    across device runs with ``--workloads``); any other earlier run of the row is replaced."""
     jsonl = jsonl_path(args)
-    lines = jsonl.read_text().splitlines() if jsonl.exists() else []
-    return {r["row"]: r for r in map(json.loads, lines)}
+    rows: dict[str, dict] = {}
+    for r in map(json.loads, jsonl.read_text().splitlines() if jsonl.exists() else []):
+        before = rows.get(r["row"])
+        if (before and "error" not in r and "error" not in before and r.get("versions")
+                and before.get("versions") == r["versions"]):
+            kept = {k: before[k] for k in timing_keys(before) - timing_keys(r) if k in before}
+            r = {**r, **kept, "workloads": [w for w in WORKLOADS if f"{w}_s" in {**r, **kept}]}
+        rows[r["row"]] = r
+    return rows
+
+
+def timing_keys(result: dict) -> set[str]:
+    """The keys a row's run wrote for the workloads it timed."""
+    return {f"{w}_{unit}" for w in result.get("workloads", ()) for unit in ("tok_s", "s")}
 
 
 def failure(e: Exception) -> str:
@@ -357,14 +379,16 @@ def main() -> None:
                    help="16 (vLLM's GPU default); 32 on the CPU, where CPU_ATTN needs a multiple of 32")
     p.add_argument("--eager", action="store_true", default=not torch.cuda.is_available(),
                    help="no CUDA graphs / torch.compile (the CPU default)")
-    p.add_argument("--long", help="requests,shortest,longest,new tokens (overrides the size's preset)")
-    p.add_argument("--short", help="requests,shortest,longest,new tokens (overrides the size's preset)")
+    for w in WORKLOADS:
+        p.add_argument(f"--{w}", help="requests,shortest,longest,new tokens (overrides the size's preset)")
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
+                   help="time only these (rows of one commit split across runs are joined in the table)")
     p.add_argument("--one-row", help=argparse.SUPPRESS)  # the child process of one row
     p.add_argument("--verify-only", action="store_true", help=argparse.SUPPRESS)  # that row's verify run
     p.add_argument("--render", action="store_true",
                    help="run nothing: write the table again from the rows in --out (e.g. after a run cut short)")
     args = p.parse_args()
-    for name in ("long", "short"):
+    for name in WORKLOADS:
         if getattr(args, name):
             PRESETS[args.size][name] = tuple(int(v) for v in getattr(args, name).split(","))
     out = Path(args.out)
