@@ -74,7 +74,7 @@ VERIFIED = ("aura8", "aura4v2")  # gated by the plugin's verify mode, not by agr
 VERIFY_NEW_TOKENS = 16  # decode steps of each check sequence in the verify run
 # what each workload shows: "long" (the long-context shape) is prefill-bound on the GPU (its prompts
 # are ~98% of its tokens), "short" many short requests, "decode" long answers, where the KV capacity decides
-# how many requests decode at once (on the H200 bf16 holds ~160 of its 256 requests, aura4v2 all)
+# how many requests decode at once (on the H200 bf16 holds 160-200 of its 256 requests, aura4v2 all)
 WORKLOADS = ("long", "short", "decode")
 SEEDS = {"long": 11, "short": 13, "decode": 17}
 # workloads per size: (requests, shortest prompt, longest prompt, new tokens)
