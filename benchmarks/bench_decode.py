@@ -11,14 +11,16 @@ vs contiguous, and the targets.md gates as PASS / MISS.
 
 ``--schedules`` also times ours under each schedule (``TORCH_AURA_DECODE_SCHEDULE=static`` and
 ``balanced``, docs/decode.md §4), each checked first, in the same run as the automatic choice.
-``--splits`` also times ours (graph) at each forced split count of ``SPLIT_SWEEP``: how far the
-automatic plan is from the best split on this GPU.
+``--splits`` also times ours (graph) at each forced split count of ``SPLIT_SWEEP`` and at the counts
+whose grid fills every SM (``filling_splits``): how far the automatic plan is from the best split on
+this GPU.
 
 Writes ``decode_<gpu>.md`` (committed under benchmarks/results/) and raw JSONL rows.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -163,11 +165,21 @@ def time_schedules(row: dict, ours, want) -> None:
 SPLIT_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
+def filling_splits(B: int, Hkv: int, sms: int) -> list[int]:
+    """Split counts outside ``SPLIT_SWEEP`` whose grid (B x Hkv x S CTAs, head tiles of up to 8 query heads
+    each) is a whole number of SM rounds: a power-of-two S leaves SMs idle on a GPU of 132 (B8 Hkv8 S2:
+    128 CTAs), where S = 33 fills every one of them."""
+    fill = sms // math.gcd(B * Hkv, sms)
+    return [k * fill for k in (1, 2) if k * fill <= 128 and k * fill not in SPLIT_SWEEP]
+
+
 def time_splits(row: dict, ours, want) -> None:
-    """Graph time of ours at each forced split count (checked against SDPA first): row['splits'] maps
-    num_splits -> us; the automatic plan's own time is row['ours_graph_us']."""
+    """Graph time of ours at each forced split count (checked against SDPA first), those of ``SPLIT_SWEEP``
+    and the SM-filling ones: row['splits'] maps num_splits -> us; the automatic plan's own time is
+    row['ours_graph_us']."""
     row["splits"] = {}
-    for n in SPLIT_SWEEP:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n in (*SPLIT_SWEEP, *filling_splits(row["B"], row["Hkv"], sms)):
         if rel_rms(ours(n)[0], want) < 5e-3:
             row["splits"][n] = H.time_us(lambda: ours(n), graph=True)
 
@@ -244,12 +256,14 @@ def render(facts, copy_tbs, rows) -> str:
     if swept:
         lines += ["", "Ours at each forced `num_splits` (`--splits`), graph us; best against the automatic plan "
                   "and SDPA:", "", "| case | " + " | ".join(str(n) for n in SPLIT_SWEEP)
-                  + " | auto | best over auto | best over SDPA |", "|---|" + "---|" * (len(SPLIT_SWEEP) + 3)]
+                  + " | SM-filling S: us | auto | best over auto | best over SDPA |",
+                  "|---|" + "---|" * (len(SPLIT_SWEEP) + 4)]
         for r in swept:
             best = min(r["splits"].values())
+            filling = ", ".join(f"{n}: {us:.1f}" for n, us in r["splits"].items() if n not in SPLIT_SWEEP) or "-"
             lines.append(f"| {r['case']} | " + " | ".join(f"{r['splits'][n]:.1f}" if n in r["splits"] else "-"
                                                       for n in SPLIT_SWEEP)
-                         + f" | {r['ours_graph_us']:.1f} | {r['ours_graph_us'] / best:.2f}x | "
+                         + f" | {filling} | {r['ours_graph_us']:.1f} | {r['ours_graph_us'] / best:.2f}x | "
                          f"{r['sdpa_graph_us'] / best:.2f}x |")
     lines += ["", "## Targets (docs/targets.md)", "", "| gate | result | measured |", "|---|---|---|"]
     lines += [f"| {w} | {res} | {vals} |" for w, res, vals in gates(rows)]
