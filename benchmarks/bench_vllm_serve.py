@@ -196,7 +196,7 @@ def run_row(row: str, args) -> dict:
     preset = PRESETS[args.size]
     model, max_len, check = setup(args)
     vocab = s.SIZES[args.size]["vocab_size"]
-    result = {**describe(row), "size": args.size, "tp": args.tp, "versions": versions()}
+    result = {**describe(row), "size": args.size, "tp": args.tp, "versions": versions(), "settings": settings(args)}
     ref_path = reference_path(args)
     if row in VERIFIED:
         path = verify_path(row, args)
@@ -340,19 +340,33 @@ def jsonl_path(args) -> Path:
 
 
 def measured(args) -> dict[str, dict]:
-    """The latest result of each row in the output folder (earlier runs' rows included). A row's earlier run
-    on the same versions and commit keeps the timings of the workloads the later one did not run (a row split
-    across device runs with ``--workloads``); any other earlier run of the row is replaced."""
+    """The latest result of each row in the output folder (earlier runs' rows included). A row's last run
+    without an error, of the same versions, commit and ``settings``, keeps the timings of the workloads the
+    later one did not run (a row split across device runs with ``--workloads``); any other earlier run of the
+    row is replaced, and a failed run shows its error."""
     jsonl = jsonl_path(args)
     rows: dict[str, dict] = {}
+    whole: dict[str, dict] = {}  # per row, the last run without an error, joined with its earlier parts
     for r in map(json.loads, jsonl.read_text().splitlines() if jsonl.exists() else []):
-        before = rows.get(r["row"])
-        if (before and "error" not in r and "error" not in before and r.get("versions")
-                and before.get("versions") == r["versions"]):
-            kept = {k: before[k] for k in timing_keys(before) - timing_keys(r) if k in before}
-            r = {**r, **kept, "workloads": [w for w in WORKLOADS if f"{w}_s" in {**r, **kept}]}
+        if "error" not in r:
+            before = whole.get(r["row"])
+            if (before and r.get("settings") and before.get("settings") == r["settings"]
+                    and before.get("versions") == r.get("versions") and "commit unknown" not in r["versions"]):
+                kept = {k: before[k] for k in timing_keys(before) - timing_keys(r) if k in before}
+                r = {**r, **kept, "workloads": [w for w in WORKLOADS if f"{w}_s" in {**r, **kept}]}
+            whole[r["row"]] = r
         rows[r["row"]] = r
     return rows
+
+
+def settings(args) -> dict:
+    """What a row's timings depend on beside its versions: the workloads' shapes and the engine's memory and
+    blocks (rows are joined only where these agree)."""
+    preset = PRESETS[args.size]
+    return {"workloads": {w: list(preset[w]) for w in WORKLOADS}, "max_num_seqs": preset["max_num_seqs"],
+            "max_num_batched_tokens": preset["max_num_batched_tokens"],
+            "gpu_memory_utilization": args.gpu_memory_utilization, "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+            "block_size": args.block_size, "eager": args.eager}
 
 
 def timing_keys(result: dict) -> set[str]:

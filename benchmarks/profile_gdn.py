@@ -113,13 +113,14 @@ def plan_summary(p) -> str:
 
 
 def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
-    """``--anatomy``: the planned ``gdn_chunk`` call's host time; ``_Plan.run`` as shipped, then with each of
-    its switches turned back (direct C launches, the pooled workspace, pointers as ints); then, through
-    Triton's launchers, copies of the plan with one more part taken out each: ``CudaLauncher.__call__``
-    around the C launch (where a variant uses no scratch), its scratch allocations, the host descriptors,
-    the launches themselves, the workspace allocation. Each row is the median of ``repeats`` ``host_us``
-    runs and sets its switches itself; the differences between rows are what the parts cost. ``tensors``: the call's q, k, v, g, beta, initial state, cu_seqlens and
-    chunk indices."""
+    """``--anatomy``: the planned ``gdn_chunk`` call's host time (through the dispatcher, under inference mode,
+    and its CUDA kernel called directly); ``_Plan.run`` as shipped, then with each of its switches turned back
+    (direct C launches, the pooled workspace, pointers as ints); then, through Triton's launchers, copies of
+    the plan with one more part taken out each: ``CudaLauncher.__call__`` around the C launch (where a variant
+    uses no scratch), the rest of the launcher object with its scratch allocations, the host descriptors, the
+    launches themselves, the per-call ``_make`` results. Each row is the median of ``repeats`` ``host_us``
+    runs and sets its switches itself; the differences between rows are what the parts cost. ``tensors``: the
+    call's q, k, v, g, beta, initial state, cu_seqlens and chunk indices."""
     import copy
     import statistics
 
@@ -244,10 +245,16 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
 
         run = lambda: p.run(inputs, device)  # noqa: E731
         q, k, v, g, beta, h0, cu, ci = tensors
-        rows = [("the op (dispatch, checks, key, plan.run)", call, None),
-                ("the op under torch.inference_mode()", call, torch.inference_mode),
+        @contextlib.contextmanager
+        def shipped_inference():
+            with switched_all(**shipped), torch.inference_mode():
+                yield
+
+        # under --host-cpu ``call`` is chunk.gdn_chunk itself: there the first three rows time one call
+        rows = [("the op (dispatch, checks, key, plan.run)", call, on(**shipped)),
+                ("the op under torch.inference_mode()", call, shipped_inference),
                 ("its CUDA kernel, no dispatcher", lambda: chunk.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True,
-                                                                           False), None),
+                                                                           False), on(**shipped)),
                 ("plan.run (ints, pooled, C launches direct)", run, on(**shipped)),
                 ("plan.run, Triton's launchers", run, on(**launchers)),
                 ("plan.run, launchers, own buffers", run, on(**own)),
@@ -258,7 +265,7 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                 ("    and host descriptors reused", lambda q=with_runs(scratch_once): q.run(inputs, device),
                  launchers_descriptors_reused),
                 ("  launches skipped", lambda q=with_runs(skipped): q.run(inputs, device), on(**launchers)),
-                ("  launches skipped, allocations made once",
+                ("  launches skipped, _make results kept",
                  lambda q=with_runs(skipped, True): q.run(inputs, device), on(**launchers))]
         print(f"  anatomy of the planned call ({plan_summary(p)}), host us, median of {repeats}:")
         times = []
@@ -273,10 +280,12 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
               f"plan lookup {kernel - planned:.1f}; direct C launches (plan.DIRECT_LAUNCH) save "
               f"{launched - planned:.1f}; the pooled workspace (plan.POOL_BUFFERS) {owned - launched:.1f}; "
               f"pointers as ints (plan.POINTERS_AS_INTS) {as_tensors - owned:.1f}; through Triton's launchers: "
-              f"their Python frames {launched - direct_run:.1f}, launches {launched - no_launch:.1f} (scratch "
-              f"allocations {launched - scratch_run:.1f}, host descriptors {scratch_run - reused_run:.1f}, the C "
-              f"launches {reused_run - no_launch:.1f}), the workspace allocation {no_launch - made_once:.1f}, the "
-              f"replay loop and the rest {made_once:.1f}")
+              f"launches {launched - no_launch:.1f} (the launcher objects {launched - scratch_run:.1f}: the Python "
+              f"frames of scratch-free variants {launched - direct_run:.1f}, the rest, per-launch scratch "
+              f"allocations included, {direct_run - scratch_run:.1f}; host descriptors {scratch_run - reused_run:.1f};"
+              f" the C launches {reused_run - no_launch:.1f}), the outputs' allocations and slot addresses "
+              f"{no_launch - made_once:.1f}, the replay loop and the rest (the workspace allocation included) "
+              f"{made_once:.1f}")
     finally:
         plan.ENABLED = was
 

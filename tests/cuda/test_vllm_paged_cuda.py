@@ -167,9 +167,12 @@ def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
         # stack last, so keep both ends; where gdb is installed, the native stack at the signal too
         native = ""
         if r.returncode < 0 and shutil.which("gdb"):
-            g = subprocess.run(["gdb", "-q", "-batch", "-ex", "run", "-ex", "bt 40", "--args", sys.executable, "-u",
-                                str(script)], capture_output=True, text=True, timeout=600)
-            native = "\n".join(g.stdout.splitlines()[-60:])
+            try:
+                g = subprocess.run(["gdb", "-q", "-batch", "-ex", "run", "-ex", "bt 40", "--args", sys.executable,
+                                    "-u", str(script)], capture_output=True, text=True, timeout=600)
+                native = "\n".join(g.stdout.splitlines()[-60:])
+            except subprocess.TimeoutExpired:
+                native = "gdb timed out"
         raise AssertionError(f"exit {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr head: {r.stderr[:4000]}\n"
                              f"stderr tail: {r.stderr[-2500:]}\ngdb: {native}")
     lines = r.stdout.splitlines()

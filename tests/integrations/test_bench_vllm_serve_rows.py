@@ -1,0 +1,75 @@
+"""bench_vllm_serve.py joins a row's runs of other workloads only where they measured the same thing.
+
+A GPU run holds one command for at most 10 minutes, so a row's workloads may be timed in separate runs
+(``--workloads``) into one folder; the table must then show each workload's latest timing of the same
+versions, commit and settings, and never mix in a run of another tree or other shapes. No vLLM needed.
+"""
+
+import importlib
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))  # the scripts import their siblings (_harness) as run from there
+    return importlib.import_module("bench_vllm_serve")
+
+
+def _args(tmp_path, **kw):
+    return types.SimpleNamespace(size="tiny", tp=1, out=str(tmp_path), gpu_memory_utilization=0.85,
+                                 kv_cache_memory_bytes=64 << 20, block_size=32, eager=True, **kw)
+
+
+def _run(bench, args, row, workloads, versions="GPU; vLLM 0.24.0; commit abc1234", error=None, **settings):
+    r = {**bench.describe(row), "size": "tiny", "tp": 1, "versions": versions,
+         "settings": {**bench.settings(args), **settings}, "workloads": list(workloads)}
+    if error:
+        return {**r, "error": error}
+    return {**r, **{f"{w}_{unit}": 10.0 * (i + 1) for i, w in enumerate(workloads) for unit in ("tok_s", "s")}}
+
+
+def _write(bench, args, runs):
+    bench.jsonl_path(args).write_text("".join(json.dumps(r) + "\n" for r in runs))
+    return bench.measured(args)
+
+
+def test_runs_of_one_tree_join_across_a_failed_run(bench, tmp_path):
+    args = _args(tmp_path)
+    rows = _write(bench, args, [_run(bench, args, "bf16", ["long", "short"]),
+                                _run(bench, args, "bf16", ["decode"], error="RuntimeError: boom"),
+                                _run(bench, args, "bf16", ["decode"])])
+    assert rows["bf16"]["workloads"] == ["long", "short", "decode"]
+    assert (rows["bf16"]["long_s"], rows["bf16"]["short_s"], rows["bf16"]["decode_s"]) == (10.0, 20.0, 10.0)
+    line = bench.table(list(rows.values()), "header", args).splitlines()[-1]
+    assert "| 10 (1.00x) | 20 (1.00x) | 10 (1.00x) |" in line, line  # long, short, decode, each against itself
+
+
+def test_a_failed_last_run_shows_its_error(bench, tmp_path):
+    args = _args(tmp_path)
+    rows = _write(bench, args, [_run(bench, args, "bf16", ["long"]),
+                                _run(bench, args, "bf16", ["decode"], error="RuntimeError: boom")])
+    assert rows["bf16"]["error"] == "RuntimeError: boom" and "long_s" not in rows["bf16"]
+
+
+@pytest.mark.parametrize("other", [{"versions": "GPU; vLLM 0.24.0; commit def5678"},
+                                   {"block_size": 16}, {"eager": False}])
+def test_runs_of_another_tree_or_settings_replace(bench, tmp_path, other):
+    args = _args(tmp_path)
+    versions = other.pop("versions", "GPU; vLLM 0.24.0; commit abc1234")
+    rows = _write(bench, args, [_run(bench, args, "aura4v2", ["long"]),
+                                _run(bench, args, "aura4v2", ["decode"], versions=versions, **other)])
+    assert rows["aura4v2"]["workloads"] == ["decode"] and "long_s" not in rows["aura4v2"]
+
+
+def test_an_unknown_commit_never_joins(bench, tmp_path):
+    args = _args(tmp_path)
+    unknown = "CPU; vLLM 0.32.0; commit unknown"
+    rows = _write(bench, args, [_run(bench, args, "bf16", ["long"], versions=unknown),
+                                _run(bench, args, "bf16", ["short"], versions=unknown)])
+    assert rows["bf16"]["workloads"] == ["short"]
