@@ -352,8 +352,8 @@ def measured(args) -> dict[str, dict]:
             before = whole.get(r["row"])
             if (before and r.get("settings") and before.get("settings") == r["settings"]
                     and before.get("versions") == r.get("versions") and "commit unknown" not in r["versions"]):
-                kept = {k: before[k] for k in timing_keys(before) - timing_keys(r) if k in before}
-                r = {**r, **kept, "workloads": [w for w in WORKLOADS if f"{w}_s" in {**r, **kept}]}
+                r = {**r, **{k: before[k] for k in timing_keys(before) - timing_keys(r) if k in before}}
+                r["workloads"] = [w for w in WORKLOADS if f"{w}_s" in r]
             whole[r["row"]] = r
         rows[r["row"]] = r
     return rows

@@ -229,30 +229,25 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                     stack.enter_context(switched(name, value))
                 yield
 
-        def on(**values):
-            """A row's context: the plan switches it sets, each row explicit so no row depends on the defaults."""
-            return lambda: switched_all(**values)
+        def on(also=contextlib.nullcontext, **values):
+            """A row's context: the plan switches it sets (each row explicit, so none depends on the defaults),
+            inside ``also()``."""
+            @contextlib.contextmanager
+            def context():
+                with also(), switched_all(**values):
+                    yield
+            return context
 
         shipped = dict(POINTERS_AS_INTS=True, POOL_BUFFERS=True, DIRECT_LAUNCH=True)
         # the rows that take Triton's launcher apart replace each op's ``run``, which only the launcher path calls
         launchers = {**shipped, "DIRECT_LAUNCH": False}
         own = {**launchers, "POOL_BUFFERS": False}
 
-        @contextlib.contextmanager
-        def launchers_descriptors_reused():
-            with switched_all(**launchers), descriptors_reused():
-                yield
-
         run = lambda: p.run(inputs, device)  # noqa: E731
         q, k, v, g, beta, h0, cu, ci = tensors
-        @contextlib.contextmanager
-        def shipped_inference():
-            with switched_all(**shipped), torch.inference_mode():
-                yield
-
         # under --host-cpu ``call`` is chunk.gdn_chunk itself: there the first three rows time one call
         rows = [("the op (dispatch, checks, key, plan.run)", call, on(**shipped)),
-                ("the op under torch.inference_mode()", call, shipped_inference),
+                ("the op under torch.inference_mode()", call, on(torch.inference_mode, **shipped)),
                 ("its CUDA kernel, no dispatcher", lambda: chunk.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True,
                                                                            False), on(**shipped)),
                 ("plan.run (ints, pooled, C launches direct)", run, on(**shipped)),
@@ -263,7 +258,7 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                 ("  C launches, scratch made once", lambda q=with_runs(scratch_once): q.run(inputs, device),
                  on(**launchers)),
                 ("    and host descriptors reused", lambda q=with_runs(scratch_once): q.run(inputs, device),
-                 launchers_descriptors_reused),
+                 on(descriptors_reused, **launchers)),
                 ("  launches skipped", lambda q=with_runs(skipped): q.run(inputs, device), on(**launchers)),
                 ("  launches skipped, _make results kept",
                  lambda q=with_runs(skipped, True): q.run(inputs, device), on(**launchers))]
