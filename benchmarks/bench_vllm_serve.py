@@ -50,6 +50,7 @@ names them ``vllm_serve_<size>_tp<N>.*``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -111,11 +112,23 @@ def engine(model: Path, row: str, args, max_len: int, eager: bool = False):
     memory = ({"gpu_memory_utilization": args.gpu_memory_utilization} if on_gpu
               else {"kv_cache_memory_bytes": args.kv_cache_memory_bytes})
     preset = PRESETS[args.size]
+    gdn_prefill = gdn_prefill_backend(args.size)
     return LLM(model=str(model), tokenizer=str(model), dtype="bfloat16", kv_cache_dtype=kv_dtype,
                block_size=args.block_size, max_model_len=max_len, seed=0, enforce_eager=args.eager or eager,
                max_num_seqs=preset["max_num_seqs"], max_num_batched_tokens=preset["max_num_batched_tokens"],
                enable_prefix_caching=True, enable_chunked_prefill=True, **s.use_tp(args.tp),
-               **({"attention_config": {"backend": backend}} if backend else {}), **memory)
+               **({"attention_config": {"backend": backend}} if backend else {}),
+               **({"gdn_prefill_backend": gdn_prefill} if gdn_prefill else {}), **memory)
+
+
+def gdn_prefill_backend(size: str) -> str | None:
+    """vLLM's own GDN prefill for a hybrid model, where its default cannot serve: on Hopper vLLM picks
+    FlashInfer's, which needs the ``flashinfer`` package (absent from the GPU bundle: the bf16 row then died at
+    its first prefill with ModuleNotFoundError); its Triton (FLA) path serves instead. None: vLLM chooses."""
+    if ("layer_types" not in s.SIZES[size] or not torch.cuda.is_available()
+            or importlib.util.find_spec("flashinfer") is not None):
+        return None
+    return "triton"
 
 
 def teacher_forced(llm, sequences) -> list[list[int]]:
@@ -278,6 +291,9 @@ def table(rows: list[dict], header: str, args) -> str:
                        "tokens" for w in WORKLOADS)
     setting = (f"gpu_memory_utilization {args.gpu_memory_utilization} (CPU: {args.kv_cache_memory_bytes} bytes "
                f"of KV), block {args.block_size}; {shapes}; ratios against bf16 (KV also against fp8).")
+    if gdn_prefill_backend(args.size):
+        setting += (" vLLM's own GDN prefill (every row but gdn) is its Triton one: FlashInfer's, its Hopper "
+                    "default, needs the flashinfer package, which this machine lacks.")
     gates = (f"Gates before timing: bf16 is the reference; {s.SECOND_BACKEND} (vLLM's noise floor; GPU only) and "
              f"fp8 are vLLM's own, and gdn, reported, not gated; CUSTOM dense must reach "
              f"{s.SECOND_BACKEND}'s agreement - {s.FLOOR_MARGIN} ({s.MIN_AGREEMENT} without that row); "
@@ -366,7 +382,8 @@ def settings(args) -> dict:
     return {"workloads": {w: list(preset[w]) for w in WORKLOADS}, "max_num_seqs": preset["max_num_seqs"],
             "max_num_batched_tokens": preset["max_num_batched_tokens"],
             "gpu_memory_utilization": args.gpu_memory_utilization, "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
-            "block_size": args.block_size, "eager": args.eager}
+            "block_size": args.block_size, "eager": args.eager,
+            **({"gdn_prefill_backend": gdn} if (gdn := gdn_prefill_backend(args.size)) else {})}
 
 
 def timing_keys(result: dict) -> set[str]:

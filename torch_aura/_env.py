@@ -105,6 +105,10 @@ _VARS = [
         read="at import (wrappers), per call (launcher checks)"),
     Var("TORCH_AURA_TUNE_CACHE", "~/.cache/torch_aura/tune", _tune_cache, USER,
         "where the Triton kernels' tuned launch configs persist; 0 keeps them in the process only"),
+    Var("TORCH_AURA_SDPA_CUDNN", "0", flag, USER,
+        "1 lets the transformers 'aura' attention's SDPA fallback (prefill, head dims flash_decode lacks) "
+        "use SDPA's cuDNN backend on CUDA: faster at long fixed lengths, but it builds a plan at every new "
+        "sequence length", read="per call (once per compiled graph), by integrations/transformers/attention.py"),
     Var("TORCH_AURA_VLLM_KV_CACHE", "dense", _text, USER,
         "the vLLM plugin's KV cache format: dense or an AURA scheme aura{kb}v{vb}",
         read="per engine, by integrations/vllm/_env.py (which parses the scheme)"),

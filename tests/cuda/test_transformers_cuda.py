@@ -213,3 +213,31 @@ def test_generate_with_compile_config_on_cuda(tat, caplog, cache_kind):
         tat.disable(model)
     assert "skipping cudagraphs" not in caplog.text, caplog.text[-2000:]
     assert torch.equal(compiled, eager)
+
+
+def test_aura_prefill_runs_sdpa_without_cudnn(tat, monkeypatch):
+    """The "aura" attention's prefill (SDPA) never meets cuDNN's per-length plans: cuDNN is off inside each of
+    its SDPA calls and on again after, and the logits equal the default path's (cuDNN on)."""
+    import torch.nn.functional as F
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spying(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    model = tiny_llama(transformers, device=DEV, dtype=torch.bfloat16)
+    ids = _ids(2, 301, 5)
+    with torch.no_grad():
+        ref = model(ids).logits
+        tat.enable(model)
+        try:
+            monkeypatch.setattr(F, "scaled_dot_product_attention", spying)
+            out = model(ids).logits
+        finally:
+            tat.disable(model)
+    assert seen and not any(seen), seen
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    assert (out.float() - ref.float()).abs().max().item() <= 0.1

@@ -298,3 +298,51 @@ def test_masked_decode_equals_sdpa_with_the_mask(hf_transformers, tat, monkeypat
         monkeypatch.setattr(attention, "sdpa_attention_forward", None)
     out, _ = attention.aura_attention_forward(module, q, k, v, mask, scaling=0.125)
     assert (out - ref).abs().max().item() <= 1e-5
+
+
+def test_sdpa_fallback_backends_leave_out_cudnn_and_keep_the_users_switches(tat, monkeypatch):
+    """The SDPA fallback's CUDA backends: every one the user left on except cuDNN (a plan per new sequence
+    length); SDPA's own choice where cuDNN is already off, cuDNN is all that is on, or TORCH_AURA_SDPA_CUDNN=1."""
+    from torch.nn.attention import SDPBackend
+    from torch_aura.integrations.transformers import attention
+
+    cuda = torch.backends.cuda
+    saved = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+             cuda.math_sdp_enabled())
+    monkeypatch.delenv("TORCH_AURA_SDPA_CUDNN", raising=False)
+    try:
+        cuda.enable_cudnn_sdp(True)
+        assert attention.sdpa_backends() == (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                             SDPBackend.MATH)
+        cuda.enable_flash_sdp(False)  # the user's own choice survives
+        assert attention.sdpa_backends() == (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+        monkeypatch.setenv("TORCH_AURA_SDPA_CUDNN", "1")
+        assert attention.sdpa_backends() is None
+        monkeypatch.setenv("TORCH_AURA_SDPA_CUDNN", "0")
+        cuda.enable_mem_efficient_sdp(False)
+        cuda.enable_math_sdp(False)
+        assert attention.sdpa_backends() is None  # cuDNN alone: not ours to turn off
+        cuda.enable_math_sdp(True)
+        cuda.enable_cudnn_sdp(False)
+        assert attention.sdpa_backends() is None
+    finally:
+        for enable, on in zip((cuda.enable_cudnn_sdp, cuda.enable_flash_sdp, cuda.enable_mem_efficient_sdp,
+                               cuda.enable_math_sdp), saved):
+            enable(on)
+
+
+def test_sdpa_backends_compile_without_a_graph_break(tat):
+    """sdpa_backends() reads torch's host flags, which dynamo cannot trace: it is a constant of the compiled
+    graph (``assume_constant_result``), so the CUDA fallback's ``sdpa_kernel`` block compiles in one graph."""
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+    from torch_aura.integrations.transformers import attention
+
+    def attend(q):
+        with sdpa_kernel(list(attention.sdpa_backends())):
+            return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    q = torch.randn(1, 2, 7, 16, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    out = torch.compile(attend, fullgraph=True)(q)
+    assert (out - attend(q)).abs().max().item() <= 1e-6

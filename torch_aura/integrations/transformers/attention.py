@@ -20,7 +20,8 @@ gets no mask at all, which would silently unmask padded batches). What serves a 
   any window), so a compiled step has no host read and no data-dependent branch, and any boolean
   mask, holes included, is served exactly;
 - anything else (prefill, a head dim ``flash_decode`` lacks, dropout, a position bias, an additive
-  mask): transformers' own SDPA function with the mask, so a mask is never dropped.
+  mask): transformers' own SDPA function with the mask, so a mask is never dropped (:func:`sdpa_fallback`:
+  on CUDA without SDPA's cuDNN backend, which builds a plan for every new sequence length).
 
 So every call equals ``sdpa_attention_forward`` on the same inputs, or raises: an argument SDPA
 would drop without computing it (attention sinks, sparse indices; ``_support.REFUSED_ARGUMENTS``)
@@ -29,13 +30,17 @@ raises ``ValueError`` instead. ``enable()`` refuses such models before this func
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 # the package's __init__ has checked the transformers version before importing this module
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from ... import _env
 from ..._checks.decode import SUPPORTED_HEAD_DIMS as DECODE_HEAD_DIMS
 from ._support import KEEP_OWN, REFUSED_ARGUMENTS
 
@@ -49,6 +54,36 @@ def grouped_sdpa_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_s
     Hkv = k_cache.shape[1]
     out = F.scaled_dot_product_attention(q.reshape(B, Hkv, Hq // Hkv, D), k_cache, v_cache, scale=scale)
     return out.reshape(B, Hq, D), None
+
+
+# SDPA's CUDA backends other than cuDNN, each with the switch a user may have turned off
+_NOT_CUDNN = ((SDPBackend.FLASH_ATTENTION, torch.backends.cuda.flash_sdp_enabled),
+              (SDPBackend.EFFICIENT_ATTENTION, torch.backends.cuda.mem_efficient_sdp_enabled),
+              (SDPBackend.MATH, torch.backends.cuda.math_sdp_enabled))
+
+
+@torch.compiler.assume_constant_result  # torch's backend switches are host flags: read once per compiled graph
+def sdpa_backends() -> tuple[SDPBackend, ...] | None:
+    """The SDPA backends :func:`sdpa_fallback` lets a CUDA call choose from: those the user left on, less
+    cuDNN; None leaves SDPA's own choice (cuDNN already off, ``TORCH_AURA_SDPA_CUDNN=1``, or cuDNN the
+    only backend on).
+
+    SDPA's cuDNN backend builds an execution plan for each new sequence length: in the H200's prompt
+    stream (torch 2.11, docs/gdn.md §6.4) a Qwen3-Next prompt of a new length took 1.5-2x its steady time
+    with it, where flash and efficient attention run any length at once."""
+    if _env.TORCH_AURA_SDPA_CUDNN or not torch.backends.cuda.cudnn_sdp_enabled():
+        return None
+    return tuple(backend for backend, enabled in _NOT_CUDNN if enabled()) or None
+
+
+def sdpa_fallback(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, dropout: float, scaling: float | None, **kwargs):
+    """transformers' ``sdpa_attention_forward`` (same arguments and result), on CUDA within
+    :func:`sdpa_backends`."""
+    backends = sdpa_backends() if query.device.type == "cuda" else None
+    with sdpa_kernel(list(backends)) if backends else contextlib.nullcontext():
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
 
 
 def mask_pages(attention_mask: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
@@ -145,8 +180,7 @@ def aura_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
         if paged is not None:
             out, _ = flash_decode(query[:, :, 0], *paged, scaling, 0)
             return out.unsqueeze(1), None
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                  scaling=scaling, **kwargs)
+    return sdpa_fallback(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
 
 
 def register() -> None:

@@ -48,7 +48,7 @@ from transformers.cache_utils import get_layer_types_and_kwargs
 
 from ...aura_cache import AuraCache, _check_schemes
 from . import _support
-from .attention import LAYER_KEY, NAME, sdpa_attention_forward
+from .attention import LAYER_KEY, NAME, sdpa_fallback
 
 _GRANULE = 256  # capacity is a multiple of this many tokens (aura_decode's reference block)
 _AUTO_QUERIES = 32  # the prefill's last queries that scheme="auto" measures each head with
@@ -255,8 +255,7 @@ class AuraKVLayer(CacheLayerMixin):
             self.aura.reserve_rollback(min(L, _PREFILL_ROLLBACK) if prefill else L)
         if prefill and self.exact_prefill:
             self._append_prefill(query, k_rows, v_rows, lengths, scaling)
-            return sdpa_attention_forward(module, query, k, v, attention_mask, dropout=dropout,
-                                          scaling=scaling, **kwargs)[0]
+            return sdpa_fallback(module, query, k, v, attention_mask, dropout, scaling, **kwargs)[0]
         if 1 < L <= _STEPWISE_MAX and self.aura.windowed:
             return self._attend_token_by_token(query, k_rows, v_rows, lengths if prefill else None, scaling)
         if prefill:
