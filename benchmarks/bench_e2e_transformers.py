@@ -19,6 +19,7 @@ CPU, whose rows are a smoke test only):
   ``default-no-cudnn`` (SDPA's cuDNN backend off, GPU only: a slow backend choice is not the cost of
   the path) and ``static-compiled`` (transformers' ``StaticCache`` + SDPA, compiled);
 - ours: ``aura-attn`` (``enable(model)``: our GDN kernels, ``"aura"`` attention, ``DynamicCache``),
+  ``aura-attn-cudnn`` (the same with ``TORCH_AURA_SDPA_CUDNN=1``: SDPA's cuDNN at every prefill length),
   ``aura-attn-static`` and ``aura-attn-static-compiled`` (``"aura"`` over a ``StaticCache``:
   ``flash_decode`` over each row's live keys), ``aura8`` / ``aura4v2`` (``AuraKVCache``) and
   ``aura8-compiled`` / ``aura4v2-compiled`` (``AuraKVCache(max_cache_len=...)``, compiled).
@@ -54,6 +55,7 @@ import contextlib
 import copy
 import importlib
 import inspect
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -71,11 +73,18 @@ GB = 1e9
 DECODE_STEPS = 16
 
 
+def gpu_only(variant: str) -> bool:
+    """A variant that differs from another only in a CUDA backend choice: the same path off the GPU."""
+    spec = VARIANTS[variant]
+    return not spec.cudnn or spec.sdpa_cudnn != "auto"
+
+
 class Variant(NamedTuple):
     cache: str  # "dynamic", "static" (transformers' StaticCache) or an AURA scheme (AuraKVCache)
     aura: bool  # enable(model): our GDN kernels and the "aura" attention
     compiled: bool  # torch.compile(model.forward) over a static cache (AuraKVCache gets max_cache_len)
     cudnn: bool = True  # SDPA's cuDNN backend (GPU)
+    sdpa_cudnn: str = "auto"  # TORCH_AURA_SDPA_CUDNN: when the "aura" attention's SDPA fallback may use cuDNN
     # bf16 stacks of random weights: the logits of two exact paths differ by rounding order only
     cosine_min: float = 0.995
 
@@ -92,6 +101,7 @@ VARIANTS = {
     "default-no-cudnn": Variant("dynamic", False, False, cudnn=False),
     "static-compiled": Variant("static", False, True),
     "aura-attn": Variant("dynamic", True, False),
+    "aura-attn-cudnn": Variant("dynamic", True, False, sdpa_cudnn="1"),
     "aura-attn-static": Variant("static", True, False),
     "aura-attn-static-compiled": Variant("static", True, True),
     "aura8": Variant("aura8", True, False, cosine_min=0.99),
@@ -166,6 +176,7 @@ def set_variant(model, variant: str):
         tat.disable(model)
     if torch.cuda.is_available():
         torch.backends.cuda.enable_cudnn_sdp(spec.cudnn)
+    os.environ["TORCH_AURA_SDPA_CUDNN"] = spec.sdpa_cudnn  # read per call: no recompile in eager variants
 
 
 def compile_step(model, device):
@@ -467,7 +478,8 @@ def agreement_by_depth(name: str, depth: int, T: int, tiny: bool, device) -> lis
 
 
 # default-no-cudnn tells SDPA's cuDNN plans (built per exact shape) apart from the rest of the default path's stalls
-STREAM_VARIANTS = ("default", "default-no-cudnn", "aura-attn")
+# aura-attn-cudnn: ours with cuDNN at every length, the stall and the steady time the 16k threshold trades
+STREAM_VARIANTS = ("default", "default-no-cudnn", "aura-attn", "aura-attn-cudnn")
 
 
 @torch.inference_mode()
@@ -480,8 +492,8 @@ def prompt_stream(model, name: str, lengths: list[int], device) -> list[dict]:
     vocab = model.config.get_text_config().vocab_size
     rows = []
     for shift, variant in enumerate(STREAM_VARIANTS):
-        if not VARIANTS[variant].cudnn and device.type != "cuda":
-            continue  # the same path as default off the GPU
+        if gpu_only(variant) and device.type != "cuda":
+            continue
         set_variant(model, variant)
         g = torch.Generator(device="cpu").manual_seed(2)
         warm = torch.randint(1, vocab, (1, 512 + shift), generator=g).to(device)
@@ -555,7 +567,7 @@ def main(argv=None) -> int:
                 for variant in args.variants.split(","):
                     if variant not in VARIANTS:
                         raise ValueError(f"--variants: unknown {variant!r}; known: {', '.join(VARIANTS)}")
-                    if not VARIANTS[variant].cudnn and device.type != "cuda":
+                    if gpu_only(variant) and device.type != "cuda":
                         continue
                     if variant == "default" and name == "qwen3-next" and gdn_default == "torch" and T > min(contexts):
                         continue  # transformers' torch GDN loops take minutes at long contexts

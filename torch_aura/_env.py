@@ -105,10 +105,11 @@ _VARS = [
         read="at import (wrappers), per call (launcher checks)"),
     Var("TORCH_AURA_TUNE_CACHE", "~/.cache/torch_aura/tune", _tune_cache, USER,
         "where the Triton kernels' tuned launch configs persist; 0 keeps them in the process only"),
-    Var("TORCH_AURA_SDPA_CUDNN", "0", flag, USER,
-        "1 lets the transformers 'aura' attention's SDPA fallback (prefill, head dims flash_decode lacks) "
-        "use SDPA's cuDNN backend on CUDA: faster at long fixed lengths, but it builds a plan at every new "
-        "sequence length", read="per call (once per compiled graph), by integrations/transformers/attention.py"),
+    Var("TORCH_AURA_SDPA_CUDNN", "auto", _choice("auto", "0", "1"), USER,
+        "whether the transformers 'aura' attention's SDPA fallback (prefill, head dims flash_decode lacks) may "
+        "use SDPA's cuDNN backend on CUDA, which builds a plan at every new sequence length: auto from 16k "
+        "query tokens (where its faster kernel outweighs the plan), 0 never, 1 always",
+        read="per call (once per compiled graph), by integrations/transformers/attention.py"),
     Var("TORCH_AURA_VLLM_KV_CACHE", "dense", _text, USER,
         "the vLLM plugin's KV cache format: dense or an AURA scheme aura{kb}v{vb}",
         read="per engine, by integrations/vllm/_env.py (which parses the scheme)"),

@@ -215,9 +215,11 @@ def test_generate_with_compile_config_on_cuda(tat, caplog, cache_kind):
     assert torch.equal(compiled, eager)
 
 
-def test_aura_prefill_runs_sdpa_without_cudnn(tat, monkeypatch):
-    """The "aura" attention's prefill (SDPA) never meets cuDNN's per-length plans: cuDNN is off inside each of
-    its SDPA calls and on again after, and the logits equal the default path's (cuDNN on)."""
+@pytest.mark.parametrize("policy, prompt, cudnn", [("auto", 301, False), ("0", 301, False), ("1", 301, True)])
+def test_aura_prefill_leaves_cudnn_out_below_its_threshold(tat, monkeypatch, policy, prompt, cudnn):
+    """The "aura" attention's prefill (SDPA) runs without cuDNN's per-length plans below
+    CUDNN_FROM_QUERY_TOKENS (TORCH_AURA_SDPA_CUDNN=auto), never with 0, as SDPA chooses with 1; cuDNN is on
+    again after, and the logits equal the default path's (cuDNN on)."""
     import torch.nn.functional as F
 
     seen = []
@@ -227,9 +229,10 @@ def test_aura_prefill_runs_sdpa_without_cudnn(tat, monkeypatch):
         seen.append(torch.backends.cuda.cudnn_sdp_enabled())
         return real(*args, **kwargs)
 
+    monkeypatch.setenv("TORCH_AURA_SDPA_CUDNN", policy)
     torch.backends.cuda.enable_cudnn_sdp(True)
     model = tiny_llama(transformers, device=DEV, dtype=torch.bfloat16)
-    ids = _ids(2, 301, 5)
+    ids = _ids(2, prompt, 5)
     with torch.no_grad():
         ref = model(ids).logits
         tat.enable(model)
@@ -238,6 +241,6 @@ def test_aura_prefill_runs_sdpa_without_cudnn(tat, monkeypatch):
             out = model(ids).logits
         finally:
             tat.disable(model)
-    assert seen and not any(seen), seen
+    assert seen and set(seen) == {cudnn}, seen
     assert torch.backends.cuda.cudnn_sdp_enabled()
     assert (out.float() - ref.float()).abs().max().item() <= 0.1

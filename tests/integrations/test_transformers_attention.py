@@ -301,24 +301,21 @@ def test_masked_decode_equals_sdpa_with_the_mask(hf_transformers, tat, monkeypat
 
 
 def test_sdpa_fallback_backends_leave_out_cudnn_and_keep_the_users_switches(tat, monkeypatch):
-    """The SDPA fallback's CUDA backends: every one the user left on except cuDNN (a plan per new sequence
-    length); SDPA's own choice where cuDNN is already off, cuDNN is all that is on, or TORCH_AURA_SDPA_CUDNN=1."""
+    """Without cuDNN (a plan per new sequence length) the SDPA fallback's CUDA backends are every one the user
+    left on; nothing to restrict where cuDNN is already off or is all that is on. TORCH_AURA_SDPA_CUDNN reads
+    auto, 0 or 1 and refuses anything else by name."""
     from torch.nn.attention import SDPBackend
     from torch_aura.integrations.transformers import attention
 
     cuda = torch.backends.cuda
     saved = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
              cuda.math_sdp_enabled())
-    monkeypatch.delenv("TORCH_AURA_SDPA_CUDNN", raising=False)
     try:
         cuda.enable_cudnn_sdp(True)
         assert attention.sdpa_backends() == (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                                              SDPBackend.MATH)
         cuda.enable_flash_sdp(False)  # the user's own choice survives
         assert attention.sdpa_backends() == (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
-        monkeypatch.setenv("TORCH_AURA_SDPA_CUDNN", "1")
-        assert attention.sdpa_backends() is None
-        monkeypatch.setenv("TORCH_AURA_SDPA_CUDNN", "0")
         cuda.enable_mem_efficient_sdp(False)
         cuda.enable_math_sdp(False)
         assert attention.sdpa_backends() is None  # cuDNN alone: not ours to turn off
@@ -329,16 +326,26 @@ def test_sdpa_fallback_backends_leave_out_cudnn_and_keep_the_users_switches(tat,
         for enable, on in zip((cuda.enable_cudnn_sdp, cuda.enable_flash_sdp, cuda.enable_mem_efficient_sdp,
                                cuda.enable_math_sdp), saved):
             enable(on)
+    monkeypatch.delenv("TORCH_AURA_SDPA_CUDNN", raising=False)
+    assert attention.cudnn_policy() == "auto"
+    for value in ("0", "1"):
+        monkeypatch.setenv("TORCH_AURA_SDPA_CUDNN", value)
+        assert attention.cudnn_policy() == value
+    monkeypatch.setenv("TORCH_AURA_SDPA_CUDNN", "yes")
+    with pytest.raises(ValueError, match="TORCH_AURA_SDPA_CUDNN"):
+        attention.cudnn_policy()
 
 
 def test_sdpa_backends_compile_without_a_graph_break(tat):
-    """sdpa_backends() reads torch's host flags, which dynamo cannot trace: it is a constant of the compiled
-    graph (``assume_constant_result``), so the CUDA fallback's ``sdpa_kernel`` block compiles in one graph."""
+    """sdpa_backends() and cudnn_policy() read torch's host flags and the environment, which dynamo cannot
+    trace: each is a constant of the compiled graph (``assume_constant_result``), so the CUDA fallback's
+    ``sdpa_kernel`` block compiles in one graph."""
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
     from torch_aura.integrations.transformers import attention
 
     def attend(q):
+        assert attention.cudnn_policy() == "auto"
         with sdpa_kernel(list(attention.sdpa_backends())):
             return F.scaled_dot_product_attention(q, q, q, is_causal=True)
 

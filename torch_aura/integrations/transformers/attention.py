@@ -21,7 +21,7 @@ gets no mask at all, which would silently unmask padded batches). What serves a 
   mask, holes included, is served exactly;
 - anything else (prefill, a head dim ``flash_decode`` lacks, dropout, a position bias, an additive
   mask): transformers' own SDPA function with the mask, so a mask is never dropped (:func:`sdpa_fallback`:
-  on CUDA without SDPA's cuDNN backend, which builds a plan for every new sequence length).
+  on CUDA below 16k query tokens without SDPA's cuDNN backend, which builds a plan for every new length).
 
 So every call equals ``sdpa_attention_forward`` on the same inputs, or raises: an argument SDPA
 would drop without computing it (attention sinks, sparse indices; ``_support.REFUSED_ARGUMENTS``)
@@ -60,27 +60,38 @@ def grouped_sdpa_decode(q, k_cache, v_cache, seq_lens, block_table, scale, num_s
 _NOT_CUDNN = ((SDPBackend.FLASH_ATTENTION, torch.backends.cuda.flash_sdp_enabled),
               (SDPBackend.EFFICIENT_ATTENTION, torch.backends.cuda.mem_efficient_sdp_enabled),
               (SDPBackend.MATH, torch.backends.cuda.math_sdp_enabled))
+# Query tokens per row from which the fallback keeps cuDNN (TORCH_AURA_SDPA_CUDNN=auto). cuDNN builds a plan
+# at each new sequence length; in the H200 prompt stream (Qwen3-Next, torch 2.11, docs/gdn.md §6.4) a new
+# length cost 60-135 ms up to 12k tokens, where cuDNN's kernel saved 27 ms a prompt at 12k, and 12-18 ms at
+# 30k, where it saved 150.
+CUDNN_FROM_QUERY_TOKENS = 16384
 
 
-@torch.compiler.assume_constant_result  # torch's backend switches are host flags: read once per compiled graph
+@torch.compiler.assume_constant_result  # host flags and the environment: read once per compiled graph
 def sdpa_backends() -> tuple[SDPBackend, ...] | None:
-    """The SDPA backends :func:`sdpa_fallback` lets a CUDA call choose from: those the user left on, less
-    cuDNN; None leaves SDPA's own choice (cuDNN already off, ``TORCH_AURA_SDPA_CUDNN=1``, or cuDNN the
-    only backend on).
-
-    SDPA's cuDNN backend builds an execution plan for each new sequence length: in the H200's prompt
-    stream (torch 2.11, docs/gdn.md §6.4) a Qwen3-Next prompt of a new length took 1.5-2x its steady time
-    with it, where flash and efficient attention run any length at once."""
-    if _env.TORCH_AURA_SDPA_CUDNN or not torch.backends.cuda.cudnn_sdp_enabled():
+    """The SDPA backends a CUDA call of :func:`sdpa_fallback` chooses from when cuDNN is left out: those
+    the user left on, less cuDNN; None where there is nothing to leave out (cuDNN off already, or the
+    only backend on)."""
+    if not torch.backends.cuda.cudnn_sdp_enabled():
         return None
     return tuple(backend for backend, enabled in _NOT_CUDNN if enabled()) or None
 
 
+@torch.compiler.assume_constant_result
+def cudnn_policy() -> str:
+    """``TORCH_AURA_SDPA_CUDNN``: "auto" (cuDNN from :data:`CUDNN_FROM_QUERY_TOKENS`), "0" or "1"."""
+    return _env.TORCH_AURA_SDPA_CUDNN
+
+
 def sdpa_fallback(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, dropout: float, scaling: float | None, **kwargs):
-    """transformers' ``sdpa_attention_forward`` (same arguments and result), on CUDA within
-    :func:`sdpa_backends`."""
-    backends = sdpa_backends() if query.device.type == "cuda" else None
+    """transformers' ``sdpa_attention_forward`` (same arguments and result); on CUDA without SDPA's
+    cuDNN backend (:func:`sdpa_backends`) unless ``TORCH_AURA_SDPA_CUDNN`` lets it serve this call."""
+    backends = None
+    if query.device.type == "cuda":
+        policy = cudnn_policy()
+        if policy == "0" or (policy == "auto" and query.shape[2] < CUDNN_FROM_QUERY_TOKENS):
+            backends = sdpa_backends()
     with sdpa_kernel(list(backends)) if backends else contextlib.nullcontext():
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
