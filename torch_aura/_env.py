@@ -201,6 +201,12 @@ def get(name: str) -> Any:
         raise ValueError(f"{name}={text!r}: {e}") from None
 
 
+def raw(names: tuple[str, ...]) -> tuple[str | None, ...]:
+    """The variables' text as set (None where unset), unparsed: a cache key read on every call needs only
+    to change when they do, where ``get``'s parse costs ~2 us a name."""
+    return tuple(map(os.environ.get, names))
+
+
 def is_set(name: str) -> bool:
     """Whether ``name`` is present and non-empty (for "set without effect" warnings)."""
     if name not in VARIABLES:

@@ -394,12 +394,15 @@ def note_event(name: str) -> None:
 
 
 # ------------------------------------------------------------------------------ gdn_chunk
+# the variables the recorded launches depend on (the overlap, the SM share the grids assume, tuning)
+_KEYED_VARIABLES = ("TORCH_AURA_GDN_OVERLAP", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "TORCH_AURA_TUNE")
+
+
 def _key(inputs, device, scale, use_qk_l2norm, state_v_first):
     # the current device too: _launch's entries are per current device, as the launches run there
     current = torch.cuda.current_device() if device.type == "cuda" else None
     return (device, current, *map(_facts, inputs), scale, use_qk_l2norm, state_v_first,
-            _env.get("TORCH_AURA_GDN_OVERLAP"), _env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
-            _env.get("TORCH_AURA_TUNE"))
+            *_env.raw(_KEYED_VARIABLES))
 
 
 def key_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices) -> tuple:
