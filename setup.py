@@ -9,6 +9,9 @@
   without a C++ compiler still installs (the CPU ops then run the reference).
 * ``torch_aura._C_mps`` (``csrc/mps``, Objective-C++): macOS with an MPS-enabled torch only, as its
   own extension so Objective-C flags never reach ``.cpp``/``.cu`` sources.
+* ``torch_aura._C_autograd_t<major>_<minor>`` (``csrc/autograd``, ordinary LibTorch C++, so tied to
+  the torch minor version in its name): the ops' Autograd-key kernel, built with the CPU kernels
+  (``AURA_BUILD_CPU``) wherever torch is importable; ``optional``.
 * ``triton_kernels/`` installs as ``torch_aura.triton_kernels`` and never as a top-level package.
 
 Building an extension needs the torch of the target environment: ``pip install --no-build-isolation``.
@@ -102,14 +105,32 @@ def _mps_extension(torch):
     embed.write_header(__import__("pathlib").Path(generated) / "aura_shader_sources.h")
     # _C_mps uses ordinary ATen (the stable ABI has no MPS surface): it is tied to this torch
     # minor version, recorded here and checked by torch_aura.backends before the import.
-    minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     with open(os.path.join(ROOT, "torch_aura", "_mps_build_info.py"), "w") as f:
-        f.write(f'"""Written by setup.py: the torch version _C_mps was built against."""\nTORCH_MINOR = "{minor}"\n')
+        f.write(f'"""Written by setup.py: the torch version _C_mps was built against."""\nTORCH_MINOR = "{_minor(torch)}"\n')
     return CppExtension(
         "torch_aura._C_mps", sources + _sources("csrc/mps/plan/*.cpp"),
         include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "csrc", "mps"), generated],
         extra_compile_args={"cxx": ["-O3", "-std=c++20", "-fobjc-arc"]},
         extra_link_args=["-framework", "Metal", "-framework", "Foundation"])
+
+
+def _minor(torch) -> str:
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _autograd_extension(torch):
+    """Tied to this torch minor version (ordinary LibTorch C++), so the version is in its module name,
+    ``torch_aura._C_autograd_t2_13``: under another torch the import finds no module and the Python
+    kernel serves, where a stale build of the same name could load and crash."""
+    sources = _sources("csrc/autograd/*.cpp")
+    if not sources or torch is None or not env.get("AURA_BUILD_CPU"):
+        return None
+    from torch.utils.cpp_extension import CppExtension
+
+    module = "_C_autograd_t" + _minor(torch).replace(".", "_")
+    flags = ["/O2", "/std:c++17"] if sys.platform == "win32" else ["-O2", "-std=c++17"]
+    return CppExtension(f"torch_aura.{module}", sources, optional=True,
+                        extra_compile_args={"cxx": [*flags, f"-DAURA_AUTOGRAD_MODULE={module}"]})
 
 
 def _triton_packages():
@@ -118,7 +139,8 @@ def _triton_packages():
 
 
 torch = _torch()
-ext_modules = [e for e in (_cpu_extension(), _cuda_extension(torch), _mps_extension(torch)) if e is not None]
+ext_modules = [e for e in (_cpu_extension(), _cuda_extension(torch), _mps_extension(torch), _autograd_extension(torch))
+               if e is not None]
 cmdclass = {}
 if ext_modules:
     from torch.utils.cpp_extension import BuildExtension

@@ -153,7 +153,8 @@ _VARS = [
         read="at install"),
     Var("AURA_CUDA_ARCH", "90", _text, BUILD, "the CUDA extension's target architecture (sm_XX)",
         read="at install"),
-    Var("AURA_BUILD_CPU", "1", flag, BUILD, "0 skips the C++ CPU kernels", read="at install"),
+    Var("AURA_BUILD_CPU", "1", flag, BUILD, "0 skips the C++ CPU kernels and the C++ autograd kernel",
+        read="at install"),
     # ------------------------------------------------------------------ tests and benchmarks
     Var("AURA_CLANG", None, _text, TESTS, "the clang++ that builds the Metal emulator",
         read="tests/_metal.py", readme=False),

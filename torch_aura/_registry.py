@@ -5,7 +5,10 @@ One mechanism serves all ops, so no op can have a fake that disagrees with its c
 * fake (``register_fake``): ``check(*args)`` -> list of ``TensorSpec`` -> ``torch.empty`` each;
 * reference (``CompositeExplicitAutograd``, so it serves CPU and is the fallback on any device
   whose key has no kernel): ``check(*args)``, the fallback policy of ``backends``, then the pure
-  PyTorch function of the same name in ``torch_aura.reference``.
+  PyTorch function of the same name in ``torch_aura.reference``;
+* forward-only autograd (``Autograd``, every op that returns something): outputs of inputs that
+  require grad raise on backward. In C++ (``torch_aura._C_autograd_t<major>_<minor>``) where built for
+  this torch, else in Python.
 
 Kernels (CUDA C++, Triton, Metal, the CPU fast paths) register for their own dispatch key, which
 wins over CompositeExplicitAutograd; ``backends.autoload(LIB)`` adds them. Imports point one way:
@@ -68,12 +71,12 @@ def _make_reference(name: str):
 
 
 def _make_forward_only_autograd(name: str):
-    """The op's Autograd-key kernel. The ops are forward-only (inference kernels): outputs of inputs
-    that require grad get a grad_fn whose backward raises a NotImplementedError naming the op,
-    instead of PyTorch's "autograd kernel was not registered" warning on CPU and a silent missing
-    graph elsewhere. Without such inputs (the inference path) it redispatches at once, with no
-    pytree walk over the arguments as ``torch.library.register_autograd``'s generic kernel does
-    (host time: docs/decode.md §4; ``torch.inference_mode()`` skips this kernel altogether)."""
+    """The op's Autograd-key kernel where ``torch_aura._C_autograd_t<major>_<minor>`` cannot serve (not
+    built for this torch). The ops are forward-only (inference kernels): outputs of inputs that require
+    grad get a grad_fn whose backward raises a NotImplementedError naming the op, instead of PyTorch's
+    "autograd kernel was not registered" warning. Without such inputs (the inference path) it
+    redispatches at once; still, the round trip through Python costs 10-20 us a call (docs/decode.md
+    §4), which the C++ kernel (the same contract, PyTorch's own error) does not pay."""
     overload = getattr(torch.ops.aura, name).default
     below_autograd = torch._C._after_autograd_keyset
 
@@ -97,10 +100,37 @@ def _make_forward_only_autograd(name: str):
     return kernel
 
 
+# Which Autograd-key kernel serves the ops, and why (set by define_and_register; backends.status shows it).
+AUTOGRAD_KERNEL = "not registered yet"
+
+
+def _cpp_autograd() -> tuple[object | None, str]:
+    """``torch_aura._C_autograd_t<major>_<minor>`` of this torch (setup.py puts the version in the name:
+    the module is ordinary LibTorch C++), else None; with what serves the key and why."""
+    import importlib
+    import importlib.util
+
+    minor = "_".join(torch.__version__.split("+")[0].split(".")[:2])
+    name = f"torch_aura._C_autograd_t{minor}"
+    if importlib.util.find_spec(name) is None:
+        return None, f"Python ({name} not built)"
+    try:
+        return importlib.import_module(name), f"C++ ({name}: PyTorch's autogradNotImplementedFallback)"
+    except Exception as e:
+        return None, f"Python ({name} failed to load: {type(e).__name__}: {e})"
+
+
 def define_and_register() -> None:
+    global AUTOGRAD_KERNEL
     for name, op in OPS.items():
         LIB.define(op.schema, tags=TAGS)
         torch.library.register_fake(f"aura::{name}", _make_fake(name), lib=LIB)
         LIB.impl(name, _make_reference(name), "CompositeExplicitAutograd")
-        if "!" not in op.schema:  # mutating ops write caller buffers and return nothing to differentiate
-            LIB.impl(name, _make_forward_only_autograd(name), "Autograd", with_keyset=True)
+    # mutating ops write caller buffers and return nothing to differentiate: no Autograd kernel
+    differentiable = tuple(name for name, op in OPS.items() if "!" not in op.schema)
+    cpp, AUTOGRAD_KERNEL = _cpp_autograd()
+    if cpp is not None:
+        cpp.register_ops("aura", differentiable)
+        return
+    for name in differentiable:
+        LIB.impl(name, _make_forward_only_autograd(name), "Autograd", with_keyset=True)
