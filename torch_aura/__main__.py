@@ -200,7 +200,8 @@ def _ms(seconds: float) -> str:
 
 
 def backend_summary() -> list[str]:
-    """One line per device: what serves the ops there (the full table: --status)."""
+    """One line per device: what serves the ops there (the full table: --status); then the Autograd key's
+    kernel, the dispatcher's first stop of every eager call."""
     table = torch_aura.backends.status()
     lines = []
     for dev in ("cpu", "cuda", "mps"):
@@ -212,6 +213,7 @@ def backend_summary() -> list[str]:
         if n_ref:
             parts.append(f"reference for {n_ref} ops" + (f" ({'; '.join(reasons)})" if reasons else ""))
         lines.append(f"  {dev:<4} {', '.join(parts)}")
+    lines.append(f"  autograd (forward-only, every device): {torch_aura._registry.AUTOGRAD_KERNEL}")
     return lines
 
 
