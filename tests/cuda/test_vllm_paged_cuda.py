@@ -173,8 +173,22 @@ def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
                 native = "\n".join(g.stdout.splitlines()[-60:])
             except subprocess.TimeoutExpired:
                 native = "gdb timed out"
+        # which conditions the crash needs (the GPU hosts have no gdb): the caching allocator, and whether the
+        # error crosses the dispatcher's Python kernels (inference mode skips the Autograd one)
+        variants = {"no caching allocator": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+                    "C++ stack traces": {"TORCH_SHOW_CPP_STACKTRACES": "1"}}
+        outcomes = []
+        for label, env in variants.items():
+            v = subprocess.run([sys.executable, "-u", str(script)], capture_output=True, text=True, timeout=300,
+                               env={**os.environ, **env})
+            outcomes.append(f"{label}: exit {v.returncode}, stdout {v.stdout.strip()[-300:]!r}")
+        inference = script.with_name("oom_inference.py")
+        inference.write_text(script.read_text().replace(
+            "    torch.ops.aura.aura_dequantize.default(", "    with torch.inference_mode(): torch.ops.aura.aura_dequantize.default("))
+        v = subprocess.run([sys.executable, "-u", str(inference)], capture_output=True, text=True, timeout=300)
+        outcomes.append(f"under inference_mode: exit {v.returncode}, stdout {v.stdout.strip()[-300:]!r}")
         raise AssertionError(f"exit {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr head: {r.stderr[:4000]}\n"
-                             f"stderr tail: {r.stderr[-2500:]}\ngdb: {native}")
+                             f"stderr tail: {r.stderr[-2500:]}\ngdb: {native}\nvariants:\n" + "\n".join(outcomes))
     lines = r.stdout.splitlines()
     assert lines[0].startswith("control: torch.empty raised") and lines[1].startswith("raised"), r.stdout
     assert lines[2] == "alive 2.0", r.stdout
