@@ -2,6 +2,7 @@
 bench_gdn.py.
 
     python benchmarks/profile_gdn.py [--heads 16/32] [--lens 32768 | 8192x4 | varlen] [--host] [--kernels] [--memory]
+    python benchmarks/profile_gdn.py --host-cpu [--recurrent B]   # no GPU: the launchers' Python host time
     ncu --nvtx --nvtx-include "prof/" --set full python benchmarks/profile_gdn.py --ncu
 
 ``--host``: host time per eager call (``bench_gdn.host_us``), host and event time per call inside
@@ -12,7 +13,8 @@ checks and key; Triton's Python launcher around each C launch; the launches; the
 differences are what each part costs (gdn.md §6.1).
 ``--kernels``: device time per kernel of one call (torch profiler), eager.
 ``--recurrent B``: host time per eager ``gdn_recurrent`` call (one token, batch B, the heads of
-``--heads``) and its cProfile, instead of the chunk profiles.
+``--heads``) and its cProfile, instead of the chunk profiles; with ``--host-cpu``, launches stubbed as below:
+the op through the dispatcher, its launcher called directly, and the launcher's parts.
 ``--host-cpu``: no GPU needed: the Python host time per ``gdn_chunk`` call (the Triton launchers called
 directly, as the op's CUDA kernel calls them) with every launch stubbed on this CPU, plans off and on
 (``TORCH_AURA_GDN_PLAN``, gdn.md §6.1): a stand-in driver modelled as a 132-SM sm_90 GPU, compiled variants
@@ -303,6 +305,55 @@ def recurrent_host(batch: int, H_: int, HV: int) -> int:
     return 0
 
 
+def recurrent_stubbed(batch: int, H_: int, HV: int, calls: int = 500, repeats: int = 15) -> int:
+    """``--host-cpu --recurrent B``: host us per gdn_recurrent decode step with launches stubbed, as vLLM's packed
+    decode calls it (q, k, v views of one row per sequence, fp32 gates, an fp32 ``[P, HV, V, K]`` pool at shuffled
+    rows, L2 norm in the op): the op through the dispatcher (its launcher on the CPU key, as on CUDA), the launcher
+    called directly, then each of the launcher's parts called as it calls them (median of ``repeats`` means)."""
+    import statistics
+
+    from torch_aura import triton_kernels
+    from torch_aura.triton_kernels import _launch
+    from torch_aura.triton_kernels.gdn import launch_stub, recurrent
+
+    K = V = 128
+    with launch_stub.stubbed(verify=False), torch.library._scoped_library("aura", "IMPL") as lib:
+        lib.impl("gdn_recurrent", triton_kernels._lazy(*triton_kernels.LAUNCHERS["gdn_recurrent"].split(":")), "CPU")
+        mixed = torch.randn(batch, (2 * H_ + HV) * K, dtype=torch.bfloat16)
+        q, k, v = (x.view(batch, 1, -1, K) for x in mixed.split([H_ * K, H_ * K, HV * V], dim=-1))
+        g, beta, pool = torch.zeros(batch, 1, HV), torch.rand(batch, 1, HV), torch.zeros(2 * batch, HV, V, K)
+        rows = torch.randperm(2 * batch)[:batch].to(torch.int32)
+        args = (q, k, v, g, beta, pool, rows, None, K ** -0.5, True, True)
+        launched = []
+        launch, recurrent.launch = recurrent.launch, lambda *a, **kw: launched.append((a, kw)) or launch(*a, **kw)
+        try:
+            recurrent.gdn_recurrent(*args)  # compiles (stubbed); keeps the launch as the launcher made it
+        finally:
+            recurrent.launch = launch
+        (kernel, grid, key, *rest), kw = launched[0]
+        print(f"gdn_recurrent B{batch} {H_}/{HV}, K = V = 128, bf16 views of one row, fp32 pool [{2 * batch}, {HV}, "
+              f"V, K] at shuffled rows, L2 norm in the op; launches stubbed on the CPU ({torch.get_num_threads()} "
+              f"threads), host us per call, median of {repeats} means of {calls} calls (fastest, slowest run):")
+        parts = [("the op (torch.ops.aura, dispatcher + launcher)", lambda: torch.ops.aura.gdn_recurrent(*args)),
+                 ("the launcher (recurrent.gdn_recurrent)", lambda: recurrent.gdn_recurrent(*args)),
+                 ("  checks and key (_geometry_of: facts, a lookup)", lambda: recurrent._geometry_of(args)),
+                 ("  env read (debug_check_pool_rows)", lambda: recurrent.debug_check_pool_rows(rows, pool.shape[0])),
+                 ("  allocation (torch.empty of o)", lambda: torch.empty((batch, 1, HV, V), dtype=q.dtype,
+                                                                        device=q.device)),
+                 ("  launch (_launch.launch, stubbed run)", lambda: _launch.launch(kernel, grid, key, *rest, **kw))]
+        times = {}
+        for name, fn in parts:
+            runs = [B.H.host_us(fn, calls=calls, device="cpu") for _ in range(repeats)]
+            times[name] = statistics.median(runs)
+            print(f"  {name:48s} {times[name]:6.2f}  ({min(runs):.2f}, {max(runs):.2f})")
+        op, launcher, *parts = times.values()
+        print(f"  => the dispatcher {op - launcher:.2f}; the parts {sum(parts):.2f} of the launcher's {launcher:.2f} "
+              f"(the rest, its own lines, {launcher - sum(parts):.2f})")
+        print("  cProfile of the launcher:")
+        print(cprofile_top(lambda: recurrent.gdn_recurrent(*args), calls=calls, rows=14, sync=False))
+    return 0
+
+
 def stubbed_host(H_: int, HV: int, lens: list[int], calls: int = 200, repeats: int = 15, anatomy: bool = False) -> int:
     """``--host-cpu``: host us per gdn_chunk call with launches stubbed, plans off then on (the median of
     ``repeats`` means over ``calls`` calls, ``_harness.host_us``), and where the planned call's time goes."""
@@ -399,7 +450,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     H_, HV = (int(x) for x in args.heads.split("/"))
     if args.recurrent:
-        return recurrent_host(args.recurrent, H_, HV)
+        return (recurrent_stubbed if args.host_cpu else recurrent_host)(args.recurrent, H_, HV)
     lens = parse_lens(args.lens)
     if args.host_cpu:
         return stubbed_host(H_, HV, lens, anatomy=args.anatomy)

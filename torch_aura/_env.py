@@ -205,7 +205,16 @@ def get(name: str) -> Any:
 def raw(names: tuple[str, ...]) -> tuple[str | None, ...]:
     """The variables' text as set (None where unset), unparsed: a cache key read on every call needs only
     to change when they do, where ``get``'s parse costs ~2 us a name."""
-    return tuple(map(os.environ.get, names))
+    env = os.environ
+    data = getattr(env, "_data", None)  # CPython's os._Environ: the dict its get() reads
+    if data is None:
+        return tuple(map(env.get, names))
+    # its get() of an unset name raises and catches a KeyError inside: ~1.5 us a name, 0.3 here
+    encode, decode, texts = env.encodekey, env.decodevalue, []
+    for name in names:
+        text = data.get(encode(name))
+        texts.append(None if text is None else decode(text))
+    return tuple(texts)
 
 
 def is_set(name: str) -> bool:

@@ -41,6 +41,7 @@ VERIFY = False  # tests: check each cached launch against Triton's own variant k
 _MAX_ENTRIES = 4096  # bounded: a key holding a view's length-dependent stride would otherwise grow
 
 _cache: dict[tuple, tuple] = {}
+_kernels: dict[int, JITFunction] = {}  # id -> kernel of the entries' keys: alive, so no other object takes the id
 # gdn/plan.py: while set, ``recorder(kernel, grid, args, kwargs, entry)`` sees every launch after it ran
 # (``entry``: the cache entry it ran or left, None where Triton launched it without one)
 recorder = None
@@ -83,7 +84,7 @@ def launch(kernel, grid: tuple, key: tuple, *args, **kwargs) -> None:
         return
     drv = driver.active
     device = drv.get_current_device()
-    full = (kernel, device, key, *kwargs.items())
+    full = (id(kernel), device, key, *kwargs.items())  # a JITFunction's hash takes a lock and a property: ~0.6 us
     entry = _cache.get(full)
     if entry is None:
         _first_launch(kernel, grid, full, args, kwargs)
@@ -117,7 +118,9 @@ def _first_launch(kernel: JITFunction, grid, full: tuple, args, kwargs) -> None:
         return
     if len(_cache) >= _MAX_ENTRIES:
         _cache.clear()
+        _kernels.clear()
     _cache[full] = (run, function, packed, tail, _variant_key(kernel, args, kwargs))
+    _kernels[full[0]] = kernel
 
 
 # what a replay needs of Triton 3.6's CudaLauncher to call its C launch itself (gdn/plan.py, DIRECT_LAUNCH)
@@ -136,5 +139,6 @@ def launcher_of(run):
 def clear() -> None:
     """Forget every cached variant (tests), and what holds their entries (``_on_clear``)."""
     _cache.clear()
+    _kernels.clear()
     for forget in _on_clear:
         forget()

@@ -22,7 +22,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from .. import _launch, _tune
-from . import _common, chunk, plan, prep, segments, state_pass
+from . import _common, chunk, plan, prep, recurrent, segments, state_pass
 
 SMS = 132  # an H100 SXM: the sequence-parallel plan depends on the SM count
 
@@ -102,7 +102,7 @@ def _fresh() -> None:
     _launch.clear()
     _workspace["needed"].clear()  # the stand-in variants below are dropped with the JIT caches
     _workspace["direct"].clear()
-    for mod in (chunk, prep, state_pass, segments):
+    for mod in (chunk, prep, state_pass, segments, recurrent):
         for obj in vars(mod).values():
             if isinstance(obj, JITFunction):
                 obj.device_caches.clear()
@@ -160,6 +160,7 @@ def stubbed(log: list | None = None, verify: bool = True, setattr=None):
         (_common, "interpreting", lambda: True),  # _tma_ready's alignment rules on CPU tensors
         (state_pass, "_hopper_pass_ready", lambda k, tma_ready, with_o: with_o and tma_ready),
         (_common, "sm_count", lambda device: SMS),
+        (recurrent, "sm_count", lambda device: SMS),  # its V tile: the GPU's
         (segments, "_segment_plan", lambda device, *a: segment_plan(torch.device("cuda"), *a)),
         (_common, "descriptor_workspace", _lend_workspace),
         (state_pass, "_beside", beside),

@@ -21,12 +21,16 @@ import triton.language as tl
 
 from ... import _env
 from ..._checks import gdn as _checks
-from ..._checks.common import remembered
+from .. import _launch
 from .._launch import launch, tensor_key
 from .._tune import cdiv, next_pow2, sm_count
 from ._jit import decay_log, length_agnostic, seq_span, v_tile_head_row
+from .plan import _facts
 
-_check_recurrent = remembered(_checks.gdn_recurrent)  # eager calls repeat their metadata: check it once
+# eager calls repeat their metadata: the facts of a call that passed the checks -> its launch (_geometry)
+_geometries: dict = {}
+_launch._on_clear.append(_geometries.clear)  # entries hold launch keys and V tiles (the stub's SM count)
+_DEBUG = ("TORCH_AURA_DEBUG",)
 
 
 @length_agnostic(triton.jit)
@@ -71,7 +75,7 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
 def debug_check_pool_rows(state_indices: torch.Tensor, P: int) -> None:
     """Under ``TORCH_AURA_DEBUG`` (read per call, so a test can set it), check a pool launcher's rows on the host (one sync): in ``[0, P)`` or
     -1 (skip), and no duplicates (two sequences writing one row race)."""
-    if not _env.get("TORCH_AURA_DEBUG"):
+    if _env.raw(_DEBUG)[0] is None or not _env.get("TORCH_AURA_DEBUG"):  # unset (the usual case) skips the parse
         return
     rows = state_indices.tolist()
     bad = [s for s in rows if not -1 <= s < P]
@@ -89,28 +93,52 @@ def _v_tile(rows: int, V: int, device: torch.device) -> int:
     return bv
 
 
-def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
-                  use_qk_l2norm=False, state_v_first=False):
-    _check_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm,
-                          state_v_first)
+def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first):
+    """The checks, then what a call of this metadata launches beside its tensors: o's shape, the grid (None: no
+    program), the launch key, the scalar and stride arguments, the constexprs and options."""
+    _checks.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     scale = float(K ** -0.5 if scale is None else scale)  # an int 1 would specialise the kernel
-    if state_indices is not None:
-        debug_check_pool_rows(state_indices, state.shape[0])
-    o = torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
     if N * HV == 0:
-        return o
+        return (B, T, HV, V), None, None, None, None
     BK = max(16, next_pow2(K))
     BV = _v_tile(N * HV, V, q.device)
     sp = state.stride()
     pool = (sp[0], sp[1], sp[3], sp[2]) if state_v_first else sp
     key = (HV, H, K, V, state_v_first, *map(tensor_key, (q, k, v, g, beta, state, state_indices, cu_seqlens)))
-    launch(_gdn_recurrent_kernel, (cdiv(V, BV) * N * HV,), key,
-           q, k, v, g, beta, state, state_indices, cu_seqlens, o, scale, T, HV, HV // H, K, V, state.shape[0],
-           *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *pool,
-           L2NORM=use_qk_l2norm,
-           # 4 warps up to 64 fp32 state values per thread, 8 beyond (gdn.md §6.3)
-           BK=BK, BV=BV, num_warps=4 if BK * BV <= 8192 else 8)
+    ints = (scale, T, HV, HV // H, K, V, state.shape[0], *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *g.stride(), *beta.stride(), *pool)
+    # 4 warps up to 64 fp32 state values per thread, 8 beyond (gdn.md §6.3)
+    options = dict(L2NORM=use_qk_l2norm, BK=BK, BV=BV, num_warps=4 if BK * BV <= 8192 else 8)
+    return (B, T, HV, V), (cdiv(V, BV) * N * HV,), key, ints, options
+
+
+def _geometry_of(args: tuple) -> tuple:
+    """``_geometry(*args)``, remembered per call facts: one pass over the tensors' facts (all the checks and the
+    launch key read) and one lookup where the checks and the key each built their own (host time per call)."""
+    try:
+        facts = (*map(_facts, args[:8]), *args[8:], _launch.ENABLED)
+        return _geometries[facts]
+    except KeyError:
+        geometry = _geometry(*args)
+        if len(_geometries) >= 256:  # bounded: a long-running server sees many shapes
+            _geometries.clear()
+        _geometries[facts] = geometry
+        return geometry
+    except Exception:  # an argument the facts cannot read (not a tensor, unhashable): checked every call
+        return _geometry(*args)
+
+
+def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
+                  use_qk_l2norm=False, state_v_first=False):
+    shape, grid, key, ints, options = _geometry_of(
+        (q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first))
+    if state_indices is not None:
+        debug_check_pool_rows(state_indices, state.shape[0])
+    o = torch.empty(shape, dtype=q.dtype, device=q.device)
+    if grid is not None:
+        launch(_gdn_recurrent_kernel, grid, key, q, k, v, g, beta, state, state_indices, cu_seqlens, o, *ints,
+               **options)
     return o
