@@ -2,6 +2,7 @@
 the C++ reads name its rows, and the README's "Backends and switches" list equals its user and
 developer rows."""
 
+import os
 import re
 from pathlib import Path
 
@@ -111,3 +112,18 @@ def test_every_row_is_complete():
         assert var.meaning and "\n" not in var.meaning, var.name
         if var.default is not None and var.name != "TORCH_AURA_TUNE_CACHE":
             var.parse(var.default)  # the default parses
+
+
+def test_raw_reads_what_the_environment_holds(monkeypatch):
+    """_env.raw (the per-call cache keys' read, which bypasses os.environ.get) sees exactly what os.environ
+    holds: unset is None, set and empty values as written, changes at once."""
+    names = ("TORCH_AURA_GDN_OVERLAP", "TORCH_AURA_TUNE", "TORCH_AURA_DEBUG")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    assert _env.raw(names) == (None, None, None)
+    monkeypatch.setenv("TORCH_AURA_GDN_OVERLAP", "0")
+    monkeypatch.setenv("TORCH_AURA_DEBUG", "")
+    assert _env.raw(names) == ("0", None, "")
+    assert _env.raw(names) == tuple(os.environ.get(n) for n in names)
+    monkeypatch.delenv("TORCH_AURA_GDN_OVERLAP")
+    assert _env.raw(names)[0] is None
