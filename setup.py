@@ -106,7 +106,8 @@ def _mps_extension(torch):
     # _C_mps uses ordinary ATen (the stable ABI has no MPS surface): it is tied to this torch
     # minor version, recorded here and checked by torch_aura.backends before the import.
     with open(os.path.join(ROOT, "torch_aura", "_mps_build_info.py"), "w") as f:
-        f.write(f'"""Written by setup.py: the torch version _C_mps was built against."""\nTORCH_MINOR = "{_minor(torch)}"\n')
+        f.write(f'"""Written by setup.py: the torch version _C_mps was built against."""\n'
+                f'TORCH_MINOR = "{_minor(torch)}"\n')
     return CppExtension(
         "torch_aura._C_mps", sources + _sources("csrc/mps/plan/*.cpp"),
         include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "csrc", "mps"), generated],

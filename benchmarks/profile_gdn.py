@@ -336,7 +336,7 @@ def recurrent_stubbed(batch: int, H_: int, HV: int, calls: int = 500, repeats: i
               f"threads), host us per call, median of {repeats} means of {calls} calls (fastest, slowest run):")
         parts = [("the op (torch.ops.aura, dispatcher + launcher)", lambda: torch.ops.aura.gdn_recurrent(*args)),
                  ("the launcher (recurrent.gdn_recurrent)", lambda: recurrent.gdn_recurrent(*args)),
-                 ("  checks and key (_geometry_of: facts, a lookup)", lambda: recurrent._geometry_of(args)),
+                 ("  checks and key (_geometry_of: facts, a lookup)", lambda: recurrent._geometry_of(*args)),
                  ("  env read (debug_check_pool_rows)", lambda: recurrent.debug_check_pool_rows(rows, pool.shape[0])),
                  ("  allocation (torch.empty of o)", lambda: torch.empty((batch, 1, HV, V), dtype=q.dtype,
                                                                         device=q.device)),

@@ -100,18 +100,19 @@ def _make_forward_only_autograd(name: str):
     return kernel
 
 
-# Which Autograd-key kernel serves the ops, and why (set by define_and_register; backends.status shows it).
+# The C++ Autograd kernel's module for this torch: setup.py puts the torch minor version in its name (it is
+# ordinary LibTorch C++, tied to that version)
+CPP_AUTOGRAD_MODULE = "torch_aura._C_autograd_t" + backends.torch_minor().replace(".", "_")
+# Which Autograd-key kernel serves the ops, and why (set by define_and_register; python -m torch_aura shows it).
 AUTOGRAD_KERNEL = "not registered yet"
 
 
 def _cpp_autograd() -> tuple[object | None, str]:
-    """``torch_aura._C_autograd_t<major>_<minor>`` of this torch (setup.py puts the version in the name:
-    the module is ordinary LibTorch C++), else None; with what serves the key and why."""
+    """:data:`CPP_AUTOGRAD_MODULE` where built, else None; with what serves the key and why."""
     import importlib
     import importlib.util
 
-    minor = "_".join(torch.__version__.split("+")[0].split(".")[:2])
-    name = f"torch_aura._C_autograd_t{minor}"
+    name = CPP_AUTOGRAD_MODULE
     if importlib.util.find_spec(name) is None:
         return None, f"Python ({name} not built)"
     try:

@@ -183,8 +183,8 @@ def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
                                env={**os.environ, **env})
             outcomes.append(f"{label}: exit {v.returncode}, stdout {v.stdout.strip()[-300:]!r}")
         inference = script.with_name("oom_inference.py")
-        inference.write_text(script.read_text().replace(
-            "    torch.ops.aura.aura_dequantize.default(", "    with torch.inference_mode(): torch.ops.aura.aura_dequantize.default("))
+        call = "torch.ops.aura.aura_dequantize.default("
+        inference.write_text(script.read_text().replace(f"    {call}", f"    with torch.inference_mode(): {call}"))
         v = subprocess.run([sys.executable, "-u", str(inference)], capture_output=True, text=True, timeout=300)
         outcomes.append(f"under inference_mode: exit {v.returncode}, stdout {v.stdout.strip()[-300:]!r}")
         raise AssertionError(f"exit {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr head: {r.stderr[:4000]}\n"

@@ -149,17 +149,23 @@ def divides(arg: str, num, den, num_name: str, den_name: str) -> None:
              f"{num_name} % {den_name} = {num % den if den else 'undefined'}")
 
 
-def remembered(check):
+def _metadata(args: tuple) -> tuple:
+    """Each tensor's shape, strides, dtype and device; every other argument's value."""
+    return tuple((a.shape, a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def remembered(check, facts=_metadata):
     """``check`` for a launcher's eager calls, which repeat one argument metadata call after call (every
-    layer of a model, every step): a call whose metadata already passed (each tensor's shape, strides,
-    dtype and device; every other argument's value) returns the spec it returned then, without running
-    the Python checks again (host time per eager call). Failures are never remembered. Real tensors
-    only: the fakes, which see symbolic sizes under torch.compile, call ``check`` itself."""
+    layer of a model, every step): a call whose ``facts(args)`` (default :func:`_metadata`) already passed
+    returns what ``check`` returned then, without running the Python checks again (host time per eager
+    call). Failures are never remembered; arguments whose facts cannot be read or hashed are checked
+    every call. Real tensors only: the fakes, which see symbolic sizes under torch.compile, call
+    ``check`` itself. ``run.forget()`` drops what was remembered."""
     passed: dict = {}
 
     def run(*args):
         try:
-            key = tuple((a.shape, a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+            key = facts(args)
             return passed[key]
         except KeyError:
             spec = check(*args)
@@ -167,8 +173,9 @@ def remembered(check):
                 passed.clear()
             passed[key] = spec
             return spec
-        except TypeError:  # an unhashable argument: check every time
+        except (TypeError, AttributeError):  # unhashable, or not a tensor where facts reads one
             return check(*args)
 
     run.__wrapped__ = check
+    run.forget = passed.clear
     return run

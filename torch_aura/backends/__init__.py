@@ -92,7 +92,8 @@ def _load_triton(lib) -> str | None:
     return None
 
 
-def _torch_minor() -> str:
+def torch_minor() -> str:
+    """This torch's "major.minor" (what extensions outside the stable ABI are tied to)."""
     return ".".join(torch.__version__.split("+")[0].split(".")[:2])
 
 
@@ -107,8 +108,8 @@ def _load_mps_ext(lib) -> str | None:  # its register.mm adds IMPLs to "aura" it
         from .. import _mps_build_info
     except ImportError:
         return "mps extension has no build record (torch_aura/_mps_build_info.py): rebuild it"
-    if _mps_build_info.TORCH_MINOR != _torch_minor():
-        return (f"mps extension built for torch {_mps_build_info.TORCH_MINOR}, running {_torch_minor()}: "
+    if _mps_build_info.TORCH_MINOR != torch_minor():
+        return (f"mps extension built for torch {_mps_build_info.TORCH_MINOR}, running {torch_minor()}: "
                 "rebuild with pip install --no-build-isolation -e .")
     try:
         importlib.import_module("torch_aura._C_mps")

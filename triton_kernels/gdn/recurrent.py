@@ -21,15 +21,13 @@ import triton.language as tl
 
 from ... import _env
 from ..._checks import gdn as _checks
+from ..._checks.common import remembered
 from .. import _launch
 from .._launch import launch, tensor_key
 from .._tune import cdiv, next_pow2, sm_count
 from ._jit import decay_log, length_agnostic, seq_span, v_tile_head_row
 from .plan import _facts
 
-# eager calls repeat their metadata: the facts of a call that passed the checks -> its launch (_geometry)
-_geometries: dict = {}
-_launch._on_clear.append(_geometries.clear)  # entries hold launch keys and V tiles (the stub's SM count)
 _DEBUG = ("TORCH_AURA_DEBUG",)
 
 
@@ -115,26 +113,16 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
     return (B, T, HV, V), (cdiv(V, BV) * N * HV,), key, ints, options
 
 
-def _geometry_of(args: tuple) -> tuple:
-    """``_geometry(*args)``, remembered per call facts: one pass over the tensors' facts (all the checks and the
-    launch key read) and one lookup where the checks and the key each built their own (host time per call)."""
-    try:
-        facts = (*map(_facts, args[:8]), *args[8:], _launch.ENABLED)
-        return _geometries[facts]
-    except KeyError:
-        geometry = _geometry(*args)
-        if len(_geometries) >= 256:  # bounded: a long-running server sees many shapes
-            _geometries.clear()
-        _geometries[facts] = geometry
-        return geometry
-    except Exception:  # an argument the facts cannot read (not a tensor, unhashable): checked every call
-        return _geometry(*args)
+# eager calls repeat their metadata: one pass over the tensors' facts (all the checks and the launch key read)
+# finds the whole launch; _launch.ENABLED changes the key _geometry builds
+_geometry_of = remembered(_geometry, facts=lambda args: (*map(_facts, args[:8]), *args[8:], _launch.ENABLED))
+_launch._on_clear.append(_geometry_of.forget)  # entries hold launch keys and V tiles (the stub's SM count)
 
 
 def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
                   use_qk_l2norm=False, state_v_first=False):
-    shape, grid, key, ints, options = _geometry_of(
-        (q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first))
+    shape, grid, key, ints, options = _geometry_of(q, k, v, g, beta, state, state_indices, cu_seqlens, scale,
+                                                   use_qk_l2norm, state_v_first)
     if state_indices is not None:
         debug_check_pool_rows(state_indices, state.shape[0])
     o = torch.empty(shape, dtype=q.dtype, device=q.device)
