@@ -132,6 +132,40 @@ def timed(fn, device=None):
     return time.perf_counter() - t0, result
 
 
+class TritonCompiles(list):
+    """Inside ``with TritonCompiles() as seen:``, every Triton kernel the process builds, as ``(name,
+    from_disk, seconds)``: compiled (``from_disk`` False) or loaded from Triton's on-disk cache. Attributes a
+    stall to Triton by count, not by inference (Triton's ``knobs.compilation.listener``; any listener
+    installed before is still called). Empty where Triton is absent or has no listener knob."""
+
+    def __enter__(self):
+        try:
+            from triton import knobs
+        except ImportError:
+            self._knobs = None
+            return self
+        self._knobs, self._before = knobs, knobs.compilation.listener
+
+        def listener(*, src, metadata, metadata_group, times, cache_hit):
+            self.append((str(getattr(src, "name", "?")), bool(cache_hit), getattr(times, "total", 0) / 1e6))  # us
+            if self._before is not None:
+                self._before(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
+                             cache_hit=cache_hit)
+
+        knobs.compilation.listener = listener
+        return self
+
+    def __exit__(self, *exc):
+        if self._knobs is not None:
+            self._knobs.compilation.listener = self._before
+
+    def summary(self) -> dict:
+        """Counts and seconds of what was compiled and what was loaded from disk."""
+        built = [s for _, from_disk, s in self if not from_disk]
+        return {"triton_compiled": len(built), "triton_loaded": len(self) - len(built),
+                "triton_compile_s": sum(built)}
+
+
 def median_s(fn, repeats: int, device=None, warmup: int = 1) -> float:
     """Median wall-clock seconds of ``repeats`` calls of ``fn()`` after ``warmup`` untimed ones."""
     for _ in range(warmup):

@@ -27,7 +27,9 @@ CPU, whose rows are a smoke test only):
 With ``--stream L1,L2,...`` (Qwen3-Next; ``STREAM_VARIANTS``): a warm-up prompt, then one prompt per
 length in order, each a length the process has not seen (each variant's one token longer than the one
 before, so none finds a shape-keyed plan another built): its time to first token, compiles and tuning included,
-against the same prompt's steady-state time once every length has run (target <= 1.2x).
+against the same prompt's steady-state time once every length has run (target <= 1.2x), and the Triton
+kernels the first prompt compiled or loaded from Triton's disk cache (``_harness.TritonCompiles``), so a
+stall is attributed by count.
 
 Per context T and batch B: prefill time (one forward over B x T tokens, last-token logits only;
 B > 1 reuses a one-row prefill, rows repeated with ``reorder_cache``, when a variant's B-row prefill
@@ -482,6 +484,15 @@ def agreement_by_depth(name: str, depth: int, T: int, tiny: bool, device) -> lis
 STREAM_VARIANTS = ("default", "default-no-cudnn", "aura-attn", "aura-attn-cudnn")
 
 
+def stream_builds(row: dict) -> str:
+    """A stream prompt's Triton builds in words ("-" for rows of runs before they were counted)."""
+    if "triton_compiled" not in row:
+        return "-"
+    if not row["triton_compiled"] and not row["triton_loaded"]:
+        return "none"
+    return f"{row['triton_compiled']} compiled ({row['triton_compile_s']:.2f} s), {row['triton_loaded']} from disk"
+
+
 @torch.inference_mode()
 def prompt_stream(model, name: str, lengths: list[int], device) -> list[dict]:
     """Time to first token of prompts of lengths the process has not seen, stalls included, against
@@ -504,13 +515,17 @@ def prompt_stream(model, name: str, lengths: list[int], device) -> list[dict]:
             return H.timed(lambda: model(ids, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1),
                            device)[0]
 
-        first = [prefill(ids) for ids in prompts]
+        first, builds = [], []
+        for ids in prompts:
+            with H.TritonCompiles() as seen:  # a stall's Triton share, counted
+                first.append(prefill(ids))
+            builds.append(seen.summary())
         steady = [min(prefill(ids) for _ in range(2)) for ids in prompts]
-        for T, f, st in zip(lengths, first, steady):
+        for T, f, st, built in zip(lengths, first, steady, builds):
             rows.append({"kind": "stream", "model": name, "variant": variant, "T": T + shift, "first_ms": f * 1e3,
-                         "steady_ms": st * 1e3, "ratio": f / st})
+                         "steady_ms": st * 1e3, "ratio": f / st, **built})
             print(f"stream {name} {variant:9s} 1x{T + shift:6d}: first {f * 1e3:9.1f} ms, steady {st * 1e3:9.1f} ms "
-                  f"({f / st:.2f}x)")
+                  f"({f / st:.2f}x); Triton {stream_builds(built)}")
     return rows
 
 
@@ -672,10 +687,13 @@ def render(facts, gdn_default, rows, args) -> str:
         lines += ["", "## A stream of prompts of new lengths: time to first token, stalls included (B = 1)", "",
                   "First: the first prompt of that length in the process (after one warm-up prompt; each variant's "
                   "lengths are its own, so no variant meets a shape-keyed plan another built); steady: the same "
-                  "prompt once every length has run. Target: first <= 1.2x steady.", "",
-                  "| variant | T | first ms | steady ms | first / steady |", "|---|---|---|---|---|"]
-        lines += [f"| {r['variant']} | {r['T']} | {r['first_ms']:.1f} | {r['steady_ms']:.1f} | {r['ratio']:.2f}x |"
-                  for r in stream]
+                  "prompt once every length has run. Target: first <= 1.2x steady. Triton: the kernels the first "
+                  "prompt compiled (their seconds) and loaded from Triton's disk cache, GDN's, FLA's and inductor's "
+                  "alike.", "",
+                  "| variant | T | first ms | steady ms | first / steady | Triton during the first |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['variant']} | {r['T']} | {r['first_ms']:.1f} | {r['steady_ms']:.1f} | {r['ratio']:.2f}x | "
+                  f"{stream_builds(r)} |" for r in stream]
     lines += ["", "## Prefill and decode", "",
               "Ratios are against the fastest baseline of the row (default, default-no-cudnn, static-compiled); "
               "agreement: teacher-forced argmax agreement with `default`. vs fp32: the same prompt and steps through "

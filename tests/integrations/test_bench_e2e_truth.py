@@ -92,3 +92,33 @@ def test_compare_falls_back_to_row_0_when_the_prefilled_rows_differ(bench):
     assert same["prefill_cos"] > 0.9999 and same["decode_cos"] > 0.9999 and same["agreement"] == 1.0
     one_row["prefill_rows"] = 4  # claimed the same rows: every row compares, and rows 1-3 differ
     assert bench.compare(one_row, base)["decode_cos"] < 0.9
+
+
+def test_stream_counts_the_triton_builds_of_a_prompt(bench):
+    """The prompt stream attributes a stall to Triton by count: ``TritonCompiles`` records what Triton's
+    compilation listener reports inside it (built or loaded from disk), calls a listener installed before,
+    and puts that one back on exit; the stream table says what the first prompt built."""
+    from triton import knobs
+
+    earlier = []
+    before = knobs.compilation.listener
+
+    def outer(**kw):
+        earlier.append(kw["cache_hit"])
+
+    knobs.compilation.listener = outer
+    try:
+        with bench.H.TritonCompiles() as seen:
+            times = knobs.CompileTimes(ir_initialization=1000, lowering_stages=[("ttir", 500000)], store_results=0)
+            for hit in (False, True, False):
+                knobs.compilation.listener(src=None, metadata={}, metadata_group={}, times=times, cache_hit=hit)
+        assert knobs.compilation.listener is outer
+    finally:
+        knobs.compilation.listener = before
+    assert earlier == [False, True, False]
+    assert [from_disk for _, from_disk, _ in seen] == [False, True, False]
+    summary = seen.summary()
+    assert summary == {"triton_compiled": 2, "triton_loaded": 1, "triton_compile_s": pytest.approx(1.002)}
+    assert bench.stream_builds(summary) == "2 compiled (1.00 s), 1 from disk"
+    assert bench.stream_builds({"triton_compiled": 0, "triton_loaded": 0, "triton_compile_s": 0.0}) == "none"
+    assert bench.stream_builds({}) == "-"
