@@ -164,8 +164,31 @@ def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
                        timeout=300)
     if r.returncode != 0:
         # the C++ frames of the crash: the shim's error text comes first in stderr and faulthandler's Python
-        # stack last, so keep both ends; where gdb is installed, the native stack at the signal too
-        native = ""
+        # stack last, so keep both ends; on a signal, the native stack at it (the GPU hosts have no gdb: a
+        # handler compiled here prints it, tests/_native_backtrace.c), and gdb's where it is installed
+        backtrace = native = ""
+        if r.returncode < 0:
+            import _native_backtrace as nb
+
+            try:
+                lib = nb.build(tmp_path)
+            except nb.Unavailable as e:
+                backtrace = f"native backtrace: not built ({e})"
+            else:
+                # installed after the imports and again just before the op: first in line whatever CUDA set up
+                traced = script.with_name("oom_native.py")
+                head, rest = script.read_text().split("\n", 1)
+                call = "try:\n    torch.ops.aura.aura_dequantize.default("
+                traced.write_text(head + "\n" + nb.install_line(lib)
+                                  + rest.replace(call, nb.install_line(lib) + call))
+                try:
+                    t = subprocess.run([sys.executable, "-u", "-X", "faulthandler", str(traced)], capture_output=True,
+                                       text=True, timeout=300)
+                    backtrace = (f"native backtrace rerun: exit {t.returncode}, stdout {t.stdout.strip()[-300:]!r}\n"
+                                 + (nb.section(t.stderr) or f"native backtrace: none printed; stderr tail: "
+                                                               f"{t.stderr[-2000:]}"))
+                except subprocess.TimeoutExpired:
+                    backtrace = "native backtrace: the rerun timed out"
         if r.returncode < 0 and shutil.which("gdb"):
             try:
                 g = subprocess.run(["gdb", "-q", "-batch", "-ex", "run", "-ex", "bt 40", "--args", sys.executable,
@@ -188,7 +211,8 @@ def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
         v = subprocess.run([sys.executable, "-u", str(inference)], capture_output=True, text=True, timeout=300)
         outcomes.append(f"under inference_mode: exit {v.returncode}, stdout {v.stdout.strip()[-300:]!r}")
         raise AssertionError(f"exit {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr head: {r.stderr[:4000]}\n"
-                             f"stderr tail: {r.stderr[-2500:]}\ngdb: {native}\nvariants:\n" + "\n".join(outcomes))
+                             f"stderr tail: {r.stderr[-2500:]}\n{backtrace}\ngdb: {native}\nvariants:\n"
+                             + "\n".join(outcomes))
     lines = r.stdout.splitlines()
     assert lines[0].startswith("control: torch.empty raised") and lines[1].startswith("raised"), r.stdout
     assert lines[2] == "alive 2.0", r.stdout
