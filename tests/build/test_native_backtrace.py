@@ -1,4 +1,4 @@
-"""tests/_native_backtrace: the crash tests' native-stack printer (the GPU hosts have no gdb) prints the C frames
+"""tests/_native_backtrace.py: the crash tests' native-stack printer (the GPU hosts have no gdb) prints the C frames
 of a crashing subprocess, each as object + offset that addr2line resolves, and the process still dies of
 its signal."""
 
