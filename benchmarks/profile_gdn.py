@@ -338,9 +338,10 @@ def recurrent_stubbed(batch: int, H_: int, HV: int, calls: int = 500, repeats: i
                  ("the launcher (recurrent.gdn_recurrent)", lambda: recurrent.gdn_recurrent(*args)),
                  ("  checks and key (_geometry_of: facts, a lookup)", lambda: recurrent._geometry_of(*args)),
                  ("  env read (debug_check_pool_rows)", lambda: recurrent.debug_check_pool_rows(rows, pool.shape[0])),
-                 ("  allocation (torch.empty of o)", lambda: torch.empty((batch, 1, HV, V), dtype=q.dtype,
-                                                                        device=q.device)),
-                 ("  launch (_launch.launch, stubbed run)", lambda: _launch.launch(kernel, grid, key, *rest, **kw))]
+                 ("  allocation (torch.empty of o)", lambda dtype=q.dtype, device=q.device: torch.empty(
+                     (batch, 1, HV, V), dtype=dtype, device=device)),
+                 ("  launch (_launch.launch, stubbed C launch)",
+                  lambda: _launch.launch(kernel, grid, key, *rest, **kw))]
         times = {}
         for name, fn in parts:
             runs = [B.H.host_us(fn, calls=calls, device="cpu") for _ in range(repeats)]

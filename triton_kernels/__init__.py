@@ -26,19 +26,16 @@ LAUNCHERS: dict[str, str] = {
 
 
 def _lazy(module: str, fn: str):
-    """A launcher that imports its module (and so ``triton``) at its first call."""
+    """A launcher that imports its module (and so ``triton``) at its first call, then calls the module's function
+    with no frame of its own: its class's ``__call__`` becomes that function (host time per eager call)."""
     import importlib
 
-    target = None
-
-    def launch(*args, **kwargs):
-        nonlocal target
-        if target is None:
-            target = getattr(importlib.import_module(module, __name__), fn)
+    def first(self, *args, **kwargs):
+        target = getattr(importlib.import_module(module, __name__), fn)
+        type(self).__call__ = staticmethod(target)
         return target(*args, **kwargs)
 
-    launch.__name__ = fn
-    return launch
+    return type(fn, (), {"__call__": first, "__slots__": ()})()
 
 
 def register(lib) -> None:

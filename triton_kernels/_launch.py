@@ -4,7 +4,8 @@ Why: Triton's ``JITFunction.run`` re-derives a kernel's variant on every call (e
 binder, the cache key, the global-value check, the launch metadata) before the driver's launcher runs;
 for our 20-60-argument kernels that is most of an eager GDN call's host time. Here the first launch of
 a variant goes through Triton as usual and keeps what it returns (the ``CompiledKernel``); later calls
-with the same key call its launcher directly.
+with the same key call its launcher directly: Triton 3.6's C ``launch`` itself where the variant takes no
+scratch (:func:`direct_launch`), else the launcher object.
 
 The key is the caller's promise: together with the constexpr kwargs and launch options (added here) it
 must fix every fact Triton specialises on, i.e. each tensor argument's dtype and 16-byte alignment and
@@ -21,6 +22,7 @@ that tests put in a kernel's place.
 
 from __future__ import annotations
 
+import torch
 import triton
 from triton.runtime.jit import JITFunction
 
@@ -46,6 +48,9 @@ _kernels: dict[int, JITFunction] = {}  # id -> kernel of the entries' keys: aliv
 # (``entry``: the cache entry it ran or left, None where Triton launched it without one)
 recorder = None
 _on_clear: list = []  # callables run by clear(): what holds cache entries elsewhere (plans)
+# a driver's current-device function -> the C function it ends in: torch.cuda.current_device runs a lazy-init
+# check in Python first, which torch._C._cuda_getDevice makes in C (launch_stub adds its stand-ins)
+_RAW_DEVICE = {torch.cuda.current_device: torch._C._cuda_getDevice} if hasattr(torch._C, "_cuda_getDevice") else {}
 
 
 def tensor_key(x) -> tuple | None:
@@ -56,9 +61,21 @@ def tensor_key(x) -> tuple | None:
     return (x.dtype, not x.data_ptr() & 15, *[-1 if s == 1 else (not s & 15) + 2 * (s > 0x7FFFFFFF) for s in x.stride()])
 
 
-def _idle(hook) -> bool:
-    """No launch hook to call: None, or an empty chain (Triton 3.6 installs empty ``HookChain``s)."""
-    return hook is None or (type(hook) is HookChain and not hook.calls)
+def hooks_idle() -> bool:
+    """No launch hook to call (a hook's caller reads Triton's launch metadata): each is None, or an empty chain
+    (Triton 3.6 installs empty ``HookChain``s)."""
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return ((enter is None or type(enter) is HookChain and not enter.calls)
+            and (exit_ is None or type(exit_) is HookChain and not exit_.calls))
+
+
+def current() -> tuple:
+    """``(driver, current device, its current stream)`` as Triton's launches read them from the active driver,
+    the device through ``_RAW_DEVICE``."""
+    drv = driver._active or driver.active  # the property costs a frame; its value once set
+    get = drv.get_current_device
+    device = _RAW_DEVICE.get(get, get)()
+    return drv, device, drv.get_current_stream(device)
 
 
 def _variant_key(kernel: JITFunction, args, kwargs) -> tuple:
@@ -76,14 +93,12 @@ def _variant_key(kernel: JITFunction, args, kwargs) -> tuple:
 def launch(kernel, grid: tuple, key: tuple, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``; ``key`` as the module docstring says. Constexprs and options are
     passed by keyword, after every positional argument."""
-    if not (ENABLED and isinstance(kernel, JITFunction) and _idle(knobs.runtime.launch_enter_hook)
-            and _idle(knobs.runtime.launch_exit_hook)):
+    if not (ENABLED and isinstance(kernel, JITFunction) and hooks_idle()):
         kernel[grid](*args, **kwargs)
         if recorder is not None:
             recorder(kernel, grid, args, kwargs, None)
         return
-    drv = driver.active
-    device = drv.get_current_device()
+    _, device, stream = current()
     full = (id(kernel), device, key, *kwargs.items())  # a JITFunction's hash takes a lock and a property: ~0.6 us
     entry = _cache.get(full)
     if entry is None:
@@ -91,41 +106,46 @@ def launch(kernel, grid: tuple, key: tuple, *args, **kwargs) -> None:
         if recorder is not None:
             recorder(kernel, grid, args, kwargs, _cache.get(full))
         return
-    run, function, packed, tail, variant = entry
+    call, prefix, tail, variant, _, _, _ = entry
     if VERIFY:
         got = _variant_key(kernel, args, kwargs)
         if got != variant:
             raise AssertionError(f"{kernel.__name__}: cached launch key {key} ran variant {variant}, Triton "
                                  f"derives {got}")
     n = len(grid)
-    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device), function, packed, None,
-        None, None, *args, *[kwargs[name] for name in tail])
+    call(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, *prefix, *args, *tail)
     if recorder is not None:
         recorder(kernel, grid, args, kwargs, entry)
 
 
 def _first_launch(kernel: JITFunction, grid, full: tuple, args, kwargs) -> None:
     """Launch through Triton and keep the compiled variant, where its parts are where this module expects
-    them (else nothing is kept: every call of this key then launches through Triton)."""
+    them (else nothing is kept: every call of this key then launches through Triton). An entry is ``(call,
+    prefix, tail, variant key, run, function, packed metadata)``: ``call(gx, gy, gz, stream, *prefix, *args,
+    *tail)`` launches it, ``tail`` the values of the parameters passed by keyword (the key fixes them)."""
     compiled = kernel[grid](*args, **kwargs)
     params = [p.name for p in kernel.params]
-    tail = params[len(args):]
-    if not all(name in kwargs for name in tail):
+    names = params[len(args):]
+    if not all(name in kwargs for name in names):
         return
     try:
         run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     except AttributeError:
         return
+    direct = direct_launch(run, function, packed)
+    call, prefix = (run, (function, packed, None, None, None)) if direct is None else direct[:2]
     if len(_cache) >= _MAX_ENTRIES:
         _cache.clear()
         _kernels.clear()
-    _cache[full] = (run, function, packed, tail, _variant_key(kernel, args, kwargs))
+    _cache[full] = (call, prefix, tuple(kwargs[name] for name in names), _variant_key(kernel, args, kwargs), run,
+                    function, packed)
     _kernels[full[0]] = kernel
 
 
-# what a replay needs of Triton 3.6's CudaLauncher to call its C launch itself (gdn/plan.py, DIRECT_LAUNCH)
+# what calling Triton 3.6's C launch itself needs of its CudaLauncher (direct_launch)
 LAUNCHER_FIELDS = ("launch", "num_ctas", "global_scratch_size", "global_scratch_align", "profile_scratch_size",
                    "launch_cooperative_grid", "launch_pdl")
+SCRATCH = 3  # the global scratch's place in direct_launch's prefix
 
 
 def launcher_of(run):
@@ -134,6 +154,24 @@ def launcher_of(run):
     the scratch, then calls ``launch``); a stand-in's may be a bound method of it."""
     launcher = run if hasattr(run, "launch") else getattr(run, "__self__", None)
     return launcher if all(hasattr(launcher, f) for f in LAUNCHER_FIELDS) else None
+
+
+def direct_launch(run, function, packed, scratch_align: int | None = None) -> tuple | None:
+    """How to launch a compiled variant through Triton 3.6's C ``launch`` itself, without its launcher object's
+    Python ``__call__`` (cached launches, and ``gdn/plan.py``'s replays): ``(launch, prefix, scratch)``, where
+    ``launch(gx, gy, gz, stream, *prefix, *args)`` launches it without launch metadata or hooks, as ``__call__``
+    would where the hooks are idle, and ``scratch`` is its global scratch in bytes per program (in-kernel
+    descriptors), whose address a caller puts at ``prefix[SCRATCH]`` (None there). None where ``run`` is no
+    such launcher, the variant profiles (its profile scratch is the allocator's), or it takes global scratch
+    and ``scratch_align`` (the caller's, None: it has none) is below the variant's alignment."""
+    launcher = launcher_of(run)
+    if launcher is None or launcher.profile_scratch_size:
+        return None
+    scratch = launcher.num_ctas * launcher.global_scratch_size
+    if scratch and (scratch_align is None or launcher.global_scratch_align > scratch_align):
+        return None
+    return launcher.launch, (function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, packed,
+                             None, None, None), scratch
 
 
 def clear() -> None:

@@ -109,3 +109,75 @@ def test_repeat_calls_skip_triton_and_fallbacks_launch(stub_device, monkeypatch)
     finally:
         knobs.runtime.launch_enter_hook.remove(hook_calls.append)
     assert len(runs) == 3 * first
+
+
+def _same(a, b) -> bool:
+    """One argument of two launches: the same tensor, or equal."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    return type(a) is type(b) and a == b
+
+
+def test_cached_launches_hand_the_c_launch_what_tritons_launcher_does(monkeypatch):
+    """A cached launch of a variant without scratch calls Triton 3.6's C ``launch`` itself, skipping the launcher
+    object's ``__call__``, and hands it every argument that object hands it given the same launch (the stub records
+    both); a variant with in-kernel descriptors still goes through the object, which asks the allocator for the
+    scratch. Against Triton's own first launch (``JITFunction.run``) only the hooks differ: Triton hands its idle
+    chains, which the C launch calls to no effect, the cached launch None."""
+    from triton.knobs import HookChain
+
+    from torch_aura.triton_kernels import _launch
+    from torch_aura.triton_kernels.gdn import launch_stub, plan, recurrent
+
+    monkeypatch.setattr(plan, "ENABLED", False)  # the launchers' own launches (plans: test_gdn_plan.py)
+    with launch_stub.stubbed([], setattr=monkeypatch.setattr):
+        launched = launch_stub._workspace["c_launches"]
+        through_object = []
+        real_call = launch_stub._Launcher.__call__
+
+        def launcher_call(self, *a):
+            through_object.append(self.name)
+            return real_call(self, *a)
+        monkeypatch.setattr(launch_stub._Launcher, "__call__", launcher_call)
+        pairs, made, seen = [], [], [0]
+
+        def relaunch(kernel, grid, args, kwargs, entry):  # _launch.recorder: after each launch
+            if entry is None or not any(e is entry for e in made):  # Triton's own first launch made the entry
+                made.append(entry)
+            else:
+                call, _, tail, _, run, function, packed = entry
+                assert len(through_object) - seen[0] == (call is run), kernel.__name__  # direct: no __call__
+                ours, n = launched[-1], len(grid)
+                run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _launch.current()[2], function,
+                    packed, None, None, None, *args, *tail)  # what the cached launch handed the launcher object before
+                pairs.append((call is not run, run.global_scratch_size, ours, launched[-1]))
+            seen[0] = len(through_object)
+        monkeypatch.setattr(_launch, "recorder", relaunch)
+
+        P, B, H, HV, K, V = 6, 3, 2, 4, 128, 128
+        q = torch.empty(B, 1, H, K, dtype=torch.bfloat16)
+        args = (q, torch.empty_like(q), torch.empty(B, 1, HV, V, dtype=torch.bfloat16), torch.empty(B, 1, HV),
+                torch.empty(B, 1, HV), torch.zeros(P, HV, K, V), torch.randperm(P)[:B].to(torch.int32), None, None,
+                True, False)
+        for _ in range(2):
+            recurrent.gdn_recurrent(*args)
+        first, cached = launched[0], pairs[0][2]
+        assert first[0] == cached[0] == "_gdn_recurrent_kernel" and len(first[1]) == len(cached[1])
+        for i, (a, b) in enumerate(zip(first[1], cached[1])):
+            if i in (11, 12):  # the hooks
+                assert type(a) is HookChain and not a.calls and b is None
+            elif i != 21:  # o: each call's own
+                assert _same(a, b), (i, a, b)
+        for T in (300, 4096, 8192):
+            for _ in range(2):
+                _chunk(1, T, H, HV, K, V)
+        assert pairs
+        for direct, scratch, (name, ours), (theirs_name, theirs) in pairs:
+            assert name == theirs_name and len(ours) == len(theirs)
+            assert direct == (not scratch), (name, scratch)
+            for i, (a, b) in enumerate(zip(ours, theirs)):
+                if i == 7 and scratch:  # the allocator's scratch, asked for at each launch
+                    assert a.numel() == b.numel() == ours[0] * ours[1] * ours[2] * scratch
+                else:
+                    assert _same(a, b), (name, i, a, b)
+        assert any(p[0] for p in pairs) and not all(p[0] for p in pairs), "no variant with scratch, or none without"

@@ -295,22 +295,22 @@ def test_direct_launches_take_their_scratch_from_the_workspace(stub, monkeypatch
     monkeypatch.setattr(plan, "ENABLED", True)
     monkeypatch.setattr(plan, "POOL_BUFFERS", True)
     monkeypatch.setattr(plan, "DIRECT_LAUNCH", True)
-    direct = launch_stub._workspace["direct"]
+    launched = launch_stub._workspace["c_launches"]
     replays, through_run = [], []
-    real_run, real_kernel_run = plan._Plan.run, launch_stub._Kernel.run
+    real_run, real_launcher_call = plan._Plan.run, launch_stub._Launcher.__call__
 
     def run(self, *a):
-        start = len(direct)
+        start = len(launched)
         out = real_run(self, *a)
-        replays.append((self, direct[start:]))
+        replays.append((self, [(name, c[:3], c[7]) for name, c in launched[start:]]))
         return out
 
-    def kernel_run(self, *a):
+    def launcher_call(self, *a):
         if launch_stub._workspace["replaying"]:
             through_run.append(self.name)
-        return real_kernel_run(self, *a)
+        return real_launcher_call(self, *a)
     monkeypatch.setattr(plan._Plan, "run", run)
-    monkeypatch.setattr(launch_stub._Kernel, "run", kernel_run)
+    monkeypatch.setattr(launch_stub._Launcher, "__call__", launcher_call)
     _run_all(log, repeats=2)
     assert replays and not through_run, through_run
     scratched = side_scratched = 0
@@ -324,7 +324,7 @@ def test_direct_launches_take_their_scratch_from_the_workspace(stub, monkeypatch
                 continue
             name, (gx, gy, gz), scratch = next(launches)
             assert name == op[1].__name__
-            key = p.direct[i][3]
+            key = p.direct[i][2]
             assert (scratch is None) == (key is None), (name, scratch, key)
             if key is None:
                 continue

@@ -1,10 +1,11 @@
 """The GDN launchers on a CPU with Triton's launches stubbed: developer tooling, not a backend.
 
 Triton's runtime runs in full (binding, variant keys, the cached launchers of ``_launch``, the plans of
-``plan``) against a stand-in driver modelled as an sm_90 device of 132 SMs; every compiled variant is a
-stand-in whose launcher runs nothing and, given a log, records what it was handed. Used by the launch
-tests (``tests/build/test_gdn_launch.py``, ``test_gdn_plan.py``) and by ``benchmarks/profile_gdn.py
---host-cpu`` (the launchers' host time without a GPU).
+``plan``) against a stand-in driver modelled as an sm_90 device of 132 SMs, as a CUDA build of torch makes
+Triton's driver; every compiled variant has Triton's own launcher object over a stand-in of its C launch,
+which runs nothing and, given a log, records what it was handed: each Python line of a real launch runs.
+Used by the launch tests (``tests/build/test_gdn_launch.py``, ``test_gdn_plan.py``) and by
+``benchmarks/profile_gdn.py --host-cpu`` (the launchers' host time without a GPU).
 
     with stubbed(log) as fresh:   # log: a list of ("launch", name, grid, args) and ("event", name)
         chunk.gdn_chunk(...)      # CPU tensors; nothing is computed
@@ -15,9 +16,12 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import threading
+import types
 
 import torch
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.driver import CudaLauncher
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
@@ -27,55 +31,67 @@ from . import _common, chunk, plan, prep, recurrent, segments, state_pass
 SMS = 132  # an H100 SXM: the sequence-parallel plan depends on the SM count
 
 
+def _torch_current_device():
+    """``torch.cuda.current_device`` as a CUDA build of torch runs it once CUDA is initialised: torch's own code
+    (its lazy-init check, then ``torch._C._cuda_getDevice``) over stand-ins of its C calls (device 0, no bad fork)."""
+    c_calls = types.SimpleNamespace(_cuda_getDevice=int)  # int() is 0, and a C call as torch's is
+    namespace = {"__builtins__": builtins, "_initialized": True, "_is_in_bad_fork": bool, "_tls": threading.local(),
+                 "torch": types.SimpleNamespace(_C=c_calls)}
+    for fn in (torch.cuda.is_initialized, torch.cuda._lazy_init, torch.cuda.current_device):
+        namespace[fn.__name__] = types.FunctionType(fn.__code__, namespace, fn.__name__)
+    return namespace["current_device"], c_calls._cuda_getDevice
+
+
+_current_device, _raw_current_device = _torch_current_device()
+
+
+class _Launcher(CudaLauncher):
+    """Triton 3.6's launcher object (``CompiledKernel.run``): its ``__call__`` is Triton's own (the scratch from the
+    allocators, then the C ``launch``); ``launch`` stands in for the C function: it runs nothing, calls the hooks
+    it is handed as the C one does, and, given a log, records what it was handed."""
+
+    def __init__(self, name: str, log: list | None, scratch: int):  # not CudaLauncher's, which builds the C module
+        self.name, self.log = name, log
+        self.num_ctas, self.launch_cooperative_grid, self.launch_pdl = 1, False, False
+        self.global_scratch_size, self.global_scratch_align = scratch, 128
+        self.profile_scratch_size, self.profile_scratch_align = 0, 1
+
+    def launch(self, gx, gy, gz, stream, function, cooperative, pdl, scratch, profile_scratch, packed, meta, enter,
+               exit_, *args):
+        if self.global_scratch_size and scratch is None:  # the kernel's in-kernel descriptors would have no memory
+            raise RuntimeError(f"{self.name}: launched without the scratch its descriptors need")
+        if enter is not None:
+            enter(meta)
+        if self.log is not None:
+            self.log.append(("launch", self.name, (gx, gy, gz), args))
+            _workspace["c_launches"].append((self.name, (gx, gy, gz, stream, function, cooperative, pdl, scratch,
+                                                         profile_scratch, packed, meta, enter, exit_, *args)))
+        if exit_ is not None:
+            exit_(meta)
+
+
 class _Kernel:
-    """A compiled variant whose launcher records its grid and arguments (when given a log). It is its own
-    launcher object, with Triton 3.6's ``CudaLauncher`` fields: ``run`` (``__call__`` there) and the C
-    ``launch`` that plans call directly (``plan.DIRECT_LAUNCH``), handed the scratch themselves."""
+    """A compiled variant (Triton's ``CompiledKernel``): ``run`` is its launcher object. A variant compiled while
+    the launchers lend a descriptor workspace has in-kernel descriptors: 128 B of global scratch per program,
+    which Triton's launcher asks the allocator for at every launch (a real launch fails without it)."""
 
     function, packed_metadata = 0, (4, 1, 1, 1, 0)
-    num_ctas, launch_cooperative_grid, launch_pdl = 1, False, False
-    global_scratch_align, profile_scratch_size, profile_scratch_align = 128, 0, 1
 
-    def __init__(self, name: str, log: list | None):
-        self.name, self.log = name, log
-
-    @property
-    def global_scratch_size(self) -> int:
-        """Bytes per program of in-kernel descriptors: a variant the launchers ran in a lent workspace has
-        some (128, one descriptor), the rest none."""
-        return 128 if self in _workspace["needed"] else 0
+    def __init__(self, name: str, log: list | None, scratch: int):
+        self.run = _Launcher(name, log, scratch)
 
     def launch_metadata(self, grid, stream, *args):
         return None
 
-    def run(self, gx, gy, gz, stream, function, packed, meta, enter, exit_, *args):
-        # a variant the launchers launch inside a lent descriptor workspace needs one at every launch (a
-        # real launch fails without it); a replay may lend one to more
-        if _workspace["lent"] and not _workspace["replaying"]:
-            _workspace["needed"].add(self)
-        elif not _workspace["lent"] and self in _workspace["needed"]:
-            raise RuntimeError(f"{self.name}: launched without the descriptor workspace it needs")
-        self._record(gx, gy, gz, args)
 
-    def launch(self, gx, gy, gz, stream, function, cooperative, pdl, scratch, profile_scratch, packed, meta, enter,
-               exit_, *args):
-        # the C launch: a variant with in-kernel descriptors must be handed its scratch here
-        if self.global_scratch_size and scratch is None:
-            raise RuntimeError(f"{self.name}: launched directly without the scratch its descriptors need")
-        _workspace["direct"].append((self.name, (gx, gy, gz), scratch))
-        self._record(gx, gy, gz, args)
-
-    def _record(self, gx, gy, gz, args):
-        if self.log is not None:
-            self.log.append(("launch", self.name, (gx, gy, gz), args))
-
-
-_workspace = {"lent": False, "replaying": False, "needed": set(), "direct": []}
+# lent: a descriptor workspace is lent now; replaying: a plan replays; c_launches (with a log): (name, every
+# argument of the C launch) per launch
+_workspace = {"lent": False, "replaying": False, "c_launches": []}
 
 
 @contextlib.contextmanager
 def _lend_workspace(device):
-    """``_common.descriptor_workspace`` that also records, for the stand-in launches, that it is lent."""
+    """``_common.descriptor_workspace`` that also records, for the stand-in compiles, that it is lent."""
     outer = _workspace["lent"]
     _workspace["lent"] = True
     try:
@@ -86,13 +102,15 @@ def _lend_workspace(device):
 
 
 class _Driver:
+    """Triton's GPU driver as it is over a CUDA build of torch (``GPUDriver``): the current device from
+    ``torch.cuda.current_device``, the stream from torch's C ``_cuda_getCurrentRawStream``; here device 0, stream 0,
+    an sm_90 target."""
+
     target = GPUTarget("cuda", 90, 32)
 
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
+    def __init__(self):
+        self.get_current_device = _current_device
+        self.get_current_stream = int  # a C call as torch's is: int(0), the default stream of device 0
 
     def get_current_target(self):
         return self.target
@@ -100,8 +118,7 @@ class _Driver:
 
 def _fresh() -> None:
     _launch.clear()
-    _workspace["needed"].clear()  # the stand-in variants below are dropped with the JIT caches
-    _workspace["direct"].clear()
+    _workspace["c_launches"].clear()
     for mod in (chunk, prep, state_pass, segments, recurrent):
         for obj in vars(mod).values():
             if isinstance(obj, JITFunction):
@@ -125,7 +142,7 @@ def stubbed(log: list | None = None, verify: bool = True, setattr=None):
     """
 
     def compile_stub(self, key, signature, device, constexprs, options, attrs, warmup):
-        self.device_caches[device][0][key] = kernel = _Kernel(self.__name__, log)
+        self.device_caches[device][0][key] = kernel = _Kernel(self.__name__, log, 128 if _workspace["lent"] else 0)
         return kernel
 
     def note(name):
@@ -169,6 +186,7 @@ def stubbed(log: list | None = None, verify: bool = True, setattr=None):
         (_tune.Tuner, "__call__", lambda self, key, launch, device: launch(self.configs[0])),
         (_launch, "VERIFY", verify),
         (_launch, "ENABLED", True),  # whatever TORCH_AURA_FAST_LAUNCH says: the mechanism is what runs
+        (_launch, "_RAW_DEVICE", {_current_device: _raw_current_device}),  # as torch's pair is on CUDA builds
     ]
     saved = [] if setattr else [(obj, name, vars(obj)[name]) for obj, name, _ in patches]
     patch = setattr or builtins.setattr

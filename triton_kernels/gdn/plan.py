@@ -172,8 +172,8 @@ class _Recording:
                 raise _Refuse(f"{getattr(kernel, '__name__', kernel)} launched without a cache entry")
             from triton.tools.tensor_descriptor import TensorDescriptor
 
-            run, function, packed, tail, variant = entry
-            values = [*args, *[kwargs[name] for name in tail]]
+            _, _, tail, variant, run, function, packed = entry
+            values = [*args, *tail]
             holes = []
             for pos, a in enumerate(values):
                 if isinstance(a, torch.Tensor):
@@ -239,24 +239,25 @@ class _Plan:
         self.pool, self.pool_bytes = pack_lifetimes(self.pool_spans)
 
     def _direct_launches(self, side_from) -> tuple[list, dict]:
-        """Per op, what :data:`DIRECT_LAUNCH` calls instead of the launcher object: (Triton 3.6's C ``launch``,
-        its cooperative and PDL flags, the key of its scratch span or None), or None where the launcher is not
-        of that layout or profiles (its profile scratch stays the allocator's). A variant with in-kernel
-        descriptors gets a scratch span: grid x CTAs x its size per program, live at its own launch only (the
-        next launch on the stream starts after it ends); on the side stream, from the side stream's "wait" to
-        the end, as the buffers it reads: it overlaps the main stream's w/u launch made after that wait. Span
-        keys are negative: never a slot."""
+        """Per op, what :data:`DIRECT_LAUNCH` calls instead of the launcher object: (Triton 3.6's C ``launch``, its
+        prefix, the key of its scratch span or None) from ``_launch.direct_launch``, or None where it gives none (a
+        variant that profiles, or aligns its scratch beyond the pool's). A variant with in-kernel descriptors gets
+        a scratch span: grid x its scratch per program, live at its own launch only (the next launch on the stream
+        starts after it ends); on the side stream, from the side stream's "wait" to the end, as the buffers it
+        reads: it overlaps the main stream's w/u launch made after that wait. Span keys are negative: never a
+        slot."""
         direct, spans, n_ops = [None] * len(self.ops), {}, len(self.ops)
         for i, op in enumerate(self.ops):
-            launcher = _launch.launcher_of(op[3]) if op[0] == "launch" else None
-            if launcher is None or launcher.profile_scratch_size or launcher.global_scratch_align > _POOL_ALIGN:
+            call = _launch.direct_launch(op[3], op[4], op[5], _POOL_ALIGN) if op[0] == "launch" else None
+            if call is None:
                 continue
+            launch, prefix, scratch = call
             gx, gy, gz = op[2]
-            size = gx * gy * gz * launcher.num_ctas * launcher.global_scratch_size
+            size = gx * gy * gz * scratch
             key = -1 - i if size else None
             if size:
                 spans[key] = (size, i, i) if side_from[i] is None else (size, side_from[i], n_ops)
-            direct[i] = (launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl, key)
+            direct[i] = (launch, prefix, key)
         return direct, spans
 
     def _pool_spans(self, makes, last, outputs, n_ops) -> dict:
@@ -290,12 +291,8 @@ class _Plan:
         return r[1](*[slots[i] for i in r[2]])  # "computed": fn(*input slots)
 
     def run(self, inputs, device):
-        from triton.runtime.driver import driver
-
         slots = [*inputs, *[None] * (self.n_slots - _N_INPUTS)]
-        drv = driver.active
-        dev = drv.get_current_device()
-        stream = drv.get_current_stream(dev)
+        drv, dev, stream = _launch.current()
         verify = _launch.VERIFY
         # the launchers lend Triton an allocator for in-kernel descriptors; the replay must too
         lent = _common.descriptor_workspace(device) if self.workspace else contextlib.nullcontext()
@@ -336,11 +333,12 @@ class _Plan:
                     if got != variant:
                         raise AssertionError(f"{kernel.__name__}: planned launch ran variant {variant}, Triton "
                                              f"derives {got}")
-                if call is not None and (call[3] is None or pool is not None):
-                    launch, cooperative, pdl, key = call
-                    scratch = None if key is None else base + self.pool[key]
-                    launch(gx, gy, gz, stream, function, cooperative, pdl, scratch, None, packed, None, None, None,
-                           *a)
+                if call is not None and (call[2] is None or pool is not None):
+                    launch, prefix, key = call
+                    if key is not None:
+                        at = _launch.SCRATCH
+                        prefix = (*prefix[:at], base + self.pool[key], *prefix[at + 1:])
+                    launch(gx, gy, gz, stream, *prefix, *a)
                 else:
                     run(gx, gy, gz, stream, function, packed, None, None, None, *a)
                 for s in drops:
@@ -423,8 +421,7 @@ def chunk(body, check, q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk
     recorded into one. A replay skips ``check``: its plan was recorded from a call that passed it, and the
     key holds every fact the checks read (each tensor's shape, strides, dtype and device, the scalars)."""
     args = (q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_indices, use_qk_l2norm, state_v_first)
-    if not (_launch.ENABLED and _launch._idle(_launch.knobs.runtime.launch_enter_hook)
-            and _launch._idle(_launch.knobs.runtime.launch_exit_hook)) or _launch.recorder is not None:
+    if not (_launch.ENABLED and _launch.hooks_idle()) or _launch.recorder is not None:
         check(*args)
         return body(*args)
     try:

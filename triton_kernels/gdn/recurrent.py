@@ -92,15 +92,16 @@ def _v_tile(rows: int, V: int, device: torch.device) -> int:
 
 
 def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first):
-    """The checks, then what a call of this metadata launches beside its tensors: o's shape, the grid (None: no
-    program), the launch key, the scalar and stride arguments, the constexprs and options."""
+    """The checks, then what a call of this metadata launches beside its tensors: o's shape, dtype and device, the
+    grid (None: no program), the launch key, the scalar and stride arguments, the constexprs and options."""
     _checks.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     scale = float(K ** -0.5 if scale is None else scale)  # an int 1 would specialise the kernel
+    o = ((B, T, HV, V), q.dtype, q.device)  # kept: reading a tensor's dtype and device costs per call
     if N * HV == 0:
-        return (B, T, HV, V), None, None, None, None
+        return o, None, None, None, None
     BK = max(16, next_pow2(K))
     BV = _v_tile(N * HV, V, q.device)
     sp = state.stride()
@@ -110,7 +111,7 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
             *g.stride(), *beta.stride(), *pool)
     # 4 warps up to 64 fp32 state values per thread, 8 beyond (gdn.md §6.3)
     options = dict(L2NORM=use_qk_l2norm, BK=BK, BV=BV, num_warps=4 if BK * BV <= 8192 else 8)
-    return (B, T, HV, V), (cdiv(V, BV) * N * HV,), key, ints, options
+    return o, (cdiv(V, BV) * N * HV,), key, ints, options
 
 
 # eager calls repeat their metadata: one pass over the tensors' facts (all the checks and the launch key read)
@@ -121,11 +122,11 @@ _launch._on_clear.append(_geometry_of.forget)  # entries hold launch keys and V 
 
 def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
                   use_qk_l2norm=False, state_v_first=False):
-    shape, grid, key, ints, options = _geometry_of(q, k, v, g, beta, state, state_indices, cu_seqlens, scale,
-                                                   use_qk_l2norm, state_v_first)
+    (shape, dtype, device), grid, key, ints, options = _geometry_of(q, k, v, g, beta, state, state_indices,
+                                                                   cu_seqlens, scale, use_qk_l2norm, state_v_first)
     if state_indices is not None:
         debug_check_pool_rows(state_indices, state.shape[0])
-    o = torch.empty(shape, dtype=q.dtype, device=q.device)
+    o = torch.empty(shape, dtype=dtype, device=device)
     if grid is not None:
         launch(_gdn_recurrent_kernel, grid, key, q, k, v, g, beta, state, state_indices, cu_seqlens, o, *ints,
                **options)
