@@ -147,7 +147,7 @@ class TritonCompiles(list):
         self._knobs, self._before = knobs, knobs.compilation.listener
 
         def listener(*, src, metadata, metadata_group, times, cache_hit):
-            self.append((str(getattr(src, "name", "?")), bool(cache_hit), getattr(times, "total", 0) / 1e6))  # us
+            self.append((str(getattr(src, "name", "?")), bool(cache_hit), getattr(times, "total", 0) / 1e6))  # CompileTimes: us
             if self._before is not None:
                 self._before(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
                              cache_hit=cache_hit)

@@ -273,7 +273,7 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
             print(f"    {name:44s} {times[-1]:8.1f}")
         op, inference, kernel, planned, launched, owned, as_tensors, direct_run, scratch_run, reused_run, no_launch, \
             made_once = times
-        print(f"    => the dispatcher {op - kernel:.1f} (its Autograd kernel {op - inference:.1f}); the key and the "
+        print(f"    => the dispatcher {op - kernel:.1f} (inference mode saves {op - inference:.1f}); the key and the "
               f"plan lookup {kernel - planned:.1f}; direct C launches (plan.DIRECT_LAUNCH) save "
               f"{launched - planned:.1f}; the pooled workspace (plan.POOL_BUFFERS) {owned - launched:.1f}; "
               f"pointers as ints (plan.POINTERS_AS_INTS) {as_tensors - owned:.1f}; through Triton's launchers: "
