@@ -28,6 +28,9 @@ from setuptools import find_packages, setup
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # Hide stable-ABI APIs newer than torch 2.10 so one wheel serves torch >= 2.10 (decode.md §9).
 TORCH_TARGET = "-DTORCH_TARGET_VERSION=0x020a000000000000"
+# Where a toolchain links libstdc++ statically (the GPU hosts' does), its exported symbols interpose on
+# torch's libstdc++.so.6 and the first ostringstream of an error path crashes (tests/build/test_link_isolation.py).
+HIDE_STATIC_LIBS = [] if sys.platform in ("win32", "darwin") else ["-Wl,--exclude-libs,ALL"]
 
 
 def _load(name, relpath):
@@ -77,7 +80,8 @@ def _cuda_extension(torch):
             "cxx": ["-O3", "-std=c++20", TORCH_TARGET, "-DUSE_CUDA", "-DPy_LIMITED_API=0x03090000"],
             "nvcc": ["-O3", "-std=c++20", TORCH_TARGET, "-DUSE_CUDA", "--expt-relaxed-constexpr", "-lineinfo",
                      f"-gencode=arch=compute_{arch},code=sm_{arch}"],
-        })
+        },
+        extra_link_args=HIDE_STATIC_LIBS)
 
 
 def _cpu_extension():
@@ -89,7 +93,7 @@ def _cpu_extension():
     flags = ["/O2", "/std:c++17"] if sys.platform == "win32" else ["-O3", "-std=c++17", "-fopenmp-simd", "-pthread"]
     return Extension("torch_aura._C_cpu", sources, language="c++", optional=True, py_limited_api=True,
                      define_macros=[("Py_LIMITED_API", "0x03090000")], extra_compile_args=flags,
-                     extra_link_args=[] if sys.platform == "win32" else ["-pthread"])
+                     extra_link_args=[] if sys.platform == "win32" else ["-pthread", *HIDE_STATIC_LIBS])
 
 
 def _mps_extension(torch):
@@ -131,7 +135,8 @@ def _autograd_extension(torch):
     module = "_C_autograd_t" + _minor(torch).replace(".", "_")
     flags = ["/O2", "/std:c++17"] if sys.platform == "win32" else ["-O2", "-std=c++17"]
     return CppExtension(f"torch_aura.{module}", sources, optional=True,
-                        extra_compile_args={"cxx": [*flags, f"-DAURA_AUTOGRAD_MODULE={module}"]})
+                        extra_compile_args={"cxx": [*flags, f"-DAURA_AUTOGRAD_MODULE={module}"]},
+                        extra_link_args=HIDE_STATIC_LIBS)
 
 
 def _triton_packages():
