@@ -131,7 +131,9 @@ def test_out_of_memory_inside_a_stable_abi_op_raises(tmp_path):
     and leave the process alive: on the H200 (torch 2.11) one such failure inside vLLM ended the process
     with SIGSEGV instead (benchmarks/results/profiles/vllm_serve_flash_prefill_h200.md), and so did this test's
     script (profiles/vllm_tp2_first_h200.md; on the CPU, torch 2.11's and 2.13's stable shims turn an allocation
-    failure inside such an op into a RuntimeError). Own process: a crash must not take the test session with it."""
+    failure inside such an op into a RuntimeError). The cause, from the native backtrace: the GPU hosts link
+    libstdc++ statically and exported it, so formatting the error message crashed (tests/build/test_link_isolation.py;
+    setup.py now hides the copy). Own process: a crash must not take the test session with it."""
     import shutil
     import subprocess
     import sys

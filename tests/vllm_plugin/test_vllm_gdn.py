@@ -145,9 +145,18 @@ def _qkv(T, seed):
     return q, k, v, gate, beta
 
 
-def test_chunk_gated_delta_rule_varlen_from_gathered_pool():
+def _vllm_chunk_indices(cu: torch.Tensor) -> torch.Tensor:
+    """What vLLM's GDN metadata passes (``prepare_chunk_indices``): (sequence, chunk) of each 64-token chunk,
+    in cu_seqlens' dtype."""
+    counts = ((cu[1:] - cu[:-1] + 63) // 64).tolist()
+    return torch.tensor([(n, c) for n, m in enumerate(counts) for c in range(m)], dtype=cu.dtype).reshape(-1, 2)
+
+
+@pytest.mark.parametrize("vllm_chunk_indices", [False, True], ids=["own-chunk-indices", "vllm-chunk-indices"])
+def test_chunk_gated_delta_rule_varlen_from_gathered_pool(vllm_chunk_indices):
     """vLLM gathers ``ssm_state[prefill_state_indices]`` (zeros where no initial state) and scatters the
-    final states back; the adapter serves the chunked call in between."""
+    final states back; the adapter serves the chunked call in between (with the chunk_indices vLLM's GPU
+    metadata passes, or without, as its CPU path calls)."""
     gdn = _gdn()
     n, P = len(LENGTHS), 10
     cu = _cu(LENGTHS)
@@ -158,7 +167,8 @@ def test_chunk_gated_delta_rule_varlen_from_gathered_pool():
     h0 = pool[idx]
     h0[~has_init] = 0
     o, final = gdn.fla_chunk_gated_delta_rule(q, k, v, gate, beta, initial_state=h0, output_final_state=True,
-                                              cu_seqlens=cu, use_qk_l2norm_in_kernel=False)
+                                              cu_seqlens=cu, use_qk_l2norm_in_kernel=False,
+                                              chunk_indices=_vllm_chunk_indices(cu) if vllm_chunk_indices else None)
     assert o.shape == v.shape and final.shape == (n, HV, V, K) and final.dtype == torch.float32
     for i in range(n):
         bos, eos = cu[i].item(), cu[i + 1].item()

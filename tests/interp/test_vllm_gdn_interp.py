@@ -1,0 +1,64 @@
+"""The vLLM GDN adapters (torch_aura/integrations/vllm/gdn.py) on the Triton kernels a GPU runs, here under the
+interpreter: the scenarios of tests/vllm_plugin/test_vllm_gdn.py (vLLM's pools, shuffled slots, the null
+block and padding, varlen prefill with gathered states and vLLM's chunk_indices, packed decode views of
+mixed_qkv, prefill then decode) with ``torch.ops.aura`` answered by the launchers instead of the CPU
+reference, against the same fp64 per-sequence loops. No vLLM needed: the adapters are plain functions."""
+
+import importlib.util
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_aura.integrations.vllm import gdn
+from torch_aura.triton_kernels.gdn import chunk, conv, recurrent
+
+_path = Path(__file__).resolve().parents[1] / "vllm_plugin" / "test_vllm_gdn.py"
+_spec = importlib.util.spec_from_file_location("_vllm_gdn_scenarios", _path)
+scenarios = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scenarios)
+
+
+class _TorchWithTritonOps:
+    """``torch`` as the adapters see it, but ``torch.ops.aura`` is the Triton launchers: on CPU tensors
+    the registered ops would run the reference, which the vllm_plugin tests already cover."""
+
+    ops = types.SimpleNamespace(aura=types.SimpleNamespace(
+        gdn_chunk=chunk.gdn_chunk, gdn_recurrent=recurrent.gdn_recurrent,
+        causal_conv1d=conv.causal_conv1d, causal_conv1d_update=conv.causal_conv1d_update))
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+@pytest.fixture(autouse=True)
+def triton_ops(monkeypatch):
+    monkeypatch.setattr(gdn, "torch", _TorchWithTritonOps())
+
+
+@pytest.mark.parametrize("layout", ["DS", "SD"])
+def test_prefill_conv_on_vllm_pool(layout):
+    scenarios.test_causal_conv1d_fn_on_vllm_pool(layout)
+
+
+@pytest.mark.parametrize("layout", ["DS", "SD"])
+def test_decode_conv_on_vllm_pool(layout):
+    scenarios.test_causal_conv1d_update_on_vllm_pool(layout)
+
+
+@pytest.mark.parametrize("vllm_chunk_indices", [False, True], ids=["own-chunk-indices", "vllm-chunk-indices"])
+def test_chunked_prefill_from_gathered_pool(vllm_chunk_indices):
+    scenarios.test_chunk_gated_delta_rule_varlen_from_gathered_pool(vllm_chunk_indices)
+
+
+def test_sigmoid_gating_decode_on_shuffled_pool():
+    scenarios.test_sigmoid_gating_decode_on_shuffled_pool()
+
+
+def test_packed_decode_on_shuffled_pool():
+    scenarios.test_packed_decode_on_shuffled_pool()
+
+
+def test_prefill_then_decode_continues_one_recurrence():
+    scenarios.test_prefill_then_decode_continues_one_recurrence()
