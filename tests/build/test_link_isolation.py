@@ -23,11 +23,14 @@ SOURCE = r"""
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
+extern "C" void raise_formatted(long line) {
+  std::ostringstream ss;
+  ss << "failed at line " << line;
+  throw std::runtime_error(ss.str());
+}
 extern "C" void describe(long line, char* out, unsigned long n) {
   try {  // what an error path does: format a message with a number, throw it, catch it
-    std::ostringstream ss;
-    ss << "failed at line " << line;
-    throw std::runtime_error(ss.str());
+    raise_formatted(line);
   } catch (const std::exception& e) {
     std::strncpy(out, e.what(), n - 1);
   }
@@ -83,6 +86,35 @@ def test_setup_keeps_a_static_libstdcxx_private(tmp_path):
     lib = build(tmp_path, "hidden", setup_constant("HIDE_STATIC_LIBS"))
     assert exported_static_copy(lib) == []
     assert describe_beside_torch(lib) == "failed at line 4242"
+
+
+CATCHER = r"""
+#include <cstring>
+#include <exception>
+extern "C" void raise_formatted(long line);
+extern "C" int catch_it(long line, char* out, unsigned long n) {
+  try { raise_formatted(line); } catch (const std::exception& e) { std::strncpy(out, e.what(), n - 1); return 1; }
+  catch (...) { return 2; }
+  return 0;
+}
+"""
+
+
+def test_errors_thrown_by_a_private_copy_are_caught_as_std_exception(tmp_path):
+    """What the dispatcher does with an op's error: a library on libstdc++.so.6 catches ``std::exception``
+    thrown by the extension's private copy (the type match goes by name, so hiding the copy keeps it)."""
+    lib = build(tmp_path, "hidden", setup_constant("HIDE_STATIC_LIBS"))
+    catcher_src = tmp_path / "catcher.cpp"
+    catcher_src.write_text(CATCHER)
+    catcher = tmp_path / "libcatcher.so"
+    subprocess.run(["g++", "-O2", "-fPIC", "-shared", str(catcher_src), str(lib), f"-Wl,-rpath,{tmp_path}",
+                    "-o", str(catcher)], check=True, capture_output=True)
+    script = ("import ctypes, torch\n"
+              f"lib = ctypes.CDLL({str(catcher)!r})\n"
+              "buf = ctypes.create_string_buffer(64)\n"
+              "print(lib.catch_it(ctypes.c_long(7), buf, 64), buf.value.decode())\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout.strip()) == (0, "1 failed at line 7"), r.stderr[-500:]
 
 
 def test_the_built_extensions_export_no_libstdcxx_copy():
