@@ -250,6 +250,7 @@ def run_row(row: str, args) -> dict:
         from torch_aura.integrations.vllm import gdn
 
         result["gdn_calls"], result["gdn_fallbacks"] = dict(gdn.CALLS), dict(gdn.FALLBACKS)
+        result["gdn_host_us"] = {k: gdn.HOST_NS[k] / 1e3 / n for k, n in gdn.CALLS.items() if n}
     return result
 
 
@@ -317,6 +318,12 @@ def table(rows: list[dict], header: str, args) -> str:
                  f"{r['backend']}, KV {'bf16' if r['kv_cache_dtype'] == 'auto' else r['kv_cache_dtype']}"
                  + (", GDN on torch_aura" if r.get("torch_aura_gdn") else ""))
         lines.append(f"| {label} | {kv} | {' | '.join(cells)} | {agree} | {verify_cell(r.get('verify'))} |")
+    for r in rows:
+        if r.get("gdn_host_us"):
+            lines += ["", f"{r['row']}: the GDN adapters' calls in this process (warm-up, check and workloads; "
+                      "eager or captured, never replays) and their host time per call:", "",
+                      "| adapter | calls | host us / call |", "|---|---|---|"]
+            lines += [f"| {k} | {r['gdn_calls'][k]} | {us:.1f} |" for k, us in sorted(r["gdn_host_us"].items())]
     return "\n".join(lines) + "\n"
 
 

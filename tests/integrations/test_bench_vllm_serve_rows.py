@@ -73,3 +73,12 @@ def test_an_unknown_commit_never_joins(bench, tmp_path):
     rows = _write(bench, args, [_run(bench, args, "bf16", ["long"], versions=unknown),
                                 _run(bench, args, "bf16", ["short"], versions=unknown)])
     assert rows["bf16"]["workloads"] == ["short"]
+
+
+def test_the_gdn_rows_adapter_host_time_is_tabled(bench, tmp_path):
+    args = _args(tmp_path)
+    gdn = {**_run(bench, args, "gdn", ["short"]), "gdn_calls": {"causal_conv1d_fn": 4, "fla_chunk_gated_delta_rule": 0},
+           "gdn_host_us": {"causal_conv1d_fn": 52.25}}
+    text = bench.table([_run(bench, args, "bf16", ["short"]), gdn], "header", args)
+    assert "| adapter | calls | host us / call |" in text
+    assert "| causal_conv1d_fn | 4 | 52.2 |" in text and "fla_chunk_gated_delta_rule |" not in text

@@ -307,6 +307,19 @@ def test_runtime_only_features_fall_back_by_name(installed, caplog):
     assert any("speculative-decoding layout" in k for k in gdn.FALLBACKS)
 
 
+def test_served_calls_are_timed_and_fallbacks_are_not(installed):
+    gdn = installed
+    gdn.CALLS.clear()
+    gdn.HOST_NS.clear()
+    gdn._originals["causal_conv1d_update"] = lambda *a, **k: "theirs"
+    x, pool, weight = torch.randn(2, C), torch.randn(3, C, W - 1), torch.randn(C, W)
+    rows = torch.tensor([1, 2], dtype=torch.int32)
+    gdn.causal_conv1d_update(x, pool, weight, None, "silu", rows, num_accepted_tokens=torch.tensor([1, 1]))
+    assert not gdn.HOST_NS and not gdn.CALLS
+    gdn.causal_conv1d_update(x, pool, weight, None, "silu", rows)
+    assert gdn.CALLS["causal_conv1d_update"] == 1 and gdn.HOST_NS["causal_conv1d_update"] > 0
+
+
 def test_refusals_name_the_feature():
     gdn = _gdn()
     assert gdn.refusals(speculative_method=None, head_k_dim=128, head_v_dim=128) == []
@@ -371,6 +384,7 @@ def test_qwen3_next_serves_on_the_routed_gdn_path(tmp_path_factory, installed, d
     gdn = installed
     gdn.CALLS.clear()
     gdn.FALLBACKS.clear()
+    gdn.HOST_NS.clear()
     model = s.save_qwen3_next(tmp_path_factory.mktemp("qwen3_next_gdn"))
     prompts = s.prompts((5, 63, 65, 130))
     ours, _ = s.generate(model, None, prompts, 16, dtype=dtype)
@@ -379,6 +393,7 @@ def test_qwen3_next_serves_on_the_routed_gdn_path(tmp_path_factory, installed, d
         assert gdn.CALLS[name] > 0, dict(gdn.CALLS)
     assert gdn.CALLS["fused_sigmoid_gating_delta_rule_update"] + \
         gdn.CALLS["fused_recurrent_gated_delta_rule_packed_decode"] > 0, dict(gdn.CALLS)
+    assert {k for k, v in gdn.HOST_NS.items() if v > 0} == {k for k, n in gdn.CALLS.items() if n}, dict(gdn.HOST_NS)
     sequences = [p + o for p, o in zip(prompts, ours)]
     ref = _transformers_argmax(model, sequences)
     pairs = [(r[len(p) - 1 + i], o[i]) for p, o, r in zip(prompts, ours, ref) for i in range(len(o))]

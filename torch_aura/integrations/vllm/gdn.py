@@ -33,6 +33,7 @@ Refused when vLLM builds its engine configuration (:func:`check_engine_config`, 
 ``num_accepted_tokens``); linear-attention head dims above 256. A call whose arguments only show
 at run time as unsupported (an extra vLLM feature such as the prefix-caching block indices) goes to
 vLLM's own function, with the reason logged once per reason (:data:`FALLBACKS` counts them).
+:data:`CALLS` counts the calls the adapters serve and :data:`HOST_NS` sums their host time.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import time
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +58,7 @@ L2NORM_EPS = 1e-6  # as vLLM's kernels: x / sqrt(sum x^2 + eps)
 _log = logging.getLogger("vllm.torch_aura")
 CALLS: collections.Counter = collections.Counter()  # adapter name -> eager calls served by torch_aura
 FALLBACKS: collections.Counter = collections.Counter()  # "adapter: reason" -> calls sent to vLLM's own
+HOST_NS: collections.Counter = collections.Counter()  # adapter name -> host ns of the calls torch_aura served
 _originals: dict[str, object] = {}
 
 
@@ -119,6 +122,23 @@ def _count(name: str) -> None:
         CALLS[name] += 1
 
 
+def _timed(adapter):
+    """The adapter, adding the host time of each call it serves (not its fallbacks) to :data:`HOST_NS`:
+    outside full CUDA graphs vLLM runs these eagerly, so their Python is part of every such step."""
+    name = adapter.__name__
+
+    @functools.wraps(adapter)
+    def timed(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return adapter(*args, **kwargs)
+        served, start = CALLS[name], time.perf_counter_ns()
+        out = adapter(*args, **kwargs)
+        if CALLS[name] != served:
+            HOST_NS[name] += time.perf_counter_ns() - start
+        return out
+    return timed
+
+
 def _slots(indices: torch.Tensor, n: int, *invalid: int | None) -> torch.Tensor:
     """vLLM's per-request slots -> our int32 pool rows, -1 where vLLM skips (padding, the null block)."""
     idx = indices[:n]
@@ -154,6 +174,7 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------- adapters
+@_timed
 def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None, has_initial_state=None,
                      activation="silu", pad_slot_id=-1, null_block_id=0, block_idx_first_scheduled_token=None,
                      block_idx_last_scheduled_token=None, initial_state_idx=None, num_computed_tokens=None,
@@ -193,6 +214,7 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     return y.transpose(0, 1)
 
 
+@_timed
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None,
                          num_accepted_tokens=None, query_start_loc=None, max_query_len=-1, null_block_id=0,
                          block_idx_last_scheduled_token=None, initial_state_idx=None, validate_data=False, **kw):
@@ -241,6 +263,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     return y
 
 
+@_timed
 def fused_post_conv_prep(conv_output, a, b, A_log, dt_bias, num_k_heads, head_k_dim, head_v_dim,
                          apply_l2norm=True, output_g_exp=False):
     """Split the conv output ``[L, 2*H*K + HV*V]`` into contiguous ``q, k [L, H, K]``, ``v [L, HV, V]``
@@ -256,6 +279,7 @@ def fused_post_conv_prep(conv_output, a, b, A_log, dt_bias, num_k_heads, head_k_
     return q.contiguous(), k.contiguous(), v, (torch.exp(g) if output_g_exp else g), beta
 
 
+@_timed
 def fla_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                                cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
                                use_qk_l2norm_in_kernel=False, core_attn_out=None):
@@ -281,6 +305,7 @@ def _recurrent(q, k, v, g, beta, pool, rows, cu_seqlens, scale, use_qk_l2norm):
     return torch.ops.aura.gdn_recurrent(q, k, v, g, beta, pool, rows, cu_seqlens, scale, use_qk_l2norm, True)
 
 
+@_timed
 def fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0, scale=None,
                                            initial_state=None, inplace_final_state=True, cu_seqlens=None,
                                            ssm_state_indices=None, num_accepted_tokens=None,
@@ -308,6 +333,7 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, beta=1
     return o, initial_state
 
 
+@_timed
 def fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
                                                    ssm_state_indices, use_qk_l2norm_in_kernel=False):
     """vLLM's packed decode: one token per request, ``mixed_qkv [N, 2*H*K + HV*V]``, ``a, b [N, HV]``,
