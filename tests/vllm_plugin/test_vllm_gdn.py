@@ -100,6 +100,16 @@ def test_causal_conv1d_update_on_vllm_pool(layout):
     torch.testing.assert_close(pool.double(), expect_pool, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_slots_mark_padding_and_invalid_ids_skipped(dtype):
+    gdn = _gdn()
+    idx = torch.tensor([3, 0, -1, 5, 7, 2, 9], dtype=dtype)
+    assert gdn._slots(idx, 6, -1, 0).tolist() == [3, -1, -1, 5, 7, 2]  # padding and the null block
+    assert gdn._slots(idx, 6, None).tolist() == [3, 0, -1, 5, 7, 2]  # row 0 a real slot
+    assert gdn._slots(idx, 7, -1, 5, 0).tolist() == [3, -1, -1, -1, 7, 2, 9]  # any other id vLLM skips
+    assert gdn._slots(idx, 6, 0).dtype == torch.int32
+
+
 def _gates(a, b, A_log, dt_bias):
     return -A_log.double().exp() * F.softplus(a.double() + dt_bias.double()), torch.sigmoid(b.double())
 

@@ -140,13 +140,15 @@ def _timed(adapter):
 
 
 def _slots(indices: torch.Tensor, n: int, *invalid: int | None) -> torch.Tensor:
-    """vLLM's per-request slots -> our int32 pool rows, -1 where vLLM skips (padding, the null block)."""
+    """vLLM's per-request slots -> our int32 pool rows, -1 where vLLM skips (padding, the null block).
+    Two kernels in the usual case (invalid: negatives and 0): once per GDN layer and step, in every adapter."""
     idx = indices[:n]
-    skip = idx < 0
+    keep = idx > 0 if 0 in invalid else idx >= 0  # negative invalid values (padding) are below 0 already
     for value in invalid:
-        if value is not None:
-            skip = skip | (idx == value)
-    return torch.where(skip, torch.full_like(idx, -1), idx).to(torch.int32)
+        if value is not None and value > 0:
+            keep = keep & (idx != value)
+    rows = torch.where(keep, idx, -1)
+    return rows if rows.dtype == torch.int32 else rows.to(torch.int32)
 
 
 def _too_wide(K: int, V: int) -> str | None:
