@@ -22,6 +22,8 @@ that tests put in a kernel's place.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 from triton.runtime.jit import JITFunction
@@ -90,9 +92,29 @@ def _variant_key(kernel: JITFunction, args, kwargs) -> tuple:
     return compute_cache_key(kernel.device_caches[driver.active.get_current_device()][1], specialization, options)
 
 
+_compiling_only = False  # compile_only(): launch() readies variants and launches nothing
+
+
+@contextlib.contextmanager
+def compile_only():
+    """Within the block :func:`launch` compiles (or loads from Triton's disk cache) the variant each call
+    asks for and launches nothing: a tuner readies a config that later calls will run (``_tune.Tuner``'s
+    bucket), so they do not compile in the middle of a prompt."""
+    global _compiling_only
+    before, _compiling_only = _compiling_only, True
+    try:
+        yield
+    finally:
+        _compiling_only = before
+
+
 def launch(kernel, grid: tuple, key: tuple, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``; ``key`` as the module docstring says. Constexprs and options are
     passed by keyword, after every positional argument."""
+    if _compiling_only:
+        if isinstance(kernel, JITFunction):
+            kernel.warmup(*args, grid=grid, **kwargs)
+        return
     if not (ENABLED and isinstance(kernel, JITFunction) and hooks_idle()):
         kernel[grid](*args, **kwargs)
         if recorder is not None:

@@ -181,3 +181,23 @@ def test_cached_launches_hand_the_c_launch_what_tritons_launcher_does(monkeypatc
                 else:
                     assert _same(a, b), (name, i, a, b)
         assert any(p[0] for p in pairs) and not all(p[0] for p in pairs), "no variant with scratch, or none without"
+
+
+def test_compile_only_readies_every_variant_and_launches_nothing(monkeypatch):
+    """``_launch.compile_only`` (the tuners' other bucket side): a gdn_chunk inside it compiles each variant a
+    real call then runs, launching none; the real call after it compiles nothing more."""
+    from torch_aura.triton_kernels import _launch
+    from torch_aura.triton_kernels.gdn import launch_stub, plan
+    from triton.runtime.jit import JITFunction
+
+    monkeypatch.setattr(plan, "ENABLED", False)
+    log, compiles = [], []
+    with launch_stub.stubbed(log, setattr=monkeypatch.setattr):
+        stub = JITFunction._do_compile
+        monkeypatch.setattr(JITFunction, "_do_compile", lambda self, *a: compiles.append(self.__name__) or stub(self, *a))
+        with _launch.compile_only():
+            _chunk(1, 300, 2, 4, 128, 128)
+        readied = list(compiles)
+        assert readied and not [e for e in log if e[0] == "launch"]
+        _chunk(1, 300, 2, 4, 128, 128)
+        assert compiles == readied and [e for e in log if e[0] == "launch"]

@@ -109,3 +109,45 @@ def test_untuned_modes_read_no_table(tune, monkeypatch):
     tuner, launched = _tuner(tune), []
     tuner(KEY, launched.append, CPU)
     assert launched == [tuner.configs[0]] and tuner.timed == 0 and tune._TABLES == {}
+
+
+def _shipped(tmp_path, rows: dict) -> None:
+    path = tmp_path / "shipped" / "cpu.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"format": 1, "tuners": {"test_kernel": rows}}))
+
+
+def _recording(tune):
+    """A launch that records (config, whether launch() would only compile it)."""
+    from torch_aura.triton_kernels import _launch
+
+    launched = []
+    return launched, lambda cfg: launched.append((cfg, _launch._compiling_only))
+
+
+def test_a_bucket_readies_its_other_side_once_without_launching_it(tune, tmp_path):
+    """The prep kernels' many-chunks bucket: the first call on one side compiles the table's other-side
+    variant (launching nothing), so the first prompt past the edge compiles nothing (gdn.md §6.4)."""
+    few, many = {"kwargs": {}, "num_warps": 4, "num_stages": 2}, {"kwargs": {"BV": 32}, "num_warps": 8, "num_stages": 3}
+    _shipped(tmp_path, {"128|128|torch.bfloat16|False|False": few, "128|128|torch.bfloat16|False|True": many})
+    tuner = tune.Tuner("test_kernel", _tuner(tune).configs, bucket=4)
+    launched, launch = _recording(tune)
+    small = (128, 128, torch.bfloat16, False, False)
+    tuner(small, launch, CPU)
+    assert launched == [(tuner.configs[1], True), (tuner.configs[0], False)]  # other side compiled, this one run
+    tuner(small, launch, CPU)
+    tuner(KEY, launch, CPU)  # past the edge: its config was found with the first call, and runs
+    assert launched[2:] == [(tuner.configs[0], False), (tuner.configs[1], False)] and tuner.timed == 0
+
+
+@pytest.mark.parametrize("other", ["same variant", "not in the table", "no bucket"])
+def test_nothing_is_readied_that_a_later_call_would_not_compile(tune, tmp_path, other):
+    entry = {"kwargs": {}, "num_warps": 4, "num_stages": 2}
+    rows = {"128|128|torch.bfloat16|False|False": entry}
+    if other != "not in the table":
+        rows["128|128|torch.bfloat16|False|True"] = entry
+    _shipped(tmp_path, rows)
+    tuner = tune.Tuner("test_kernel", _tuner(tune).configs, bucket=None if other == "no bucket" else 4)
+    launched, launch = _recording(tune)
+    tuner((128, 128, torch.bfloat16, False, False), launch, CPU)
+    assert launched == [(tuner.configs[0], False)]

@@ -346,9 +346,9 @@ def gdn_recompute_w_u(k, v, beta, Ai, g_cum, cu_seqlens=None, chunk_indices=None
 # programs per SM for 16-bit inputs, two lead for fp32 (the tuner finds it). w/u is bound by its loads
 # and stores: 4 warps, 3 stages (gdn.md §6.3).
 _SOLVE = Tuner("gdn_chunk_solve", [Config(num_warps=1, num_stages=2), Config(num_warps=2, num_stages=2),
-                                   Config(num_warps=2, num_stages=1), Config(num_warps=4, num_stages=2)])
+                                   Config(num_warps=2, num_stages=1), Config(num_warps=4, num_stages=2)], bucket=4)
 _W_U = Tuner("gdn_chunk_w_u", [Config(num_warps=4, num_stages=3), Config(num_warps=4, num_stages=2),
-                               Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=2)])
+                               Config(num_warps=4, num_stages=1), Config(num_warps=2, num_stages=2)], bucket=4)
 plan.TUNERS += [_SOLVE, _W_U]
 
 
