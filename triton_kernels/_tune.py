@@ -287,8 +287,12 @@ class Tuner:
             return
         self.cache[memo] = found
         if found.launch_kwargs() != cfg.launch_kwargs():
-            with _launch.compile_only():
-                launch(found)
+            try:
+                with _launch.compile_only():
+                    launch(found)
+            except Exception as e:  # noqa: BLE001 - only an early compile: the call that needs it compiles it then
+                warnings.warn(f"torch_aura: {self.name} could not ready {found} for {other} ahead of use: {e}",
+                              stacklevel=2)
 
     def _first_that_fits(self, launch) -> None:
         """Untuned: the first config in order whose kernel fits the device (shared memory, registers).

@@ -151,3 +151,18 @@ def test_nothing_is_readied_that_a_later_call_would_not_compile(tune, tmp_path, 
     launched, launch = _recording(tune)
     tuner((128, 128, torch.bfloat16, False, False), launch, CPU)
     assert launched == [(tuner.configs[0], False)]
+
+
+def test_a_failure_to_ready_the_other_side_warns_and_the_call_runs(tune, tmp_path):
+    few, many = {"kwargs": {}, "num_warps": 4, "num_stages": 2}, {"kwargs": {"BV": 32}, "num_warps": 8, "num_stages": 3}
+    _shipped(tmp_path, {"128|128|torch.bfloat16|False|False": few, "128|128|torch.bfloat16|False|True": many})
+    tuner = tune.Tuner("test_kernel", _tuner(tune).configs, bucket=4)
+    launched, record = _recording(tune)
+
+    def launch(cfg):
+        record(cfg)
+        if launched[-1][1]:
+            raise RuntimeError("no compiler today")
+    with pytest.warns(UserWarning, match="could not ready"):
+        tuner((128, 128, torch.bfloat16, False, False), launch, CPU)
+    assert launched[-1] == (tuner.configs[0], False)
