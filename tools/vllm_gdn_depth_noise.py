@@ -25,11 +25,17 @@ PAIRS = (("own bf16", "routed bf16"), ("routed fp32", "own bf16"), ("routed fp32
 SEQUENCES = (200, 200, 200, 200)  # random token prompts, teacher-forced at every position
 
 
-def one_row(layers: int, routed: bool, dtype: str, out: Path) -> None:
+def _modules():
+    """The tests' model builder and the serving bench (its teacher-forced argmax and agreement): one definition."""
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
-    import _vllm_serve as s
-    import bench_vllm_serve as bench
+    import _vllm_serve
+    import bench_vllm_serve
 
+    return _vllm_serve, bench_vllm_serve
+
+
+def one_row(layers: int, routed: bool, dtype: str, out: Path) -> None:
+    s, bench = _modules()
     name = f"qwen3-next-tiny-{layers}"
     s.SIZES[name] = dict(s.SIZES["qwen3-next-tiny"], num_hidden_layers=layers,
                          layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4))
@@ -41,10 +47,6 @@ def one_row(layers: int, routed: bool, dtype: str, out: Path) -> None:
         gdn.install()
     llm = s.engine(model, None, dtype=dtype)
     out.write_text(json.dumps(bench.teacher_forced(llm, s.prompts(SEQUENCES, seed=3))))
-
-
-def agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    return sum(x == y for p, q in zip(a, b) for x, y in zip(p, q)) / sum(len(p) for p in a)
 
 
 def main() -> None:
@@ -59,6 +61,7 @@ def main() -> None:
         layers, routed, dtype = int(args.row[0]), args.row[1] == "1", args.row[2]
         one_row(layers, routed, dtype, out / f"argmax_{layers}_{int(routed)}_{dtype}.json")
         return
+    agreement = _modules()[1].agreement
     print(f"| layers | {' | '.join(f'{a} vs {b}' for a, b in PAIRS)} |")
     print("|---" * (len(PAIRS) + 1) + "|")
     for layers in args.layers:

@@ -156,10 +156,15 @@ def _qkv(T, seed):
 
 
 def _vllm_chunk_indices(cu: torch.Tensor) -> torch.Tensor:
-    """What vLLM's GDN metadata passes (``prepare_chunk_indices``): (sequence, chunk) of each 64-token chunk,
-    in cu_seqlens' dtype."""
-    counts = ((cu[1:] - cu[:-1] + 63) // 64).tolist()
-    return torch.tensor([(n, c) for n, m in enumerate(counts) for c in range(m)], dtype=cu.dtype).reshape(-1, 2)
+    """What vLLM's GDN metadata passes: its own ``prepare_chunk_indices`` where this vLLM has it at 0.24's path,
+    else ours, which equals it (int32 (sequence, chunk) rows of 64-token chunks; checked on vLLM 0.24)."""
+    try:
+        from vllm.model_executor.layers.fla.ops.index import prepare_chunk_indices
+    except ImportError:
+        import torch_aura
+
+        return torch_aura.gdn_chunk_indices(cu)
+    return prepare_chunk_indices(cu, 64)
 
 
 @pytest.mark.parametrize("vllm_chunk_indices", [False, True], ids=["own-chunk-indices", "vllm-chunk-indices"])

@@ -171,8 +171,8 @@ def _gates(a, b, A_log, dt_bias, beta: float = 1.0, threshold: float = 20.0):
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    """``x / sqrt(sum x^2 + eps)`` in fp32, rounded once to x's dtype: one pass for the norms and one for the
-    scaled copy (an fp32 copy, its square and its product took five over ``[T, H, K]`` in every prefill)."""
+    """``x / sqrt(sum x^2 + eps)`` in fp32, rounded once to x's dtype, in two passes over x (the norms, the
+    scaled copy): it runs over every prefill's q and k."""
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
     inv = norm.square_().add_(L2NORM_EPS).rsqrt_()
     return torch.mul(x, inv, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))  # fp32 math, one rounding
