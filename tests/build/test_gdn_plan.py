@@ -15,7 +15,7 @@ import os
 
 import pytest
 import torch
-from _gdn_check import empty_chunk_inputs
+from _gdn_plan_mix import GEOMETRIES, calls as _calls, inputs as _inputs
 
 triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
@@ -44,55 +44,6 @@ def stub(monkeypatch):
 def stub_unverified(monkeypatch):
     """As ``stub``, VERIFY off: replays hand plain pointers to the launchers as ints (``POINTERS_AS_INTS``)."""
     yield from _stubbed(monkeypatch, verify=False)
-
-
-H, HV, K, V = 2, 4, 128, 128
-
-
-def _inputs(B, T, h=H, hv=HV, kd=K, vd=V, **kw):
-    return empty_chunk_inputs(B, T, h, hv, kd, vd, **kw)
-
-
-def _varlen(lengths):
-    cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] + n)
-    return cu
-
-
-# (B, T, kwargs of _inputs, l2norm, scale): odd and chunk-edge lengths, batches, varlen (with and without
-# the chunk table), head splits and dims, strided views, both state layouts, the initial state on and off,
-# the serial pass, the sequence-parallel one and the one beside w/u
-GEOMETRIES = [
-    (1, 1, {}, True, None),
-    (1, 63, {"h0": False}, True, None),
-    (1, 64, {"state_v_first": True}, False, 0.5),
-    (1, 65, {}, True, None),
-    (3, 127, {"strided": True}, True, None),
-    (2, 300, {"state_v_first": True, "h0": False}, True, None),
-    (1, 8192, {}, True, None),  # sequence-parallel at 2/4 heads
-    (1, 4096, {"state_v_first": True}, True, None),
-    (8, 300, {}, True, None),  # serial
-    (1, 2000, {"state_v_first": True, "strided": True}, True, None),
-    (1, 300, {"h": 1, "hv": 1, "kd": 100, "vd": 48}, True, None),
-    (2, 200, {"h": 3, "hv": 6, "kd": 64, "vd": 80, "dtype": torch.float16}, False, None),
-    (1, 4096, {"h": 16, "hv": 32}, True, None),
-    (1, 200, {"dtype": torch.float32}, True, None),
-]
-VARLEN = [
-    ([1, 64, 65, 300], {}),
-    ([0, 17, 2000, 1], {"state_v_first": True, "with_ci": True}),
-    ([8192], {"h0": False}),  # one packed sequence: sequence-parallel with the device-built segment table
-    ([3000, 3000, 100], {"strided": True}),
-    ([63, 5, 700], {"h": 16, "hv": 32, "with_ci": True}),
-]
-
-
-def _calls():
-    yield from GEOMETRIES
-    for lengths, kw in VARLEN:
-        cu = _varlen(lengths)
-        yield 1, cu[-1], {**kw, "cu": cu}, True, None
 
 
 def _normalise(log, inputs_of_call):
