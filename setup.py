@@ -157,7 +157,7 @@ setup(
     packages=find_packages(include=["torch_aura", "torch_aura.*"]) + _triton_packages(),
     package_dir={"torch_aura.triton_kernels": "triton_kernels"},
     # the tuned launch configs shipped per GPU (triton_kernels/_tune.py, made by bench_gdn_first_call.py)
-    package_data={"torch_aura.triton_kernels": ["tuned/*.json"]},
+    package_data={"torch_aura.triton_kernels": ["tuned/*.json", "native_replay.c"]},  # the C replay builds on first use
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     options={"bdist_wheel": {"py_limited_api": "cp39"}} if ext_modules else {},

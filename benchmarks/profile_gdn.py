@@ -240,9 +240,10 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                     yield
             return context
 
-        shipped = dict(POINTERS_AS_INTS=True, POOL_BUFFERS=True, DIRECT_LAUNCH=True)
+        shipped = dict(POINTERS_AS_INTS=True, POOL_BUFFERS=True, DIRECT_LAUNCH=True, NATIVE_REPLAY=True)
+        in_python = {**shipped, "NATIVE_REPLAY": False}
         # the rows that take Triton's launcher apart replace each op's ``run``, which only the launcher path calls
-        launchers = {**shipped, "DIRECT_LAUNCH": False}
+        launchers = {**in_python, "DIRECT_LAUNCH": False}
         own = {**launchers, "POOL_BUFFERS": False}
 
         run = lambda: p.run(inputs, device)  # noqa: E731
@@ -252,7 +253,9 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                 ("the op under torch.inference_mode()", call, on(torch.inference_mode, **shipped)),
                 ("its CUDA kernel, no dispatcher", lambda: chunk.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True,
                                                                            False), on(**shipped)),
-                ("plan.run (ints, pooled, C launches direct)", run, on(**shipped)),
+                ("plan.run (native: one C call)" if p.native else f"plan.run (in Python: {p.native_refused})", run,
+                 on(**shipped)),
+                ("plan.run in Python (ints, pooled, C launches direct)", run, on(**in_python)),
                 ("plan.run, Triton's launchers", run, on(**launchers)),
                 ("plan.run, launchers, own buffers", run, on(**own)),
                 ("plan.run, launchers, own buffers, tensors", run, on(**{**own, "POINTERS_AS_INTS": False})),
@@ -271,11 +274,11 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                 times.append(statistics.median(B.H.host_us(fn, calls=calls, device=device.type)
                                                for _ in range(repeats)))
             print(f"    {name:44s} {times[-1]:8.1f}")
-        op, inference, kernel, planned, launched, owned, as_tensors, direct_run, scratch_run, reused_run, no_launch, \
+        op, inference, kernel, planned, python, launched, owned, as_tensors, direct_run, scratch_run, reused_run, no_launch, \
             made_once = times
         print(f"    => the dispatcher {op - kernel:.1f} (inference mode saves {op - inference:.1f}); the key and the "
-              f"plan lookup {kernel - planned:.1f}; direct C launches (plan.DIRECT_LAUNCH) save "
-              f"{launched - planned:.1f}; the pooled workspace (plan.POOL_BUFFERS) {owned - launched:.1f}; "
+              f"plan lookup {kernel - planned:.1f}; the native replay (plan.NATIVE_REPLAY) saves {python - planned:.1f}"
+              f" over the Python replay; there direct C launches (plan.DIRECT_LAUNCH) save {launched - python:.1f}; the pooled workspace (plan.POOL_BUFFERS) {owned - launched:.1f}; "
               f"pointers as ints (plan.POINTERS_AS_INTS) {as_tensors - owned:.1f}; through Triton's launchers: "
               f"launches {launched - no_launch:.1f} (the launcher objects {launched - scratch_run:.1f}: the Python "
               f"frames of scratch-free variants {launched - direct_run:.1f}, the rest, per-launch scratch "
@@ -362,7 +365,7 @@ def stubbed_host(H_: int, HV: int, lens: list[int], calls: int = 200, repeats: i
 
     from torch_aura.triton_kernels.gdn import chunk, launch_stub, plan
 
-    with launch_stub.stubbed(verify=False):
+    with launch_stub.stubbed(verify=False, native=True):
         fixed = len(set(lens)) == 1
         B_, T = (len(lens), lens[0]) if fixed else (1, sum(lens))
         q, k = torch.randn(B_, T, H_, 128, dtype=torch.bfloat16), torch.randn(B_, T, H_, 128, dtype=torch.bfloat16)

@@ -716,18 +716,21 @@ PLAN_CASES = [  # geometry, and what of the launchers it takes
 ]
 
 
-@pytest.mark.parametrize("pooled,direct", [(False, False), (True, False), (True, True)],
-                         ids=["own-buffers", "pooled-buffers", "pooled-direct"])
+@pytest.mark.parametrize("pooled,direct,native", [(False, False, False), (True, False, False), (True, True, False),
+                                                   (True, True, True)],
+                         ids=["own-buffers", "pooled-buffers", "pooled-direct", "native"])
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[_id(c) for c in PLAN_CASES])
-def test_planned_calls_equal_the_launchers(case, pooled, direct, monkeypatch):
+def test_planned_calls_equal_the_launchers(case, pooled, direct, native, monkeypatch):
     """A geometry's first call records its plan; later calls, new values each, replay it, eagerly and
     inside a CUDA graph: every output equals the launchers' bit for bit, with the replay's buffers its
-    own allocations or carved from one workspace (``plan.POOL_BUFFERS``), and with the C launches called by
-    the replay itself, scratch from that workspace (``plan.DIRECT_LAUNCH``)."""
+    own allocations or carved from one workspace (``plan.POOL_BUFFERS``), with the C launches called by
+    the replay itself, scratch from that workspace (``plan.DIRECT_LAUNCH``), and with the whole replay one
+    call into ``native_replay.c`` (``plan.NATIVE_REPLAY``: every plan of these cases replays there)."""
     from torch_aura.triton_kernels.gdn import plan
 
     monkeypatch.setattr(plan, "POOL_BUFFERS", pooled)
     monkeypatch.setattr(plan, "DIRECT_LAUNCH", direct)
+    monkeypatch.setattr(plan, "NATIVE_REPLAY", native)
 
     B, T, H, HV, K, V, dt, extra = case
     offsets, h0 = extra.get("offsets"), extra.get("h0", False)
@@ -749,6 +752,8 @@ def test_planned_calls_equal_the_launchers(case, pooled, direct, monkeypatch):
     monkeypatch.setattr(plan, "_plans", {})
     got = [torch.ops.aura.gdn_chunk(*a) for a in calls]
     assert any(p for p in plan._plans.values()), "no plan was recorded"
+    if native:
+        assert all(p.native for p in plan._plans.values() if p), [p.native_refused for p in plan._plans.values() if p]
     static = [x.clone() if isinstance(x, torch.Tensor) else x for x in calls[0]]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -25,10 +25,11 @@ from triton.backends.nvidia.driver import CudaLauncher
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from .. import _launch, _tune
+from .. import _launch, _native, _tune
 from . import _common, chunk, plan, prep, recurrent, segments, state_pass
 
 SMS = 132  # an H100 SXM: the sequence-parallel plan depends on the SM count
+SIDE_STREAM = types.SimpleNamespace(cuda_stream=1)  # state_pass's side stream as the native replay reads it
 
 
 def _torch_current_device():
@@ -70,15 +71,33 @@ class _Launcher(CudaLauncher):
             exit_(meta)
 
 
+# Triton's device-side TMA element types (CompiledKernel.metadata.tensordesc_meta) of the descriptors' dtypes
+_TMA_ELEMENT = {"fp16": 6, "fp32": 7, "bf16": 10}
+
+
+def _tensordesc_meta(signature: dict) -> list | None:
+    """What Triton's sm_90 lowering records for each host descriptor parameter (it becomes a CUtensorMap)."""
+    meta = []
+    for ty in signature.values():
+        if isinstance(ty, str) and ty.startswith("tensordesc"):
+            dtype, block = ty[ty.index("<") + 1:ty.index("[")], ty[ty.index("[") + 1:ty.index("]")]
+            meta.append({"swizzle": 3, "elem_size": {"fp32": 4}.get(dtype, 2), "elem_type": _TMA_ELEMENT[dtype],
+                         "block_size": [int(b) for b in block.split(",")], "fp4_padded": False})
+    return meta or None
+
+
 class _Kernel:
-    """A compiled variant (Triton's ``CompiledKernel``): ``run`` is its launcher object. A variant compiled while
+    """A compiled variant (Triton's ``CompiledKernel``): ``run`` is its launcher object; ``src.signature`` and
+    ``metadata.tensordesc_meta`` as Triton keeps them (the native replay reads them). A variant compiled while
     the launchers lend a descriptor workspace has in-kernel descriptors: 128 B of global scratch per program,
     which Triton's launcher asks the allocator for at every launch (a real launch fails without it)."""
 
     function, packed_metadata = 0, (4, 1, 1, 1, 0)
 
-    def __init__(self, name: str, log: list | None, scratch: int):
+    def __init__(self, name: str, log: list | None, scratch: int, signature: dict):
         self.run = _Launcher(name, log, scratch)
+        self.src = types.SimpleNamespace(signature=signature)
+        self.metadata = types.SimpleNamespace(tensordesc_meta=_tensordesc_meta(signature))
 
     def launch_metadata(self, grid, stream, *args):
         return None
@@ -87,6 +106,7 @@ class _Kernel:
 # lent: a descriptor workspace is lent now; replaying: a plan replays; c_launches (with a log): (name, every
 # argument of the C launch) per launch
 _workspace = {"lent": False, "replaying": False, "c_launches": []}
+native_log: list = []  # stubbed(log, native=True): what the native replay handed each stood-in driver call
 
 
 @contextlib.contextmanager
@@ -119,6 +139,7 @@ class _Driver:
 def _fresh() -> None:
     _launch.clear()
     _workspace["c_launches"].clear()
+    native_log.clear()
     for mod in (chunk, prep, state_pass, segments, recurrent):
         for obj in vars(mod).values():
             if isinstance(obj, JITFunction):
@@ -126,7 +147,7 @@ def _fresh() -> None:
 
 
 @contextlib.contextmanager
-def stubbed(log: list | None = None, verify: bool = True, setattr=None):
+def stubbed(log: list | None = None, verify: bool = True, setattr=None, native: bool = False):
     """Stub the launches (see the module doc) until the block exits, then restore everything.
 
     Args:
@@ -136,13 +157,17 @@ def stubbed(log: list | None = None, verify: bool = True, setattr=None):
         setattr: a test's ``monkeypatch.setattr``: the patches go through it and it undoes them, in
             order with the test's own patches of the same attributes (restoring them here as well
             would hand a test's later undo the stub's value).
+        native: plans replay through ``native_replay.c`` (``plan.NATIVE_REPLAY``), its driver calls stood in
+            for: with a log, each appends what it was handed to ``native_log`` (below), else nothing is kept.
+            Off (the default), replays call Triton's C launch, which ``log`` sees.
 
     Yields:
         ``fresh()``, which empties the JIT, launch and plan caches (also done on entry and exit).
     """
 
     def compile_stub(self, key, signature, device, constexprs, options, attrs, warmup):
-        self.device_caches[device][0][key] = kernel = _Kernel(self.__name__, log, 128 if _workspace["lent"] else 0)
+        self.device_caches[device][0][key] = kernel = _Kernel(self.__name__, log, 128 if _workspace["lent"] else 0,
+                                                              signature)
         return kernel
 
     def note(name):
@@ -187,6 +212,8 @@ def stubbed(log: list | None = None, verify: bool = True, setattr=None):
         (_launch, "VERIFY", verify),
         (_launch, "ENABLED", True),  # whatever TORCH_AURA_FAST_LAUNCH says: the mechanism is what runs
         (_launch, "_RAW_DEVICE", {_current_device: _raw_current_device}),  # as torch's pair is on CUDA builds
+        (plan, "NATIVE_REPLAY", native),
+        (plan, "side_stream", lambda device: SIDE_STREAM),  # the native replay's; _event stands in for the other's
     ]
     saved = [] if setattr else [(obj, name, vars(obj)[name]) for obj, name, _ in patches]
     patch = setattr or builtins.setattr
@@ -194,10 +221,15 @@ def stubbed(log: list | None = None, verify: bool = True, setattr=None):
     driver.set_active(_Driver())
     for obj, name, value in patches:
         patch(obj, name, value)
+    native_module = _native.module() if native else None
+    if native_module is not None:
+        native_module.record(native_log if log is not None else False)
     _fresh()
     try:
         yield _fresh
     finally:
+        if native_module is not None:
+            native_module.record(None)
         _fresh()
         for obj, name, value in saved:
             builtins.setattr(obj, name, value)

@@ -17,6 +17,12 @@ stream switches of the pass beside w/u are noted as events (``note_event``). Not
 interpreter, a launch hook, a stand-in kernel, ``TORCH_AURA_FAST_LAUNCH=0``), a tuner timed configs,
 the stream was capturing, or a tensor could not be given a slot.
 
+A replay is one call into C where the plan allows it (``NATIVE_REPLAY``, ``_native``): each launch's
+parameter block is built once from the recorded arguments, as Triton's launcher would build it, and a
+call patches in its buffers' addresses and TMA descriptors and launches them all without a Python call per
+launch. Plans that hold large buffers of their own between launches, or a launch without a direct C launch,
+replay in Python.
+
 The key holds every fact the launchers read: each input's shape, strides, dtype and 16-byte alignment,
 the varlen chunk table's shape (built before the lookup, as the launchers build it), scale, the flags,
 the device and the environment variables read per call. On by default (``TORCH_AURA_GDN_PLAN=0`` turns
@@ -35,7 +41,7 @@ import weakref
 import torch
 
 from ... import _env
-from .. import _launch
+from .. import _launch, _native
 from . import _common
 
 ENABLED = _env.get("TORCH_AURA_GDN_PLAN") and not _env.get("TRITON_INTERPRET")
@@ -54,6 +60,10 @@ _POOL_ALIGN = 512  # the caching allocator's alignment: what Triton's pointer sp
 # workspace instead of asked of the allocator at every launch (CudaLauncher.__call__): 82 us less host time
 # per call on the H200, bit for bit the launchers' (gdn.md 6.1, sixth run); the spans are planned either way
 DIRECT_LAUNCH = True
+# a replay is one C call (_native: every launch's parameter block built once, addresses and TMA descriptors
+# patched per call) where its plan allows it, instead of a Python call into Triton's launcher per launch
+NATIVE_REPLAY = True
+_NATIVE_HELD_BYTES = 1 << 20  # the most a native replay may hold for a whole call that a Python one frees sooner
 
 
 def _facts(x):
@@ -115,6 +125,7 @@ class _Recording:
         self.recipes: list = [None] * _N_INPUTS  # per slot: how a call makes it (None: an input)
         self.meta: list = [None] * _N_INPUTS  # per slot: (shape, stride, dtype, offset) as recorded
         self.ops: list = []
+        self.compiled: dict[int, object] = {}  # op index -> its variant's CompiledKernel (signature, descriptors)
         self.workspace = False
         self.failed = None
         for i, x in enumerate(inputs):
@@ -185,10 +196,19 @@ class _Recording:
                     values[pos] = None
             n = len(grid)
             self.workspace |= _allocator_lent()
+            self.compiled[len(self.ops)] = _compiled(kernel, variant)
             self.ops.append(("launch", kernel, (grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1), run,
                              function, packed, values, holes, variant, len(args), dict(kwargs)))
         except _Refuse as e:
             self.failed = str(e)
+
+
+def _compiled(kernel, variant):
+    """The CompiledKernel Triton keeps for ``variant`` on the current device (``JITFunction.run``'s cache)."""
+    try:
+        return kernel.device_caches[_launch.current()[1]][0].get(variant)
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return None
 
 
 class _Plan:
@@ -234,9 +254,60 @@ class _Plan:
         if any(s not in made for s in outputs if self.recipes[s] is not None):
             raise _Refuse("an output no launch wrote")
         self.ops = [(*op, makes[i], drops[i]) if op[0] == "launch" else (*op, makes[i]) for i, op in enumerate(ops)]
+        self.has_steps = any(op[0] == "event" for op in ops)
         self.direct, scratch = self._direct_launches(side_from)
         self.pool_spans = {**self._pool_spans(makes, last, outputs, len(ops)), **scratch}
         self.pool, self.pool_bytes = pack_lifetimes(self.pool_spans)
+        self.native, self.native_made, why = self._native_program(rec.compiled)
+        self.native_refused = why  # why this plan replays in Python (None: it need not)
+
+    def _native_program(self, compiled) -> tuple:
+        """``(_native's Program, the slots a native replay makes before its one C call, in address-table order,
+        None)``, or ``(None, (), why)`` where the plan needs what only the Python replay does: a launch through
+        Triton's launcher object, or large buffers of its own made and dropped between launches. The replay makes
+        each buffer it does not pool (outputs; flags, offsets and segment tables of a few KB) before the call, not
+        right before its first launch: on the same stream, so each is still ready before that launch, but held
+        for the whole call (``_NATIVE_HELD_BYTES`` bounds what that adds to the call's peak)."""
+        made = [s for ss in (op[-2] if op[0] == "launch" else op[-1] for op in self.ops) for s in ss]
+        own = [s for s in made if s not in self.pool]
+        held = sum(math.prod(self.recipes[s][1]) * self.recipes[s][2].itemsize for s in own
+                   if s not in self.outputs and self.recipes[s][0] in ("empty", "zeros"))
+        if held > _NATIVE_HELD_BYTES:
+            return None, (), f"{held} bytes of buffers made and dropped between launches"
+        address = {s: (s, 0) for s in range(_N_INPUTS)}
+        address.update({s: (_N_INPUTS + j, 0) for j, s in enumerate(own)})
+        pool_entry = _N_INPUTS + len(own)
+        address.update({s: (pool_entry, at) for s, at in self.pool.items()})
+        specs = []
+        for i, (op, call) in enumerate(zip(self.ops, self.direct)):
+            if op[0] == "event":
+                specs.append(_native.step(op[1]))
+                continue
+            kernel = compiled.get(i)
+            if call is None or kernel is None:
+                return None, (), f"{getattr(op[1], '__name__', op[1])} has no direct C launch"
+            _, grid, _, function, packed, values, holes = op[1:8]
+            args = list(values)
+            for pos, s, d in holes:
+                args[pos] = _native.Pointer(*address[s]) if d is None else _native.Descriptor(*address[s], *d)
+            key = call[2]
+            scratch = None if key is None else _native.Pointer(pool_entry, self.pool[key])
+            _, prefix, _ = call
+            try:
+                params = _native.parameters(list(kernel.src.signature.values()),
+                                            getattr(kernel.metadata, "tensordesc_meta", None), args)
+                block, offsets, pointers, maps = _native.pack(params, scratch)
+            except (ValueError, AttributeError) as e:
+                return None, (), f"{getattr(op[1], '__name__', op[1])}: {e}"
+            warps, ctas, shared = packed[:3]
+            specs.append((function, grid, warps, ctas, shared, prefix[1], prefix[2], block, offsets, pointers,
+                          maps))
+        mod = _native.module()
+        if mod is None:
+            return None, (), "native_replay.c did not build"
+        if pool_entry + 1 > mod.MAX_ADDRESSES:
+            return None, (), "more buffers than the native replay's address table"
+        return mod.Program(tuple(specs), pool_entry + 1), tuple(own), None
 
     def _direct_launches(self, side_from) -> tuple[list, dict]:
         """Per op, what :data:`DIRECT_LAUNCH` calls instead of the launcher object: (Triton 3.6's C ``launch``, its
@@ -291,6 +362,8 @@ class _Plan:
         return r[1](*[slots[i] for i in r[2]])  # "computed": fn(*input slots)
 
     def run(self, inputs, device):
+        if self.native is not None and NATIVE_REPLAY and POOL_BUFFERS and DIRECT_LAUNCH and not _launch.VERIFY:
+            return self._replay_native(inputs, device)
         slots = [*inputs, *[None] * (self.n_slots - _N_INPUTS)]
         drv, dev, stream = _launch.current()
         verify = _launch.VERIFY
@@ -298,6 +371,18 @@ class _Plan:
         lent = _common.descriptor_workspace(device) if self.workspace else contextlib.nullcontext()
         with lent:
             return self._replay(slots, device, drv, dev, stream, verify)
+
+    def _replay_native(self, inputs, device):
+        slots = [*inputs, *[None] * (self.n_slots - _N_INPUTS)]
+        for s in self.native_made:
+            slots[s] = self._make(slots, s, device)
+        pool = torch.empty(self.pool_bytes, dtype=torch.uint8, device=device) if self.pool_bytes else None
+        addresses = (*[0 if x is None else x.data_ptr() for x in inputs],
+                     *[slots[s].data_ptr() for s in self.native_made], 0 if pool is None else pool.data_ptr())
+        _, _, stream = _launch.current()
+        side = side_stream(device).cuda_stream if self.has_steps else 0
+        self.native.replay(addresses, stream, side)  # the pool is held until every launch is queued
+        return tuple(slots[s] for s in self.outputs)
 
     def _replay(self, slots, device, drv, dev, stream, verify):
         from triton.tools.tensor_descriptor import TensorDescriptor
