@@ -217,6 +217,21 @@ def raw(names: tuple[str, ...]) -> tuple[str | None, ...]:
     return tuple(texts)
 
 
+_ENCODED: dict[str, object] = {}  # name -> its key in os.environ's dict (unset(): encoding it costs ~0.15 us)
+
+
+def unset(name: str) -> bool:
+    """``os.environ.get(name) is None`` at one dict lookup's cost (~0.1 us, ``raw``'s loop ~0.4): a switch read on
+    every call of a launcher."""
+    data = getattr(os.environ, "_data", None)  # CPython's os._Environ, as in raw()
+    if data is None:
+        return os.environ.get(name) is None
+    key = _ENCODED.get(name)
+    if key is None:
+        key = _ENCODED[name] = os.environ.encodekey(name)
+    return key not in data
+
+
 def is_set(name: str) -> bool:
     """Whether ``name`` is present and non-empty (for "set without effect" warnings)."""
     if name not in VARIABLES:

@@ -183,6 +183,81 @@ def test_cached_launches_hand_the_c_launch_what_tritons_launcher_does(monkeypatc
         assert any(p[0] for p in pairs) and not all(p[0] for p in pairs), "no variant with scratch, or none without"
 
 
+def test_recurrent_memo_checks_again_when_any_fact_changes(monkeypatch):
+    """``recurrent._geometry_of`` skips the checks for a call whose key passed before: its key holds every fact of
+    each tensor that the checks or the launch key read (shape, strides, dtype, device, 16-byte alignment) and every
+    other argument, so a call that changes any one of them runs the checks again (a bad one raises what the
+    unremembered call raises), and one that changes none runs no check."""
+    from torch_aura._checks import gdn as gdn_checks
+    from torch_aura.triton_kernels.gdn import launch_stub, recurrent
+
+    checks = []
+    real = gdn_checks.gdn_recurrent
+    monkeypatch.setattr(gdn_checks, "gdn_recurrent", lambda *a: checks.append(a) or real(*a))
+    B, H, HV, K, P = 3, 2, 4, 32, 6
+    shapes = [(B, 1, H, K), (B, 1, H, K), (B, 1, HV, K), (B, 1, HV), (B, 1, HV), (P, HV, K, K), (B,)]
+    dtypes = [torch.bfloat16] * 3 + [torch.float32] * 3 + [torch.int32]
+
+    def good():
+        return [torch.zeros(s, dtype=d) for s, d in zip(shapes, dtypes)] + [None, None, True, False]
+
+    def outcome(fn, args):
+        try:
+            return fn(*args)
+        except ValueError as e:
+            return str(e)
+
+    def misaligned(x):
+        y = torch.zeros(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+        assert y.stride() == x.stride() and y.data_ptr() & 15
+        return y
+
+    changes = {"shape": lambda x: torch.zeros((x.shape[0] + 1, *x.shape[1:]), dtype=x.dtype),
+               "strides": lambda x: torch.zeros((2 * x.shape[0], *x.shape[1:]), dtype=x.dtype)[::2],
+               "dtype": lambda x: x.to(torch.int64 if x.dtype == torch.int32 else torch.float16),
+               "device": lambda x: x.to("meta"), "alignment": misaligned}
+    variants = [(f"{name} of argument {i}", i, change) for i in range(7) for name, change in changes.items()]
+    variants += [("cu_seqlens", 7, lambda _: torch.tensor([0, B], dtype=torch.int32)),
+                 ("scale", 8, lambda _: 0.5), ("use_qk_l2norm", 9, lambda _: False),
+                 ("state_v_first", 10, lambda _: True)]
+    with launch_stub.stubbed(setattr=monkeypatch.setattr):
+        recurrent._geometry_of.forget()
+        first = recurrent._geometry_of(*good())
+        for what, i, change in variants:
+            assert recurrent._geometry_of(*good()) == first and len(checks) == 1, what  # other data: no check
+            args = good()
+            args[i] = change(args[i])
+            got = outcome(recurrent._geometry_of, args)
+            assert len(checks) == 2, f"{what}: served from the memo without its checks"
+            assert got == outcome(recurrent._geometry, args), what
+            del checks[1:]
+
+
+@pytest.mark.parametrize("debug", [None, "0", "1"])
+def test_recurrent_checks_pool_rows_on_the_host_under_debug(monkeypatch, debug):
+    """The launcher's host check of its rows (``debug_check_pool_rows``) runs when TORCH_AURA_DEBUG is on, read
+    at each call, and at no other time: duplicate rows raise then, before the launch, and launch otherwise."""
+    from torch_aura.triton_kernels.gdn import launch_stub, recurrent
+
+    if debug is None:
+        monkeypatch.delenv("TORCH_AURA_DEBUG", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_AURA_DEBUG", debug)
+    q = torch.zeros(2, 1, 1, 16, dtype=torch.bfloat16)
+    args = (q, q, q, torch.zeros(2, 1, 1), torch.zeros(2, 1, 1), torch.zeros(4, 1, 16, 16))
+    launched = []
+    with launch_stub.stubbed(setattr=monkeypatch.setattr):
+        monkeypatch.setattr(recurrent, "launch", lambda *a, **kw: launched.append(a))  # the host side only
+        recurrent.gdn_recurrent(*args, torch.tensor([3, -1], dtype=torch.int32))
+        duplicate = torch.tensor([1, 1], dtype=torch.int32)
+        if debug == "1":
+            with pytest.raises(ValueError, match=r"state_indices: expected distinct pool rows in \[0, 4\)"):
+                recurrent.gdn_recurrent(*args, duplicate)
+        else:
+            recurrent.gdn_recurrent(*args, duplicate)
+    assert len(launched) == (1 if debug == "1" else 2)
+
+
 def test_compile_only_readies_every_variant_and_launches_nothing(monkeypatch):
     """``_launch.compile_only`` (the tuners' other bucket side): a gdn_chunk inside it compiles each variant a
     real call then runs, launching none; the real call after it compiles nothing more."""

@@ -127,3 +127,15 @@ def test_raw_reads_what_the_environment_holds(monkeypatch):
     assert _env.raw(names) == tuple(os.environ.get(n) for n in names)
     monkeypatch.delenv("TORCH_AURA_GDN_OVERLAP")
     assert _env.raw(names)[0] is None
+
+
+def test_unset_reads_what_the_environment_holds(monkeypatch):
+    """_env.unset (a launcher's per-call debug switch, which bypasses os.environ.get) is ``os.environ.get(name) is
+    None``: an empty value is set, and changes are seen at once."""
+    monkeypatch.delenv("TORCH_AURA_DEBUG", raising=False)
+    assert _env.unset("TORCH_AURA_DEBUG")
+    for value in ("", "0", "1"):
+        monkeypatch.setenv("TORCH_AURA_DEBUG", value)
+        assert not _env.unset("TORCH_AURA_DEBUG")
+    monkeypatch.delenv("TORCH_AURA_DEBUG")
+    assert _env.unset("TORCH_AURA_DEBUG")

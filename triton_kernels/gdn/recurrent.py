@@ -28,7 +28,7 @@ from .._tune import cdiv, next_pow2, sm_count
 from ._jit import decay_log, length_agnostic, seq_span, v_tile_head_row
 from .plan import _facts
 
-_DEBUG = ("TORCH_AURA_DEBUG",)
+_DEBUG = "TORCH_AURA_DEBUG"
 
 
 @length_agnostic(triton.jit)
@@ -73,7 +73,7 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
 def debug_check_pool_rows(state_indices: torch.Tensor, P: int) -> None:
     """Under ``TORCH_AURA_DEBUG`` (read per call, so a test can set it), check a pool launcher's rows on the host (one sync): in ``[0, P)`` or
     -1 (skip), and no duplicates (two sequences writing one row race)."""
-    if _env.raw(_DEBUG)[0] is None or not _env.get("TORCH_AURA_DEBUG"):  # unset (the usual case) skips the parse
+    if _env.unset(_DEBUG) or not _env.get("TORCH_AURA_DEBUG"):  # unset (the usual case) skips the parse
         return
     rows = state_indices.tolist()
     bad = [s for s in rows if not -1 <= s < P]
@@ -114,9 +114,22 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
     return o, (cdiv(V, BV) * N * HV,), key, ints, options
 
 
-# eager calls repeat their metadata: one pass over the tensors' facts (all the checks and the launch key read)
-# finds the whole launch; _launch.ENABLED changes the key _geometry builds
-_geometry_of = remembered(_geometry, facts=lambda args: (*map(_facts, args[:8]), *args[8:], _launch.ENABLED))
+def _call_facts(args) -> tuple:
+    """The memo key of a call: ``plan._facts`` of each tensor (every fact the checks and the launch key read; a
+    test in tests/build/test_gdn_launch.py changes each), written out flat for the six never None: one frame and
+    one tuple, not one per tensor (~1 us a call). _launch.ENABLED changes the key _geometry builds."""
+    q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first = args
+    return (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
+            k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
+            v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
+            g.shape, g.stride(), g.dtype, g.device, g.data_ptr() & 15,
+            beta.shape, beta.stride(), beta.dtype, beta.device, beta.data_ptr() & 15,
+            state.shape, state.stride(), state.dtype, state.device, state.data_ptr() & 15,
+            _facts(state_indices), _facts(cu_seqlens), scale, use_qk_l2norm, state_v_first, _launch.ENABLED)
+
+
+# eager calls repeat their metadata: one pass over the tensors' facts finds the whole launch
+_geometry_of = remembered(_geometry, facts=_call_facts)
 _launch._on_clear.append(_geometry_of.forget)  # entries hold launch keys and V tiles (the stub's SM count)
 
 
@@ -124,7 +137,7 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
                   use_qk_l2norm=False, state_v_first=False):
     (shape, dtype, device), grid, key, ints, options = _geometry_of(q, k, v, g, beta, state, state_indices,
                                                                    cu_seqlens, scale, use_qk_l2norm, state_v_first)
-    if state_indices is not None:
+    if state_indices is not None and not _env.unset(_DEBUG):  # unset, the usual case: no frame, no state.shape read
         debug_check_pool_rows(state_indices, state.shape[0])
     o = torch.empty(shape, dtype=dtype, device=device)
     if grid is not None:
