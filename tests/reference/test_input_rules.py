@@ -61,3 +61,39 @@ def test_paged_append_into_an_unallocated_page_raises_before_anything_changes(ch
     # a row that writes nothing needs no page: row 1 appends 0 tokens
     cache.append(k, k.clone(), lengths=torch.tensor([k.shape[1] if k.dim() == 4 else 1, 0]))
     assert cache.seq_lens.tolist() == [4 + (k.shape[1] if k.dim() == 4 else 1), 4]
+
+
+def _gdn_index_cases():
+    """(op, its arguments with one strided index tensor, that argument's name): every GDN and conv op that
+    reads an index tensor, each index tensor given as a view that skips every other element."""
+    g = torch.Generator().manual_seed(0)
+    H, HV, K, V = 1, 2, 16, 16
+    q, k = torch.randn(1, 70, H, K, generator=g), torch.randn(1, 70, H, K, generator=g)
+    v, gate, beta = torch.randn(1, 70, HV, V, generator=g), -torch.rand(1, 70, HV, generator=g), torch.rand(1, 70, HV)
+    cu = torch.tensor([0, 0, 30, 30, 70, 70], dtype=torch.int32)[::2]  # [0, 30, 70]: strided
+    ci = torch_aura.gdn_chunk_indices(torch.tensor([0, 30, 70], dtype=torch.int32))
+    ci_strided = torch.zeros(ci.shape[0], 4, dtype=ci.dtype)[:, :2]  # row stride 4
+    ci_strided.copy_(ci)
+    rows = torch.tensor([1, 9, 0, 9], dtype=torch.int32)[::2]  # [1, 0]
+    state = torch.zeros(2, HV, K, V)
+    x, weight = torch.randn(2, 8), torch.randn(8, 4)
+    conv_state = torch.zeros(2, 8, 4)
+    return [
+        (torch.ops.aura.gdn_chunk, (q, k, v, gate, beta, None, None, cu, None, False, False), "cu_seqlens"),
+        (torch.ops.aura.gdn_chunk, (q, k, v, gate, beta, None, None, cu.contiguous(), ci_strided, False, False),
+         "chunk_indices"),
+        (torch.ops.aura.gdn_recurrent, (*[t[0, :2].unsqueeze(1) for t in (q, k, v, gate, beta)], state, rows, None,
+                                        None, False, False), "state_indices"),
+        (torch.ops.aura.causal_conv1d_update, (x, conv_state, weight, None, None, rows), "state_indices"),
+        (torch.ops.aura.causal_conv1d, (torch.randn(1, 70, 8), weight, None, None, cu, None), "cu_seqlens"),
+    ]
+
+
+@pytest.mark.parametrize("op, args, name", _gdn_index_cases(), ids=lambda c: getattr(c, "__name__", None))
+def test_strided_index_tensors_are_refused_by_name(op, args, name):
+    """The Triton kernels address cu_seqlens, chunk_indices and state_indices from their shapes alone (row n at
+    ``+ n``): a strided view would read other rows silently, so every backend refuses one by name."""
+    with pytest.raises(ValueError, match=rf"{name}: expected a contiguous tensor"):
+        op(*args)
+    fixed = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+    op(*fixed)  # the same values, contiguous: accepted

@@ -65,8 +65,9 @@ def _dtype_name(dtypes: Iterable[torch.dtype]) -> str:
 
 
 def tensor(arg: str, t, *, ndim: int | Sequence[int] | None = None, dtypes=None,
-           unit_last_stride: bool = False) -> torch.Tensor:
-    """Check that ``t`` is a tensor of the given rank(s) and dtype(s); returns it."""
+           unit_last_stride: bool = False, contiguous: bool = False) -> torch.Tensor:
+    """Check that ``t`` is a tensor of the given rank(s) and dtype(s) (and layout); returns it. ``contiguous``:
+    index tensors the kernels address from their shape alone (``cu_seqlens + n``), not their strides."""
     # Runs on every eager call of every op (host time of small decode calls): plain branches, and
     # the messages are built only on failure.
     if not isinstance(t, torch.Tensor):
@@ -80,6 +81,8 @@ def tensor(arg: str, t, *, ndim: int | Sequence[int] | None = None, dtypes=None,
         fail(arg, f"dtype {_dtype_name(dtypes)}", str(t.dtype).replace("torch.", ""))
     if unit_last_stride and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         fail(arg, "a unit stride in the last dim", f"strides {tuple(t.stride())}")
+    if contiguous and not t.is_contiguous():
+        fail(arg, "a contiguous tensor (.contiguous() makes one)", f"strides {tuple(t.stride())}")
     return t
 
 

@@ -41,8 +41,8 @@ def _heads(H, HV, arg: str = "v") -> None:
 
 def _varlen(B, T, cu_seqlens, chunk_indices, main: str, *, need_chunk_indices: bool = False):
     """Validate the varlen metadata; returns ``(N, NT)``, ``NT`` = number of chunks (None if unknown)."""
-    c.optional("cu_seqlens", cu_seqlens, ndim=1, dtypes=c.INDEX_DTYPES)
-    c.optional("chunk_indices", chunk_indices, ndim=2, dtypes=(torch.int32,), unit_last_stride=True)
+    c.optional("cu_seqlens", cu_seqlens, ndim=1, dtypes=c.INDEX_DTYPES, contiguous=True)
+    c.optional("chunk_indices", chunk_indices, ndim=2, dtypes=(torch.int32,), contiguous=True)
     if cu_seqlens is None:
         if chunk_indices is not None:
             c.fail("chunk_indices", "None when cu_seqlens is None (fixed-length chunks need no index)",
@@ -207,7 +207,7 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
             c.fail("state", f"at least N = {N} pool rows (sequence n uses row n without state_indices)",
                    f"{state.shape[0]} rows")
     else:
-        c.tensor("state_indices", state_indices, ndim=1, dtypes=(torch.int32,))
+        c.tensor("state_indices", state_indices, ndim=1, dtypes=(torch.int32,), contiguous=True)
         c.shape("state_indices", state_indices, (N,), "one pool row per sequence, -1 = skip")
     c.same_device(q=q, k=k, v=v, g=g, beta=beta, state=state, state_indices=state_indices,
                   cu_seqlens=cu_seqlens)
@@ -256,7 +256,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
             c.fail("conv_state", f"at least N = {N} pool rows (sequence n uses row n without state_indices)",
                    f"{conv_state.shape[0]} rows")
     else:
-        c.tensor("state_indices", state_indices, ndim=1, dtypes=(torch.int32,))
+        c.tensor("state_indices", state_indices, ndim=1, dtypes=(torch.int32,), contiguous=True)
         c.shape("state_indices", state_indices, (N,), "one pool row per sequence, -1 = skip")
         c.same_device(x=x, state_indices=state_indices)
     return [c.TensorSpec(tuple(x.shape), x.dtype, x.device)]
