@@ -163,7 +163,8 @@ class TritonCompiles(list):
         """Counts and seconds of what was compiled and what was loaded from disk."""
         built = [s for _, from_disk, s in self if not from_disk]
         return {"triton_compiled": len(built), "triton_loaded": len(self) - len(built),
-                "triton_compile_s": sum(built)}
+                "triton_compile_s": sum(built),
+                "triton_compiled_names": sorted({name for name, from_disk, _ in self if not from_disk})}
 
 
 def median_s(fn, repeats: int, device=None, warmup: int = 1) -> float:

@@ -490,7 +490,10 @@ def stream_builds(row: dict) -> str:
         return "-"
     if not row["triton_compiled"] and not row["triton_loaded"]:
         return "none"
-    return f"{row['triton_compiled']} compiled ({row['triton_compile_s']:.2f} s), {row['triton_loaded']} from disk"
+    names = row.get("triton_compiled_names", [])  # which kernels stalled the prompt, where few did
+    which = f": {', '.join(names)}" if 0 < len(names) <= 3 else ""
+    return (f"{row['triton_compiled']} compiled ({row['triton_compile_s']:.2f} s{which}), {row['triton_loaded']} "
+            "from disk")
 
 
 @torch.inference_mode()

@@ -11,6 +11,7 @@ import inspect
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -110,15 +111,17 @@ def test_stream_counts_the_triton_builds_of_a_prompt(bench):
     try:
         with bench.H.TritonCompiles() as seen:
             times = knobs.CompileTimes(ir_initialization=1000, lowering_stages=[("ttir", 500000)], store_results=0)
-            for hit in (False, True, False):
-                knobs.compilation.listener(src=None, metadata={}, metadata_group={}, times=times, cache_hit=hit)
+            for hit, name in ((False, "_solve"), (True, "_w_u"), (False, "_solve")):
+                knobs.compilation.listener(src=types.SimpleNamespace(name=name), metadata={}, metadata_group={},
+                                           times=times, cache_hit=hit)
         assert knobs.compilation.listener is outer
     finally:
         knobs.compilation.listener = before
     assert earlier == [False, True, False]
     assert [from_disk for _, from_disk, _ in seen] == [False, True, False]
     summary = seen.summary()
-    assert summary == {"triton_compiled": 2, "triton_loaded": 1, "triton_compile_s": pytest.approx(1.002)}
-    assert bench.stream_builds(summary) == "2 compiled (1.00 s), 1 from disk"
+    assert summary == {"triton_compiled": 2, "triton_loaded": 1, "triton_compile_s": pytest.approx(1.002),
+                       "triton_compiled_names": ["_solve"]}
+    assert bench.stream_builds(summary) == "2 compiled (1.00 s: _solve), 1 from disk"
     assert bench.stream_builds({"triton_compiled": 0, "triton_loaded": 0, "triton_compile_s": 0.0}) == "none"
     assert bench.stream_builds({}) == "-"
