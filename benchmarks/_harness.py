@@ -132,6 +132,17 @@ def timed(fn, device=None):
     return time.perf_counter() - t0, result
 
 
+def _variant_text(src, metadata) -> str:
+    """A compiled variant in words: what tells two compiles of one kernel apart (a stall's diagnosis)."""
+    names = getattr(getattr(src, "fn", None), "arg_names", None) or []
+    consts = {names[k[0]] if isinstance(k, tuple) and len(k) == 1 and k[0] < len(names) else k: v
+              for k, v in (getattr(src, "constants", None) or {}).items()}
+    sig = ",".join(str(t) for t in (getattr(src, "signature", None) or {}).values())
+    read = metadata.get if isinstance(metadata, dict) else lambda k: getattr(metadata, k, None)
+    opts = {k: read(k) for k in ("num_warps", "num_stages")}
+    return f"{getattr(src, 'name', '?')} {opts} constexprs={consts} signature=[{sig}]"
+
+
 class TritonCompiles(list):
     """Inside ``with TritonCompiles() as seen:``, every Triton kernel the process builds, as ``(name,
     from_disk, seconds)``: compiled (``from_disk`` False) or loaded from Triton's on-disk cache. Attributes a
@@ -146,8 +157,12 @@ class TritonCompiles(list):
             return self
         self._knobs, self._before = knobs, knobs.compilation.listener
 
+        self.variants = []  # per compile (not disk loads): the variant's constexprs, signature and launch options
+
         def listener(*, src, metadata, metadata_group, times, cache_hit):
             self.append((str(getattr(src, "name", "?")), bool(cache_hit), getattr(times, "total", 0) / 1e6))  # CompileTimes: us
+            if not cache_hit:
+                self.variants.append(_variant_text(src, metadata))
             if self._before is not None:
                 self._before(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
                              cache_hit=cache_hit)

@@ -523,6 +523,8 @@ def prompt_stream(model, name: str, lengths: list[int], device) -> list[dict]:
             with H.TritonCompiles() as seen:  # a stall's Triton share, counted
                 first.append(prefill(ids))
             builds.append(seen.summary())
+            for text in seen.variants:  # the log says which variant stalled it
+                print(f"  compiled during {name} {variant} 1x{ids.shape[1]}: {text}")
         steady = [min(prefill(ids) for _ in range(2)) for ids in prompts]
         for T, f, st, built in zip(lengths, first, steady, builds):
             rows.append({"kind": "stream", "model": name, "variant": variant, "T": T + shift, "first_ms": f * 1e3,

@@ -123,5 +123,6 @@ def test_stream_counts_the_triton_builds_of_a_prompt(bench):
     assert summary == {"triton_compiled": 2, "triton_loaded": 1, "triton_compile_s": pytest.approx(1.002),
                        "triton_compiled_names": ["_solve"]}
     assert bench.stream_builds(summary) == "2 compiled (1.00 s: _solve), 1 from disk"
+    assert [v.split()[0] for v in seen.variants] == ["_solve", "_solve"]  # compiles only, each in words
     assert bench.stream_builds({"triton_compiled": 0, "triton_loaded": 0, "triton_compile_s": 0.0}) == "none"
     assert bench.stream_builds({}) == "-"
