@@ -22,7 +22,7 @@ that tests put in a kernel's place.
 
 from __future__ import annotations
 
-import contextlib
+import warnings
 
 import torch
 import triton
@@ -92,29 +92,34 @@ def _variant_key(kernel: JITFunction, args, kwargs) -> tuple:
     return compute_cache_key(kernel.device_caches[driver.active.get_current_device()][1], specialization, options)
 
 
-_compiling_only = False  # compile_only(): launch() readies variants and launches nothing
+# set by _tune.Tuner around a launch: option sets (num_warps, num_stages, constexprs) of the same kernel whose
+# variants each new variant's first launch compiles too, launching none (siblings())
+_siblings: tuple = ()
 
 
-@contextlib.contextmanager
-def compile_only():
-    """Within the block :func:`launch` compiles (or loads from Triton's disk cache) the variant each call
-    asks for and launches nothing: a tuner readies a config that later calls will run (``_tune.Tuner``'s
-    bucket), so they do not compile in the middle of a prompt."""
-    global _compiling_only
-    before, _compiling_only = _compiling_only, True
-    try:
-        yield
-    finally:
-        _compiling_only = before
+def siblings(options: tuple) -> tuple:
+    """Make ``options`` (a tuple of launch-option dicts) the siblings of the launches that follow; returns the
+    previous ones, to be set back. The first launch of each new variant (a new cache entry: new dtypes,
+    alignments or options) then also compiles, without launching, the variant each option set gives the
+    same arguments: ``_tune.Tuner``'s other bucket side, so the first prompt past the bucket's edge finds its
+    variant compiled whatever the arguments were (a tuner key holds neither dtypes nor alignments)."""
+    global _siblings
+    before, _siblings = _siblings, options
+    return before
+
+
+def _compile_siblings(kernel: JITFunction, grid, args, kwargs) -> None:
+    for options in _siblings:
+        try:
+            kernel.warmup(*args, grid=grid, **{**kwargs, **options})  # compiled or loaded from disk, not launched
+        except Exception as e:  # noqa: BLE001 - only an early compile: the call that needs it compiles it then
+            warnings.warn(f"torch_aura: {kernel.__name__} could not ready its variant for {options} ahead of use: "
+                          f"{e}", stacklevel=3)
 
 
 def launch(kernel, grid: tuple, key: tuple, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``; ``key`` as the module docstring says. Constexprs and options are
     passed by keyword, after every positional argument."""
-    if _compiling_only:
-        if isinstance(kernel, JITFunction):
-            kernel.warmup(*args, grid=grid, **kwargs)
-        return
     if not (ENABLED and isinstance(kernel, JITFunction) and hooks_idle()):
         kernel[grid](*args, **kwargs)
         if recorder is not None:
@@ -127,6 +132,8 @@ def launch(kernel, grid: tuple, key: tuple, *args, **kwargs) -> None:
         _first_launch(kernel, grid, full, args, kwargs)
         if recorder is not None:
             recorder(kernel, grid, args, kwargs, _cache.get(full))
+        if _siblings:
+            _compile_siblings(kernel, grid, args, kwargs)
         return
     call, prefix, tail, variant, _, _, _ = entry
     if VERIFY:

@@ -239,10 +239,12 @@ class Tuner:
     def __init__(self, name: str, configs: list[Config], bucket: int | None = None):
         self.name = name
         self.configs = configs
-        # the key's place of a two-valued bucket (prep.many_chunks): a decision found for one side readies the
-        # other side's known config too, so the first prompt past the bucket's edge does not compile
+        # the key's place of a two-valued bucket (prep.many_chunks): each new variant launched on one side also
+        # compiles the other side's known config for the same arguments, so the first prompt past the bucket's
+        # edge does not compile (gdn.md §6.4)
         self.bucket = bucket
         self.cache: dict[tuple, Config] = {}
+        self._other: dict[tuple, tuple] = {}  # memo -> the other side's launch options, () where none to ready
         self.timed = 0
         self._warned_capture = False
 
@@ -256,9 +258,20 @@ class Tuner:
             cfg = tune_table(device).get(self, key)
             if cfg is not None:
                 self.cache[memo] = cfg
-                self._ready_other_side(key, cfg, launch, device)
         if cfg is not None:
-            launch(cfg)
+            other = self._other.get(memo)
+            if other is None:
+                other = self._other[memo] = self._other_side(key, cfg, device)
+            if not other:
+                launch(cfg)
+                return
+            from . import _launch
+
+            before = _launch.siblings(other)
+            try:
+                launch(cfg)
+            finally:
+                _launch.siblings(before)
         elif device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             if not self._warned_capture:
                 self._warned_capture = True
@@ -272,27 +285,16 @@ class Tuner:
             tune_table(device).put(self, key, cfg)
             launch(cfg)
 
-    def _ready_other_side(self, key: tuple, cfg: Config, launch, device: torch.device) -> None:
-        """Compile, without launching, the config the table holds for ``key``'s other bucket side where it is
-        another variant: the first call pays it (milliseconds from Triton's disk cache) instead of the first
-        prompt past the bucket's edge (a compile: 0.76 s on the H200, gdn.md §6.4)."""
+    def _other_side(self, key: tuple, cfg: Config, device: torch.device) -> tuple:
+        """``(launch options,)`` of the table's config for ``key``'s other bucket side where it is another variant
+        than ``cfg`` (compiled beside each new variant of ``key``: ``_launch.siblings``), else ``()``."""
         if self.bucket is None:
-            return
-        from . import _launch
-
+            return ()
         b = self.bucket
-        other = (*key[:b], not key[b], *key[b + 1:])
-        memo = (device.index, other)
-        if memo in self.cache or (found := tune_table(device).get(self, other)) is None:
-            return
-        self.cache[memo] = found
-        if found.launch_kwargs() != cfg.launch_kwargs():
-            try:
-                with _launch.compile_only():
-                    launch(found)
-            except Exception as e:  # noqa: BLE001 - only an early compile: the call that needs it compiles it then
-                warnings.warn(f"torch_aura: {self.name} could not ready {found} for {other} ahead of use: {e}",
-                              stacklevel=2)
+        found = tune_table(device).get(self, (*key[:b], not key[b], *key[b + 1:]))
+        if found is None or found.launch_kwargs() == cfg.launch_kwargs():
+            return ()
+        return (found.launch_kwargs(),)
 
     def _first_that_fits(self, launch) -> None:
         """Untuned: the first config in order whose kernel fits the device (shared memory, registers).

@@ -258,21 +258,65 @@ def test_recurrent_checks_pool_rows_on_the_host_under_debug(monkeypatch, debug):
     assert len(launched) == (1 if debug == "1" else 2)
 
 
-def test_compile_only_readies_every_variant_and_launches_nothing(monkeypatch):
-    """``_launch.compile_only`` (the tuners' other bucket side): a gdn_chunk inside it compiles each variant a
-    real call then runs, launching none; the real call after it compiles nothing more."""
-    from torch_aura.triton_kernels import _launch
-    from torch_aura.triton_kernels.gdn import launch_stub, plan
+def test_the_first_prompt_past_the_bucket_edge_compiles_nothing_whatever_came_first(monkeypatch):
+    """The prep kernels' many-chunks bucket (gdn.md §6.4): each new w/u variant's first launch also compiles the
+    other side's config for the same arguments, not once per tuner key. A process whose first calls passed
+    other dtypes (the e2e bench's adapter timing: fp32 beta) and which then serves a model (bf16 beta)
+    compiles the model's many-chunks variant at its first few-chunks call, launching it never, and the first
+    prompt past the edge compiles nothing (on the H200 it stalled 0.76-1.03 s)."""
     from triton.runtime.jit import JITFunction
 
+    from torch_aura.triton_kernels import _tune
+    from torch_aura.triton_kernels.gdn import chunk, launch_stub, plan, prep
+
     monkeypatch.setattr(plan, "ENABLED", False)
+    monkeypatch.delenv("TORCH_AURA_TUNE", raising=False)
+    tuner_call = _tune.Tuner.__call__
+
+    class Table:  # w/u's two sides as the shipped H200 table has them (other variants), every other key its first
+        def get(self, tuner, key):
+            return tuner.configs[(3 if not key[4] else 0) if tuner is prep._W_U else 0]
+    H, HV, K, V = 16, 32, 128, 128
+    few, many = 300, (-(-prep.MANY_CHUNKS_PER_SM * launch_stub.SMS // HV) + 1) * 64  # one chunk past the edge
+
+    def call(T, beta_dtype):
+        q, k, v, g, beta, _, _, _ = empty_chunk_inputs(1, T, H, HV, K, V, h0=False)
+        chunk.gdn_chunk(q, k, v, g, beta.to(beta_dtype), None, None, None, None, True, False)
     log, compiles = [], []
     with launch_stub.stubbed(log, setattr=monkeypatch.setattr):
+        monkeypatch.setattr(_tune.Tuner, "__call__", tuner_call)  # the real tuner, over the table above
+        monkeypatch.setattr(_tune, "tune_table", lambda device: Table())
+        for tuner in plan.TUNERS:
+            monkeypatch.setattr(tuner, "cache", {})
+            monkeypatch.setattr(tuner, "_other", {})
         stub = JITFunction._do_compile
-        monkeypatch.setattr(JITFunction, "_do_compile", lambda self, *a: compiles.append(self.__name__) or stub(self, *a))
-        with _launch.compile_only():
-            _chunk(1, 300, 2, 4, 128, 128)
-        readied = list(compiles)
-        assert readied and not [e for e in log if e[0] == "launch"]
-        _chunk(1, 300, 2, 4, 128, 128)
-        assert compiles == readied and [e for e in log if e[0] == "launch"]
+        monkeypatch.setattr(JITFunction, "_do_compile",
+                            lambda self, *a: compiles.append((self.__name__, a[4].num_warps)) or stub(self, *a))
+        assert prep.many_chunks(-(-many // 64), HV, torch.device("cpu")) and not prep.many_chunks(5, HV, None)
+        call(few, torch.float32)
+        call(many, torch.float32)
+        start = len(compiles)
+        call(few, torch.bfloat16)  # the model's first call: its own w/u variant and the other side's
+        w_u = [w for name, w in compiles[start:] if name == "_gdn_recompute_w_u_kernel"]
+        assert sorted(w_u) == [2, 4], compiles[start:]
+        launches = [e for e in log if e[0] == "launch" and e[1] == "_gdn_recompute_w_u_kernel"]
+        start = len(compiles)
+        call(many, torch.bfloat16)
+        assert compiles[start:] == [], "the first prompt past the bucket's edge compiled"
+        assert len([e for e in log if e[0] == "launch" and e[1] == "_gdn_recompute_w_u_kernel"]) == len(launches) + 1
+
+
+def test_a_sibling_that_fails_to_compile_warns_and_the_launch_runs(monkeypatch):
+    from torch_aura.triton_kernels import _launch
+    from torch_aura.triton_kernels.gdn import launch_stub, plan
+
+    monkeypatch.setattr(plan, "ENABLED", False)
+    log = []
+    with launch_stub.stubbed(log, setattr=monkeypatch.setattr):
+        before = _launch.siblings(({"num_warps": 3},))  # not a power of two: Triton refuses it
+        try:
+            with pytest.warns(UserWarning, match="could not ready its variant"):
+                _chunk(1, 300, 2, 4, 128, 128)
+        finally:
+            _launch.siblings(before)
+    assert [e for e in log if e[0] == "launch"]

@@ -118,26 +118,30 @@ def _shipped(tmp_path, rows: dict) -> None:
 
 
 def _recording(tune):
-    """A launch that records (config, whether launch() would only compile it)."""
+    """A launch that records (config, the sibling launch options ``_launch`` would compile beside it)."""
     from torch_aura.triton_kernels import _launch
 
     launched = []
-    return launched, lambda cfg: launched.append((cfg, _launch._compiling_only))
+    return launched, lambda cfg: launched.append((cfg, _launch._siblings))
 
 
-def test_a_bucket_readies_its_other_side_once_without_launching_it(tune, tmp_path):
-    """The prep kernels' many-chunks bucket: the first call on one side compiles the table's other-side
-    variant (launching nothing), so the first prompt past the edge compiles nothing (gdn.md §6.4)."""
+def test_a_bucket_names_its_other_side_as_the_sibling_of_every_launch(tune, tmp_path):
+    """The prep kernels' many-chunks bucket: every call on one side launches with the table's other-side
+    options as siblings, so each new variant's first launch compiles the other side's too (whatever the
+    arguments' dtypes; gdn.md §6.4); the siblings are unset after the call."""
+    from torch_aura.triton_kernels import _launch
+
     few, many = {"kwargs": {}, "num_warps": 4, "num_stages": 2}, {"kwargs": {"BV": 32}, "num_warps": 8, "num_stages": 3}
     _shipped(tmp_path, {"128|128|torch.bfloat16|False|False": few, "128|128|torch.bfloat16|False|True": many})
     tuner = tune.Tuner("test_kernel", _tuner(tune).configs, bucket=4)
     launched, launch = _recording(tune)
     small = (128, 128, torch.bfloat16, False, False)
     tuner(small, launch, CPU)
-    assert launched == [(tuner.configs[1], True), (tuner.configs[0], False)]  # other side compiled, this one run
     tuner(small, launch, CPU)
-    tuner(KEY, launch, CPU)  # past the edge: its config was found with the first call, and runs
-    assert launched[2:] == [(tuner.configs[0], False), (tuner.configs[1], False)] and tuner.timed == 0
+    tuner(KEY, launch, CPU)  # past the edge: the few side is its sibling
+    a, b = tuner.configs[0], tuner.configs[1]
+    assert launched == [(a, (b.launch_kwargs(),)), (a, (b.launch_kwargs(),)), (b, (a.launch_kwargs(),))]
+    assert tuner.timed == 0 and _launch._siblings == ()
 
 
 @pytest.mark.parametrize("other", ["same variant", "not in the table", "no bucket"])
@@ -150,19 +154,18 @@ def test_nothing_is_readied_that_a_later_call_would_not_compile(tune, tmp_path, 
     tuner = tune.Tuner("test_kernel", _tuner(tune).configs, bucket=None if other == "no bucket" else 4)
     launched, launch = _recording(tune)
     tuner((128, 128, torch.bfloat16, False, False), launch, CPU)
-    assert launched == [(tuner.configs[0], False)]
+    assert launched == [(tuner.configs[0], ())]
 
 
-def test_a_failure_to_ready_the_other_side_warns_and_the_call_runs(tune, tmp_path):
+def test_siblings_are_unset_when_the_launch_raises(tune, tmp_path):
+    from torch_aura.triton_kernels import _launch
+
     few, many = {"kwargs": {}, "num_warps": 4, "num_stages": 2}, {"kwargs": {"BV": 32}, "num_warps": 8, "num_stages": 3}
     _shipped(tmp_path, {"128|128|torch.bfloat16|False|False": few, "128|128|torch.bfloat16|False|True": many})
     tuner = tune.Tuner("test_kernel", _tuner(tune).configs, bucket=4)
-    launched, record = _recording(tune)
 
     def launch(cfg):
-        record(cfg)
-        if launched[-1][1]:
-            raise RuntimeError("no compiler today")
-    with pytest.warns(UserWarning, match="could not ready"):
+        raise RuntimeError("out of resources")
+    with pytest.raises(RuntimeError, match="out of resources"):
         tuner((128, 128, torch.bfloat16, False, False), launch, CPU)
-    assert launched[-1] == (tuner.configs[0], False)
+    assert _launch._siblings == ()
