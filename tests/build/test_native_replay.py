@@ -299,3 +299,35 @@ def test_pack_follows_tritons_scalar_encodings():
     assert block[22:24] == struct.pack("<e", 0.1)
     assert block[32] == 255 and block[40:56] == bytes(16)
     assert pointers == ((24, 3, 16), (40, 4, 512)) and maps == ()
+
+
+def test_plans_replay_in_python_where_the_module_cannot_build(monkeypatch):
+    """No C compiler (or Python headers): ``module()`` warns once and returns None; plans are recorded as before
+    and replay through Triton's launcher, launch for launch."""
+    import triton.runtime.build as build
+
+    from torch_aura.triton_kernels import _native
+    from torch_aura.triton_kernels.gdn import chunk, launch_stub, plan
+
+    def no_compiler(*a, **kw):
+        raise RuntimeError("Failed to find C compiler")
+    monkeypatch.setattr(build, "compile_module_from_src", no_compiler)
+    _native.module.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="replay in Python: native_replay.c did not build"):
+            assert _native.module() is None
+        real = torch.empty.__globals__
+        monkeypatch.setattr(torch, "empty", real.get("_real_empty", torch.empty))
+        log = []
+        with launch_stub.stubbed(log, verify=False, setattr=monkeypatch.setattr, native=True):
+            monkeypatch.setattr(plan, "ENABLED", True)
+            q, k, v, g, beta, h0, cu, ci = _inputs(1, 300)
+            for _ in range(2):
+                start = len(log)
+                chunk.gdn_chunk(q, k, v, g, beta, None, h0, cu, ci, True, False)
+                launches = [e for e in log[start:] if e[0] == "launch"]
+                assert launches
+            (p,) = [p for p in plan._plans.values() if p]
+            assert p.native is None and p.native_refused == "native_replay.c did not build"
+    finally:
+        _native.module.cache_clear()  # the next caller builds (or loads) the real module again
