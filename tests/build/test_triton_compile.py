@@ -68,10 +68,10 @@ def compile_only(monkeypatch, request):
     (bf16, the tuned production dtype, with the state pass's TMA copies), else only its default
     (compile time on 2 CI cores)."""
     from torch_aura.triton_kernels import _tune
-    from torch_aura.triton_kernels.gdn import _common, chunk, conv, prep, recurrent, segments, state_pass
+    from torch_aura.triton_kernels.gdn import _common, chunk, conv, gates, prep, recurrent, segments, state_pass
 
     seen = set()
-    for mod in (chunk, prep, state_pass, segments, recurrent, conv):
+    for mod in (chunk, prep, state_pass, segments, recurrent, conv, gates):
         for name, obj in list(vars(mod).items()):
             if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel"):
                 monkeypatch.setattr(mod, name, _CompileOnly(obj, seen))
@@ -183,3 +183,19 @@ def test_conv_kernels_compile_for_sm90(compile_only, dtype):
     compiled = {(key[0], dict(key[2]).get("W")) for key in compile_only}  # the state kernel has no W
     assert {name for name, _ in compiled} == {n for n in vars(conv) if n.endswith("_kernel")}, compiled
     assert {(k, W) for k in ("_causal_conv1d_kernel", "_causal_conv1d_update_kernel") for W in (1, 4, 8)} <= compiled
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_gates_kernel_compiles_for_sm90(compile_only, dtype):
+    """vLLM's gates in one launch (gdn/gates.py): with and without pool rows (int32 and int64 slots), the
+    projections as row views of vLLM's [b | a] buffer."""
+    from torch_aura.triton_kernels.gdn import gates
+
+    HV = 32
+    ba = torch.randn(8, 2 * HV, dtype=dtype)
+    A_log, dt_bias = torch.randn(HV), torch.randn(HV)
+    gates.gdn_gates(ba[:, HV:], ba[:, :HV], A_log, dt_bias)
+    for slot_dtype in (torch.int32, torch.int64):
+        gates.gdn_gates(ba[:, HV:], ba[:, :HV], A_log, dt_bias, slots=torch.arange(8, dtype=slot_dtype), null=0)
+    rows = {dict(key[2])["WITH_ROWS"] for key in compile_only if key[0] == "_gdn_gates_kernel"}
+    assert rows == {False, True}, compile_only

@@ -2,7 +2,8 @@
 interpreter: the scenarios of tests/vllm_plugin/test_vllm_gdn.py (vLLM's pools, shuffled slots, the null
 block and padding, varlen prefill with gathered states and vLLM's chunk_indices, packed decode views of
 mixed_qkv, prefill then decode) with ``torch.ops.aura`` answered by the launchers instead of the CPU
-reference, against the same fp64 per-sequence loops. No vLLM needed: the adapters are plain functions."""
+reference and the gates by ``gdn/gates.py``, against the same fp64 per-sequence loops. No vLLM needed: the
+adapters are plain functions."""
 
 import importlib.util
 import types
@@ -35,6 +36,8 @@ class _TorchWithTritonOps:
 @pytest.fixture(autouse=True)
 def triton_ops(monkeypatch):
     monkeypatch.setattr(gdn, "torch", _TorchWithTritonOps())
+    # the gates and pool rows through triton_kernels/gdn/gates.py, as on a GPU (CPU tensors take torch's formula)
+    monkeypatch.setattr(gdn, "_fused_gates", lambda a, b: a.stride(-1) == 1 and b.stride(-1) == 1)
 
 
 @pytest.mark.parametrize("layout", ["DS", "SD"])

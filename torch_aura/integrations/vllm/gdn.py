@@ -10,7 +10,7 @@ vLLM's function (module global)                 served by
 ==============================================  ===============================================
 ``causal_conv1d_fn`` (prefill conv)             ``aura.causal_conv1d`` on the gathered rows
 ``causal_conv1d_update`` (decode conv)          ``aura.causal_conv1d_update`` on the pool
-``fused_post_conv_prep`` (split, l2norm, gates) plain torch (fp32 gates, as vLLM's kernel)
+``fused_post_conv_prep`` (split, l2norm, gates) torch, the fp32 gates in one launch (``gdn/gates.py``)
 ``fla_chunk_gated_delta_rule`` (prefill)        ``aura.gdn_chunk`` (``state_v_first``)
 ``fused_sigmoid_gating_delta_rule_update``      ``aura.gdn_recurrent`` on the pool
 ``fused_recurrent_gated_delta_rule_packed_decode``  ``aura.gdn_recurrent`` on the pool
@@ -164,10 +164,25 @@ def _activation(activation):
     raise ValueError(activation)
 
 
-def _gates(a, b, A_log, dt_bias, beta: float = 1.0, threshold: float = 20.0):
-    """vLLM's gating in fp32: ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``."""
+def _fused_gates(a, b) -> bool:
+    """Where the gates take the Triton launch: CUDA tensors of unit last stride, outside a torch.compile trace."""
+    return a.is_cuda and a.stride(-1) == 1 and b.stride(-1) == 1 and not torch.compiler.is_compiling()
+
+
+def _gates(a, b, A_log, dt_bias, beta: float = 1.0, threshold: float = 20.0, slots=None, n: int = 0):
+    """vLLM's gating in fp32: ``(g, beta, rows)``, ``g = -exp(A_log) * softplus(a + dt_bias)``,
+    ``beta = sigmoid(b)``, and given vLLM's ``slots`` (one per gate row: ``n`` of them), our pool rows
+    (:func:`_slots` with vLLM's null slot 0), else None. On a GPU one Triton launch
+    (``triton_kernels/gdn/gates.py``) instead of eight elementwise kernels, and ten with the rows: once per
+    GDN layer and step."""
+    if _fused_gates(a, b):
+        from ...triton_kernels.gdn.gates import gdn_gates
+
+        fused = slots is not None and a.numel() == n * a.shape[-1]  # one row per request: the decode step
+        g, beta_t, rows = gdn_gates(a, b, A_log, dt_bias, beta, threshold, slots[:n] if fused else None, 0)
+        return g, beta_t, (rows if fused else None if slots is None else _slots(slots, n, 0))
     g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float(), beta=beta, threshold=threshold)
-    return g, torch.sigmoid(b.float())
+    return g, torch.sigmoid(b.float()), None if slots is None else _slots(slots, n, 0)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -281,7 +296,7 @@ def fused_post_conv_prep(conv_output, a, b, A_log, dt_bias, num_k_heads, head_k_
     q, k, v = q.reshape(L, H, K), k.reshape(L, H, K), v.reshape(L, -1, V).contiguous()
     if apply_l2norm:
         q, k = _l2norm(q), _l2norm(k)
-    g, beta = _gates(a, b, A_log, dt_bias)
+    g, beta, _ = _gates(a, b, A_log, dt_bias)
     return q.contiguous(), k.contiguous(), v, (torch.exp(g) if output_g_exp else g), beta
 
 
@@ -333,8 +348,8 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, beta=1
     _count(name)
     B, T, HV = v.shape[0], v.shape[1], v.shape[2]
     n = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    g, beta_t = _gates(a.reshape(B, T, HV), b.reshape(B, T, HV), A_log, dt_bias, beta, threshold)
-    rows = _slots(ssm_state_indices, n, 0)
+    g, beta_t, rows = _gates(a.reshape(B, T, HV), b.reshape(B, T, HV), A_log, dt_bias, beta, threshold,
+                             ssm_state_indices, n)
     o = _recurrent(q, k, v, g, beta_t, initial_state, rows, cu_seqlens, scale, use_qk_l2norm_in_kernel)
     return o, initial_state
 
@@ -355,8 +370,7 @@ def fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv, a, b, A_log, dt_bi
     H = (mixed_qkv.shape[1] - HV * V) // (2 * K)
     q, k, v = mixed_qkv.split([H * K, H * K, HV * V], dim=-1)
     q, k, v = q.reshape(N, 1, H, K), k.reshape(N, 1, H, K), v.reshape(N, 1, HV, V)
-    g, beta = _gates(a.reshape(N, 1, HV), b.reshape(N, 1, HV), A_log, dt_bias)
-    rows = _slots(ssm_state_indices, N, 0)
+    g, beta, rows = _gates(a.reshape(N, 1, HV), b.reshape(N, 1, HV), A_log, dt_bias, slots=ssm_state_indices, n=N)
     out.copy_(_recurrent(q, k, v, g, beta, initial_state, rows, None, scale, use_qk_l2norm_in_kernel))
     return out, initial_state
 
