@@ -132,6 +132,8 @@ def define_and_register() -> None:
     cpp, AUTOGRAD_KERNEL = _cpp_autograd()
     if cpp is not None:
         cpp.register_ops("aura", differentiable)
+        if hasattr(cpp, "tensor_facts"):  # a module built before it had them keeps the Python reads
+            _checks.common.use_compiled_facts(cpp.tensor_facts)
         return
     for name in differentiable:
         LIB.impl(name, _make_forward_only_autograd(name), "Autograd", with_keyset=True)

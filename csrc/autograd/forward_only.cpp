@@ -1,5 +1,7 @@
 // torch_aura._C_autograd_t<major>_<minor>: the ops' Autograd-key kernel in C++, registered from Python
-// (torch_aura/_registry.py) for the ops that return something to differentiate.
+// (torch_aura/_registry.py) for the ops that return something to differentiate; and, as the package's one
+// module built against LibTorch's C++ API, the launchers' memo keys read from the tensors' C++ side
+// (tensor_facts.cpp).
 //
 // The ops are forward-only. The kernel is PyTorch's autogradNotImplementedFallback: it redispatches
 // below autograd and, where an input requires grad, gives the outputs a grad_fn whose backward raises
@@ -16,6 +18,10 @@
 
 #include <memory>
 #include <string>
+
+namespace torch_aura_detail {
+PyObject* tensor_facts(PyObject*, PyObject* const* argv, Py_ssize_t argc);  // tensor_facts.cpp
+}
 
 namespace {
 
@@ -52,6 +58,8 @@ PyObject* register_ops(PyObject*, PyObject* args) {
 PyMethodDef kMethods[] = {
     {"register_ops", register_ops, METH_VARARGS,
      "register_ops(namespace, names): PyTorch's not-implemented autograd kernel for each op"},
+    {"tensor_facts", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(torch_aura_detail::tensor_facts)),
+     METH_FASTCALL, "tensor_facts(args, alignment): the memo key of a launcher's call (tensor_facts.cpp)"},
     {nullptr, nullptr, 0, nullptr}};
 
 #ifndef AURA_AUTOGRAD_MODULE

@@ -90,3 +90,36 @@ def test_flash_decode_wrappers_keep_their_errors():
             torch_aura.flash_decode(q, k, v, sl, num_splits=-1)
         with pytest.raises(ValueError, match="lse"):
             torch_aura.flash_decode_out(q, k, v, sl, None, None, 0, out, torch.empty(2, 5))
+
+
+def _variants():
+    """(a tensor, tensors that differ from it in exactly one fact a memo key must hold)."""
+    base = torch.zeros(4, 8)[:, :6]  # a view: strides (8, 1)
+    wider = torch.zeros(4, 10)[:, :6]
+    return base, {
+        "shape": torch.zeros(4, 8)[:, :5], "strides": wider, "dtype": torch.zeros(4, 8, dtype=torch.float64)[:, :6],
+        "device": torch.zeros(4, 8, device="meta")[:, :6], "alignment": torch.zeros(33)[1:].view(4, 8)[:, :6],
+    }
+
+
+@pytest.mark.parametrize("alignment", [False, True])
+def test_compiled_and_python_facts_tell_apart_the_same_calls(alignment, monkeypatch):
+    """``tensor_facts`` in C++ (torch_aura's LibTorch module) and in Python: equal keys for calls whose tensors
+    share every fact, different keys where one fact differs (alignment only when asked for), None and other
+    arguments kept as values."""
+    from torch_aura._checks import common
+
+    compiled = common._compiled_facts
+    if compiled is None:
+        pytest.skip("torch_aura's LibTorch module is not built for this torch")
+    base, variants = _variants()
+    for name, read in (("C++", compiled), ("Python", None)):
+        monkeypatch.setattr(common, "_compiled_facts", read)
+        key = common.tensor_facts((base, None, 0.5, True), alignment)
+        assert common.tensor_facts((torch.ones(4, 8)[:, :6], None, 0.5, True), alignment) == key, name
+        assert common.tensor_facts((base, None, 0.25, True), alignment) != key, name
+        assert common.tensor_facts((base, base, 0.5, True), alignment) != key, name  # a tensor where None was
+        for fact, other in variants.items():
+            same = fact == "alignment" and not alignment
+            assert (common.tensor_facts((other, None, 0.5, True), alignment) == key) == same, (name, fact)
+        hash(key)

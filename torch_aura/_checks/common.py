@@ -152,9 +152,32 @@ def divides(arg: str, num, den, num_name: str, den_name: str) -> None:
              f"{num_name} % {den_name} = {num % den if den else 'undefined'}")
 
 
+# tensor_facts of torch_aura's LibTorch module (csrc/autograd/tensor_facts.cpp), set by _registry where it is built
+# for this torch; the Python reads below serve otherwise
+_compiled_facts = None
+
+
+def use_compiled_facts(fn) -> None:
+    global _compiled_facts
+    _compiled_facts = fn
+
+
+def tensor_facts(args: tuple, alignment: bool = False) -> tuple:
+    """A memo key of ``args``: each tensor's shape, strides, dtype and device (and with ``alignment`` its data
+    pointer's remainder mod 16, which Triton specialises on), None, and every other argument's value. Read
+    in C++ where torch_aura's LibTorch module is built (~1 us for eight tensors against ~7 in Python); the two
+    forms never compare equal, and one process uses one."""
+    if _compiled_facts is not None:
+        return _compiled_facts(args, alignment)
+    if alignment:
+        return tuple((a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15) if isinstance(a, torch.Tensor)
+                     else a for a in args)
+    return tuple((a.shape, a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
 def _metadata(args: tuple) -> tuple:
     """Each tensor's shape, strides, dtype and device; every other argument's value."""
-    return tuple((a.shape, a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+    return tensor_facts(args)
 
 
 def remembered(check, facts=_metadata):

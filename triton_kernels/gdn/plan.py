@@ -41,6 +41,7 @@ import weakref
 import torch
 
 from ... import _env
+from ..._checks.common import tensor_facts
 from .. import _launch, _native
 from . import _common
 
@@ -64,11 +65,6 @@ DIRECT_LAUNCH = True
 # patched per call) where its plan allows it, instead of a Python call into Triton's launcher per launch
 NATIVE_REPLAY = True
 _NATIVE_HELD_BYTES = 1 << 20  # the most a native replay may hold for a whole call that a Python one frees sooner
-
-
-def _facts(x):
-    # every fact of a tensor that the argument checks read too (the device), so a replay may skip them
-    return None if x is None else (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
 
 
 # set by the launcher modules as they load (they import this one, never the other way): the tuners whose
@@ -484,7 +480,7 @@ _KEYED_VARIABLES = ("TORCH_AURA_GDN_OVERLAP", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 def _key(inputs, device, scale, use_qk_l2norm, state_v_first):
     # the current device too: _launch's entries are per current device, as the launches run there
     current = torch.cuda.current_device() if device.type == "cuda" else None
-    return (device, current, *map(_facts, inputs), scale, use_qk_l2norm, state_v_first,
+    return (device, current, tensor_facts(inputs, True), scale, use_qk_l2norm, state_v_first,
             *_env.raw(_KEYED_VARIABLES))
 
 

@@ -21,12 +21,11 @@ import triton.language as tl
 
 from ... import _env
 from ..._checks import gdn as _checks
-from ..._checks.common import remembered
+from ..._checks.common import remembered, tensor_facts
 from .. import _launch
 from .._launch import launch, tensor_key
 from .._tune import cdiv, next_pow2, sm_count
 from ._jit import decay_log, length_agnostic, seq_span, v_tile_head_row
-from .plan import _facts
 
 _DEBUG = "TORCH_AURA_DEBUG"
 
@@ -115,17 +114,10 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
 
 
 def _call_facts(args) -> tuple:
-    """The memo key of a call: ``plan._facts`` of each tensor (every fact the checks and the launch key read; a
-    test in tests/build/test_gdn_launch.py changes each), written out flat for the six never None: one frame and
-    one tuple, not one per tensor (~1 us a call). _launch.ENABLED changes the key _geometry builds."""
-    q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first = args
-    return (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
-            k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
-            v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
-            g.shape, g.stride(), g.dtype, g.device, g.data_ptr() & 15,
-            beta.shape, beta.stride(), beta.dtype, beta.device, beta.data_ptr() & 15,
-            state.shape, state.stride(), state.dtype, state.device, state.data_ptr() & 15,
-            _facts(state_indices), _facts(cu_seqlens), scale, use_qk_l2norm, state_v_first, _launch.ENABLED)
+    """The memo key of a call: every fact of each tensor the checks and the launch key read (``tensor_facts``:
+    shape, strides, dtype, device, 16-byte alignment; a test in tests/build/test_gdn_launch.py changes each),
+    the other arguments, and _launch.ENABLED, which changes the key _geometry builds."""
+    return tensor_facts((*args, _launch.ENABLED), True)
 
 
 # eager calls repeat their metadata: one pass over the tensors' facts finds the whole launch
