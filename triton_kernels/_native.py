@@ -7,9 +7,9 @@ built once, as Triton 3.6's generated launcher builds it from the same arguments
 blocks and launches them, all in C.
 
 The module is compiled from its source on first use by Triton's own launcher builder (the C compiler and
-``cuda.h`` that Triton's launchers need, nothing more: the driver is opened with ``dlopen``), and cached
-where Triton caches its launchers. :func:`module` is None where it cannot be built; plans then replay in
-Python as before.
+the CUDA driver header that Triton's launchers need, nothing more: the driver is opened with ``dlopen``),
+and cached where Triton caches its launchers. :func:`module` is None where it cannot be built; plans then
+replay in Python as before.
 """
 
 from __future__ import annotations
