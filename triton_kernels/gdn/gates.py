@@ -56,7 +56,7 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
     beta = torch.empty(a.shape, dtype=torch.float32, device=a.device)
     rows = None if slots is None else torch.empty(M, dtype=torch.int32, device=a.device)
     if M and HV:
-        key = (HV, *map(tensor_key, (a2, b2, A_log, dt_bias, slots)))
+        key = (HV, int(null), *map(tensor_key, (a2, b2, A_log, dt_bias, slots)))  # Triton specialises ints on % 16
         launch(_gdn_gates_kernel, (M,), key, a2, b2, A_log, dt_bias, g, beta, slots, rows, HV, a2.stride(0),
                b2.stride(0), float(scale), float(threshold), int(null), WITH_ROWS=slots is not None,
                BHV=max(16, next_pow2(HV)), num_warps=1)
