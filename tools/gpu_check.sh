@@ -4,7 +4,7 @@
 # Everything is teed under $OUT so the logs come back even if a step times out. No -x: one device
 # run must report every failure.
 #   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_aura|bench_gdn|bench_gdn_first_call|profile_gdn|
-#                                   bench_e2e|bench_vllm|gdn_plan|aura_append|decode_ring|snapshot]...
+#                                   bench_e2e|bench_vllm|gdn_plan|gdn_bucket|aura_append|decode_ring|snapshot]...
 #   (default: all but bench_e2e)
 #   FAMILY=decode|aura|gdn|transformers|vllm|all (default all) narrows the tests and sanitizer runs to one family.
 #   AURA_BUILD_CUDA=0 skips the CUDA C++ build (Triton-only runs). TESTS_TIMEOUT, SANITIZE_TIMEOUT (each tool),
@@ -77,6 +77,9 @@ for step in $steps; do
         -k planned 2>&1 | tee "$OUT/gdn_plan.log" | tail -5 || rc=1
       timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/profile_gdn.py --heads 2/4 --lens 8192 --host --anatomy \
         --no-fla 2>&1 | tee -a "$OUT/gdn_plan.log" | tail -30 || rc=1 ;;
+    gdn_bucket)
+      # the first prompt past the prep kernels' many-chunks bucket compiles nothing, whatever came first (gdn.md §6.4)
+      timeout ${BENCH_TIMEOUT:-180} python3 tools/gdn_bucket_probe.py 2>&1 | tee "$OUT/gdn_bucket.log" | tail -6 || rc=1 ;;
     aura_append)
       # the fused append's GPU tests in one process (xdist start-up outlasted a short timeout), then both sanitizers
       TORCH_AURA_TUNE=0 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider $hang tests/cuda/test_aura_cuda.py \
