@@ -58,6 +58,7 @@ typedef struct {
   PyObject_HEAD int n_ops, n_addresses;
   Op *ops;
   CUevent events[2]; /* fork and join: created at the first replay that needs them */
+  int stand_in_events; /* created by record()'s stand-ins: not the driver's to destroy */
 } Program;
 
 /* ------------------------------------------------------------------------------ the driver table */
@@ -66,6 +67,7 @@ typedef CUresult (*encode_t)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, voi
                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 typedef CUresult (*event_create_t)(CUevent *, unsigned int);
+typedef CUresult (*event_destroy_t)(CUevent);
 typedef CUresult (*event_record_t)(CUevent, CUstream);
 typedef CUresult (*stream_wait_t)(CUstream, CUevent, unsigned int);
 typedef CUresult (*error_string_t)(CUresult, const char **);
@@ -79,6 +81,7 @@ static struct {
   launch_t launch;
   encode_t encode;
   event_create_t event_create;
+  event_destroy_t event_destroy;
   event_record_t event_record;
   stream_wait_t stream_wait;
   error_string_t error_string;
@@ -107,6 +110,7 @@ static int load_driver(void) {
   SYM(launch, "cuLaunchKernelEx");
   SYM(encode, "cuTensorMapEncodeTiled");
   SYM(event_create, "cuEventCreate");
+  SYM(event_destroy, "cuEventDestroy_v2");
   SYM(event_record, "cuEventRecord");
   SYM(stream_wait, "cuStreamWaitEvent");
   SYM(error_string, "cuGetErrorString");
@@ -206,6 +210,11 @@ static CUresult rec_event_create(CUevent *event, unsigned int flags) {
   return CUDA_SUCCESS;
 }
 
+static CUresult rec_event_destroy(CUevent event) {
+  return append(Py_BuildValue("(sK)", "destroy", (unsigned long long)(uintptr_t)event)) ? CUDA_ERROR_UNKNOWN
+                                                                                        : CUDA_SUCCESS;
+}
+
 static CUresult rec_event_record(CUevent event, CUstream stream) {
   return append(Py_BuildValue("(sKK)", "record", (unsigned long long)(uintptr_t)event,
                               (unsigned long long)(uintptr_t)stream))
@@ -243,6 +252,7 @@ static PyObject *record(PyObject *self, PyObject *log) {
     drv.launch = rec_launch;
     drv.encode = rec_encode;
     drv.event_create = rec_event_create;
+    drv.event_destroy = rec_event_destroy;
     drv.event_record = rec_event_record;
     drv.stream_wait = rec_stream_wait;
     drv.ctx_get = rec_ctx_get;
@@ -387,7 +397,17 @@ static int Program_init(Program *self, PyObject *args, PyObject *kwargs) {
 }
 
 static void Program_dealloc(Program *self) {
-  free_ops(self); /* events stay: destroying one a pending stream step waits on would need a sync */
+  free_ops(self);
+  /* a plan per new length would otherwise leak its two events; the driver frees an event still pending
+   * once the work it marks completes, and streams already waiting on it are unaffected */
+  if ((self->events[0] || self->events[1]) && !self->stand_in_events) {
+    if (load_driver() == 0) {
+      for (int i = 0; i < 2; ++i)
+        if (self->events[i]) drv.event_destroy(self->events[i]);
+    } else {
+      PyErr_Clear(); /* no driver to hand them back to */
+    }
+  }
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -456,9 +476,10 @@ static int launch_op(Op *op, const uint64_t *addresses, CUstream stream) {
 }
 
 static int fork_join(Program *self, int which, CUstream from, CUstream to) {
-  if (!self->events[which] &&
-      check(drv.event_create(&self->events[which], CU_EVENT_DISABLE_TIMING), "cuEventCreate"))
-    return -1;
+  if (!self->events[which]) {
+    if (check(drv.event_create(&self->events[which], CU_EVENT_DISABLE_TIMING), "cuEventCreate")) return -1;
+    self->stand_in_events = drv.event_create == rec_event_create;
+  }
   if (check(drv.event_record(self->events[which], from), "cuEventRecord")) return -1;
   return check(drv.stream_wait(to, self->events[which], 0), "cuStreamWaitEvent");
 }
