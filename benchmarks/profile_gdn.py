@@ -274,11 +274,12 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                 times.append(statistics.median(B.H.host_us(fn, calls=calls, device=device.type)
                                                for _ in range(repeats)))
             print(f"    {name:44s} {times[-1]:8.1f}")
-        op, inference, kernel, planned, python, launched, owned, as_tensors, direct_run, scratch_run, reused_run, no_launch, \
-            made_once = times
+        op, inference, kernel, planned, python, launched, owned, as_tensors, direct_run, scratch_run, reused_run, \
+            no_launch, made_once = times
         print(f"    => the dispatcher {op - kernel:.1f} (inference mode saves {op - inference:.1f}); the key and the "
-              f"plan lookup {kernel - planned:.1f}; the native replay (plan.NATIVE_REPLAY) saves {python - planned:.1f}"
-              f" over the Python replay; there direct C launches (plan.DIRECT_LAUNCH) save {launched - python:.1f}; the pooled workspace (plan.POOL_BUFFERS) {owned - launched:.1f}; "
+              f"plan lookup {kernel - planned:.1f}; the native replay (plan.NATIVE_REPLAY) saves "
+              f"{python - planned:.1f} over the Python replay; there direct C launches (plan.DIRECT_LAUNCH) save "
+              f"{launched - python:.1f}; the pooled workspace (plan.POOL_BUFFERS) {owned - launched:.1f}; "
               f"pointers as ints (plan.POINTERS_AS_INTS) {as_tensors - owned:.1f}; through Triton's launchers: "
               f"launches {launched - no_launch:.1f} (the launcher objects {launched - scratch_run:.1f}: the Python "
               f"frames of scratch-free variants {launched - direct_run:.1f}, the rest, per-launch scratch "

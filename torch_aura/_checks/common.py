@@ -175,16 +175,11 @@ def tensor_facts(args: tuple, alignment: bool = False) -> tuple:
     return tuple((a.shape, a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def _metadata(args: tuple) -> tuple:
-    """Each tensor's shape, strides, dtype and device; every other argument's value."""
-    return tensor_facts(args)
-
-
-def remembered(check, facts=_metadata):
+def remembered(check, facts=tensor_facts):
     """``check`` for a launcher's eager calls, which repeat one argument metadata call after call (every
-    layer of a model, every step): a call whose ``facts(args)`` (default :func:`_metadata`) already passed
-    returns what ``check`` returned then, without running the Python checks again (host time per eager
-    call). Failures are never remembered; arguments whose facts cannot be read or hashed are checked
+    layer of a model, every step): a call whose ``facts(args)`` (default :func:`tensor_facts`: each tensor's
+    shape, strides, dtype and device, every other argument's value) already passed returns what ``check``
+    returned then, without running the Python checks again (host time per eager call). Failures are never remembered; arguments whose facts cannot be read or hashed are checked
     every call. Real tensors only: the fakes, which see symbolic sizes under torch.compile, call
     ``check`` itself. ``run.forget()`` drops what was remembered."""
     passed: dict = {}

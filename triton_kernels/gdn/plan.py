@@ -286,9 +286,8 @@ class _Plan:
             args = list(values)
             for pos, s, d in holes:
                 args[pos] = _native.Pointer(*address[s]) if d is None else _native.Descriptor(*address[s], *d)
-            key = call[2]
+            _, prefix, key = call
             scratch = None if key is None else _native.Pointer(pool_entry, self.pool[key])
-            _, prefix, _ = call
             try:
                 params = _native.parameters(list(kernel.src.signature.values()),
                                             getattr(kernel.metadata, "tensordesc_meta", None), args)
