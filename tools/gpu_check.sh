@@ -103,9 +103,10 @@ for step in $steps; do
         done
       done 2>&1 | tee "$OUT/decode_ring.log" ;;
     snapshot)
-      # the built extension back as $OUT/so.tgz: later runs on a fresh machine unpack it instead of building
-      # (tar xzf so.tgz && AURA_BUILD_CUDA=0 AURA_BUILD_CPU=0 bash tools/gpu_check.sh ...), until csrc/ changes
-      tar czf "$OUT/so.tgz" torch_aura/_C_*.so && ls -la "$OUT/so.tgz" || rc=1 ;;
+      # the built extension back as $OUT/so.tgz.part-*: later runs on a fresh machine unpack it instead of building
+      # (cat parts > .snap/so.tgz; tar xzf .snap/so.tgz && AURA_BUILD_CUDA=0 AURA_BUILD_CPU=0 bash tools/gpu_check.sh ...),
+      # until csrc/ changes; split because one file under $OUT comes back only up to 16 MiB
+      tar czf /tmp/so.tgz torch_aura/_C_*.so && split -b 15000000 /tmp/so.tgz "$OUT/so.tgz.part-" && ls -la "$OUT"/so.tgz.part-* || rc=1 ;;
     profile_gdn)
       # PROFILE_ARGS e.g. "--heads 16/32 --lens 131072 --memory --no-fla" (default: host time at 2/4 heads, 1x8k)
       timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/profile_gdn.py ${PROFILE_ARGS:---heads 2/4 --lens 8192 --host --no-fla} \
