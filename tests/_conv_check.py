@@ -39,29 +39,40 @@ def _x(gen, device, shape, dtype, layout):
     return torch.randn(R, T, C, generator=gen).to(device, dtype)
 
 
+def _state(gen, device, rows, C, S, dtype, layout):
+    """A state ``[rows, C, S]``: ``"rows"`` (each row's S entries adjacent) or ``"transposed"`` (a view of a
+    ``[rows, S, C]`` buffer, vLLM's conv pool: the channels adjacent, the entries C apart)."""
+    if layout == "transposed":
+        return torch.randn(rows, S, C, generator=gen).to(device, dtype).transpose(1, 2)
+    return torch.randn(rows, C, S, generator=gen).to(device, dtype)
+
+
 def conv_args(device, B, T, C, W, dtype, *, offsets=None, S=None, bias=True, activation="silu", layout="slice",
-              state_dtype=torch.float32, weight_dtype=torch.float32, cu_dtype=torch.int32, seed=0) -> tuple:
+              state_dtype=torch.float32, state_layout="rows", weight_dtype=torch.float32, cu_dtype=torch.int32,
+              seed=0) -> tuple:
     """``causal_conv1d``'s arguments: x ``[B, T, C]`` (``layout``), weight ``[C, W]``, bias, a state
-    ``[N, C, S]`` (None without ``S``), ``cu_seqlens`` from ``offsets`` (then B == 1), the activation."""
+    ``[N, C, S]`` (``state_layout``; None without ``S``), ``cu_seqlens`` from ``offsets`` (then B == 1), the
+    activation."""
     gen = torch.Generator().manual_seed(seed)
     N = B if offsets is None else len(offsets) - 1
     x = _x(gen, device, (B, T, C), dtype, layout)
     weight = torch.randn(C, W, generator=gen).to(device, weight_dtype)
     b = torch.randn(C, generator=gen).to(device, dtype) if bias else None
-    state = None if S is None else torch.randn(N, C, S, generator=gen).to(device, state_dtype)
+    state = None if S is None else _state(gen, device, N, C, S, state_dtype, state_layout)
     cu = None if offsets is None else torch.tensor(offsets, dtype=cu_dtype, device=device)
     return x, weight, b, state, cu, activation
 
 
 def update_args(device, N, L, C, W, S, P, dtype, *, rows=None, bias=True, activation="silu", one_token=False,
-                pool_dtype=torch.float32, seed=0) -> tuple:
+                pool_dtype=torch.float32, pool_layout="rows", seed=0) -> tuple:
     """``causal_conv1d_update``'s arguments: x ``[N, L, C]`` (``[N, C]`` with ``one_token``, L = 1), a pool
-    ``[P, C, S]``, weight ``[C, W]``, bias, the activation, ``state_indices`` from ``rows`` (-1 skips)."""
+    ``[P, C, S]`` (``pool_layout``, as ``_state``), weight ``[C, W]``, bias, the activation, ``state_indices``
+    from ``rows`` (-1 skips)."""
     gen = torch.Generator().manual_seed(seed)
     x = _x(gen, device, (N, L, C), dtype, "slice")
     if one_token:
         x = x[:, 0]
-    pool = torch.randn(P, C, S, generator=gen).to(device, pool_dtype)
+    pool = _state(gen, device, P, C, S, pool_dtype, pool_layout)
     weight = torch.randn(C, W, generator=gen).to(device)
     b = torch.randn(C, generator=gen).to(device) if bias else None
     idx = None if rows is None else torch.tensor(rows, dtype=torch.int32, device=device)

@@ -181,7 +181,8 @@ def _causal_conv1d(device):
 
 
 def _causal_conv1d_update(device):
-    """One token and three (speculative) per sequence, a shuffled pool with a skipped (-1) row."""
+    """One token and three (speculative) per sequence, a shuffled pool with a skipped (-1) row, and vLLM's
+    pool layout (entries C apart)."""
     gen = _gen(24)
     w, b = _conv_weights(device, 10, 4, 25)
     pool = torch.randn(5, 10, 4, generator=gen).to(device)
@@ -190,6 +191,8 @@ def _causal_conv1d_update(device):
     out = [Sample("N3-C10-W4-fp32-pool5-shuffled-skip-silu", (x, pool, w, b, "silu", idx))]
     x3 = torch.randn(2, 3, 12, generator=gen)[..., :10].to(device=device, dtype=torch.bfloat16)
     out.append(Sample("N2-L3-C10-W4-bf16-noidx", (x3, torch.randn(2, 10, 3, generator=gen).to(device), w)))
+    vllm_pool = torch.randn(5, 3, 10, generator=gen).to(device).transpose(1, 2)  # vLLM's [P, W - 1, C], transposed
+    out.append(Sample("N3-C10-W4-fp32-transposed-pool-skip", (x, vllm_pool, w, b, "silu", idx)))
     return out
 
 

@@ -596,6 +596,9 @@ CONV_CASES = [
     dict(B=2, T=31, C=64, W=1, dtype=BF16, S=1, bias=False),
     dict(B=2, T=100, C=512, W=4, dtype=BF16, S=4, state_dtype=BF16, weight_dtype=BF16, layout="contiguous"),
     dict(B=2, T=0, C=512, W=4, dtype=BF16, S=4),
+    # vLLM's conv pool layout: the state a transposed view of [N, S, C]
+    dict(B=1, T=2048, C=8192, W=4, dtype=BF16, offsets=[0, 7, 1000, 2048], S=3, state_dtype=BF16,
+         state_layout="transposed"),
 ]
 
 
@@ -610,6 +613,9 @@ UPDATE_CASES = [
     dict(N=4, L=3, C=1024, W=4, S=3, P=4, dtype=F16),
     dict(N=3, L=2, C=200, W=8, S=10, P=12, dtype=F32, rows=[-1, 11, 4], pool_dtype=BF16),
     dict(N=2, L=6, C=136, W=2, S=1, P=2, dtype=BF16, activation=None),
+    # vLLM's decode step on its own pool layout ([P, W - 1, C] seen as [P, C, W - 1]), updated in place
+    dict(N=64, L=1, C=8192, W=4, S=3, P=100, dtype=BF16, rows=[-1 if n % 9 == 4 else (37 * n) % 100 for n in range(64)],
+         one_token=True, pool_dtype=BF16, pool_layout="transposed"),
 ]
 
 
@@ -622,6 +628,8 @@ def test_conv_update_matches_reference(case):
 def test_conv_small_for_sanitizer():
     check_op(torch_aura, "causal_conv1d", conv_args(DEV, 1, 70, 40, 4, BF16, offsets=[0, 2, 2, 70], S=5))
     check_op(torch_aura, "causal_conv1d_update", update_args(DEV, 3, 2, 40, 4, 5, 4, BF16, rows=[3, -1, 0]))
+    check_op(torch_aura, "causal_conv1d_update", update_args(DEV, 3, 1, 40, 4, 3, 4, BF16, rows=[3, -1, 0],
+                                                             pool_layout="transposed"))
 
 
 def test_conv_duplicate_pool_rows_rejected_in_debug_mode(monkeypatch):

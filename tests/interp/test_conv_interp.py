@@ -1,7 +1,8 @@
 """The causal conv kernels (triton_kernels/gdn/conv.py) under the Triton interpreter against the reference:
 every sample of both ops; lengths around the left context and the token tile (T = 0, 1, W - 1, W, BT - 1,
 BT, BT + 1) for W in {1, 2, 4, 8}; varlen with empty, one-token and block-spanning sequences; strided
-views; two channel blocks; mixed dtypes; states wider than the context; pools with skipped rows. fp32 and
+views; two channel blocks; mixed dtypes; states wider than the context and in vLLM's transposed pool
+layout; pools with skipped rows. fp32 and
 fp16: bf16 samples run upcast (the interpreter's bf16 math is wrong)."""
 
 import _samples
@@ -56,6 +57,9 @@ CONV_CASES = [
     # everything 16-bit: weight, bias and state in x's dtype
     dict(B=2, T=20, C=16, W=4, dtype=F16, S=4, state_dtype=F16, weight_dtype=F16, layout="contiguous"),
     dict(B=0, T=5, C=8, W=4, dtype=F32, S=3),
+    # vLLM's conv pool layout: the state a transposed view of [N, S, C]; varlen across blocks, and fixed length
+    dict(B=1, T=2 * BT + 4, C=10, W=4, dtype=F16, offsets=[0, 2, BT + 1, 2 * BT + 4], S=3, state_layout="transposed"),
+    dict(B=2, T=BT + 3, C=136, W=4, dtype=F32, S=5, state_layout="transposed"),
 ]
 
 
@@ -73,6 +77,9 @@ UPDATE_CASES = [
     dict(N=2, L=1, C=136, W=4, S=4, P=3, dtype=F16, rows=[2, 0], pool_dtype=F16),  # three channel blocks
     dict(N=2, L=2, C=10, W=4, S=6, P=2, dtype=F16, bias=False, activation=None),
     dict(N=0, L=1, C=10, W=4, S=4, P=2, dtype=F32),
+    # vLLM's conv pool layout ([P, S, C] seen as [P, C, S]): one token with skipped rows, several tokens
+    dict(N=3, L=1, C=136, W=4, S=3, P=5, dtype=F16, rows=[4, -1, 1], one_token=True, pool_layout="transposed"),
+    dict(N=2, L=5, C=10, W=4, S=3, P=3, dtype=F32, rows=[2, 0], pool_dtype=F16, pool_layout="transposed"),
 ]
 
 

@@ -105,6 +105,37 @@ def test_update_pool_rows_skip_and_data_errors():
         ta.causal_conv1d_update(x, pool, weight, None, None, torch.tensor([4, 0, -1], dtype=torch.int32))
 
 
+def test_a_transposed_pool_is_written_in_place_like_a_row_major_one():
+    """vLLM keeps its conv pool as ``[P, W - 1, C]`` and hands it over transposed: the ops read and roll it
+    through its strides, with the outputs and rows of a ``[P, C, S]`` pool of the same values."""
+    g = torch.Generator().manual_seed(8)
+    C, W, S, P = 6, 4, 3, 5
+    weight, bias = torch.randn(C, W, generator=g), torch.randn(C, generator=g)
+    storage = torch.randn(P, S, C, generator=g)
+    pool, rows_major = storage.transpose(1, 2), storage.transpose(1, 2).contiguous()
+    idx = torch.tensor([4, -1, 1], dtype=torch.int32)
+    for x in (torch.randn(3, C, generator=g), torch.randn(3, 2, C, generator=g)):
+        y = ta.causal_conv1d_update(x, pool, weight, bias, "silu", idx)
+        assert torch.equal(y, ta.causal_conv1d_update(x, rows_major, weight, bias, "silu", idx))
+        assert torch.equal(pool, rows_major) and pool.data_ptr() == storage.data_ptr()
+    state = torch.randn(2, S, C, generator=g).transpose(1, 2)
+    state_rows = state.contiguous()
+    x = torch.randn(2, 5, C, generator=g)
+    assert torch.equal(ta.causal_conv1d(x, weight, bias, state, activation="silu"),
+                       ta.causal_conv1d(x, weight, bias, state_rows, activation="silu"))
+    assert torch.equal(state, state_rows)
+
+
+def test_a_pool_whose_rows_alias_is_refused():
+    """A zero stride would make two rows (or entries) one memory location that the op writes twice."""
+    C, W = 4, 3
+    aliased = torch.zeros(1, C, 2).expand(3, C, 2)
+    with pytest.raises(ValueError, match=r"conv_state: expected a tensor whose elements do not alias"):
+        ta.causal_conv1d_update(torch.randn(3, C), aliased, torch.randn(C, W))
+    with pytest.raises(ValueError, match=r"conv_state: expected a tensor whose elements do not alias"):
+        ta.causal_conv1d(torch.randn(3, 4, C), torch.randn(C, W), conv_state=aliased)
+
+
 def test_update_with_no_new_token_changes_nothing():
     pool = torch.randn(2, 4, 3)
     before = pool.clone()

@@ -65,9 +65,10 @@ def _dtype_name(dtypes: Iterable[torch.dtype]) -> str:
 
 
 def tensor(arg: str, t, *, ndim: int | Sequence[int] | None = None, dtypes=None,
-           unit_last_stride: bool = False, contiguous: bool = False) -> torch.Tensor:
+           unit_last_stride: bool = False, contiguous: bool = False, distinct: bool = False) -> torch.Tensor:
     """Check that ``t`` is a tensor of the given rank(s) and dtype(s) (and layout); returns it. ``contiguous``:
-    index tensors the kernels address from their shape alone (``cu_seqlens + n``), not their strides."""
+    index tensors the kernels address from their shape alone (``cu_seqlens + n``), not their strides.
+    ``distinct``: a tensor an op writes through any strides, so no two of its elements may share memory."""
     # Runs on every eager call of every op (host time of small decode calls): plain branches, and
     # the messages are built only on failure.
     if not isinstance(t, torch.Tensor):
@@ -83,6 +84,9 @@ def tensor(arg: str, t, *, ndim: int | Sequence[int] | None = None, dtypes=None,
         fail(arg, "a unit stride in the last dim", f"strides {tuple(t.stride())}")
     if contiguous and not t.is_contiguous():
         fail(arg, "a contiguous tensor (.contiguous() makes one)", f"strides {tuple(t.stride())}")
+    if distinct and any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+        fail(arg, "a tensor whose elements do not alias (no zero stride; .clone() makes one)",
+             f"strides {tuple(t.stride())}")
     return t
 
 

@@ -225,8 +225,8 @@ def _conv_params(x, weight, bias, conv_state, activation, C: int, rows_name: str
     c.optional("bias", bias, ndim=1, dtypes=c.FLOATS)
     if bias is not None:
         c.shape("bias", bias, (C,), "one per channel of x")
-    if conv_state is not None:
-        c.tensor("conv_state", conv_state, ndim=3, dtypes=c.FLOATS, unit_last_stride=True)
+    if conv_state is not None:  # any strides: vLLM's pool is [P, S, C], handed over transposed
+        c.tensor("conv_state", conv_state, ndim=3, dtypes=c.FLOATS, distinct=True)
         c.shape("conv_state", conv_state, (rows, C, None), f"[{rows_name}, C, S]")
         if conv_state.shape[2] < max(W - 1, 1):
             c.fail("conv_state", f"S = shape[2] >= max(W - 1, 1) = {max(W - 1, 1)} inputs of left context",
@@ -249,7 +249,7 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None) -> list[c.TensorSpec]:
     c.tensor("x", x, ndim=(2, 3), dtypes=c.FLOATS, unit_last_stride=True)
     N, C = x.shape[0], x.shape[-1]
-    c.tensor("conv_state", conv_state, ndim=3, dtypes=c.FLOATS, unit_last_stride=True)
+    c.tensor("conv_state", conv_state, ndim=3, dtypes=c.FLOATS)
     _conv_params(x, weight, bias, conv_state, activation, C, "P (state pool rows)", None)
     if state_indices is None:
         if conv_state.shape[0] < N:  # sequence n uses pool row n

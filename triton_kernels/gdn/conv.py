@@ -3,7 +3,8 @@
 ``y[t, c] = act(bias[c] + sum_j w[c, j] * x[t - (W - 1) + j, c])`` in fp32 (taps oldest first), rounded
 once to x's dtype; the ``W - 1`` inputs before a sequence's first token are the last entries of its
 state row (zeros without a state). Inputs are token-major ``[..., C]``, so every load is a vector
-along the contiguous channels.
+along the contiguous channels. State entries are ``s_ss`` apart: 1 in a ``[rows, C, S]`` pool, C in vLLM's
+``[rows, S, C]`` pool seen through a transpose, which the kernels read and roll in place.
 
 * ``_causal_conv1d_kernel``: one program per (block of BT tokens, block of BC channels). Each tap is
   a shifted ``[BT, BC]`` load of x: the rows the taps share are re-read from L1, not from memory.
@@ -41,12 +42,13 @@ CONV_BT, CONV_BC, ROW_BC = 32, 128, 64
 
 # ------------------------------------------------------------------------------ device helpers
 @triton.jit
-def _conv(x_first, state_row, p0, context, s_t, S, weight, bias, cols, c_ok, ok, s_wc, W: tl.constexpr,
+def _conv(x_first, state_row, p0, context, s_t, S, s_ss, weight, bias, cols, c_ok, ok, s_wc, W: tl.constexpr,
           SILU: tl.constexpr):
     """The outputs whose oldest tap is input ``p0`` of their sequence (shaped like ``ok``: ``[BT, BC]`` or
     ``[BC]``): ``act(bias + sum_j w[:, j] * input[p0 + j])``, fp32. Input ``p >= 0`` is token p
-    (``x_first + p * s_t``), input ``p < 0`` (``>= -(W - 1) >= -S``) entry ``S + p`` of the state row (zeros
-    when ``state_row`` is None), read only where ``context`` says some output of the tile needs it."""
+    (``x_first + p * s_t``), input ``p < 0`` (``>= -(W - 1) >= -S``) entry ``S + p`` of the state row
+    (``state_row + (S + p) * s_ss``; zeros when ``state_row`` is None), read only where ``context`` says some
+    output of the tile needs it."""
     acc = tl.zeros(ok.shape, tl.float32)
     if bias is not None:
         acc += tl.load(bias + cols, mask=c_ok, other=0.0).to(tl.float32)
@@ -57,7 +59,7 @@ def _conv(x_first, state_row, p0, context, s_t, S, weight, bias, cols, c_ok, ok,
             if j < W - 1:  # the newest tap is always a token
                 old = tl.zeros(ok.shape, tl.float32)
                 # addresses and mask outside the branch: inside it, Triton 3.6's layout pass fails (varlen)
-                ptr = state_row + S + p
+                ptr = state_row + (S + p) * s_ss
                 m = ok & (p < 0)
                 if context:  # a branch, not a mask: tiles inside a sequence issue no state loads at all
                     old = tl.load(ptr, mask=m, other=0.0).to(tl.float32)
@@ -70,19 +72,19 @@ def _conv(x_first, state_row, p0, context, s_t, S, weight, bias, cols, c_ok, ok,
 
 
 @triton.jit
-def _roll_state(state_row, x_first, s_t, n_new, S, ok, BS: tl.constexpr):
-    """Overwrite the state rows ``state_row [BC]`` (pointers to entry 0) with the last ``S`` entries of
-    ``[row | n_new inputs from x_first]``, the inputs rounded to the state's dtype. All loads come before
-    the barrier: another warp of the program may move an entry this one is about to overwrite."""
+def _roll_state(state_row, x_first, s_t, n_new, S, s_ss, ok, BS: tl.constexpr):
+    """Overwrite the state rows ``state_row [BC]`` (pointers to entry 0, entries ``s_ss`` apart) with the last
+    ``S`` entries of ``[row | n_new inputs from x_first]``, the inputs rounded to the state's dtype. All loads
+    come before the barrier: another warp of the program may move an entry this one is about to overwrite."""
     s = tl.arange(0, BS)
     h = n_new + s  # new entry s is entry h of [row | inputs]
     keep = ok[:, None] & (s < S)[None, :]
     from_row = (h < S)[None, :]
-    old = tl.load(state_row[:, None] + h[None, :], mask=keep & from_row)
+    old = tl.load(state_row[:, None] + h[None, :] * s_ss, mask=keep & from_row)
     new = tl.load(x_first[:, None] + (h - S)[None, :] * s_t, mask=keep & ~from_row)
     rolled = tl.where(from_row, old, new.to(tl.float32).to(old.dtype))
     tl.debug_barrier()
-    tl.store(state_row[:, None] + s[None, :], rolled, mask=keep)
+    tl.store(state_row[:, None] + s[None, :] * s_ss, rolled, mask=keep)
 
 
 @triton.jit
@@ -106,7 +108,7 @@ def _sequence_of(cu_seqlens, rows, N):
 # ------------------------------------------------------------------------------------ kernels
 @length_agnostic(triton.jit)
 def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, s_xb_t, s_xt, s_wc, s_sn, s_sc,
-                          W: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+                          s_ss, W: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     """``y [B, T, C]`` (contiguous) for token block ``pid0 % NT`` of batch row ``pid0 // NT``, channel
     block ``pid1``; varlen (``cu_seqlens``, B == 1): each row continues its own sequence."""
     i_bt, i_c = tl.program_id(0), tl.program_id(1)
@@ -125,12 +127,12 @@ def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, 
         state_row = None
     p = rows - bos  # each row's position in its sequence
     acc = _conv(x + (b * s_xb_t + bos[:, None]) * s_xt + cols[None, :], state_row, p[:, None] - (W - 1), tl.min(p) < W - 1,
-                s_xt, S, weight, bias, cols, c_ok, ok, s_wc, W, SILU)
+                s_xt, S, s_ss, weight, bias, cols, c_ok, ok, s_wc, W, SILU)
     tl.store(y + (b * T + rows)[:, None] * C + cols[None, :], acc.to(y.dtype.element_ty), mask=ok)
 
 
 @length_agnostic(triton.jit)
-def _conv_state_kernel(x, conv_state, cu_seqlens, T, C, S, s_xb_t, s_xt, s_sn, s_sc,
+def _conv_state_kernel(x, conv_state, cu_seqlens, T, C, S, s_xb_t, s_xt, s_sn, s_sc, s_ss,
                        BC: tl.constexpr, BS: tl.constexpr):
     """After the conv: state row ``pid0`` (of sequence ``pid0``) ends with the sequence's inputs; an empty
     sequence leaves it untouched."""
@@ -140,12 +142,12 @@ def _conv_state_kernel(x, conv_state, cu_seqlens, T, C, S, s_xb_t, s_xt, s_sn, s
     cols = i_c * BC + tl.arange(0, BC)
     if eos > bos:
         _roll_state(conv_state + n * s_sn + cols * s_sc, x + (b * s_xb_t + bos) * s_xt + cols, s_xt, eos - bos, S,
-                    cols < C, BS)
+                    s_ss, cols < C, BS)
 
 
 @length_agnostic(triton.jit)
 def _causal_conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, L, C, S, P, s_xn_l, s_xl, s_sn, s_sc,
-                                 s_wc, W: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
+                                 s_ss, s_wc, W: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
     """Decode step of sequence ``pid0``, channel block ``pid1``: ``y [N, L, C]`` (contiguous) from pool row
     ``state_indices[n]`` (row n without indices), which is then rolled by the L inputs. A row outside
     ``[0, P)`` (-1: skip) is neither read nor written and the outputs are zeros."""
@@ -161,9 +163,10 @@ def _causal_conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, 
     state_row = conv_state + slot * s_sn + cols * s_sc
     x_first = x + n * s_xn_l * s_xl + cols
     for l in range(L):
-        acc = _conv(x_first, state_row, l - (W - 1), l < W - 1, s_xl, S, weight, bias, cols, c_ok, ok, s_wc, W, SILU)
+        acc = _conv(x_first, state_row, l - (W - 1), l < W - 1, s_xl, S, s_ss, weight, bias, cols, c_ok, ok, s_wc, W,
+                    SILU)
         tl.store(y + (n * L + l) * C + cols, tl.where(live, acc, 0.0).to(y.dtype.element_ty), mask=c_ok)
-    _roll_state(state_row, x_first, s_xl, L, S, ok, BS)
+    _roll_state(state_row, x_first, s_xl, L, S, s_ss, ok, BS)
 
 
 # ----------------------------------------------------------------------------------- launchers
@@ -201,18 +204,18 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
     if N == 0:  # tokens but no sequence: corrupt offsets (TORCH_AURA_DEBUG=1 raises), no row to read
         return y.zero_()
     S = 0 if conv_state is None else conv_state.shape[2]
-    s_sn, s_sc = (0, 0) if conv_state is None else conv_state.stride()[:2]
+    s_sn, s_sc, s_ss = (0, 0, 1) if conv_state is None else conv_state.stride()
     BC = _channel_block(C, CONV_BC)
     NT = cdiv(T, CONV_BT)
     x, s_xb_t, s_xt = _rows_in_steps(x)
     key = (C, S, *map(tensor_key, (x, weight, bias, conv_state, cu_seqlens)))
     launch(_causal_conv1d_kernel, (B * NT, cdiv(C, BC)), key,
            x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, s_xb_t, s_xt, weight.stride(0),
-           s_sn, s_sc, W=weight.shape[1], SILU=activation is not None, BT=CONV_BT, BC=BC, num_warps=4)
+           s_sn, s_sc, s_ss, W=weight.shape[1], SILU=activation is not None, BT=CONV_BT, BC=BC, num_warps=4)
     if conv_state is not None:  # after every read of the old rows: same stream, next launch
         BC = _channel_block(C, ROW_BC)
         launch(_conv_state_kernel, (N, cdiv(C, BC)), key, x, conv_state, cu_seqlens, T, C, S, s_xb_t,
-               s_xt, s_sn, s_sc, BC=BC, BS=next_pow2(S), num_warps=2)
+               s_xt, s_sn, s_sc, s_ss, BC=BC, BS=next_pow2(S), num_warps=2)
     return y
 
 
@@ -233,6 +236,6 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     key = (C, S, *map(tensor_key, (x3, conv_state, weight, bias, state_indices)))
     launch(_causal_conv1d_update_kernel, (N, cdiv(C, BC)), key,
            x3, conv_state, weight, bias, state_indices, y, L, C, S, P, s_xn_l, s_xl,
-           *conv_state.stride()[:2], weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC,
+           *conv_state.stride(), weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC,
            BS=next_pow2(S), num_warps=2)
     return y

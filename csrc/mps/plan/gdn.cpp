@@ -440,7 +440,8 @@ bool conv_silu(const std::optional<std::string>& activation) {
 }
 
 // weight [C, W], bias [C] and conv_state [rows, C, S >= max(W - 1, 1)] (its rows checked by the
-// caller), whatever float dtypes each; the fields of ConvParams both ops share.
+// caller), whatever float dtypes each; the fields of ConvParams both ops share. conv_state may have
+// any strides (it is written through them), but no zero stride: aliased entries would race.
 ConvParams conv_params(const Args& a, int weight, int bias, int state, std::int64_t C) {
   const TensorMeta& w = a.t(weight);
   check(w, "weight", 2, kFloats);
@@ -458,12 +459,17 @@ ConvParams conv_params(const Args& a, int weight, int bias, int state, std::int6
   }
   if (a.has(state)) {
     const TensorMeta& st = a.t(state);
-    check(st, "conv_state", 3, kFloats);
+    check(st, "conv_state", 3, kFloats, false);
+    for (int d = 0; d < 3; ++d)
+      if (st.stride(d) == 0 && st.size(d) > 1)
+        fail("conv_state", "a tensor whose elements do not alias (no zero stride; .clone() makes one)",
+             "strides (" + std::to_string(st.stride(0)) + ", " + std::to_string(st.stride(1)) + ", " +
+                 std::to_string(st.stride(2)) + ")");
     check_dim(st, "conv_state", 1, C, "C, the channels of x");
     if (st.size(2) < std::max<std::int64_t>(W - 1, 1))
       fail("conv_state", "S = shape[2] >= max(W - 1, 1) inputs of left context", std::to_string(st.size(2)));
     p.has_state = 1, p.state_len = int(st.size(2)), p.pool_rows = int(st.size(0));
-    p.state_stride[0] = st.stride(0), p.state_stride[1] = st.stride(1);
+    for (int d = 0; d < 3; ++d) p.state_stride[d] = st.stride(d);
   }
   p.silu = conv_silu(a.str(0));
   return p;
@@ -490,7 +496,7 @@ ConvParams conv_update_params(const Args& a) {
   const TensorMeta& x = a.t(0);
   if (x.ndim != 2 && x.ndim != 3) fail("x", "a 2-D [N, C] or 3-D [N, L, C] tensor", "shape " + shape_str(x));
   check(x, "x", x.ndim, kFloats);
-  check(a.t(1), "conv_state", 3, kFloats);
+  check(a.t(1), "conv_state", 3, kFloats, false);  // required here; conv_params checks the rest
   ConvParams p = conv_params(a, 2, 3, 1, x.size(-1));
   const std::int64_t N = x.size(0);
   if (a.has(4)) {

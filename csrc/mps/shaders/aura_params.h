@@ -97,7 +97,7 @@ enum : int { kConvF32 = 0, kConvF16 = 1, kConvBF16 = 2, kConvAbsent = -1 };
 
 struct ConvParams {
   aura_i64 x_stride[2];      // b, t (channels have unit stride; y is contiguous [B, T, C])
-  aura_i64 state_stride[2];  // pool row, channel (the S entries have unit stride)
+  aura_i64 state_stride[3];  // pool row, channel, entry (any strides: vLLM's pool is [P, S, C])
   aura_i64 weight_stride;    // channel (the W taps have unit stride)
   aura_i64 bias_stride;
   int batch, tokens, channels, width, state_len;
@@ -110,7 +110,7 @@ struct ConvParams {
   int tile;         // tokens per thread
   int shift_state;  // 1: each thread holds a whole sequence and shifts its state row itself
 };
-static_assert(sizeof(ConvParams) == 6 * 8 + 16 * 4, "ConvParams layout");
+static_assert(sizeof(ConvParams) == 7 * 8 + 16 * 4, "ConvParams layout");
 
 // ---------------------------------------------------------------- AURA compressed KV (aura-format.md)
 enum : unsigned {

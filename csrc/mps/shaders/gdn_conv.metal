@@ -46,6 +46,8 @@ inline int conv_row(device const int* indices, constant ConvParams& p, int n) {
   return row >= 0 && row < p.pool_rows ? row : -1;
 }
 
+// State row start; entry i is i * state_stride[2] further. Any view: vLLM hands its [P, S, C] pool
+// over transposed (entries C apart); the plan refuses zero strides, so the entries are distinct.
 inline aura_i64 conv_state_at(constant ConvParams& p, int row, int c) {
   return row * p.state_stride[0] + c * p.state_stride[1];
 }
@@ -56,16 +58,17 @@ template <typename T, typename TS>
 inline float conv_input(device const T* xc, device const TS* state, constant ConvParams& p, int c, int row, int bos,
                         int pos) {
   if (pos >= bos) return float(xc[pos * p.x_stride[1]]);
-  return row < 0 ? 0.0f : float(state[conv_state_at(p, row, c) + p.state_len + pos - bos]);
+  return row < 0 ? 0.0f : float(state[conv_state_at(p, row, c) + (p.state_len + pos - bos) * p.state_stride[2]]);
 }
 
 // The row takes the last S entries of [row | the sequence's len >= 1 inputs], in place: entry i
 // reads entry i + len, which this thread, walking i upwards, has not overwritten yet.
 template <typename T, typename TS>
 inline void conv_shift_state(device TS* row, device const T* xc, constant ConvParams& p, int bos, int len) {
+  const aura_i64 step = p.state_stride[2];
   for (int i = 0; i < p.state_len; ++i) {
     const int src = i + len;
-    row[i] = src < p.state_len ? row[src] : TS(float(xc[(bos + src - p.state_len) * p.x_stride[1]]));
+    row[i * step] = src < p.state_len ? row[src * step] : TS(float(xc[(bos + src - p.state_len) * p.x_stride[1]]));
   }
 }
 

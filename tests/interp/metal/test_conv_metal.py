@@ -2,7 +2,8 @@
 reference: widths 1..8, states longer than the context, sequences a thread holds whole (its state
 row rolled in place) or split over token tiles (rolled by a second dispatch, after every context
 read), varlen batches with empty and short sequences, strided views, the update op's pool with
-skipped rows, NaN and inf, and data the reference rejects, which must never fault."""
+skipped rows, state pools of any strides (vLLM's [P, S, C] pool handed over transposed), NaN and
+inf, and data the reference rejects, which must never fault."""
 
 import math
 import re
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import _metal
-from _compare import check_op
+from _compare import check_op, reference_results
 from _util import dtype_id
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -26,6 +27,24 @@ def _gen(seed):
 def _weights(C, W, seed, dtype=torch.float32):
     g = _gen(seed)
     return torch.randn(C, W, generator=g).to(dtype), torch.randn(C, generator=g).to(dtype)
+
+
+def _transposed_pool(rows, C, S, seed, dtype=torch.float32):
+    """conv_state as vLLM stores it: a [rows, S, C] buffer handed over as [rows, C, S], strides
+    (S * C, 1, C): the entries of a state row are C apart, the channels adjacent."""
+    return torch.randn(rows, S, C, generator=_gen(seed)).to(dtype).transpose(1, 2)
+
+
+def _check_pool(emu, name, args, untouched=(), **kw):
+    """check_op, then the pool written through its strides equals the reference's bit for bit (the
+    state takes copies of inputs) and the `untouched` rows kept their values. Returns (y, pool)."""
+    pool = args[1 if name == "causal_conv1d_update" else 3]
+    y, after = check_op(emu, name, args, **kw)
+    assert after.stride() == pool.stride()  # the emulator wrote the view, not a contiguous copy
+    _, ref_after = reference_results(name, args)
+    assert torch.equal(after, ref_after)
+    assert torch.equal(after[list(untouched)], pool[list(untouched)])
+    return y, after
 
 
 def _strided_x(B, T, C, dtype, seed):
@@ -99,6 +118,63 @@ def test_update_pool_rows_skips_and_tokens(emu, W, L):
     assert torch.equal(after[untouched], pool[untouched])
     check_op(emu, "causal_conv1d_update", (x.bfloat16(), pool[:N].clone(), w, None, None, None),
              orders=("shuffled",))  # row n without indices
+
+
+@pytest.mark.parametrize("L", [None, 3, TILE + 4], ids=lambda L: "x2d" if L is None else f"L{L}")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_update_transposed_pool(emu, state_dtype, L):
+    C, S, N, W = 10, 5, 4, 4
+    shape = (N, C) if L is None else (N, L, C)
+    x = torch.randn(*shape, generator=_gen(70))
+    w, b = _weights(C, W, seed=71)
+    pool = _transposed_pool(6, C, S, seed=72, dtype=state_dtype)
+    idx = torch.tensor([5, -1, 0, 2], dtype=torch.int32)
+    y, _ = _check_pool(emu, "causal_conv1d_update", (x, pool, w, b, "silu", idx), untouched=[1, 3, 4])
+    assert emu.last_launches == (1 if (L or 1) <= TILE else 2)
+    assert torch.equal(y[1], torch.zeros_like(y[1]))  # skipped: y rows 0
+    _check_pool(emu, "causal_conv1d_update", (x, _transposed_pool(N, C, S, seed=73), w, None, None, None),
+                orders=("shuffled",))  # row n without indices
+
+
+@pytest.mark.parametrize("T", [5, 40], ids=lambda T: f"T{T}-{'whole' if T <= TILE else 'tiles'}")
+@pytest.mark.parametrize("W", [2, 4, 8])
+def test_prefill_transposed_state(emu, W, T):
+    # the whole-sequence thread rolls the row itself, the tiled path in a second dispatch
+    C, S = 9, W + 1
+    x = _strided_x(2, T, C, torch.float32, seed=80 + W)
+    w, b = _weights(C, W, seed=81)
+    _check_pool(emu, "causal_conv1d", (x, w, b, _transposed_pool(2, C, S, seed=82), None, "silu"))
+    assert emu.last_launches == (1 if T <= TILE else 2)
+
+
+def test_prefill_varlen_transposed_state(emu):
+    lengths = [0, 1, 2, 19, 0, 2 * TILE + 8, 3]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    C, W, S = 13, 4, 5
+    x = _strided_x(1, sum(lengths), C, torch.float32, seed=90)
+    w, b = _weights(C, W, seed=91)
+    state = _transposed_pool(len(lengths), C, S, seed=92, dtype=torch.float16)
+    empty = [n for n, L in enumerate(lengths) if L == 0]  # an empty sequence leaves its row untouched
+    _check_pool(emu, "causal_conv1d", (x, w, b, state, cu, "silu"), untouched=empty)
+    assert emu.last_launches == 2
+
+
+def test_zero_stride_state_is_refused(emu):
+    # an expanded state: every row and entry the same memory, written concurrently
+    C, S = 4, 3
+    x = torch.randn(1, 6, C)
+    w, b = _weights(C, 4, seed=95)
+    aliased = torch.zeros(1, C, 1).expand(4, C, S)
+    message = r"conv_state: expected a tensor whose elements do not alias \(no zero stride"
+    with pytest.raises(_metal.EmulatorError, match=message):
+        emu.run_op("causal_conv1d_update", x[0, :4], aliased, w, b)
+    with pytest.raises(_metal.EmulatorError, match=message):
+        emu.run_op("causal_conv1d", x, w, b, aliased[:1])
+    # a zero stride on a dim of size 1 aliases nothing (run on the view itself: check_op clones)
+    one = torch.randn(C, S).as_strided((1, C, S), (0, S, 1))
+    y_ref, state_ref = reference_results("causal_conv1d", (x, w, b, one, None, None))
+    torch.testing.assert_close(emu.run_op("causal_conv1d", x, w, b, one, None, None), y_ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(one, state_ref)
 
 
 def test_prefill_then_decode_equals_one_pass(emu):
