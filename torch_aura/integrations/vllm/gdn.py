@@ -221,16 +221,16 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     valid = rows >= 0
     gather = rows.clamp(min=0).long()
     keep = valid if has_initial_state is None else valid & has_initial_state[:n].bool()
-    state = conv_states[gather]  # a copy [n, C, W - 1]
-    state = torch.where(keep[:, None, None], state, torch.zeros((), dtype=state.dtype, device=state.device))
-    state = state.contiguous()
+    # a copy [n, C, W - 1] at the pool's strides (vLLM's [slots, W - 1, C] is transposed: the op takes any)
+    state = torch.where(keep[:, None, None], conv_states[gather], torch.zeros((), dtype=conv_states.dtype,
+                                                                            device=conv_states.device))
     xt = x.transpose(0, 1)  # [T, C]
     if xt.stride(-1) != 1:
         xt = xt.contiguous()
     y = torch.ops.aura.causal_conv1d(xt[None], weight, bias, state, query_start_loc, act)[0]
     # skipped sequences (padding, the null block) write their slot's old row back: the null block 0
     # and padding never name a real request's slot
-    conv_states[gather] = torch.where(valid[:, None, None], state.to(conv_states.dtype), conv_states[gather])
+    conv_states[gather] = torch.where(valid[:, None, None], state, conv_states[gather])
     return y.transpose(0, 1)
 
 
@@ -266,16 +266,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     n = tokens.shape[0]
     rows = (torch.arange(n, dtype=torch.int32, device=x.device) if conv_state_indices is None
             else _slots(conv_state_indices, n, null_block_id))
-    if conv_state.stride(-1) == 1:
-        y = torch.ops.aura.causal_conv1d_update(tokens, conv_state, weight, bias, act, rows)
-    else:  # vLLM's default layout: the pool is [slots, W - 1, C], seen through a transpose
-        valid = rows >= 0
-        gather = rows.clamp(min=0).long()
-        state = conv_state[gather].contiguous()
-        local = torch.where(valid, torch.arange(n, dtype=torch.int32, device=x.device), -1).to(torch.int32)
-        y = torch.ops.aura.causal_conv1d_update(tokens, state, weight, bias, act, local)
-        # skipped rows (local -1) were left as gathered from row 0, the null block: writing them back changes nothing
-        conv_state[gather] = state
+    # vLLM's default pool is [slots, W - 1, C] seen through a transpose: the op rolls it in place at its strides
+    y = torch.ops.aura.causal_conv1d_update(tokens, conv_state, weight, bias, act, rows)
     if x.dim() == 3:
         y = y.transpose(1, 2)
     if out is not None:
