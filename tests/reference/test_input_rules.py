@@ -97,3 +97,27 @@ def test_strided_index_tensors_are_refused_by_name(op, args, name):
         op(*args)
     fixed = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
     op(*fixed)  # the same values, contiguous: accepted
+
+
+def test_the_public_wrappers_check_each_metadata_once_and_every_failure_always(monkeypatch):
+    """A model calls each op with one metadata layer after layer: the wrapper's Python check (35 us for
+    gdn_recurrent on the CI CPU) runs once per new metadata, as the launchers' do; bad input still raises on
+    every call, since a failure is never remembered."""
+    from torch_aura._checks import gdn as checks
+
+    seen = []
+    original = checks.gdn_recurrent
+    monkeypatch.setattr(checks, "gdn_recurrent", lambda *a: seen.append(a[0].shape) or original(*a))
+    g = torch.Generator().manual_seed(1)
+    q = torch.nn.functional.normalize(torch.randn(2, 1, 1, 16, generator=g), dim=-1)
+    v, gate, beta = torch.randn(2, 1, 2, 8, generator=g), -torch.rand(2, 1, 2, generator=g), torch.rand(2, 1, 2)
+    pool = torch.zeros(2, 2, 16, 8)
+    for _ in range(3):
+        torch_aura.gdn_recurrent(q, q, v, gate, beta, pool)
+    assert len(seen) == 1
+    torch_aura.gdn_recurrent(q[:1], q[:1], v[:1], gate[:1], beta[:1], pool)  # new metadata: checked again
+    assert len(seen) == 2
+    for _ in range(2):
+        with pytest.raises(ValueError, match="k: expected dtype"):
+            torch_aura.gdn_recurrent(q, q.double(), v, gate, beta, pool)
+    assert len(seen) == 4
