@@ -10,6 +10,14 @@ from .._checks.common import remembered
 _remembered: dict = {}
 
 
+def remembered_check(check):
+    """``check``'s remembered form (``_checks.common.remembered``), one per check for the process."""
+    run = _remembered.get(check)
+    if run is None:
+        run = _remembered[check] = remembered(check)
+    return run
+
+
 def checked_call(check, op, *args):
     """Run ``check(*args)`` and return ``op(*args)``.
 
@@ -19,8 +27,5 @@ def checked_call(check, op, *args):
     check in the graph).
     """
     if not torch.compiler.is_compiling():
-        run = _remembered.get(check)
-        if run is None:
-            run = _remembered[check] = remembered(check)
-        run(*args)
+        remembered_check(check)(*args)
     return op(*args)

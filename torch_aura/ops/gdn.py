@@ -19,7 +19,7 @@ from .. import _debug
 from .._checks import common as _common
 from .._checks import gdn as _checks
 from ..reference import gdn as _ref
-from ._call import checked_call
+from ._call import checked_call, remembered_check
 
 __all__ = [
     "gdn_chunk",
@@ -350,7 +350,8 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
         weight: ``[C, W]`` float taps, ``1 <= W <= 8`` (Qwen3-Next: 4); oldest token first.
         bias: ``[C]`` float, or None.
         conv_state: ``[N, C, S]`` float, ``S >= max(W - 1, 1)``: each sequence's previous inputs
-            (oldest first), read and rewritten in place; or None (zeros, nothing written).
+            (oldest first), read and rewritten in place through its strides (any but a zero one: vLLM's
+            ``[N, S, C]`` pool passes transposed); or None (zeros, nothing written).
         cu_seqlens: ``[N+1]`` int32/int64 offsets of packed sequences (``B == 1``), or None (``N = B``).
             Each sequence is convolved on its own.
         activation: None, or ``"silu"`` (``"swish"`` is accepted as its transformers name).
@@ -372,7 +373,7 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
         (torch.Size([2, 6, 8]), True)
     """
     if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        _checks.causal_conv1d(x, weight, bias, conv_state, cu_seqlens, activation)
+        remembered_check(_checks.causal_conv1d)(x, weight, bias, conv_state, cu_seqlens, activation)
     elif conv_state is None:
         # Inductor (torch 2.13, auto_functionalized_v2) fails on a None mutable argument; a scratch
         # state of zeros is the same left context, and its update is dropped
@@ -391,7 +392,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
 
     Args:
         x: ``[N, C]`` (one token per sequence) or ``[N, L, C]``, fp16, bf16 or fp32, unit stride over C.
-        conv_state: the pool ``[P, C, S]`` float, ``S >= max(W - 1, 1)``, updated in place.
+        conv_state: the pool ``[P, C, S]`` float, ``S >= max(W - 1, 1)``, updated in place through its
+            strides (any but a zero one: vLLM's ``[P, W - 1, C]`` pool passes transposed).
         weight: ``[C, W]`` float taps, ``1 <= W <= 8``.
         bias: ``[C]`` float, or None.
         activation: None, or ``"silu"`` (``"swish"``).
