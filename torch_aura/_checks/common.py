@@ -183,9 +183,10 @@ def remembered(check, facts=tensor_facts):
     """``check`` for a launcher's eager calls, which repeat one argument metadata call after call (every
     layer of a model, every step): a call whose ``facts(args)`` (default :func:`tensor_facts`: each tensor's
     shape, strides, dtype and device, every other argument's value) already passed returns what ``check``
-    returned then, without running the Python checks again (host time per eager call). Failures are never remembered; arguments whose facts cannot be read or hashed are checked
-    every call. Real tensors only: the fakes, which see symbolic sizes under torch.compile, call
-    ``check`` itself. ``run.forget()`` drops what was remembered."""
+    returned then, without running the Python checks again (host time per eager call). Failures are never
+    remembered; arguments whose facts cannot be read or hashed are checked every call. Real tensors only:
+    the fakes, which see symbolic sizes under torch.compile, call ``check`` itself. ``run.forget()`` drops
+    what was remembered."""
     passed: dict = {}
 
     def run(*args):
@@ -203,4 +204,16 @@ def remembered(check, facts=tensor_facts):
 
     run.__wrapped__ = check
     run.forget = passed.clear
+    return run
+
+
+_REMEMBERED: dict = {}  # check -> its one remembered form (remembered_check)
+
+
+def remembered_check(check):
+    """The process's one :func:`remembered` form of ``check`` (default facts): a public wrapper and the
+    launcher behind it share what passed, so a call's metadata is checked once, not once per layer."""
+    run = _REMEMBERED.get(check)
+    if run is None:
+        run = _REMEMBERED[check] = remembered(check)
     return run

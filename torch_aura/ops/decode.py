@@ -6,12 +6,7 @@ import torch
 
 from .. import _debug, _decode_plan
 from .._checks import decode as _check
-from .._checks.common import remembered
 from ._call import checked_call
-
-# eager decode repeats its metadata every step and layer: check it once per metadata (host time per call)
-_check_flash_decode = remembered(_check.flash_decode)
-_check_flash_decode_out = remembered(_check.flash_decode_out)
 
 __all__ = ["flash_decode", "flash_decode_out", "merge_attn_states", "decode_num_splits"]
 
@@ -71,7 +66,7 @@ def flash_decode(q, k_cache, v_cache, seq_lens, block_table=None, scale=None, nu
         >>> torch.allclose(out_p, out, atol=1e-6)
         True
     """
-    return checked_call(_check_flash_decode, torch.ops.aura.flash_decode,
+    return checked_call(_check.flash_decode, torch.ops.aura.flash_decode,
                         q, k_cache, v_cache, seq_lens, block_table, scale, num_splits)
 
 
@@ -101,7 +96,7 @@ def flash_decode_out(q, k_cache, v_cache, seq_lens, block_table, scale, num_spli
         >>> torch.equal(out, torch_aura.flash_decode(q, k, v, torch.tensor([9], dtype=torch.int32))[0])
         True
     """
-    checked_call(_check_flash_decode_out, torch.ops.aura.flash_decode_out,
+    checked_call(_check.flash_decode_out, torch.ops.aura.flash_decode_out,
                  q, k_cache, v_cache, seq_lens, block_table, scale, num_splits, out, lse)
 
 

@@ -19,7 +19,7 @@ from .. import _debug
 from .._checks import common as _common
 from .._checks import gdn as _checks
 from ..reference import gdn as _ref
-from ._call import checked_call, remembered_check
+from ._call import checked_call
 
 __all__ = [
     "gdn_chunk",
@@ -373,7 +373,7 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
         (torch.Size([2, 6, 8]), True)
     """
     if not torch.compiler.is_compiling():  # compiled, the op's fake makes this check
-        remembered_check(_checks.causal_conv1d)(x, weight, bias, conv_state, cu_seqlens, activation)
+        _common.remembered_check(_checks.causal_conv1d)(x, weight, bias, conv_state, cu_seqlens, activation)
     elif conv_state is None:
         # Inductor (torch 2.13, auto_functionalized_v2) fails on a None mutable argument; a scratch
         # state of zeros is the same left context, and its update is dropped

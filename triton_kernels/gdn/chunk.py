@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ..._checks import gdn as _checks
-from ..._checks.common import remembered
+from ..._checks.common import remembered_check
 from .._launch import launch, tensor_key
 from . import plan, segments
 from ._common import _pow2, _s3, _varlen_plan
@@ -51,7 +51,7 @@ from .prep import _chunk_prep, gdn_chunk_cumsum, gdn_kkt_solve, gdn_recompute_w_
 from .state_pass import _state_pass, gdn_fwd_h, gdn_fwd_o  # noqa: F401
 
 
-_check_chunk = remembered(_checks.gdn_chunk)  # eager calls repeat their metadata: check it once
+_check_chunk = remembered_check(_checks.gdn_chunk)  # eager calls repeat their metadata: check it once
 
 
 @triton.jit

@@ -26,14 +26,14 @@ import triton
 import triton.language as tl
 
 from ..._checks import gdn as _checks
-from ..._checks.common import remembered
+from ..._checks.common import remembered_check
 from .._launch import launch, tensor_key
 from .._tune import cdiv, next_pow2
 from ._jit import length_agnostic, seq_span
 from .recurrent import debug_check_pool_rows
 
-_check_conv = remembered(_checks.causal_conv1d)  # eager calls repeat their metadata: check it once
-_check_update = remembered(_checks.causal_conv1d_update)
+_check_conv = remembered_check(_checks.causal_conv1d)  # eager calls repeat their metadata: check it once
+_check_update = remembered_check(_checks.causal_conv1d_update)
 
 # Fixed tiles, not tuned: a memory-bound stream whose tile only sets the vector width along C and the
 # share of re-read halo rows ((W - 1) / BT); the [channels, S] kernels move a few values per channel.

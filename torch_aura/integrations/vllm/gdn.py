@@ -221,16 +221,15 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     valid = rows >= 0
     gather = rows.clamp(min=0).long()
     keep = valid if has_initial_state is None else valid & has_initial_state[:n].bool()
-    # a copy [n, C, W - 1] at the pool's strides (vLLM's [slots, W - 1, C] is transposed: the op takes any)
-    state = torch.where(keep[:, None, None], conv_states[gather], torch.zeros((), dtype=conv_states.dtype,
-                                                                            device=conv_states.device))
+    old = conv_states[gather]  # a copy [n, C, W - 1] (vLLM's [slots, W - 1, C] pool is transposed: the op takes any)
+    state = torch.where(keep[:, None, None], old, torch.zeros((), dtype=old.dtype, device=old.device))
     xt = x.transpose(0, 1)  # [T, C]
     if xt.stride(-1) != 1:
         xt = xt.contiguous()
     y = torch.ops.aura.causal_conv1d(xt[None], weight, bias, state, query_start_loc, act)[0]
     # skipped sequences (padding, the null block) write their slot's old row back: the null block 0
     # and padding never name a real request's slot
-    conv_states[gather] = torch.where(valid[:, None, None], state, conv_states[gather])
+    conv_states[gather] = torch.where(valid[:, None, None], state, old)
     return y.transpose(0, 1)
 
 
