@@ -126,7 +126,7 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
     import copy
     import statistics
 
-    from torch_aura.triton_kernels import _launch
+    from torch_aura.triton_kernels import _launch, _native
     from torch_aura.triton_kernels.gdn import chunk, plan
 
     inputs = plan.key_inputs(*tensors)
@@ -215,14 +215,16 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
 
         @contextlib.contextmanager
         def switched(name, value):
-            """``plan.<name>`` set to ``value`` for one row: POINTERS_AS_INTS off hands the launcher tensors
-            (each then gets data_ptr() and cuPointerGetAttribute), POOL_BUFFERS on carves one workspace."""
-            was_set = getattr(plan, name)
-            setattr(plan, name, value)
+            """``plan.<name>`` (NATIVE: ``_native.ENABLED``) set to ``value`` for one row: POINTERS_AS_INTS off hands
+            the launcher tensors (each then gets data_ptr() and cuPointerGetAttribute), POOL_BUFFERS on carves one
+            workspace."""
+            owner, name = (_native, "ENABLED") if name == "NATIVE" else (plan, name)
+            was_set = getattr(owner, name)
+            setattr(owner, name, value)
             try:
                 yield
             finally:
-                setattr(plan, name, was_set)
+                setattr(owner, name, was_set)
 
         @contextlib.contextmanager
         def switched_all(**values):
@@ -240,8 +242,8 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
                     yield
             return context
 
-        shipped = dict(POINTERS_AS_INTS=True, POOL_BUFFERS=True, DIRECT_LAUNCH=True, NATIVE_REPLAY=True)
-        in_python = {**shipped, "NATIVE_REPLAY": False}
+        shipped = dict(POINTERS_AS_INTS=True, POOL_BUFFERS=True, DIRECT_LAUNCH=True, NATIVE=True)
+        in_python = {**shipped, "NATIVE": False}
         # the rows that take Triton's launcher apart replace each op's ``run``, which only the launcher path calls
         launchers = {**in_python, "DIRECT_LAUNCH": False}
         own = {**launchers, "POOL_BUFFERS": False}
@@ -277,7 +279,7 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
         op, inference, kernel, planned, python, launched, owned, as_tensors, direct_run, scratch_run, reused_run, \
             no_launch, made_once = times
         print(f"    => the dispatcher {op - kernel:.1f} (inference mode saves {op - inference:.1f}); the key and the "
-              f"plan lookup {kernel - planned:.1f}; the native replay (plan.NATIVE_REPLAY) saves "
+              f"plan lookup {kernel - planned:.1f}; the native replay (_native.ENABLED) saves "
               f"{python - planned:.1f} over the Python replay; there direct C launches (plan.DIRECT_LAUNCH) save "
               f"{launched - python:.1f}; the pooled workspace (plan.POOL_BUFFERS) {owned - launched:.1f}; "
               f"pointers as ints (plan.POINTERS_AS_INTS) {as_tensors - owned:.1f}; through Triton's launchers: "
@@ -300,11 +302,19 @@ def recurrent_host(batch: int, H_: int, HV: int) -> int:
     def call():
         return torch.ops.aura.gdn_recurrent(q, k, v, g, beta, state, None, None, None, True, False)
 
+    from torch_aura.triton_kernels import _native
+
     call()
+    call()  # the second call launches through the geometry's native program
     torch.cuda.synchronize()
     print(f"gdn_recurrent B{batch} {H_}/{HV}: host {B.H.host_us(call):.1f} us per eager call (queued behind a GPU sleep)")
     with torch.inference_mode():
         print(f"  under inference_mode: host {B.H.host_us(call):.1f} us")
+    _native.ENABLED = False
+    try:
+        print(f"  through Triton's launcher (_native.ENABLED off): host {B.H.host_us(call):.1f} us")
+    finally:
+        _native.ENABLED = True
     print(cprofile_top(call))
     return 0
 
@@ -321,7 +331,7 @@ def recurrent_stubbed(batch: int, H_: int, HV: int, calls: int = 500, repeats: i
     from torch_aura.triton_kernels.gdn import launch_stub, recurrent
 
     K = V = 128
-    with launch_stub.stubbed(verify=False), torch.library._scoped_library("aura", "IMPL") as lib:
+    with launch_stub.stubbed(verify=False, native=True), torch.library._scoped_library("aura", "IMPL") as lib:
         lib.impl("gdn_recurrent", triton_kernels._lazy(*triton_kernels.LAUNCHERS["gdn_recurrent"].split(":")), "CPU")
         mixed = torch.randn(batch, (2 * H_ + HV) * K, dtype=torch.bfloat16)
         q, k, v = (x.view(batch, 1, -1, K) for x in mixed.split([H_ * K, H_ * K, HV * V], dim=-1))
@@ -335,6 +345,8 @@ def recurrent_stubbed(batch: int, H_: int, HV: int, calls: int = 500, repeats: i
         finally:
             recurrent.launch = launch
         (kernel, grid, key, *rest), kw = launched[0]
+        program = recurrent._geometry_of(*args)[-1].program  # what later calls launch (the driver stood in for)
+        o = torch.empty((batch, 1, HV, V), dtype=q.dtype)
         print(f"gdn_recurrent B{batch} {H_}/{HV}, K = V = 128, bf16 views of one row, fp32 pool [{2 * batch}, {HV}, "
               f"V, K] at shuffled rows, L2 norm in the op; launches stubbed on the CPU ({torch.get_num_threads()} "
               f"threads), host us per call, median of {repeats} means of {calls} calls (fastest, slowest run):")
@@ -344,14 +356,18 @@ def recurrent_stubbed(batch: int, H_: int, HV: int, calls: int = 500, repeats: i
                  ("  env read (debug_check_pool_rows)", lambda: recurrent.debug_check_pool_rows(rows, pool.shape[0])),
                  ("  allocation (torch.empty of o)", lambda dtype=q.dtype, device=q.device: torch.empty(
                      (batch, 1, HV, V), dtype=dtype, device=device)),
-                 ("  launch (_launch.launch, stubbed C launch)",
+                 ("  launch (_launch.run_native: addresses, one C call)",
+                  lambda: _launch.run_native(program, (q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(),
+                                                       beta.data_ptr(), pool.data_ptr(), rows.data_ptr(), 0,
+                                                       o.data_ptr()))),
+                 ("beside: _launch.launch (Triton's launcher stubbed)",
                   lambda: _launch.launch(kernel, grid, key, *rest, **kw))]
         times = {}
         for name, fn in parts:
             runs = [B.H.host_us(fn, calls=calls, device="cpu") for _ in range(repeats)]
             times[name] = statistics.median(runs)
-            print(f"  {name:48s} {times[name]:6.2f}  ({min(runs):.2f}, {max(runs):.2f})")
-        op, launcher, *parts = times.values()
+            print(f"  {name:52s} {times[name]:6.2f}  ({min(runs):.2f}, {max(runs):.2f})")
+        op, launcher, *parts, _ = times.values()
         print(f"  => the dispatcher {op - launcher:.2f}; the parts {sum(parts):.2f} of the launcher's {launcher:.2f} "
               f"(the rest, its own lines, {launcher - sum(parts):.2f})")
         print("  cProfile of the launcher:")

@@ -29,6 +29,7 @@ import triton
 from triton.runtime.jit import JITFunction
 
 from .. import _env
+from . import _native
 
 # Triton versions whose JITFunction.run / CompiledKernel.run this module was written against
 SUPPORTED = ("3.6",)
@@ -201,6 +202,55 @@ def direct_launch(run, function, packed, scratch_align: int | None = None) -> tu
         return None
     return launcher.launch, (function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, packed,
                              None, None, None), scratch
+
+
+def compiled_of(kernel: JITFunction, variant: tuple):
+    """The ``CompiledKernel`` Triton keeps for ``variant`` on the current device (``JITFunction.run``'s cache), or
+    None."""
+    try:
+        return kernel.device_caches[current()[1]][0].get(variant)
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return None
+
+
+def native_program(kernel, grid: tuple, key: tuple, args: tuple, kwargs: dict, n_addresses: int) -> tuple:
+    """The launch ``launch(kernel, grid, key, *args, **kwargs)`` has made, as a one-launch ``_native.Program`` whose
+    address table is ``args[:n_addresses]`` (tensors or None) in order, every other argument fixed: for a caller
+    that keeps it per geometry and launches through :func:`run_native`, one C call with no argument parsing and no
+    per-pointer driver check. Returns ``(program, None)``, ``(None, why)`` where the launch cannot be one, or
+    ``(None, None)`` where it made no cache entry (a launch hook, say): ask again after a later launch."""
+    if not (_native.ENABLED and ENABLED and isinstance(kernel, JITFunction)):
+        return None, "native launches or cached launches are off"
+    entry = _cache.get((id(kernel), current()[1], key, *kwargs.items()))
+    if entry is None:
+        return None, None
+    _, _, tail, variant, run, function, packed = entry
+    direct = direct_launch(run, function, packed)
+    if direct is None or direct[2]:
+        return None, "the variant profiles or takes global scratch"
+    compiled = compiled_of(kernel, variant)
+    module = _native.module()
+    if compiled is None or module is None:
+        return None, "native_replay.c did not build" if module is None else "no compiled variant"
+    values = [_native.Pointer(i) if isinstance(a, torch.Tensor) else a for i, a in enumerate(args[:n_addresses])]
+    n = len(grid)
+    try:
+        spec = _native.launch_spec(compiled, function, packed, direct[1],
+                                   (grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1),
+                                   [*values, *args[n_addresses:], *tail])
+    except (ValueError, AttributeError) as e:
+        return None, str(e)
+    return module.Program((spec,), n_addresses), None
+
+
+def run_native(program, addresses: tuple) -> bool:
+    """Launch ``program`` (:func:`native_program`) with these device addresses on the current stream; False (nothing
+    launched) where the launch must go through :func:`launch`: a launch hook, a plan recording, ``VERIFY``, native
+    launches switched off (``_native.ENABLED``, read per call for comparisons)."""
+    if VERIFY or recorder is not None or not _native.ENABLED or not hooks_idle():
+        return False
+    program.replay(addresses, current()[2], 0)
+    return True
 
 
 def clear() -> None:

@@ -19,6 +19,8 @@ import os
 import struct
 import warnings
 
+# plans replay, and launchers that keep a program per geometry launch, in one C call; off: through Triton's launchers
+ENABLED = True
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_replay.c")
 WAIT, ENTER, EXIT = 1, 2, 3  # the stream steps of a plan's "event" ops, as the C file numbers them
 _STEPS = {"wait": WAIT, "enter": ENTER, "exit": EXIT}
@@ -142,6 +144,19 @@ def pack(params: list[tuple[str, object]], scratch: Pointer | None) -> tuple:
         else:
             raise ValueError(f"a parameter of type {ty}")
     return bytes(block), tuple(offsets), tuple(pointers), tuple(maps)
+
+
+def launch_spec(compiled, function: int, packed: tuple, prefix: tuple, grid: tuple, args: list,
+                scratch: Pointer | None = None) -> tuple:
+    """One launch of a ``Program``: the compiled variant ``compiled`` (its signature and descriptor metadata) run
+    on ``grid`` with ``args`` (every kernel argument in signature order, each device address a :class:`Pointer`
+    or :class:`Descriptor`), ``function`` / ``packed`` / ``prefix`` as ``_launch.direct_launch`` gives them.
+    Raises ValueError (or AttributeError) where the launch needs what a program cannot hold."""
+    params = parameters(list(compiled.src.signature.values()), getattr(compiled.metadata, "tensordesc_meta", None),
+                        args)
+    block, offsets, pointers, maps = pack(params, scratch)
+    warps, ctas, shared = packed[:3]
+    return function, grid, warps, ctas, shared, prefix[1], prefix[2], block, offsets, pointers, maps
 
 
 def step(name: str) -> int:

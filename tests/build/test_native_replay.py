@@ -1,4 +1,4 @@
-"""A plan replayed by ``native_replay.c`` (``plan.NATIVE_REPLAY``) hands the driver what Triton 3.6's launcher
+"""A plan replayed by ``native_replay.c`` (``_native.ENABLED``) hands the driver what Triton 3.6's launcher
 hands it when the same plan replays in Python.
 
 No GPU: the launches are stubbed (``gdn/launch_stub.py``); the C module is built by Triton's launcher builder
@@ -89,8 +89,10 @@ def _replay(monkeypatch, plan, call, native: bool):
         used.append(self)
         names.inputs = list(inputs)  # the call's chunk table is built per call from cu_seqlens
         return real_run(self, inputs, device)
+    from torch_aura.triton_kernels import _native
+
     with monkeypatch.context() as m:
-        m.setattr(plan, "NATIVE_REPLAY", native)
+        m.setattr(_native, "ENABLED", native)
         m.setattr(plan._Plan, "_make", make)
         m.setattr(plan._Plan, "run", run)
         m.setattr(torch, "empty", empty)
@@ -160,6 +162,7 @@ def test_native_replays_hand_the_driver_what_triton_launchers_hand_it(native, mo
     has the grid, block, shared memory, stream and parameters of the same launch replayed in Python, its TMA
     descriptors encoded from the same bases and geometry; the pass beside w/u forks and joins the side stream
     around its launch."""
+    from torch_aura.triton_kernels import _launch
     from torch_aura.triton_kernels.gdn import chunk, launch_stub, plan
 
     module, log = native
@@ -190,7 +193,7 @@ def test_native_replays_hand_the_driver_what_triton_launchers_hand_it(native, mo
             _, function_, grid, block_x, shared, stream_, cluster, coop_, pdl_, block, offsets = rec
             assert (function_, grid, block_x, shared, cluster, coop_, pdl_) == \
                 (function, (gx, gy, gz), 32 * packed[0], packed[2], packed[1], int(coop), int(pdl)), name
-            compiled = plan._compiled(op[1], op[8])
+            compiled = _launch.compiled_of(op[1], op[8])
             expected = _expected(list(compiled.src.signature.values()), compiled.metadata.tensordesc_meta, args,
                                  py_names)
             expected += [("ptr", py_names(scratch if isinstance(scratch, int) or scratch is None else 0)),
@@ -331,3 +334,84 @@ def test_plans_replay_in_python_where_the_module_cannot_build(monkeypatch):
             assert p.native is None and p.native_refused == "native_replay.c did not build"
     finally:
         _native.module.cache_clear()  # the next caller builds (or loads) the real module again
+
+
+def _recurrent_calls():
+    """gdn_recurrent geometries as decoders call it: batched, varlen with pool rows (one skipped), the [V, K] pool
+    layout, strided q/k/v views of one projection row, fp16 / fp32, a multi-token step."""
+    def make(B, T, H, HV, K, V, dt, rows=None, offsets=None, v_first=False, packed=False, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        if packed:  # q, k, v as views of one [B, T, (2H + HV) K] row, as vLLM's decode hands them over
+            mixed = torch.randn(B, T, (2 * H + HV) * K, generator=gen).to(dt)
+            q, k, v = (x.view(B, T, -1, K) for x in mixed.split([H * K, H * K, HV * V], dim=-1))
+        else:
+            q, k = (torch.randn(B, T, H, K, generator=gen).to(dt) for _ in range(2))
+            v = torch.randn(B, T, HV, V, generator=gen).to(dt)
+        g, beta = -torch.rand(B, T, HV, generator=gen), torch.rand(B, T, HV, generator=gen)
+        P = 2 * (B if offsets is None else len(offsets) - 1) + 1
+        pool = torch.zeros((P, HV, V, K) if v_first else (P, HV, K, V))
+        si = None if rows is None else torch.tensor(rows, dtype=torch.int32)
+        cu = None if offsets is None else torch.tensor(offsets, dtype=torch.int32)
+        return (q, k, v, g, beta, pool, si, cu, None, True, v_first)
+    return [make(3, 1, 2, 4, 32, 32, torch.float32),
+            make(1, 7, 2, 2, 64, 48, torch.float16, rows=[4, -1, 0], offsets=[0, 3, 3, 7]),
+            make(5, 1, 4, 8, 128, 128, torch.float16, rows=[9, 2, 5, 0, 7], v_first=True, packed=True),
+            make(2, 2, 1, 3, 16, 24, torch.float32, rows=[1, 3])]
+
+
+def test_recurrent_native_launches_hand_the_driver_what_tritons_launcher_hands_it(native, monkeypatch):
+    """A gdn_recurrent geometry's first call launches through ``_launch`` and keeps the launch as a one-launch
+    Program (``_launch.native_program``); each later call is that Program with its tensors' addresses. The driver
+    gets the grid, block, shared memory, stream and every parameter Triton's C launch gets for the same call (the
+    call with ``_launch.VERIFY`` on, which goes through Triton's launcher), the tensors at the call's own addresses
+    (its output included), and Triton's launcher is not called."""
+    from torch_aura.triton_kernels import _launch
+    from torch_aura.triton_kernels.gdn import launch_stub, recurrent
+
+    module, log = native
+    c_launches = launch_stub._workspace["c_launches"]
+    for args in _recurrent_calls():
+        recurrent.gdn_recurrent(*args)  # the first call: through _launch, which keeps the Program
+        holder = recurrent._geometry_of(*args)[-1]
+        assert holder.program is not None, holder.refused
+        tensors = [x for x in args[:8]]
+        start, before = len(log), len(c_launches)
+        o = recurrent.gdn_recurrent(*args)
+        launches = [e for e in log[start:] if e[0] == "launch"]
+        assert len(launches) == 1 and len(c_launches) == before, "not one native launch"
+        with monkeypatch.context() as m:
+            m.setattr(_launch, "VERIFY", True)  # run_native declines: the call goes through Triton's launcher
+            o_py = recurrent.gdn_recurrent(*args)
+        assert len(log) == start + len(launches) and len(c_launches) == before + 1
+        name, c_args = c_launches[-1]
+        gx, gy, gz, stream, function, coop, pdl, scratch, profile, packed, _, _, _, *py_args = c_args
+        _, function_, grid, block_x, shared, stream_, cluster, coop_, pdl_, block, offsets = launches[0]
+        assert (function_, grid, block_x, shared, stream_, cluster, coop_, pdl_) == \
+            (function, (gx, gy, gz), 32 * packed[0], packed[2], stream, packed[1], int(coop), int(pdl))
+        options = recurrent._geometry_of(*args)[4]  # the constexprs (the launch's last arguments) and num_warps
+        kernel = recurrent._gdn_recurrent_kernel
+        compiled = _launch.compiled_of(kernel, _launch._variant_key(kernel, py_args[:-3], options))
+        expected = _expected(list(compiled.src.signature.values()), None, py_args, _Names([*tensors, o_py]))
+        expected += [("ptr", ("null",)), ("ptr", ("null",))]  # no scratch of either kind
+        assert _decode(block, offsets, expected, [], _Names([*tensors, o])) == _expected_floats(expected), name
+
+
+def test_recurrent_launches_go_through_triton_where_a_hook_reads_them(native, monkeypatch):
+    """A launch hook (a profiler reads Triton's launch metadata) sends every call through Triton's launcher, the
+    kept Program unused; without the hook the next call is native again."""
+    from triton import knobs
+
+    from torch_aura.triton_kernels.gdn import launch_stub, recurrent
+
+    module, log = native
+    c_launches = launch_stub._workspace["c_launches"]
+    args = _recurrent_calls()[0]
+    recurrent.gdn_recurrent(*args)
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda meta: seen.append(meta))
+    start, before = len(log), len(c_launches)
+    recurrent.gdn_recurrent(*args)
+    assert len(c_launches) == before + 1 and seen and not [e for e in log[start:] if e[0] == "launch"]
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    recurrent.gdn_recurrent(*args)
+    assert len(c_launches) == before + 1 and [e for e in log[start:] if e[0] == "launch"]

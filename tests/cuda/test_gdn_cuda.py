@@ -395,6 +395,47 @@ def test_recurrent_edge_cases(case):
     check_recurrent(torch_aura, DEV, B, T, H, HV, K, V, dt, **extra)
 
 
+@pytest.mark.parametrize("case", RECURRENT_EXTRA, ids=[_id(c) for c in RECURRENT_EXTRA])
+def test_recurrent_native_launches_equal_tritons_launcher(case, monkeypatch):
+    """After a geometry's first call, its calls are one C call into native_replay.c (``_launch.native_program``):
+    they agree with the reference, and bit for bit with the same call through Triton's launcher
+    (``_native.ENABLED`` off), eagerly and captured in a CUDA graph."""
+    from torch_aura.triton_kernels import _native
+    from torch_aura.triton_kernels.gdn import recurrent
+
+    B, T, H, HV, K, V, dt, extra = case
+    for seed in range(3):  # the first call keeps the program; the next two launch through it
+        check_recurrent(torch_aura, DEV, B, T, H, HV, K, V, dt, seed=seed, **extra)
+    offsets, v_first = extra.get("offsets"), extra.get("state_v_first", False)
+    cu = None if offsets is None else torch.tensor(offsets, dtype=torch.int32, device=DEV)
+    N = B if cu is None else len(offsets) - 1
+    pool = torch.randn(N + 3, HV, *((V, K) if v_first else (K, V)), device=DEV).to(extra.get("pool_dtype", F32))
+    rows = torch.randperm(N + 3)[:N].to(torch.int32).to(DEV)
+
+    def call(inputs, pool):
+        return torch.ops.aura.gdn_recurrent(*inputs, pool, rows, cu, None, extra.get("l2norm", False), v_first)
+    inputs = make_inputs(DEV, B, T, H, HV, K, V, dt, seed=7)
+    pools = [pool.clone() for _ in range(3)]
+    native = call(inputs, pools[0])
+    assert recurrent._geometry_of(*inputs, pools[0], rows, cu, None, extra.get("l2norm", False),
+                                  v_first)[-1].program is not None, "the call did not launch natively"
+    monkeypatch.setattr(_native, "ENABLED", False)
+    assert torch.equal(call(inputs, pools[1]), native) and torch.equal(pools[1], pools[0])
+    monkeypatch.setattr(_native, "ENABLED", True)
+    static = [x.clone() for x in inputs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call(static, pools[2])
+    new = make_inputs(DEV, B, T, H, HV, K, V, dt, seed=8)
+    for dst, src in zip(static, new):
+        dst.copy_(src)
+    pools[2].copy_(pool)
+    graph.replay()
+    want_pool = pool.clone()
+    monkeypatch.setattr(_native, "ENABLED", False)
+    assert torch.equal(captured, call(new, want_pool)) and torch.equal(pools[2], want_pool)
+
+
 @pytest.mark.sanitize
 def test_recurrent_small_for_sanitizer():
     check_recurrent(torch_aura, DEV, 1, 6, 1, 2, 20, 24, BF16, offsets=[0, 2, 2, 6])
@@ -733,12 +774,13 @@ def test_planned_calls_equal_the_launchers(case, pooled, direct, native, monkeyp
     inside a CUDA graph: every output equals the launchers' bit for bit, with the replay's buffers its
     own allocations or carved from one workspace (``plan.POOL_BUFFERS``), with the C launches called by
     the replay itself, scratch from that workspace (``plan.DIRECT_LAUNCH``), and with the whole replay one
-    call into ``native_replay.c`` (``plan.NATIVE_REPLAY``: every plan of these cases replays there)."""
+    call into ``native_replay.c`` (``_native.ENABLED``: every plan of these cases replays there)."""
+    from torch_aura.triton_kernels import _native
     from torch_aura.triton_kernels.gdn import plan
 
     monkeypatch.setattr(plan, "POOL_BUFFERS", pooled)
     monkeypatch.setattr(plan, "DIRECT_LAUNCH", direct)
-    monkeypatch.setattr(plan, "NATIVE_REPLAY", native)
+    monkeypatch.setattr(_native, "ENABLED", native)
 
     B, T, H, HV, K, V, dt, extra = case
     offsets, h0 = extra.get("offsets"), extra.get("h0", False)

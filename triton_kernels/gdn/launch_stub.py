@@ -157,9 +157,10 @@ def stubbed(log: list | None = None, verify: bool = True, setattr=None, native: 
         setattr: a test's ``monkeypatch.setattr``: the patches go through it and it undoes them, in
             order with the test's own patches of the same attributes (restoring them here as well
             would hand a test's later undo the stub's value).
-        native: plans replay through ``native_replay.c`` (``plan.NATIVE_REPLAY``), its driver calls stood in
-            for: with a log, each appends what it was handed to ``native_log`` (below), else nothing is kept.
-            Off (the default), replays call Triton's C launch, which ``log`` sees.
+        native: plans replay, and launchers that keep a native program launch, through ``native_replay.c``
+            (``_native.ENABLED``), its driver calls stood in for: with a log, each appends what it was handed to
+            ``native_log`` (below), else nothing is kept. Off (the default), they call Triton's C launch, which
+            ``log`` sees.
 
     Yields:
         ``fresh()``, which empties the JIT, launch and plan caches (also done on entry and exit).
@@ -212,7 +213,7 @@ def stubbed(log: list | None = None, verify: bool = True, setattr=None, native: 
         (_launch, "VERIFY", verify),
         (_launch, "ENABLED", True),  # whatever TORCH_AURA_FAST_LAUNCH says: the mechanism is what runs
         (_launch, "_RAW_DEVICE", {_current_device: _raw_current_device}),  # as torch's pair is on CUDA builds
-        (plan, "NATIVE_REPLAY", native),
+        (_native, "ENABLED", native),
         (plan, "side_stream", lambda device: SIDE_STREAM),  # the native replay's; _event stands in for the other's
     ]
     saved = [] if setattr else [(obj, name, vars(obj)[name]) for obj, name, _ in patches]

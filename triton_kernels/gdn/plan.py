@@ -17,7 +17,7 @@ stream switches of the pass beside w/u are noted as events (``note_event``). Not
 interpreter, a launch hook, a stand-in kernel, ``TORCH_AURA_FAST_LAUNCH=0``), a tuner timed configs,
 the stream was capturing, or a tensor could not be given a slot.
 
-A replay is one call into C where the plan allows it (``NATIVE_REPLAY``, ``_native``): each launch's
+A replay is one call into C where the plan allows it (``_native.ENABLED``): each launch's
 parameter block is built once from the recorded arguments, as Triton's launcher would build it, and a
 call patches in its buffers' addresses and TMA descriptors and launches them all without a Python call per
 launch. Plans that hold large buffers of their own between launches, or a launch without a direct C launch,
@@ -61,9 +61,6 @@ _POOL_ALIGN = 512  # the caching allocator's alignment: what Triton's pointer sp
 # workspace instead of asked of the allocator at every launch (CudaLauncher.__call__): 82 us less host time
 # per call on the H200, bit for bit the launchers' (gdn.md 6.1, sixth run); the spans are planned either way
 DIRECT_LAUNCH = True
-# a replay is one C call (_native: every launch's parameter block built once, addresses and TMA descriptors
-# patched per call) where its plan allows it, instead of a Python call into Triton's launcher per launch
-NATIVE_REPLAY = True
 _NATIVE_HELD_BYTES = 1 << 20  # the most a native replay may hold for a whole call that a Python one frees sooner
 
 
@@ -192,19 +189,11 @@ class _Recording:
                     values[pos] = None
             n = len(grid)
             self.workspace |= _allocator_lent()
-            self.compiled[len(self.ops)] = _compiled(kernel, variant)
+            self.compiled[len(self.ops)] = _launch.compiled_of(kernel, variant)
             self.ops.append(("launch", kernel, (grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1), run,
                              function, packed, values, holes, variant, len(args), dict(kwargs)))
         except _Refuse as e:
             self.failed = str(e)
-
-
-def _compiled(kernel, variant):
-    """The CompiledKernel Triton keeps for ``variant`` on the current device (``JITFunction.run``'s cache)."""
-    try:
-        return kernel.device_caches[_launch.current()[1]][0].get(variant)
-    except (AttributeError, KeyError, IndexError, TypeError):
-        return None
 
 
 class _Plan:
@@ -289,14 +278,9 @@ class _Plan:
             _, prefix, key = call
             scratch = None if key is None else _native.Pointer(pool_entry, self.pool[key])
             try:
-                params = _native.parameters(list(kernel.src.signature.values()),
-                                            getattr(kernel.metadata, "tensordesc_meta", None), args)
-                block, offsets, pointers, maps = _native.pack(params, scratch)
+                specs.append(_native.launch_spec(kernel, function, packed, prefix, grid, args, scratch))
             except (ValueError, AttributeError) as e:
                 return None, (), f"{getattr(op[1], '__name__', op[1])}: {e}"
-            warps, ctas, shared = packed[:3]
-            specs.append((function, grid, warps, ctas, shared, prefix[1], prefix[2], block, offsets, pointers,
-                          maps))
         mod = _native.module()
         if mod is None:
             return None, (), "native_replay.c did not build"
@@ -357,7 +341,7 @@ class _Plan:
         return r[1](*[slots[i] for i in r[2]])  # "computed": fn(*input slots)
 
     def run(self, inputs, device):
-        if self.native is not None and NATIVE_REPLAY and POOL_BUFFERS and DIRECT_LAUNCH and not _launch.VERIFY:
+        if self.native is not None and _native.ENABLED and POOL_BUFFERS and DIRECT_LAUNCH and not _launch.VERIFY:
             return self._replay_native(inputs, device)
         slots = [*inputs, *[None] * (self.n_slots - _N_INPUTS)]
         drv, dev, stream = _launch.current()

@@ -90,9 +90,20 @@ def _v_tile(rows: int, V: int, device: torch.device) -> int:
     return bv
 
 
+class _Native:
+    """A geometry's launch as one C call (``_launch.native_program``), made after its first launch through
+    ``_launch.launch``; ``refused`` says why it cannot be one (then every call launches through ``_launch``)."""
+
+    __slots__ = ("program", "refused")
+
+    def __init__(self):
+        self.program = self.refused = None
+
+
 def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first):
     """The checks, then what a call of this metadata launches beside its tensors: o's shape, dtype and device, the
-    grid (None: no program), the launch key, the scalar and stride arguments, the constexprs and options."""
+    grid (None: no program), the launch key, the scalar and stride arguments, the constexprs and options, and the
+    geometry's native launch (:class:`_Native`)."""
     _checks.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -100,7 +111,7 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
     scale = float(K ** -0.5 if scale is None else scale)  # an int 1 would specialise the kernel
     o = ((B, T, HV, V), q.dtype, q.device)  # kept: reading a tensor's dtype and device costs per call
     if N * HV == 0:
-        return o, None, None, None, None
+        return o, None, None, None, None, None
     BK = max(16, next_pow2(K))
     BV = _v_tile(N * HV, V, q.device)
     sp = state.stride()
@@ -110,7 +121,7 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
             *g.stride(), *beta.stride(), *pool)
     # 4 warps up to 64 fp32 state values per thread, 8 beyond (gdn.md §6.3)
     options = dict(L2NORM=use_qk_l2norm, BK=BK, BV=BV, num_warps=4 if BK * BV <= 8192 else 8)
-    return o, (cdiv(V, BV) * N * HV,), key, ints, options
+    return o, (cdiv(V, BV) * N * HV,), key, ints, options, _Native()
 
 
 def _call_facts(args) -> tuple:
@@ -127,12 +138,21 @@ _launch._on_clear.append(_geometry_of.forget)  # entries hold launch keys and V 
 
 def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
                   use_qk_l2norm=False, state_v_first=False):
-    (shape, dtype, device), grid, key, ints, options = _geometry_of(q, k, v, g, beta, state, state_indices,
-                                                                   cu_seqlens, scale, use_qk_l2norm, state_v_first)
+    (shape, dtype, device), grid, key, ints, options, native = _geometry_of(
+        q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first)
     if state_indices is not None and not _env.unset(_DEBUG):  # unset, the usual case: no frame, no state.shape read
         debug_check_pool_rows(state_indices, state.shape[0])
     o = torch.empty(shape, dtype=dtype, device=device)
-    if grid is not None:
-        launch(_gdn_recurrent_kernel, grid, key, q, k, v, g, beta, state, state_indices, cu_seqlens, o, *ints,
-               **options)
+    if grid is None:
+        return o
+    # a decode step's host time is mostly launch overhead: one C call with the addresses (gdn.md §6.1)
+    if native.program is not None and _launch.run_native(native.program, (
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), state.data_ptr(),
+            0 if state_indices is None else state_indices.data_ptr(), 0 if cu_seqlens is None else cu_seqlens.data_ptr(),
+            o.data_ptr())):
+        return o
+    args = (q, k, v, g, beta, state, state_indices, cu_seqlens, o, *ints)
+    launch(_gdn_recurrent_kernel, grid, key, *args, **options)
+    if native.program is None and native.refused is None:
+        native.program, native.refused = _launch.native_program(_gdn_recurrent_kernel, grid, key, args, options, 9)
     return o
