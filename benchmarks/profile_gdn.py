@@ -293,28 +293,49 @@ def plan_anatomy(call, tensors, calls: int = 30, repeats: int = 5) -> None:
         plan.ENABLED = was
 
 
-def recurrent_host(batch: int, H_: int, HV: int) -> int:
-    """Host time of one eager gdn_recurrent step (one token per sequence, fp32 state pool, L2 norm in
-    the op), as transformers' decode calls it."""
+def recurrent_host(batch: int, H_: int, HV: int, calls: int = 100, rounds: int = 7) -> int:
+    """Host time of one eager gdn_recurrent step (one token per sequence, fp32 state pool, L2 norm in the op), as
+    transformers' decode calls it: the op and the public wrapper, launched natively (the geometry's one C call) and
+    through Triton's launcher (``_native.ENABLED`` off), each also under ``torch.inference_mode()``. The modes take
+    turns over ``rounds`` rounds (a single run moves by several us with the host's state); medians of each."""
+    import statistics
+
+    import torch_aura
+    from torch_aura.triton_kernels import _native
+
     (q, k, v, g, beta, _), _, _ = B.make_inputs([1] * batch, H_, HV, 128, 128)
     state = torch.zeros(batch, HV, 128, 128, device="cuda")
 
     def call():
         return torch.ops.aura.gdn_recurrent(q, k, v, g, beta, state, None, None, None, True, False)
 
-    from torch_aura.triton_kernels import _native
+    def public():
+        return torch_aura.gdn_recurrent(q, k, v, g, beta, state, use_qk_l2norm=True)
 
-    call()
-    call()  # the second call launches through the geometry's native program
+    @contextlib.contextmanager
+    def native(on: bool):
+        was, _native.ENABLED = _native.ENABLED, on
+        try:
+            yield
+        finally:
+            _native.ENABLED = was
+
+    modes = {f"{name}, {how}{', inference_mode' if inf else ''}": (fn, on, inf)
+             for name, fn in (("the op (torch.ops.aura)", call), ("torch_aura.gdn_recurrent", public))
+             for how, on in (("native", True), ("Triton's launcher", False)) for inf in (False, True)}
+    for fn in (call, public):
+        fn()
+        fn()  # the second call launches through the geometry's native program
     torch.cuda.synchronize()
-    print(f"gdn_recurrent B{batch} {H_}/{HV}: host {B.H.host_us(call):.1f} us per eager call (queued behind a GPU sleep)")
-    with torch.inference_mode():
-        print(f"  under inference_mode: host {B.H.host_us(call):.1f} us")
-    _native.ENABLED = False
-    try:
-        print(f"  through Triton's launcher (_native.ENABLED off): host {B.H.host_us(call):.1f} us")
-    finally:
-        _native.ENABLED = True
+    times = {name: [] for name in modes}
+    for _ in range(rounds):
+        for name, (fn, on, inf) in modes.items():
+            with native(on), torch.inference_mode() if inf else contextlib.nullcontext():
+                times[name].append(B.H.host_us(fn, calls=calls))
+    print(f"gdn_recurrent B{batch} {H_}/{HV}, K = V = 128: host us per eager call (queued behind a GPU sleep), median "
+          f"of {rounds} rounds of {calls} calls, modes taking turns (fastest, slowest round):")
+    for name, runs in times.items():
+        print(f"  {name:64s} {statistics.median(runs):6.1f}  ({min(runs):.1f}, {max(runs):.1f})")
     print(cprofile_top(call))
     return 0
 
