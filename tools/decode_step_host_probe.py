@@ -1,7 +1,8 @@
 """Where an eager transformers decode step spends its host time, per attention implementation (issue 39).
 
 A Llama-3-8B-shaped stack (LAYERS layers, random bf16 weights) prefilled with B x T tokens, then one-token
-decode steps on a DynamicCache, for each of: SDPA without cuDNN, and the "aura" attention. Per variant:
+decode steps on a DynamicCache, for each of: SDPA without cuDNN, and the "aura" attention, taking turns over
+``--rounds`` rounds (the host's state drifts between runs). Per variant:
   - the step's host time, queued behind a GPU sleep (the GPU never waits for the host, nor the host for it);
   - the step's wall time with a synchronize after it (what bench_e2e_transformers.py reports);
   - whether the step synchronizes with the device (torch.cuda.set_sync_debug_mode("warn"), warnings counted);
@@ -30,6 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     import bench_e2e_transformers as E
     from torch.profiler import ProfilerActivity, profile
@@ -38,29 +40,34 @@ def main(argv=None) -> int:
     model = E.build("llama3-8b", args.layers, False, device)
     ids, steps = E.prompts(model, args.batch, args.tokens, device)
     print(f"llama3-8b {args.layers} layers, B={args.batch} T={args.tokens}, DynamicCache, one-token steps")
-    for variant in ("default-no-cudnn", "aura-attn"):
-        E.set_variant(model, variant)
-        with torch.inference_mode():
-            cache = E.new_cache(model, variant)
-            model(ids, cache=cache, use_cache=True, logits_to_keep=1)
-            s = iter(range(10 ** 9))
+    variants = ("default-no-cudnn", "aura-attn")
+    caches, host, wall = {}, {v: [] for v in variants}, {v: [] for v in variants}
+    with torch.inference_mode():
+        for variant in variants:
+            E.set_variant(model, variant)
+            caches[variant] = E.new_cache(model, variant)
+            model(ids, cache=caches[variant], use_cache=True, logits_to_keep=1)
+        for _ in range(args.rounds):  # the variants take turns: the host's state drifts between runs
+            for variant in variants:
+                E.set_variant(model, variant)
+                cache = caches[variant]
+                for i in range(args.steps):
+                    torch.cuda.synchronize()
+                    torch.cuda._sleep(int(0.2 * 2e9))  # ~200 ms of device time: the step queues behind it
+                    t0 = time.perf_counter()
+                    model(steps[i % len(steps)], cache=cache, use_cache=True)
+                    host[variant].append((time.perf_counter() - t0) * 1e3)
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    model(steps[i % len(steps)], cache=cache, use_cache=True)
+                    torch.cuda.synchronize()
+                    wall[variant].append((time.perf_counter() - t0) * 1e3)
+        for variant in variants:
+            E.set_variant(model, variant)
+            cache = caches[variant]
 
             def step():
-                return model(steps[next(s) % len(steps)], cache=cache, use_cache=True)
-            for _ in range(3):
-                step()
-            torch.cuda.synchronize()
-            host, wall = [], []
-            for _ in range(args.steps):
-                torch.cuda._sleep(int(0.2 * 2e9))  # ~200 ms of device time: the step queues behind it
-                t0 = time.perf_counter()
-                step()
-                host.append((time.perf_counter() - t0) * 1e3)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                step()
-                torch.cuda.synchronize()
-                wall.append((time.perf_counter() - t0) * 1e3)
+                return model(steps[0], cache=cache, use_cache=True)
             torch.cuda.set_sync_debug_mode("warn")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -71,12 +78,14 @@ def main(argv=None) -> int:
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 step()
                 torch.cuda.synchronize()
-        print(f"\n{variant}: host {statistics.median(host):.2f} ms per step behind a GPU sleep "
-              f"({statistics.median(host) / args.layers * 1e3:.0f} us per layer), wall {statistics.median(wall):.2f} ms "
-              f"with a sync after it; synchronizing calls in one step: {len(syncs)}")
-        for line in sorted(set(syncs))[:5]:
-            print(f"  sync: {line}")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60))
+            h = statistics.median(host[variant])
+            print(f"\n{variant}: host {h:.2f} ms per step behind a GPU sleep ({h / args.layers * 1e3:.0f} us per "
+                  f"layer; rounds {[round(statistics.median(host[variant][r * args.steps:(r + 1) * args.steps]), 2) for r in range(args.rounds)]}), "
+                  f"wall {statistics.median(wall[variant]):.2f} ms with a sync after it; synchronizing calls in one "
+                  f"step: {len(syncs)}")
+            for line in sorted(set(syncs))[:5]:
+                print(f"  sync: {line}")
+            print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=24, max_name_column_width=60))
     return 0
 
 
