@@ -416,3 +416,112 @@ def test_qwen3_next_serves_on_the_routed_gdn_path(tmp_path_factory, installed, d
     print(f"teacher-forced agreement with transformers: {agreement:.3f} over {len(pairs)} tokens; "
           f"calls {dict(gdn.CALLS)}")
     assert agreement >= LEAST_AGREEMENT[dtype], (agreement, pairs)
+
+
+# ------------------------------------------------------------------------------- engine-start warm-up
+def test_warmup_hooks_follow_install(installed):
+    """The warm-up runs where vLLM warms its own kernels: the ``kernel_warmup`` the GPU worker calls (a name in
+    ``gpu_worker``'s namespace) and, on vLLM's CPU platform, the CPU worker's own warm-up step."""
+    import inspect
+
+    from vllm.platforms import current_platform
+    from vllm.v1.worker import gpu_worker
+
+    gdn = installed
+    assert "kernel_warmup(self" in inspect.getsource(gpu_worker.Worker.compile_or_warm_up_model)
+    hooks = [(gpu_worker, "kernel_warmup")]
+    if current_platform.is_cpu():
+        from vllm.v1.worker.cpu_worker import CPUWorker
+
+        hooks.append((CPUWorker, "compile_or_warm_up_model"))
+    originals = {name: getattr(owner, name).__wrapped__ for owner, name in hooks}
+    assert all(getattr(getattr(owner, name), "_torch_aura", False) for owner, name in hooks)
+    gdn.install()  # idempotent: wrapped once
+    assert all(getattr(owner, name).__wrapped__ is originals[name] for owner, name in hooks)
+    gdn.uninstall()
+    assert all(getattr(owner, name) is originals[name] for owner, name in hooks)
+
+
+def test_warmup_shapes_fit_one_vllm_step(monkeypatch):
+    """With JIT kernels: the packed calls of gdn_warmup's plan grid that one vLLM step can hold (tokens and
+    sequences), the step-sized single prompt, and both decode tile buckets within the sequence budget; without
+    (the CPU): one call of each form."""
+    import torch_aura.triton_kernels.gdn.warmup as grid
+
+    gdn = _gdn()
+    cpu = torch.device("cpu")
+    assert gdn._warmup_shapes(4, 64, cpu, 2048, 8) == ([list(gdn.CONV_LENGTHS)], [2])
+    monkeypatch.setattr(gdn, "_jit_kernels", lambda device: True)  # sm_count is 1 off CUDA
+    prefills, decodes = gdn._warmup_shapes(4, 64, cpu, 2048, 8)
+    assert all(sum(p) <= 2048 and len(p) <= 8 for p in prefills) and [2048] in prefills
+    fitting = [p for _, _, p in grid.chunk_calls(4, 1) if p is not None and sum(p) <= 2048 and len(p) <= 8]
+    assert fitting and all(p in prefills for p in fitting)
+    assert decodes == sorted({b for b in grid.recurrent_batches(4, 64, 1) if b <= 8} | {1}) and decodes[0] == 1
+
+
+def _pool_snapshot_around(monkeypatch, gdn):
+    """Wraps ``gdn.warm_up``: fills every routed layer's real state pools with random values, runs the warm-up,
+    and records whether each pool came out bit-identical (the pools' contents are then restored)."""
+    seen = []
+    real = gdn.warm_up
+
+    def warm_up(worker):
+        layers = gdn._routed_layers(worker)
+        with torch.inference_mode():
+            pools = [t for layer in layers for t in layer.kv_cache[:2]]
+            saved = [t.clone() for t in pools]
+            for t in pools:
+                t.copy_(torch.randn(t.shape).to(t.dtype))
+            before = [t.clone() for t in pools]
+        real(worker)
+        with torch.inference_mode():
+            seen.append({"layers": len(layers), "unchanged": [torch.equal(a, b) for a, b in zip(before, pools)]})
+            for t, s0 in zip(pools, saved):
+                t.copy_(s0)
+    monkeypatch.setattr(gdn, "warm_up", warm_up)
+    return seen
+
+
+def test_engine_start_warms_every_routed_adapter(tmp_path, installed, monkeypatch, plugin_log):
+    """Routing on: vLLM's engine start runs the warm-up once, after its own, and it calls every routed adapter
+    (the decode ones too, which no start-up step of vLLM calls) without changing the real state pools; its
+    calls are not counted as served; one INFO line says what was warmed and how long it took."""
+    gdn = installed
+    gdn.CALLS.clear()
+    gdn.WARMED.clear()
+    seen = _pool_snapshot_around(monkeypatch, gdn)
+    model = s.save_qwen3_next(tmp_path / "qwen3_next")
+    llm = s.engine(model, None, dtype="bfloat16")
+    try:
+        assert len(seen) == 1 and seen[0]["layers"] == 3, seen
+        assert seen[0]["unchanged"] and all(seen[0]["unchanged"]), seen
+        assert set(gdn.WARMED) == set(gdn.ROUTED) and all(n > 0 for n in gdn.WARMED.values()), dict(gdn.WARMED)
+        for name in ("causal_conv1d_update", "fused_sigmoid_gating_delta_rule_update",
+                     "fused_recurrent_gated_delta_rule_packed_decode"):
+            assert gdn.CALLS[name] == 0, dict(gdn.CALLS)  # nothing was served yet
+        lines = [r.getMessage() for r in plugin_log if "warmed the routed GDN kernels" in r.getMessage()]
+        assert len(lines) == 1 and " s: " in lines[0], lines
+        print(lines[0])
+        ours = s.greedy(llm, s.prompts((5, 70)), 4)  # the engine serves after the warm-up
+        assert all(len(o) == 4 for o in ours)
+    finally:
+        s.close(llm)
+
+
+def test_engine_start_without_routing_warms_nothing(tmp_path, monkeypatch, vllm):
+    """Routing off: no hook is installed and an engine on a GDN model warms nothing of ours."""
+    gdn = _gdn()
+    monkeypatch.delenv(gdn.GDN_ENV, raising=False)
+    gdn.uninstall()
+    from torch_aura.integrations.vllm import register
+
+    register()
+    gdn.WARMED.clear()
+    calls = []
+    monkeypatch.setattr(gdn, "warm_up", lambda worker: calls.append(worker))
+    from vllm.v1.worker import gpu_worker
+
+    assert not getattr(gpu_worker.kernel_warmup, "_torch_aura", False)
+    model = s.save_qwen3_next(tmp_path / "qwen3_next")
+    s.close(s.engine(model, None, dtype="bfloat16"))
+    assert not calls and not gdn.WARMED

@@ -18,10 +18,16 @@ never by version numbers:
 Either way each layer receives the same tensor: ``[num_blocks, Hkv, block_size, C]`` with strides
 of the physical ``[num_blocks, block_size, Hkv, C]`` (C = 2 x head size elements of the model dtype
 for dense pages, the AURA slot's bytes of uint8 for compressed ones), which ``_paged.py`` reads.
+
+Engine-start warm-up (:func:`install_warmup`, GDN routing): both releases' GPU worker calls the module
+global ``kernel_warmup(worker)`` (``vllm.v1.worker.gpu_worker``) in ``compile_or_warm_up_model``, before
+CUDA graph capture; vLLM's CPU worker overrides ``compile_or_warm_up_model`` and never calls it, so
+there the method itself is wrapped.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import fields, replace
 
@@ -77,3 +83,45 @@ def install() -> None:
         return spec
     get_kv_cache_spec._torch_aura = True  # type: ignore[attr-defined]
     Attention.get_kv_cache_spec = get_kv_cache_spec
+
+
+def _then(original, warm):
+    """``original``, then ``warm`` on its first argument (the worker)."""
+    @functools.wraps(original)
+    def wrapper(worker, *args, **kwargs):
+        out = original(worker, *args, **kwargs)
+        warm(worker)
+        return out
+    wrapper._torch_aura = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _warmup_hooks():
+    """``(owner, name)`` of each callable :func:`install_warmup` wraps in this vLLM."""
+    from vllm.platforms import current_platform
+    from vllm.v1.worker import gpu_worker
+
+    # a vLLM without the module global (outside the supported range): after the GPU worker's whole warm-up step
+    hooks = [(gpu_worker, "kernel_warmup") if hasattr(gpu_worker, "kernel_warmup")
+             else (gpu_worker.Worker, "compile_or_warm_up_model")]
+    if current_platform.is_cpu():  # the CPU worker's own step (it never calls kernel_warmup); imported on CPU only
+        from vllm.v1.worker.cpu_worker import CPUWorker
+
+        hooks.append((CPUWorker, "compile_or_warm_up_model"))
+    return hooks
+
+
+def install_warmup(warm) -> None:
+    """Idempotent: at engine start, after vLLM's own kernel warm-up, call ``warm(worker)`` in each worker."""
+    for owner, name in _warmup_hooks():
+        current = getattr(owner, name)
+        if not getattr(current, "_torch_aura", False):
+            setattr(owner, name, _then(current, warm))
+
+
+def uninstall_warmup() -> None:
+    """Undo :func:`install_warmup`."""
+    for owner, name in _warmup_hooks():
+        current = getattr(owner, name)
+        if getattr(current, "_torch_aura", False):
+            setattr(owner, name, current.__wrapped__)

@@ -34,13 +34,23 @@ Refused when vLLM builds its engine configuration (:func:`check_engine_config`, 
 at run time as unsupported (an extra vLLM feature such as the prefix-caching block indices) goes to
 vLLM's own function, with the reason logged once per reason (:data:`FALLBACKS` counts them).
 :data:`CALLS` counts the calls the adapters serve and :data:`HOST_NS` sums their host time.
+
+At engine start, after vLLM's own kernel warm-up (the hook points are in ``_compat.py``),
+:func:`warm_up` calls every routed adapter the layers call, on small inputs shaped as the first GDN
+layer's (its dtypes, heads, conv weight, and state pools' dtypes, strides and alignment: scratch pools,
+never the real ones), over the prefill lengths and decode batches that select the kernels' plans
+(``triton_kernels/gdn/warmup.py``) within vLLM's token and sequence budgets, so no Triton kernel compiles
+or tunes at the first requests. :data:`WARMED` counts its calls (they are not in :data:`CALLS`), and one
+INFO line says what was warmed and how long it took.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import logging
+import sys
 import time
 
 import torch
@@ -59,6 +69,7 @@ _log = logging.getLogger("vllm.torch_aura")
 CALLS: collections.Counter = collections.Counter()  # adapter name -> eager calls served by torch_aura
 FALLBACKS: collections.Counter = collections.Counter()  # "adapter: reason" -> calls sent to vLLM's own
 HOST_NS: collections.Counter = collections.Counter()  # adapter name -> host ns of the calls torch_aura served
+WARMED: collections.Counter = collections.Counter()  # adapter name -> calls made by the engine-start warm-up
 _originals: dict[str, object] = {}
 
 
@@ -366,6 +377,171 @@ def fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv, a, b, A_log, dt_bi
     return out, initial_state
 
 
+# ------------------------------------------------------------------------------- engine-start warm-up
+def _routed_layers(worker) -> list:
+    """The worker's GDN layers that run on the routed functions (none unless :func:`install` patched them)."""
+    module = sys.modules.get(MODULE)
+    if module is None or not all(getattr(getattr(module, n, None), "_torch_aura", False) for n in ROUTED):
+        return []
+    layers = worker.vllm_config.compilation_config.static_forward_context.values()
+    return [layer for layer in layers if isinstance(layer, module.QwenGatedDeltaNetAttention)]
+
+
+def _pools(layer):
+    """The layer's bound ``(conv pool [P, C, W - 1] as its forward sees it, SSM pool [P, HV, V, K])``, or None."""
+    cache = getattr(layer, "kv_cache", None)
+    if not isinstance(cache, (list, tuple)) or len(cache) < 2:
+        return None
+    conv, ssm = cache[0], cache[1]
+    if not all(isinstance(t, torch.Tensor) and t.numel() > 0 for t in (conv, ssm)):
+        return None
+    return (conv if sys.modules[MODULE].is_conv_state_dim_first() else conv.transpose(-1, -2)), ssm
+
+
+def _scratch(pool: torch.Tensor, rows: int) -> torch.Tensor:
+    """Zeros of ``rows`` pool rows with ``pool``'s strides, dtype and 16-byte alignment class (all of which
+    Triton specialises on), in memory of their own."""
+    shape, stride = (rows, *pool.shape[1:]), pool.stride()
+    shift = (pool.data_ptr() % 16) // pool.element_size()
+    extent = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+    flat = torch.zeros(shift + extent, dtype=pool.dtype, device=pool.device)
+    return flat.as_strided(shape, stride, shift)
+
+
+def _jit_kernels(device: torch.device) -> bool:
+    """Whether the GDN ops run JIT-compiled kernels here (elsewhere one call per adapter is all there is to run)."""
+    from ... import backends
+
+    return device.type == "cuda" and backends.has_kernel("gdn_chunk", "cuda")
+
+
+CONV_LENGTHS = (65, 3)  # the prefill conv's one call (it compiles once for any lengths): across a 64-token chunk
+
+
+def _warmup_shapes(HV: int, V: int, device: torch.device, max_tokens: int,
+                   max_seqs: int) -> tuple[list[list[int]], list[int]]:
+    """(prefill sequence lengths per call, decode batch sizes): the packed calls of ``gdn_warmup``'s plan grid
+    and the decode step's two tile buckets that fit one vLLM step (``max_tokens`` tokens, ``max_seqs``
+    sequences), and the one-sequence prefill of a whole step (a long prompt's chunks) where the grid's memory
+    bound allows."""
+    if not _jit_kernels(device):
+        return [list(CONV_LENGTHS)], [2]
+    from ...triton_kernels._tune import sm_count
+    from ...triton_kernels.gdn import warmup
+
+    sms = sm_count(device)
+    prefills = [lengths for _, _, lengths in warmup.chunk_calls(HV, sms) if lengths is not None
+                and sum(lengths) <= max_tokens and len(lengths) <= max_seqs]
+    if [max_tokens] not in prefills and max_tokens * HV <= warmup.MAX_HEAD_TOKENS:  # the grid's memory bound
+        prefills.append([max_tokens])
+    decodes = sorted({B for B in warmup.recurrent_batches(HV, V, sms) if B <= max_seqs} | {1})
+    return prefills, decodes
+
+
+def _warm_layer(layer, conv_pool, ssm_pool, dtype: torch.dtype, prefills, decodes, decode: bool) -> None:
+    """The routed calls of ``layer``'s forward (vLLM's ``_forward_core`` and its packed decode path), in its
+    argument forms, on scratch copies of its pools."""
+    module = sys.modules[MODULE]
+    fn = {name: getattr(module, name) for name in ROUTED}  # what the layer calls
+    device = ssm_pool.device
+    gen = torch.Generator(device).manual_seed(0)  # vLLM has seeded the global generator by now
+
+    def randn(*shape, dt=dtype):
+        return torch.randn(*shape, generator=gen, device=device, dtype=dt)
+
+    H, HV = layer.num_k_heads // layer.tp_size, layer.num_v_heads // layer.tp_size
+    K, V = layer.head_k_dim, layer.head_v_dim
+    weight = layer.conv1d.weight.view(layer.conv1d.weight.size(0), layer.conv1d.weight.size(2))
+    C = weight.shape[0]
+    rows = max(len(CONV_LENGTHS), *decodes) + 1  # row 0: vLLM's null block
+    conv_s, ssm_s = _scratch(conv_pool, rows), _scratch(ssm_pool, rows)
+
+    def qsl(lengths):
+        return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+    fn["causal_conv1d_fn"](randn(sum(CONV_LENGTHS), C).transpose(0, 1), weight, layer.conv1d.bias,
+                           activation=layer.activation, conv_states=conv_s,
+                           has_initial_state=torch.tensor([False, True], device=device),
+                           cache_indices=torch.tensor([1, 2], dtype=torch.int32, device=device),
+                           query_start_loc=qsl(CONV_LENGTHS), metadata=None)
+    from ...ops.gdn import gdn_chunk_indices
+
+    for lengths in prefills:
+        T, cu = sum(lengths), qsl(lengths)
+        q, k, v, g, beta = fn["fused_post_conv_prep"](randn(T, C), randn(T, HV), randn(T, HV), layer.A_log,
+                                                      layer.dt_bias, H, K, V, apply_l2norm=True, output_g_exp=False)
+        h0 = ssm_s[torch.ones(len(lengths), dtype=torch.long, device=device)]  # vLLM's gathered copy
+        fn["fla_chunk_gated_delta_rule"](q[None], k[None], v[None], g[None], beta[None], initial_state=h0,
+                                         output_final_state=True, cu_seqlens=cu, chunk_indices=gdn_chunk_indices(cu),
+                                         chunk_offsets=None, use_qk_l2norm_in_kernel=False)
+    if not decode:
+        return
+    for B in decodes:
+        idx = torch.arange(1, B + 1, dtype=torch.int32, device=device)
+        y = fn["causal_conv1d_update"](randn(B, C), conv_s, weight, layer.conv1d.bias, layer.activation,
+                                       conv_state_indices=idx, validate_data=False)
+        a, b = randn(B, HV), randn(B, HV)
+        if getattr(layer, "enable_packed_recurrent_decode", False):  # vLLM's pure-decode step
+            out = torch.zeros(B, HV, V, dtype=dtype, device=device).unsqueeze(1)
+            fn["fused_recurrent_gated_delta_rule_packed_decode"](
+                mixed_qkv=y, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias, scale=K ** -0.5,
+                initial_state=ssm_s, out=out, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+        q, k, v = layer.rearrange_mixed_qkv(y)  # the decode rows of a mixed step (and decode without packing)
+        fn["fused_sigmoid_gating_delta_rule_update"](
+            A_log=layer.A_log, a=a, b=b, dt_bias=layer.dt_bias, q=q, k=k, v=v, initial_state=ssm_s,
+            inplace_final_state=True, cu_seqlens=torch.arange(B + 1, dtype=torch.int32, device=device),
+            ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+
+
+def warm_up(worker) -> None:
+    """Run in each vLLM worker at engine start (``_compat.install_warmup``): the routed adapters once per plan
+    on the first routed GDN layer's shapes, so that their kernels compile and tune now, not while serving.
+    Does nothing without routed GDN layers; a failure is logged, and the first requests then compile."""
+    layers = _routed_layers(worker)
+    if not layers or getattr(worker, "_torch_aura_gdn_warmed", False):
+        return
+    layer, pools = layers[0], _pools(layers[0])
+    if pools is None:
+        _log.info("torch_aura: GDN warm-up skipped: layer %s has no bound state pools", layer.prefix)
+        return
+    worker._torch_aura_gdn_warmed = True
+    config = worker.vllm_config
+    scheduler = config.scheduler_config
+    conv_pool, ssm_pool = pools
+    prefills, decodes = _warmup_shapes(layer.num_v_heads // layer.tp_size, layer.head_v_dim, ssm_pool.device,
+                                       scheduler.max_num_batched_tokens, scheduler.max_num_seqs)
+    decode = not getattr(worker.model_runner, "is_pooling_model", False)  # pooling runs whole prefills only
+    served, host = CALLS.copy(), HOST_NS.copy()
+    start = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            _warm_layer(layer, conv_pool, ssm_pool, config.model_config.dtype, prefills, decodes, decode)
+        if ssm_pool.is_cuda:
+            torch.cuda.synchronize(ssm_pool.device)
+    except Exception:
+        _log.warning("torch_aura: GDN warm-up failed; the routed kernels compile at the first requests instead",
+                     exc_info=True)
+        return
+    finally:
+        warmed = CALLS - served  # warm-up calls are not served calls
+        WARMED.update(warmed)
+        CALLS.clear()
+        CALLS.update(served)
+        HOST_NS.clear()
+        HOST_NS.update(host)
+    _log.info("torch_aura: warmed the routed GDN kernels in %.2f s: %d calls (%d prefills of up to %d sequences and "
+              "%d tokens; decode batches %s) on %s's shapes (%d/%d heads, K %d, V %d, %s, state %s)",
+              time.perf_counter() - start, sum(warmed.values()), len(prefills), max(map(len, prefills)),
+              max(map(sum, prefills)), decodes if decode else "none", layer.prefix,
+              layer.num_k_heads // layer.tp_size, layer.num_v_heads // layer.tp_size, layer.head_k_dim,
+              layer.head_v_dim, str(config.model_config.dtype).removeprefix("torch."),
+              str(ssm_pool.dtype).removeprefix("torch."))
+
+
+def _warm_up(worker) -> None:
+    warm_up(worker)  # looked up per call: tests wrap it
+
+
 # ------------------------------------------------------------------------------- patching
 def _pin_native_prefill(original_init):
     @functools.wraps(original_init)
@@ -406,8 +582,8 @@ def _generic_path_on_cpu(original_init):
 
 def install() -> bool:
     """Idempotent: replace the routed functions of vLLM's Qwen GDN layer module (import-time names,
-    so the patch must run before the model is built: ``register()`` calls it in every vLLM process).
-    Returns whether the module was patched."""
+    so the patch must run before the model is built: ``register()`` calls it in every vLLM process), and
+    hook :func:`warm_up` into vLLM's engine-start warm-up. Returns whether the module was patched."""
     import importlib
 
     module = importlib.import_module(MODULE)
@@ -424,6 +600,9 @@ def install() -> bool:
                       (module.QwenGatedDeltaNetAttention, _generic_path_on_cpu)):
         if not getattr(cls.__init__, "_torch_aura", False):
             cls.__init__ = make(cls.__init__)
+    from . import _compat
+
+    _compat.install_warmup(_warm_up)
     _log.info("torch_aura: %s=1: vLLM's GDN layers run on torch_aura's ops (%s)", GDN_ENV, ", ".join(ROUTED))
     return True
 
@@ -441,3 +620,6 @@ def uninstall() -> None:
     for cls in (module.ChunkGatedDeltaRule, module.QwenGatedDeltaNetAttention):
         if getattr(cls.__init__, "_torch_aura", False):
             cls.__init__ = cls.__init__.__wrapped__
+    from . import _compat
+
+    _compat.uninstall_warmup()
