@@ -57,6 +57,9 @@ def aura_tables(key_bits: int, value_bits: int, head_dim: int, seed: int, layer:
 
 
 AUTO_CANDIDATES = ("aura3v4", "aura4v3", "aura4", "aura8v3", "aura8v4")
+# aura_append runs one CTA per sequence over its chunk's tokens: one launch for a decode step or a draft, but a
+# prefill chunk (8k tokens: ~16 ms per layer on the H200, docs/decode.md 14) wants the unfused encode's row grid
+FUSED_APPEND_MAX_TOKENS = 16
 _AUTO = "auto"
 
 
@@ -382,8 +385,9 @@ class AuraCache:
         # wrappers' re-validation of them would only cost host time on every decode step.
         self._write_op = torch.ops.aura.aura_write_cache.default
         self._encode_op = torch.ops.aura.aura_encode.default
-        # On CUDA a plain append (lengths=None, no window) is one aura_append launch instead of slots + two
-        # writes + the advance; TORCH_AURA_FUSED_APPEND=0 keeps the unfused path.
+        # On CUDA a plain append (lengths=None, no window) of up to FUSED_APPEND_MAX_TOKENS tokens per row is one
+        # aura_append launch instead of slots + two writes + the advance; TORCH_AURA_FUSED_APPEND=0 keeps the
+        # unfused path.
         self._append_op = torch.ops.aura.aura_append.default
         self._fused_append = bool(_env.get("TORCH_AURA_FUSED_APPEND")) and self._dev.type == "cuda"
         self._decode_op = torch.ops.aura.aura_decode.default
@@ -815,7 +819,7 @@ class AuraCache:
         if self.windowed:
             self._append_windowed(k if four_d else k[:, None], v if four_d else v[:, None], n, left_padded, compiling)
             return
-        if n is None and self._fused_append:
+        if n is None and self._fused_append and L <= FUSED_APPEND_MAX_TOKENS:
             self._append_fused(k if four_d else k[:, None], v if four_d else v[:, None], L, compiling)
             return
         if L == 1 and n is None and not self.paged and self._dev.type == "cpu" and not compiling:

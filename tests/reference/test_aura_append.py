@@ -98,6 +98,28 @@ def test_wired_into_aura_cache_append(monkeypatch):
             assert a._appended == b._appended
 
 
+def test_prefill_chunks_take_the_unfused_path(monkeypatch):
+    """aura_append's grid is one CTA per sequence: chunks of up to FUSED_APPEND_MAX_TOKENS tokens per row (decode
+    steps, drafts) are one launch; a longer chunk (a prefill) takes the unfused encode and writes, whose grid
+    spreads its rows, and ends in the same state."""
+    from torch_aura.aura_cache import FUSED_APPEND_MAX_TOKENS
+
+    for L in (1, FUSED_APPEND_MAX_TOKENS, FUSED_APPEND_MAX_TOKENS + 1, 3 * FUSED_APPEND_MAX_TOKENS):
+        case = dict(kb=4, vb=3, layout="contig", L=L, B=2, Hkv=2, D=64, full=False, seed=L)
+        fused = L <= FUSED_APPEND_MAX_TOKENS  # aura_append equals the reference writes; the unfused path, its own
+        a = _reference_kernels(append_cache(**case)) if fused else append_cache(**case)
+        b = append_cache(**case)
+        k, v = append_tokens(a, L, case["seed"])
+        b._fused_append = True
+        calls = []
+        monkeypatch.setattr(b, "_append_op", lambda *args: calls.append(1) or torch.ops.aura.aura_append(*args))
+        for cache in (a, b):
+            cache.append(k, v)
+        assert calls == ([1] if fused else []), L
+        _assert_same(cache_state(b), cache_state(a))
+        assert a._appended == b._appended
+
+
 def test_fused_append_is_off_by_default_and_on_cpu():
     cache = append_cache(kb=4, vb=4, layout="contig", L=1, B=1, Hkv=1, D=64, full=False, seed=0)
     assert cache._fused_append is False
