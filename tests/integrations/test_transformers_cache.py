@@ -115,7 +115,7 @@ def test_hybrid_qwen3_next_runs_our_gdn_beside_the_compressed_cache(hf_transform
     mask[1, :7] = 0
     dense = teacher_forced(model, ids, mask, hf_transformers.DynamicCache(config=model.config), steps)
     calls = {"chunk": 0, "recurrent": 0}
-    for kind, name in (("chunk", "gdn_chunk"), ("recurrent", "gdn_recurrent")):
+    for kind, name in (("chunk", "gdn_chunk"), ("recurrent", "_recurrent_op")):
         real = getattr(gdn, name)
 
         def counting(*a, _real=real, _kind=kind, **k):

@@ -273,7 +273,7 @@ def _count_op_calls(gdn, monkeypatch):
         seen["unit_stride"].add(all(t.stride(-1) == 1 for t in (q, k, v)))
         return op_chunk(q, k, v, *args, **kwargs)
 
-    for kind, name in (("conv", "causal_conv1d"), ("conv_update", "causal_conv1d_update_op")):
+    for kind, name in (("conv", "causal_conv1d"), ("conv_update", "_conv_update_op")):
         def counting(*args, _kind=kind, _real=getattr(gdn, name), **kwargs):
             seen[_kind] += 1
             return _real(*args, **kwargs)
@@ -285,9 +285,9 @@ def _count_op_calls(gdn, monkeypatch):
         seen["pools"].add(state.data_ptr())
         return op_recurrent(q, k, v, g, beta, state, *args, **kwargs)
 
-    op_chunk, op_recurrent = gdn.gdn_chunk, gdn.gdn_recurrent
+    op_chunk, op_recurrent = gdn.gdn_chunk, gdn._recurrent_op
     monkeypatch.setattr(gdn, "gdn_chunk", chunk)
-    monkeypatch.setattr(gdn, "gdn_recurrent", recurrent)
+    monkeypatch.setattr(gdn, "_recurrent_op", recurrent)
     return seen
 
 

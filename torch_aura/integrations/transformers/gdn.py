@@ -50,9 +50,13 @@ import torch
 from ..._checks.common import FLOATS as _STATE_DTYPES
 from ..._checks.gdn import ACTIVATIONS as CONV_ACTIVATIONS
 from ..._checks.gdn import MAX_HEAD_DIM
-from ...ops.gdn import causal_conv1d, gdn_chunk, gdn_recurrent
-from ...ops.gdn import causal_conv1d_update as causal_conv1d_update_op
+from ...ops.gdn import causal_conv1d, gdn_chunk
 from ._version import require_transformers
+
+# The decode step's ops, not their public wrappers: every backend's kernel checks its inputs, and the wrapper
+# would check them a second time per layer and step (attention.py calls flash_decode so too)
+_recurrent_op = torch.ops.aura.gdn_recurrent.default
+_conv_update_op = torch.ops.aura.causal_conv1d_update.default
 
 __all__ = [
     "chunk_gated_delta_rule",
@@ -168,9 +172,8 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=No
         state = initial_state.clone()
     else:
         state = _unit_last(initial_state)
-    o = gdn_recurrent(_unit_last(q), _unit_last(k), _unit_last(v), _unit_last(g), _unit_last(beta),
-                      state, state_indices=None, cu_seqlens=cu_seqlens, scale=scale,
-                      use_qk_l2norm=bool(use_qk_l2norm_in_kernel))
+    o = _recurrent_op(_unit_last(q), _unit_last(k), _unit_last(v), _unit_last(g), _unit_last(beta), state, None,
+                      cu_seqlens, scale, bool(use_qk_l2norm_in_kernel), False)
     return o, (state if output_final_state else None)
 
 
@@ -209,7 +212,7 @@ def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activatio
     """transformers' ``causal_conv1d_update`` (decode) on :func:`torch_aura.causal_conv1d_update`:
     ``hidden_states [B, C, L]`` continues each row's ``conv_state [B, C, S]``, updated in place;
     returns ``[B, C, L]`` (a transposed view of token-major output) in hidden_states' dtype."""
-    y = causal_conv1d_update_op(_token_major(hidden_states), conv_state, weight, bias, activation, None)
+    y = _conv_update_op(_token_major(hidden_states), conv_state, weight, bias, activation, None)
     return y.transpose(1, 2)
 
 
