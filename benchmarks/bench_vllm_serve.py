@@ -217,9 +217,12 @@ def run_row(row: str, args) -> dict:
         if error := verify_error(result["verify"]):  # not timed: no engine built at all
             result["error"] = error
             return result
-    llm = engine(model, row, args, max_len)
+    device = "cuda" if torch.cuda.is_available() else None
+    # what a user meets before the first token: engine start (load, profile, our warm-up, graph capture), then
+    # the first requests (the check), where a kernel left to compile on first use would stall
+    result["engine_s"], llm = H.timed(lambda: engine(model, row, args, max_len), device)
     result["kv_tokens"] = s.kv_capacity_tokens(llm)
-    argmax = teacher_forced(llm, check)
+    result["first_requests_s"], argmax = H.timed(lambda: teacher_forced(llm, check), device)
     if row == "bf16":
         ref_path.write_text(json.dumps(argmax))
     if not ref_path.exists():
@@ -237,7 +240,7 @@ def run_row(row: str, args) -> dict:
         count, lo, hi, new = preset[name]
         seed = SEEDS[name]
         # warm-up on other prompts: the timed ones must not hit the prefix cache
-        timed(llm, workload(max(1, count // 8), lo, hi, vocab, seed=seed + 100), 8)
+        result[f"{name}_warm_s"], _ = timed(llm, workload(max(1, count // 8), lo, hi, vocab, seed=seed + 100), 8)
         prompts = workload(count, lo, hi, vocab, seed=seed)
         elapsed, out_tokens = timed(llm, prompts, new)
         result[f"{name}_tok_s"] = out_tokens / elapsed
@@ -250,6 +253,7 @@ def run_row(row: str, args) -> dict:
         from torch_aura.integrations.vllm import gdn
 
         result["gdn_calls"], result["gdn_fallbacks"] = dict(gdn.CALLS), dict(gdn.FALLBACKS)
+        result["gdn_warmed"] = dict(gdn.WARMED)
         result["gdn_host_us"] = {k: gdn.HOST_NS[k] / 1e3 / n for k, n in gdn.CALLS.items() if n}
     return result
 
@@ -318,7 +322,19 @@ def table(rows: list[dict], header: str, args) -> str:
                  f"{r['backend']}, KV {'bf16' if r['kv_cache_dtype'] == 'auto' else r['kv_cache_dtype']}"
                  + (", GDN on torch_aura" if r.get("torch_aura_gdn") else ""))
         lines.append(f"| {label} | {kv} | {' | '.join(cells)} | {agree} | {verify_cell(r.get('verify'))} |")
+    starts = [r for r in (by.get(name) for name in ROWS) if r is not None and "engine_s" in r]
+    if starts:
+        lines += ["", "Start-up: the engine's construction (load, profiling, warm-ups, CUDA graph capture), the first "
+                  "requests (the teacher-forced check), and each workload's untimed warm-up call, in seconds:", "",
+                  "| row | engine start | first requests | " + " | ".join(f"{w} warm-up call" for w in WORKLOADS)
+                  + " |", "|---" * (len(WORKLOADS) + 3) + "|"]
+        lines += [f"| {r['row']} | {r['engine_s']:.1f} | {r['first_requests_s']:.2f} | "
+                  + " | ".join(f"{r[f'{w}_warm_s']:.2f}" if f"{w}_warm_s" in r else "-" for w in WORKLOADS) + " |"
+                  for r in starts]
     for r in rows:
+        if r.get("gdn_warmed"):
+            lines += ["", f"{r['row']}: calls of the engine-start warm-up: "
+                      + ", ".join(f"{k} {n}" for k, n in sorted(r["gdn_warmed"].items()))]
         if r.get("gdn_host_us"):
             lines += ["", f"{r['row']}: the GDN adapters' calls in this process (warm-up, check and workloads; "
                       "eager or captured, never replays) and their host time per call:", "",

@@ -79,8 +79,10 @@ def main(argv=None) -> int:
                 step()
                 torch.cuda.synchronize()
             h = statistics.median(host[variant])
+            rounds = [round(statistics.median(host[variant][r * args.steps:(r + 1) * args.steps]), 2)
+                      for r in range(args.rounds)]
             print(f"\n{variant}: host {h:.2f} ms per step behind a GPU sleep ({h / args.layers * 1e3:.0f} us per "
-                  f"layer; rounds {[round(statistics.median(host[variant][r * args.steps:(r + 1) * args.steps]), 2) for r in range(args.rounds)]}), "
+                  f"layer; rounds {rounds}), "
                   f"wall {statistics.median(wall[variant]):.2f} ms with a sync after it; synchronizing calls in one "
                   f"step: {len(syncs)}")
             for line in sorted(set(syncs))[:5]:

@@ -82,3 +82,18 @@ def test_the_gdn_rows_adapter_host_time_is_tabled(bench, tmp_path):
     text = bench.table([_run(bench, args, "bf16", ["short"]), gdn], "header", args)
     assert "| adapter | calls | host us / call |" in text
     assert "| causal_conv1d_fn | 4 | 52.2 |" in text and "fla_chunk_gated_delta_rule |" not in text
+
+
+def test_start_up_and_the_warm_up_calls_are_tabled(bench, tmp_path):
+    """What a user meets before the first token is a table of its own: engine start, the first requests, each
+    workload's warm-up call; and the gdn row's engine-start warm-up calls."""
+    args = _args(tmp_path)
+    bf16 = {**_run(bench, args, "bf16", ["short"]), "engine_s": 41.25, "first_requests_s": 1.5, "short_warm_s": 0.25}
+    gdn = {**_run(bench, args, "gdn", ["short"]), "engine_s": 52.0, "first_requests_s": 12.75,
+           "gdn_warmed": {"causal_conv1d_fn": 1, "fla_chunk_gated_delta_rule": 9}}
+    text = bench.table([bf16, gdn], "header", args)
+    assert "| row | engine start | first requests |" in text
+    warm = " | ".join("0.25" if w == "short" else "-" for w in bench.WORKLOADS)
+    assert f"| bf16 | 41.2 | 1.50 | {warm} |" in text
+    assert f"| gdn | 52.0 | 12.75 | {' | '.join('-' for _ in bench.WORKLOADS)} |" in text
+    assert "calls of the engine-start warm-up: causal_conv1d_fn 1, fla_chunk_gated_delta_rule 9" in text

@@ -148,8 +148,8 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     # a decode step's host time is mostly launch overhead: one C call with the addresses (gdn.md §6.1)
     if native.program is not None and _launch.run_native(native.program, (
             q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), state.data_ptr(),
-            0 if state_indices is None else state_indices.data_ptr(), 0 if cu_seqlens is None else cu_seqlens.data_ptr(),
-            o.data_ptr())):
+            0 if state_indices is None else state_indices.data_ptr(),
+            0 if cu_seqlens is None else cu_seqlens.data_ptr(), o.data_ptr())):
         return o
     args = (q, k, v, g, beta, state, state_indices, cu_seqlens, o, *ints)
     launch(_gdn_recurrent_kernel, grid, key, *args, **options)
