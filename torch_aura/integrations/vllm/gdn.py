@@ -277,7 +277,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     rows = (torch.arange(n, dtype=torch.int32, device=x.device) if conv_state_indices is None
             else _slots(conv_state_indices, n, null_block_id))
     # vLLM's default pool is [slots, W - 1, C] seen through a transpose: the op rolls it in place at its strides
-    y = torch.ops.aura.causal_conv1d_update.default(tokens, conv_state, weight, bias, act, rows)
+    y = torch.ops.aura.causal_conv1d_update(tokens, conv_state, weight, bias, act, rows)
     if x.dim() == 3:
         y = y.transpose(1, 2)
     if out is not None:
@@ -325,8 +325,7 @@ def fla_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
 
 
 def _recurrent(q, k, v, g, beta, pool, rows, cu_seqlens, scale, use_qk_l2norm):
-    # the overload itself (.default): a decode step per GDN layer skips the packet's overload resolution
-    return torch.ops.aura.gdn_recurrent.default(q, k, v, g, beta, pool, rows, cu_seqlens, scale, use_qk_l2norm, True)
+    return torch.ops.aura.gdn_recurrent(q, k, v, g, beta, pool, rows, cu_seqlens, scale, use_qk_l2norm, True)
 
 
 @_timed
