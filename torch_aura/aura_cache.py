@@ -57,8 +57,7 @@ def aura_tables(key_bits: int, value_bits: int, head_dim: int, seed: int, layer:
 
 
 AUTO_CANDIDATES = ("aura3v4", "aura4v3", "aura4", "aura8v3", "aura8v4")
-# aura_append runs one CTA per sequence over its chunk's tokens: one launch for a decode step or a draft, but a
-# prefill chunk (8k tokens: ~16 ms per layer on the H200, docs/decode.md 14) wants the unfused encode's row grid
+# aura_append walks a row's chunk in one CTA: right for decode steps and drafts, not a prefill (aura-format.md)
 FUSED_APPEND_MAX_TOKENS = 16
 _AUTO = "auto"
 

@@ -609,8 +609,6 @@ def install() -> bool:
 
 def uninstall() -> None:
     """Undo :func:`install` (tests; a layer built while installed keeps its routed method choice)."""
-    import sys
-
     module = sys.modules.get(MODULE)
     if module is None:
         return
