@@ -35,7 +35,10 @@ Per context T and batch B: prefill time (one forward over B x T tokens, last-tok
 B > 1 reuses a one-row prefill, rows repeated with ``reorder_cache``, when a variant's B-row prefill
 does not fit; its logits then compare on row 0), then DECODE_STEPS teacher-forced steps: median step time beside the GPU's busy time in one
 step (torch.profiler kernel times: a step far longer than its kernels is bound by the host),
-tokens/s = B / step and its ratio to the fastest baseline of the row, cache bytes, compile time
+tokens/s = B / step and its ratio to the fastest baseline of the row (with ``--rounds N`` each variant's
+prefill and decode run N times, the variants taking turns, and the row reports the median step and the
+fastest prefill: an eager step is host-bound and this host's step time drifts between runs, so variants
+timed one after the other once compare the drift), cache bytes, compile time
 (the first compiled step, capture included), logit cosine and teacher-forced argmax agreement with
 ``default``. Then the longest context per row at B = 8 that the K/V budget holds at full depth, and
 with ``--agreement-depths`` the agreement of each compressed scheme per model depth (random weights:
@@ -43,7 +46,7 @@ agreement falls with depth). Host cost per eager call of the decode path's ops i
 
     python benchmarks/bench_e2e_transformers.py [--out DIR] [--models llama3-8b,qwen3-next]
         [--contexts 8192,32768,131072] [--batches 1,8,32] [--layers N] [--variants a,b]
-        [--agreement-depths 1,8,32] [--experts N] [--stream 1000,1500,...] [--tiny]
+        [--agreement-depths 1,8,32] [--experts N] [--stream 1000,1500,...] [--rounds N] [--tiny]
 
 ``--tiny`` runs tiny shapes on whatever device there is (a CPU smoke test of every code path, e.g.
 ``--tiny --contexts 64 --batches 1,2 --layers 2 --agreement-depths 1,2``).
@@ -267,6 +270,30 @@ def run_one(model, variant, B, T, device, reps, prefill_rows=None):
             "compile_s": (step_ms[0] + step_ms[1]) / 1e3 if spec.compiled else float("nan"),
             "cache_bytes": held, "bytes_per_token_layer": per_token, "prefill_logits": first_logits,
             "decode_logits": torch.stack(logits)}
+
+
+def take_turns(model, row_group, device, rounds: int) -> None:
+    """Rounds 2..``rounds`` of one (model, B, T) row group, the variants in turn: each row's ``step_ms``
+    becomes the median of its rounds' steps and ``prefill_ms`` the fastest; the rounds stay in the row."""
+    for row in row_group:
+        row["step_ms_rounds"], row["prefill_ms_rounds"] = [row["step_ms"]], [row["prefill_ms"]]
+    for _ in range(rounds - 1):
+        for row in row_group:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            try:
+                res = run_one(model, row["variant"], row["B"], row["T"], device, reps=1,
+                              prefill_rows=row["prefill_rows"])
+            except torch.OutOfMemoryError:
+                continue  # the row keeps the rounds it has
+            row["step_ms_rounds"].append(res["step_ms"])
+            row["prefill_ms_rounds"].append(res["prefill_ms"])
+    for row in row_group:
+        row["step_ms"] = statistics.median(row["step_ms_rounds"])
+        row["prefill_ms"] = min(row["prefill_ms_rounds"])
+        row["tok_s"] = row["B"] / row["step_ms"] * 1e3
+        print(f"{row['model']} {row['variant']:25s} B={row['B']} T={row['T']:6d}: decode step per round "
+              + " / ".join(f"{ms:.2f}" for ms in row["step_ms_rounds"]) + f" ms -> median {row['step_ms']:.2f}")
 
 
 def fp32_reference(model):
@@ -551,6 +578,8 @@ def main(argv=None) -> int:
     p.add_argument("--truth-tokens", type=int, default=None, metavar="N",
                    help="judge rows of B x T <= N tokens against an fp32 copy on transformers' torch paths "
                         "(default 131072 on a GPU, 0 on the CPU; 0: judge against the default path)")
+    p.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="time each row's variants N times, taking turns (median step, fastest prefill)")
     p.add_argument("--profile", type=int, default=0, metavar="T",
                    help="also print the top GPU kernels of one B=1 prefill of T tokens, default vs ours")
     args = p.parse_args(argv)
@@ -644,6 +673,9 @@ def main(argv=None) -> int:
                           + (f", vs fp32 cos {row['truth_prefill_cos']:.4f}/{row['truth_decode_cos']:.4f}, agree "
                              f"{row['truth_agreement']:.3f}" if truth is not None else "")
                           + ("" if row["correct"] else "  WRONG"))
+                if args.rounds > 1:
+                    take_turns(model, [r for r in rows if r["kind"] == "e2e" and r.get("model") == name and "step_ms" in r
+                                       and (r["B"], r["T"]) == (B, T)], device, args.rounds)
         if args.stream and name == "qwen3-next":
             rows += prompt_stream(model, name, [int(t) for t in args.stream.split(",")], device)
         if args.profile and device.type == "cuda":
@@ -728,6 +760,12 @@ def render(facts, gdn_default, rows, args) -> str:
         lines.append(f"{head} {prefill} | {r['step_ms']:.2f} ({r['step_gpu_ms']:.2f}) | {r['tok_s']:.1f} | {ratio} | "
                      f"{compile_s} | {r['cache_bytes'] / GB:.3f} | {r.get('peak_gb', float('nan')):.1f} | {cos} | "
                      f"{agree}{'' if r['correct'] else ' WRONG'} | {truth} |")
+    turns = [r for r in rows if r["kind"] == "e2e" and len(r.get("step_ms_rounds", ())) > 1]
+    if turns:
+        lines += ["", "## Decode step per round (the row's variants taking turns; the table above has the median)", "",
+                  "| model | B | T | variant | step ms per round |", "|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['B']} | {r['T']} | {r['variant']} | "
+                  + " / ".join(f"{ms:.2f}" for ms in r["step_ms_rounds"]) + " |" for r in turns]
     lines += ["", f"## Longest context per row at B = 8, full depth, {KV_BUDGET_GB} GB of K/V (from the measured bytes per token)",
               "", "| model | variant | bytes / token / layer | tokens per row | vs default |", "|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in rows if r["kind"] == "e2e"):

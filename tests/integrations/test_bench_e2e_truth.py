@@ -126,3 +126,23 @@ def test_stream_counts_the_triton_builds_of_a_prompt(bench):
     assert [v.split()[0] for v in seen.variants] == ["_solve", "_solve"]  # compiles only, each in words
     assert bench.stream_builds({"triton_compiled": 0, "triton_loaded": 0, "triton_compile_s": 0.0}) == "none"
     assert bench.stream_builds({}) == "-"
+
+
+def test_rounds_take_turns_and_report_the_median_step(tmp_path, hf_transformers):
+    """``--rounds 3``: every variant of a row is timed three times, the variants taking turns; the row's step is
+    the median of its rounds and its prefill the fastest, and the report lists the rounds."""
+    cmd = [sys.executable, str(BENCH / "bench_e2e_transformers.py"), "--tiny", "--models", "llama3-8b",
+           "--contexts", "32", "--batches", "2", "--layers", "1", "--truth-tokens", "0", "--rounds", "3",
+           "--variants", "default,aura-attn", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=BENCH, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [json.loads(line) for f in (tmp_path / "raw").glob("e2e_transformers_*.jsonl") for line in f.open()]
+    e2e = [r for r in rows if r.get("kind") == "e2e"]
+    assert [r["variant"] for r in e2e] == ["default", "aura-attn"]
+    for r in e2e:
+        assert len(r["step_ms_rounds"]) == 3 and len(r["prefill_ms_rounds"]) == 3, r
+        assert r["step_ms"] == sorted(r["step_ms_rounds"])[1] and r["prefill_ms"] == min(r["prefill_ms_rounds"])
+        assert r["tok_s"] == pytest.approx(r["B"] / r["step_ms"] * 1e3)
+    order = [line.split()[1] for line in done.stdout.splitlines() if "decode step per round" in line]
+    assert order == ["default", "aura-attn"]
+    assert "## Decode step per round" in (tmp_path / "e2e_transformers_llama3-8b_cpu.md").read_text()
