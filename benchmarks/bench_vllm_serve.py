@@ -221,6 +221,11 @@ def run_row(row: str, args) -> dict:
     # what a user meets before the first token: engine start (load, profile, our warm-up, graph capture), then
     # the first requests (the check), where a kernel left to compile on first use would stall
     result["engine_s"], llm = H.timed(lambda: engine(model, row, args, max_len), device)
+    if ROWS[row][3]:  # the GDN adapters' calls during engine start (vLLM's profile run and graph capture)
+        from torch_aura.integrations.vllm import gdn
+
+        result["gdn_start_calls"], result["gdn_start_host_us"] = host_per_call(gdn.CALLS, gdn.HOST_NS)
+        at_start = gdn.CALLS.copy(), gdn.HOST_NS.copy()
     result["kv_tokens"] = s.kv_capacity_tokens(llm)
     result["first_requests_s"], argmax = H.timed(lambda: teacher_forced(llm, check), device)
     if row == "bf16":
@@ -252,10 +257,16 @@ def run_row(row: str, args) -> dict:
     if ROWS[row][3]:  # this process's engine (TP 1): which GDN calls torch_aura served, which fell back
         from torch_aura.integrations.vllm import gdn
 
-        result["gdn_calls"], result["gdn_fallbacks"] = dict(gdn.CALLS), dict(gdn.FALLBACKS)
-        result["gdn_warmed"] = dict(gdn.WARMED)
-        result["gdn_host_us"] = {k: gdn.HOST_NS[k] / 1e3 / n for k, n in gdn.CALLS.items() if n}
+        result["gdn_fallbacks"], result["gdn_warmed"] = dict(gdn.FALLBACKS), dict(gdn.WARMED)
+        # after engine start: the check and the workloads (eager calls; a captured step's replays call nothing)
+        result["gdn_calls"], result["gdn_host_us"] = host_per_call(gdn.CALLS - at_start[0], gdn.HOST_NS - at_start[1])
     return result
+
+
+def host_per_call(calls, host_ns) -> tuple[dict, dict]:
+    """``({adapter: calls}, {adapter: host us per call})`` of the adapters that were called."""
+    return ({k: n for k, n in calls.items() if n},
+            {k: host_ns[k] / 1e3 / n for k, n in calls.items() if n})
 
 
 def versions() -> str:
@@ -335,11 +346,17 @@ def table(rows: list[dict], header: str, args) -> str:
         if r.get("gdn_warmed"):
             lines += ["", f"{r['row']}: calls of the engine-start warm-up: "
                       + ", ".join(f"{k} {n}" for k, n in sorted(r["gdn_warmed"].items()))]
-        if r.get("gdn_host_us"):
-            lines += ["", f"{r['row']}: the GDN adapters' calls in this process (warm-up, check and workloads; "
-                      "eager or captured, never replays) and their host time per call:", "",
-                      "| adapter | calls | host us / call |", "|---|---|---|"]
-            lines += [f"| {k} | {r['gdn_calls'][k]} | {us:.1f} |" for k, us in sorted(r["gdn_host_us"].items())]
+        if r.get("gdn_host_us") or r.get("gdn_start_host_us"):
+            start, served = r.get("gdn_start_host_us", {}), r.get("gdn_host_us", {})
+            lines += ["", f"{r['row']}: the GDN adapters' calls and their host time per call, during engine start "
+                      "(vLLM's profile run and graph capture; our warm-up is not counted) and after it (the check and "
+                      "the workloads; eager steps only: a CUDA graph's replays call no adapter):", "",
+                      "| adapter | engine start: calls | host us / call | after: calls | host us / call |",
+                      "|---|---|---|---|---|"]
+            for k in sorted(start.keys() | served.keys()):
+                cells = [f"{r[calls][k]} | {us[k]:.1f}" if k in us else "0 | -"
+                         for calls, us in (("gdn_start_calls", start), ("gdn_calls", served))]
+                lines.append(f"| {k} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
 

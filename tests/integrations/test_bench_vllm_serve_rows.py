@@ -5,6 +5,7 @@ A GPU run holds one command for at most 10 minutes, so a row's workloads may be 
 versions, commit and settings, and never mix in a run of another tree or other shapes. No vLLM needed.
 """
 
+import collections
 import importlib
 import json
 import types
@@ -77,11 +78,16 @@ def test_an_unknown_commit_never_joins(bench, tmp_path):
 
 def test_the_gdn_rows_adapter_host_time_is_tabled(bench, tmp_path):
     args = _args(tmp_path)
-    gdn = {**_run(bench, args, "gdn", ["short"]), "gdn_calls": {"causal_conv1d_fn": 4, "fla_chunk_gated_delta_rule": 0},
-           "gdn_host_us": {"causal_conv1d_fn": 52.25}}
+    calls, host = bench.host_per_call(collections.Counter(causal_conv1d_fn=4, fla_chunk_gated_delta_rule=0),
+                                      collections.Counter(causal_conv1d_fn=209000))
+    assert calls == {"causal_conv1d_fn": 4} and host == {"causal_conv1d_fn": 52.25}
+    gdn = {**_run(bench, args, "gdn", ["short"]), "gdn_calls": calls, "gdn_host_us": host,
+           "gdn_start_calls": {"causal_conv1d_fn": 2, "causal_conv1d_update": 8},
+           "gdn_start_host_us": {"causal_conv1d_fn": 900.0, "causal_conv1d_update": 120.5}}
     text = bench.table([_run(bench, args, "bf16", ["short"]), gdn], "header", args)
-    assert "| adapter | calls | host us / call |" in text
-    assert "| causal_conv1d_fn | 4 | 52.2 |" in text and "fla_chunk_gated_delta_rule |" not in text
+    assert "| adapter | engine start: calls | host us / call | after: calls | host us / call |" in text
+    assert "| causal_conv1d_fn | 2 | 900.0 | 4 | 52.2 |" in text
+    assert "| causal_conv1d_update | 8 | 120.5 | 0 | - |" in text and "fla_chunk_gated_delta_rule |" not in text
 
 
 def test_start_up_and_the_warm_up_calls_are_tabled(bench, tmp_path):
