@@ -68,10 +68,11 @@ def compile_only(monkeypatch, request):
     (bf16, the tuned production dtype, with the state pass's TMA copies), else only its default
     (compile time on 2 CI cores)."""
     from torch_aura.triton_kernels import _tune
-    from torch_aura.triton_kernels.gdn import _common, chunk, conv, gates, prep, recurrent, segments, state_pass
+    from torch_aura.triton_kernels.gdn import (_common, chunk, conv, gated_norm, gates, prep, recurrent, segments,
+                                              state_pass)
 
     seen = set()
-    for mod in (chunk, prep, state_pass, segments, recurrent, conv, gates):
+    for mod in (chunk, prep, state_pass, segments, recurrent, conv, gates, gated_norm):
         for name, obj in list(vars(mod).items()):
             if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel"):
                 monkeypatch.setattr(mod, name, _CompileOnly(obj, seen))
@@ -199,3 +200,18 @@ def test_gates_kernel_compiles_for_sm90(compile_only, dtype):
         gates.gdn_gates(ba[:, HV:], ba[:, :HV], A_log, dt_bias, slots=torch.arange(8, dtype=slot_dtype), null=0)
     rows = {dict(key[2])["WITH_ROWS"] for key in compile_only if key[0] == "_gdn_gates_kernel"}
     assert rows == {False, True}, compile_only
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_gated_norm_kernel_compiles_for_sm90(compile_only, dtype):
+    """The GDN layers' gated RMSNorm (gdn/gated_norm.py): weights in the activations' dtype (the rounded product)
+    and in fp32, head dims 128 and 96 (a masked tail), the gate a row view of a wider projection."""
+    from torch_aura.triton_kernels.gdn import gated_norm
+
+    for D in (128, 96):
+        o, z = torch.randn(8, D, dtype=dtype), torch.randn(8, D + 16, dtype=dtype)[:, 3:3 + D]
+        for weight in (torch.ones(D, dtype=dtype), torch.ones(D)):
+            gated_norm.gated_rms_norm(o, z, weight, 1e-6)
+    variants = {(dict(key[2])["ROUND_P"], dict(key[2])["BD"]) for key in compile_only
+                if key[0] == "_gated_rms_norm_kernel"}
+    assert variants == {(dtype != torch.float32, 128)} | {(False, 128)}, variants

@@ -63,6 +63,46 @@ def test_qwen3_next_our_gdn_matches_transformers(tat, dtype):
         assert (out.sequences == ref.sequences).float().mean().item() >= 0.9 and dl <= 0.05 * scale
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("weight_fp32", [False, True], ids=["weight_same", "weight_fp32"])
+def test_gated_norm_kernel_matches_transformers(dtype, weight_fp32):
+    """The GDN layers' gated RMSNorm in one launch against transformers' forward, to one ulp of the dtype."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
+
+    from torch_aura.triton_kernels.gdn.gated_norm import gated_rms_norm
+
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    tol = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+    for N, D in ((0, 128), (1, 128), (4097, 128), (33, 96), (7, 256)):
+        norm = qwen3_next.Qwen3NextRMSNormGated(D, eps=1e-6).to(DEV, torch.float32 if weight_fp32 else dtype)
+        norm.weight.data.normal_(1, 0.3, generator=gen)
+        o = (3 * torch.randn(N, D, device=DEV, generator=gen)).to(dtype)
+        z = (2 * torch.randn(N, D + 24, device=DEV, generator=gen)).to(dtype)[:, 5:5 + D]
+        torch.testing.assert_close(gated_rms_norm(o, z, norm.weight, 1e-6), norm(o, z), rtol=tol, atol=tol)
+
+
+def test_qwen3_next_norm_runs_the_kernel_in_inference_only(tat, monkeypatch):
+    """Inside the model the layers' norm takes the kernel under no_grad / inference_mode, and transformers'
+    forward where autograd records (the kernel has no backward)."""
+    from torch_aura.triton_kernels.gdn import gated_norm
+
+    calls = []
+    kernel = gated_norm.gated_rms_norm
+    monkeypatch.setattr(gated_norm, "gated_rms_norm", lambda *a: calls.append(1) or kernel(*a))
+    model = tiny_qwen3_next(transformers, device=DEV, dtype=torch.bfloat16, head_dims=(64, 64))
+    ids = _ids(1, 40, 3)
+    tat.enable(model)
+    try:
+        with torch.inference_mode():
+            model(ids)
+        served = len(calls)
+        model(ids)  # grad mode, weights requiring grad: autograd records the norm
+    finally:
+        tat.disable(model)
+    layers = sum(t == "linear_attention" for t in model.config.layer_types)
+    assert served == layers and len(calls) == served
+
+
 @pytest.mark.parametrize("scheme,min_agree", [("aura8", 0.98), ("aura4v2", 0.7)])
 def test_aura_kv_cache_on_gpu(tat, scheme, min_agree):
     model = tiny_qwen3_next(transformers, device=DEV, dtype=torch.bfloat16, head_dims=(64, 64))

@@ -108,6 +108,39 @@ def test_patch_unpatch_restore_and_are_idempotent(gdn):
     assert {name: _globals(name, gdn) for name in before} == before
 
 
+
+def test_the_gated_norm_of_every_family_is_found_and_patched(gdn):
+    """Each family's ``*RMSNormGated`` (the same code in all four) gets the one-launch forward, which on the CPU
+    runs transformers' own code to the bit; unpatch puts the original forward back."""
+    classes = {name: gdn.gated_norm_classes(importlib.import_module(name))
+               for name in (QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE, OLMO_HYBRID)}
+    assert all(len(found) == 1 and found[0].endswith("RMSNormGated") for found in classes.values()), classes
+    norm_cls = getattr(importlib.import_module(QWEN3_NEXT), classes[QWEN3_NEXT][0])
+    original = norm_cls.forward
+    norm = norm_cls(32)
+    torch.nn.init.normal_(norm.weight)
+    x, z = torch.randn(5, 32, dtype=torch.bfloat16), torch.randn(5, 32, dtype=torch.bfloat16)
+    want = norm(x, z)
+    gdn.patch([QWEN3_NEXT])
+    gdn.patch([QWEN3_NEXT])  # idempotent: the original stays the one to restore
+    assert norm_cls.forward is not original and norm_cls.forward._torch_aura
+    assert torch.equal(norm(x, z), want)  # CPU: transformers' code
+    gdn.unpatch()
+    assert norm_cls.forward is original
+
+
+def test_a_gated_norm_with_other_code_keeps_its_own(gdn, tmp_path, monkeypatch):
+    """Only a forward whose code is the shared one is served (comments and layout aside): one that, say,
+    skips the cast back before the weight keeps transformers' code."""
+    source = gdn._GATED_NORM_FORWARD
+    same = source.replace("    variance", "    # a comment\n    variance").replace(" * torch", " *  torch")
+    other = source.replace("self.weight * hidden_states.to(input_dtype)", "self.weight * hidden_states")
+    body = "\n".join(f"class {name}RMSNormGated(nn.Module):\n" + "\n".join("    " + line for line in code.splitlines())
+                     for name, code in (("Same", same), ("Other", other)))
+    (tmp_path / "gated_norm_variants.py").write_text("import torch\nfrom torch import nn\n\n" + body + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert gdn.gated_norm_classes(importlib.import_module("gated_norm_variants")) == ["SameRMSNormGated"]
+
 def test_bad_module_name_patches_nothing(gdn):
     before = _globals(QWEN3_NEXT, gdn)
     with pytest.raises(ValueError, match="transformers.models.nope.modeling_nope"):

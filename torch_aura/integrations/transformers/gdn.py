@@ -9,10 +9,11 @@ Every gated-delta-rule model of transformers 5.x (Qwen3-Next, Qwen3.5, Qwen3.5-M
 looks the module globals up on every forward. :func:`patch` replaces them with
 :func:`chunk_gated_delta_rule` (prefill, ``T > 1``), :func:`recurrent_gated_delta_rule` (decode),
 :func:`causal_conv1d_fn` and :func:`causal_conv1d_update`; :func:`unpatch` puts the originals
-back. The modules are found by :func:`discover`, which reads the source text of
-``transformers/models/*/modeling_*.py`` (no model list to keep up to date, nothing imported). The
-conv is routed only in gated-delta-rule modules: Mamba-style models call theirs with other
-arguments.
+back. It also gives the layers' gated RMSNorm (``*RMSNormGated``) a one-launch forward on eager
+CUDA calls, where its forward is the one all these families share. The modules are found by
+:func:`discover`, which reads the source text of ``transformers/models/*/modeling_*.py`` (no model
+list to keep up to date, nothing imported). The conv is routed only in gated-delta-rule modules:
+Mamba-style models call theirs with other arguments.
 
 Two things differ from a plain call of the ops:
 
@@ -41,7 +42,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import re
+import textwrap
 from pathlib import Path
 from typing import Iterable
 
@@ -220,6 +223,76 @@ _OURS = {"chunk": chunk_gated_delta_rule, "recurrent": recurrent_gated_delta_rul
          "conv_update": causal_conv1d_update}
 
 
+# ---------------------------------------------------------------------- the gated RMSNorm after the rule
+# What every GDN family's ``*RMSNormGated.forward`` reads in transformers 5.x (comments and layout aside):
+# the one-launch kernel serves a class only where its forward is exactly this
+_GATED_NORM_FORWARD = """
+def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    hidden_states = self.weight * hidden_states.to(input_dtype)
+    hidden_states = hidden_states * ACT2FN[self.activation](gate.to(torch.float32))
+    return hidden_states.to(input_dtype)
+"""
+
+
+def _code_words(source: str) -> tuple[str, ...]:
+    """``source`` without comments, as whitespace-separated words (layout-blind comparison)."""
+    return tuple(re.sub(r"#[^\n]*", "", source).split())
+
+
+_GATED_NORM_WORDS = _code_words(_GATED_NORM_FORWARD)
+
+
+def gated_norm_classes(module) -> list[str]:
+    """The classes ``module`` defines whose forward is the gated RMSNorm :func:`patch` serves
+    (``*RMSNormGated`` with :data:`_GATED_NORM_FORWARD`'s code), sorted; a class whose forward reads
+    otherwise keeps it."""
+    found = []
+    for name, obj in vars(module).items():
+        if not (isinstance(obj, type) and name.endswith("RMSNormGated") and obj.__module__ == module.__name__):
+            continue
+        try:
+            source = inspect.getsource(inspect.unwrap(obj.forward))
+        except (OSError, TypeError):
+            continue
+        if _code_words(textwrap.dedent(source)) == _GATED_NORM_WORDS:
+            found.append(name)
+    return sorted(found)
+
+
+def _fused_norm(norm, x: torch.Tensor, gate: torch.Tensor) -> bool:
+    """Where the norm takes the one-launch kernel: eager inference on CUDA tensors of one shape with unit last
+    strides and a SiLU gate. Compiled graphs keep transformers' forward (inductor fuses it), and so does
+    anything autograd must see (the kernel has no backward)."""
+    if not (x.is_cuda and gate.is_cuda) or torch.compiler.is_compiling():
+        return False
+    from ...triton_kernels.gdn.gated_norm import MAX_DIM
+
+    return (x.shape == gate.shape and x.dim() >= 1 and 0 < x.shape[-1] <= MAX_DIM and x.stride(-1) == 1
+            and gate.stride(-1) == 1 and x.dtype in _STATE_DTYPES and gate.dtype in _STATE_DTYPES
+            and getattr(norm, "activation", None) == "silu" and tuple(norm.weight.shape) == x.shape[-1:]
+            and not (torch.is_grad_enabled()
+                     and (norm.weight.requires_grad or x.requires_grad or gate.requires_grad)))
+
+
+def _gated_norm(original):
+    """``original`` (a ``*RMSNormGated.forward``) that runs :func:`gated_rms_norm` where
+    :func:`_fused_norm` allows, one launch instead of ten elementwise kernels, and ``original`` elsewhere."""
+    @functools.wraps(original)
+    def forward(self, hidden_states, gate):
+        if _fused_norm(self, hidden_states, gate):
+            from ...triton_kernels.gdn.gated_norm import gated_rms_norm
+
+            return gated_rms_norm(hidden_states, gate, self.weight, self.variance_epsilon)
+        return original(self, hidden_states, gate)
+
+    forward._torch_aura = True
+    return forward
+
+
 @functools.cache
 def _discover(models_dir: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
     found = []
@@ -305,8 +378,11 @@ def patch(module_names: Iterable[str] | None = None, *, model: torch.nn.Module |
           ) -> list[str]:
     """Route the gated delta rule kernels of transformers modules to torch_aura's GDN ops.
 
-    Everything is validated before any global changes, so a bad name patches nothing. Patching a
-    module twice is a no-op (the first originals are kept for :func:`unpatch`).
+    The gated RMSNorm after the rule goes too: each module's ``*RMSNormGated`` class whose forward is
+    the one every GDN family shares (:func:`gated_norm_classes`) gets a forward that runs one Triton
+    launch on eager CUDA inference calls (``triton_kernels/gdn/gated_norm.py``) and transformers' own
+    code elsewhere. Everything is validated before any global changes, so a bad name patches nothing.
+    Patching a module twice is a no-op (the first originals are kept for :func:`unpatch`).
 
     Args:
         module_names: modules from :func:`discover` (e.g.
@@ -354,6 +430,11 @@ def patch(module_names: Iterable[str] | None = None, *, model: torch.nn.Module |
             if current is not _OURS[kind]:
                 originals.setdefault(global_name, current)
                 setattr(module, global_name, _OURS[kind])
+        for cls_name in gated_norm_classes(module):
+            cls = getattr(module, cls_name)
+            if not getattr(cls.forward, "_torch_aura", False):
+                originals.setdefault(f"{cls_name}.forward", cls.forward)
+                cls.forward = _gated_norm(cls.forward)
     return names
 
 
@@ -370,7 +451,8 @@ def unpatch(module_names: Iterable[str] | None = None) -> list[str]:
     for name in restored:
         module = importlib.import_module(name)
         for global_name, original in _ORIGINALS.pop(name).items():
-            setattr(module, global_name, original)
+            owner, _, attr = global_name.rpartition(".")  # "Cls.forward": a gated norm class's method
+            setattr(getattr(module, owner) if owner else module, attr, original)
     return restored
 
 
