@@ -132,6 +132,30 @@ def timed(fn, device=None):
     return time.perf_counter() - t0, result
 
 
+def kernel_times(fn, device=None) -> dict[str, list]:
+    """``fn()`` under torch.profiler, then ``device`` synchronized: ``{name: [calls, ms]}`` of the CUDA kernels
+    it ran (CUDA-graph replays' included) where ``device`` is a CUDA device, else of its top-level aten and
+    aura ops' self CPU time. The one kernel table of the benchmarks' profiles."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device is not None and torch.device(device).type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fn()
+        _sync(device)
+    totals: dict[str, list] = {}
+    for e in prof.events():
+        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
+            ms = e.device_time / 1e3
+        elif not cuda and e.cpu_parent is None and e.name.startswith(("aten::", "aura::")):
+            ms = e.self_cpu_time_total / 1e3
+        else:
+            continue
+        entry = totals.setdefault(e.name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += ms
+    return totals
+
+
 def _variant_text(src, metadata) -> str:
     """A compiled variant in words: what tells two compiles of one kernel apart (a stall's diagnosis)."""
     names = getattr(getattr(src, "fn", None), "arg_names", None) or []

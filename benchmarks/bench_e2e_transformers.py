@@ -205,13 +205,7 @@ def mark_static(cache):
 def gpu_busy_ms(step) -> float:
     """Sum of the GPU kernel times of one call of ``step`` (torch.profiler): the step's GPU work,
     to hold beside its wall time (a step much longer than its kernels is bound by the host)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sum(e.device_time for e in kernels) / 1e3
+    return sum(ms for _, ms in H.kernel_times(step, "cuda").values())
 
 
 def cache_bytes(cache) -> tuple[int, float]:
@@ -430,8 +424,6 @@ FULL_DEPTH_ATTENTION_LAYERS = {"llama3-8b": 32, "qwen3-next": 12}
 
 def prefill_profile(model, name: str, T: int, device, top: int = 12) -> list[dict]:
     """GPU kernel time of one B = 1 prefill, grouped by kernel name: where a model's prefill goes."""
-    from torch.profiler import ProfilerActivity, profile
-
     ids = torch.randint(1, model.config.get_text_config().vocab_size, (1, T), device=device)
     rows = []
     for variant in ("default", "aura-attn"):
@@ -439,13 +431,8 @@ def prefill_profile(model, name: str, T: int, device, top: int = 12) -> list[dic
         with torch.inference_mode():
             model(ids, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1)  # warm-up
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                model(ids, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1)
-                torch.cuda.synchronize()
-        per = {}
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                per[e.name] = per.get(e.name, 0.0) + e.device_time / 1e3
+            per = {k: ms for k, (_, ms) in H.kernel_times(
+                lambda: model(ids, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1), "cuda").items()}
         total = sum(per.values())
         print(f"profile {name} {variant} 1x{T}: {total:.1f} ms of kernels")
         for k, ms in sorted(per.items(), key=lambda kv: -kv[1])[:top]:

@@ -221,18 +221,11 @@ def bench_recurrent(fla_rec):
 
 def kernel_breakdown(fn) -> list[tuple[str, float]]:
     """Device time per kernel name (us per call) of one call, from the torch profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
     totals: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            totals[e.name[:60]] = totals.get(e.name[:60], 0.0) + e.device_time / 3
+    for name, (_, ms) in H.kernel_times(lambda: [fn() for _ in range(3)], "cuda").items():
+        totals[name[:60]] = totals.get(name[:60], 0.0) + ms * 1e3 / 3
     return sorted(totals.items(), key=lambda kv: -kv[1])[:10]
 
 

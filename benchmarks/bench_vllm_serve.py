@@ -8,6 +8,9 @@ prompts with short answers, short prompts, and long answers to mid-length prompt
     .venv-vllm024/bin/python benchmarks/bench_vllm_serve.py --size tiny --rows bf16 dense aura4v2
     # tensor-parallel over 2 GPUs (on the CPU: 2 worker processes, each bound to its own cores)
     bash tools/vllm_gpu_setup.sh run python3 benchmarks/bench_vllm_serve.py --size llama3-8b --tp 2 --out $OUT
+    # where a row's serving spends its GPU time: after the workloads, 32 requests of the first one profiled
+    bash tools/vllm_gpu_setup.sh run python3 benchmarks/bench_vllm_serve.py --size qwen3-next --rows bf16 gdn \
+        --workloads decode --profile-requests 32 --out $OUT
 
 Rows (``--rows``, any subset, in this order; ``bf16`` first, ``triton`` before ``dense``): ``bf16``
 (``FLASH_ATTN``, KV in bf16; on the CPU vLLM's ``CPU_ATTN``), ``triton`` (vLLM's second backend,
@@ -250,6 +253,12 @@ def run_row(row: str, args) -> dict:
         elapsed, out_tokens = timed(llm, prompts, new)
         result[f"{name}_tok_s"] = out_tokens / elapsed
         result[f"{name}_s"] = elapsed
+    if args.profile_requests:  # where one slice of the first workload's serving spends its device time
+        name = args.workloads[0]
+        count, lo, hi, new = preset[name]
+        prompts = workload(args.profile_requests, lo, hi, vocab, seed=SEEDS[name] + 200)
+        result["profile"] = {"workload": name, "requests": len(prompts), "new_tokens": min(new, PROFILE_TOKENS),
+                             **profiled(lambda: timed(llm, prompts, min(new, PROFILE_TOKENS)))}
     if ROWS[row][0] == "CUSTOM":
         from torch_aura.integrations.vllm import worker_stats
 
@@ -261,6 +270,21 @@ def run_row(row: str, args) -> dict:
         # after engine start: the check and the workloads (eager calls; a captured step's replays call nothing)
         result["gdn_calls"], result["gdn_host_us"] = host_per_call(gdn.CALLS - at_start[0], gdn.HOST_NS - at_start[1])
     return result
+
+
+PROFILE_TOKENS = 64  # new tokens per request of the profiled slice: its steps are the workload's kind
+PROFILE_TOP = 25
+
+
+def profiled(fn) -> dict:
+    """``fn()`` under torch.profiler: its wall seconds, the device's busy ms (CUDA kernels, CUDA-graph replays'
+    included; on the CPU the aten ops' self time) and the PROFILE_TOP kernels by time, ``[name, calls, ms]``."""
+    device = "cuda" if torch.cuda.is_available() else None
+    wall = []
+    totals = H.kernel_times(lambda: wall.append(H.timed(fn, device)[0]), device)
+    top = sorted(totals.items(), key=lambda kv: -kv[1][1])
+    return {"wall_s": wall[0], "busy_ms": sum(ms for _, ms in totals.values()),
+            "kernels": [[name[:100], n, ms] for name, (n, ms) in top[:PROFILE_TOP]]}
 
 
 def host_per_call(calls, host_ns) -> tuple[dict, dict]:
@@ -357,6 +381,14 @@ def table(rows: list[dict], header: str, args) -> str:
                 cells = [f"{r[calls][k]} | {us[k]:.1f}" if k in us else "0 | -"
                          for calls, us in (("gdn_start_calls", start), ("gdn_calls", served))]
                 lines.append(f"| {k} | {' | '.join(cells)} |")
+    for r in rows:
+        if r.get("profile"):
+            prof = r["profile"]
+            lines += ["", f"{r['row']}: one profiled slice of the {prof['workload']} workload ({prof['requests']} "
+                      f"requests, {prof['new_tokens']} new tokens each): {prof['wall_s']:.2f} s, the device busy "
+                      f"{prof['busy_ms']:.0f} ms; its top kernels:", "", "| kernel | calls | ms | share |",
+                      "|---|---|---|---|"]
+            lines += [f"| `{name}` | {n} | {ms:.1f} | {ms / prof['busy_ms']:.1%} |" for name, n, ms in prof["kernels"]]
     return "\n".join(lines) + "\n"
 
 
@@ -454,6 +486,8 @@ def main() -> None:
         p.add_argument(f"--{w}", help="requests,shortest,longest,new tokens (overrides the size's preset)")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
                    help="time only these (rows of one commit split across runs are joined in the table)")
+    p.add_argument("--profile-requests", type=int, default=0, metavar="N",
+                   help="after the timed workloads, profile N requests of the first one (top kernels per row)")
     p.add_argument("--one-row", help=argparse.SUPPRESS)  # the child process of one row
     p.add_argument("--verify-only", action="store_true", help=argparse.SUPPRESS)  # that row's verify run
     p.add_argument("--render", action="store_true",

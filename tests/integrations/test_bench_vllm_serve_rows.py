@@ -103,3 +103,24 @@ def test_start_up_and_the_warm_up_calls_are_tabled(bench, tmp_path):
     assert f"| bf16 | 41.2 | 1.50 | {warm} |" in text
     assert f"| gdn | 52.0 | 12.75 | {' | '.join('-' for _ in bench.WORKLOADS)} |" in text
     assert "calls of the engine-start warm-up: causal_conv1d_fn 1, fla_chunk_gated_delta_rule 9" in text
+
+
+def test_a_profiled_slice_is_tabled_with_its_top_kernels(bench, tmp_path):
+    """``--profile-requests``: the slice's wall time, the device's busy time and its heaviest kernels (on the
+    CPU, the aten ops), largest first, each with its share of the busy time."""
+    import torch
+
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    prof = bench.profiled(lambda: [torch.mm(a, b) for _ in range(3)] + [a + b])
+    names, times = [name for name, _, _ in prof["kernels"]], [ms for _, _, ms in prof["kernels"]]
+    assert set(names) >= {"aten::mm", "aten::add"} and times == sorted(times, reverse=True), prof["kernels"]
+    calls = {name: n for name, n, _ in prof["kernels"]}
+    assert calls["aten::mm"] == 3 and calls["aten::add"] == 1
+    assert prof["wall_s"] > 0 and prof["busy_ms"] == pytest.approx(sum(ms for _, _, ms in prof["kernels"]))
+    args = _args(tmp_path)
+    gdn = {**_run(bench, args, "gdn", ["short"]),
+           "profile": {"workload": "short", "requests": 8, "new_tokens": 64, "wall_s": 1.5, "busy_ms": 200.0,
+                       "kernels": [["_gdn_kernel", 48, 150.0], ["fused_moe_kernel", 96, 50.0]]}}
+    text = bench.table([_run(bench, args, "bf16", ["short"]), gdn], "header", args)
+    assert "gdn: one profiled slice of the short workload (8 requests, 64 new tokens each): 1.50 s, the device busy 200 ms" in text
+    assert "| `_gdn_kernel` | 48 | 150.0 | 75.0% |" in text and "| `fused_moe_kernel` | 96 | 50.0 | 25.0% |" in text
