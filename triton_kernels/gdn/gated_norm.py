@@ -48,8 +48,9 @@ def _gated_rms_norm_kernel(o, z, w, out, N, D, s_o, s_z, eps, ROUND_P: tl.conste
 def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``out``, shaped and typed like ``o``: the gated RMSNorm above over o's last dim.
 
-    ``o``, ``z``: one shape ``[..., D]``, float dtypes, unit last stride, leading dims that flatten to one
-    stride (``reshape`` must give a view); ``weight``: ``[D]``; ``D <= MAX_DIM``.
+    ``o``, ``z``: one shape ``[..., D]``, float dtypes, unit last stride (rows of D at any row stride once the
+    leading dims are flattened; ``reshape`` copies where they do not flatten to one); ``weight``: ``[D]``,
+    contiguous; ``D <= MAX_DIM``.
     """
     D = o.shape[-1]
     o2, z2 = o.reshape(-1, D), z.reshape(-1, D)

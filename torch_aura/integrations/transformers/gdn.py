@@ -271,11 +271,12 @@ def _fused_norm(norm, x: torch.Tensor, gate: torch.Tensor) -> bool:
         return False
     from ...triton_kernels.gdn.gated_norm import MAX_DIM
 
+    w = norm.weight
     return (x.shape == gate.shape and x.dim() >= 1 and 0 < x.shape[-1] <= MAX_DIM and x.stride(-1) == 1
-            and gate.stride(-1) == 1 and x.dtype in _STATE_DTYPES and gate.dtype in _STATE_DTYPES
-            and getattr(norm, "activation", None) == "silu" and tuple(norm.weight.shape) == x.shape[-1:]
-            and not (torch.is_grad_enabled()
-                     and (norm.weight.requires_grad or x.requires_grad or gate.requires_grad)))
+            and gate.stride(-1) == 1 and getattr(norm, "activation", None) == "silu"
+            and all(t.dtype in _STATE_DTYPES for t in (x, gate, w))
+            and w.is_cuda and w.shape == x.shape[-1:] and w.stride(0) == 1
+            and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad or gate.requires_grad)))
 
 
 def _gated_norm(original):
