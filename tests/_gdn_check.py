@@ -346,3 +346,34 @@ def check_split(impl, device, monkeypatch, chunk, B, T, H, HV, K, V, dtype, cps,
     for name, a, b in zip(("gdn_chunk.o", "gdn_chunk.final_state", "gdn_fwd_h.h", "gdn_fwd_h.v_new",
                            "gdn_fwd_h.final_state"), runs[1], runs[0]):
         assert_close(f"{name}: sequence-parallel vs serial", a.float(), b.float(), SPLIT_RATIO[dtype])
+
+
+def torch_gates(a, b, A_log, dt_bias, scale=1.0, threshold=20.0):
+    """vLLM's GDN gates in PyTorch, fp32: ``(g, beta)``."""
+    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float(), beta=scale, threshold=threshold)
+    return g, torch.sigmoid(b.float())
+
+
+def check_post_conv(post_conv, device, L, H, HV, K, V, dtype, l2norm=True, g_exp=False):
+    """``post_conv`` (gdn/gates.py's ``gdn_post_conv``) on row views of a conv output and a ``[b | a]``
+    projection against PyTorch's formulas in fp32 (each output rounded once): q, k, gates within a rounding, v
+    a copy."""
+    gen = torch.Generator().manual_seed(L * 1000 + H * 10 + HV)
+    C = 2 * H * K + HV * V
+    x = (3 * torch.randn(L, C + 12, generator=gen)).to(device, dtype)[:, 7:7 + C]
+    ba = (4 * torch.randn(L, 2 * HV, generator=gen)).to(device, dtype)
+    b, a = ba[:, :HV], ba[:, HV:]
+    A_log, dt_bias = torch.randn(HV, generator=gen).to(device), torch.randn(HV, generator=gen).to(device)
+    got = post_conv(x, a, b, A_log, dt_bias, H, K, V, l2norm, g_exp)
+    q, k, v = x.float().split([H * K, H * K, HV * V], dim=-1)
+    q, k = q.reshape(L, H, K), k.reshape(L, H, K)
+    if l2norm:
+        q, k = (t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6) for t in (q, k))
+    g, beta = torch_gates(a, b, A_log, dt_bias)
+    want = (q.to(dtype), k.to(dtype), v.reshape(L, HV, V).to(dtype), g.exp() if g_exp else g, beta)
+    ulp = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    for name, u, w in zip(("q", "k", "v", "g", "beta"), got, want):
+        assert u.shape == w.shape and u.dtype == w.dtype and u.is_contiguous(), name
+        tol = 2e-6 if name in ("g", "beta") else ulp
+        torch.testing.assert_close(u, w, rtol=tol, atol=tol if name in ("q", "k") else 1e-30, msg=name)
+    assert torch.equal(got[2], want[2]), "v is a copy"

@@ -203,6 +203,23 @@ def test_gates_kernel_compiles_for_sm90(compile_only, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_post_conv_kernel_compiles_for_sm90(compile_only, dtype):
+    """vLLM's post-conv step in one launch (gdn/gates.py): Qwen3-Next's heads (16 q/k of 128, 32 v of 128) and
+    a masked tail (K = 96, V = 80), with and without the l2 norm and exp(g), the conv output a row view."""
+    from torch_aura.triton_kernels.gdn import gates
+
+    for H, HV, K, V in ((16, 32, 128, 128), (3, 6, 96, 80)):
+        C = 2 * H * K + HV * V
+        x = torch.randn(8, C + 16, dtype=dtype)[:, 8:8 + C]
+        ba = torch.randn(8, 2 * HV, dtype=dtype)
+        for l2norm, g_exp in ((True, False), (False, True)):
+            gates.gdn_post_conv(x, ba[:, HV:], ba[:, :HV], torch.randn(HV), torch.randn(HV), H, K, V, l2norm, g_exp)
+    variants = {(dict(key[2])["K"], dict(key[2])["L2NORM"]) for key in compile_only
+                if key[0] == "_gdn_post_conv_kernel"}
+    assert variants == {(128, True), (128, False), (96, True), (96, False)}, compile_only
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
 def test_gated_norm_kernel_compiles_for_sm90(compile_only, dtype):
     """The GDN layers' gated RMSNorm (gdn/gated_norm.py): weights in the activations' dtype (the rounded product)
     and in fp32, head dims 128 and 96 (a masked tail), the gate a row view of a wider projection."""

@@ -9,7 +9,7 @@ import _samples
 import pytest
 import torch
 from _conv_check import case_id, check_case, check_op, conv_args, update_args
-from _gdn_check import (SPLIT_RATIO, check_chunk, check_decay_domain, check_pass_ignores_rows_outside_sequences, check_recurrent,
+from _gdn_check import (SPLIT_RATIO, check_chunk, check_post_conv, check_decay_domain, check_pass_ignores_rows_outside_sequences, check_recurrent,
                         check_split, check_stages, force_split,
                         check_w_u_copies_match_pointer_loads,
                         make_inputs, recurrence64)
@@ -818,3 +818,21 @@ def test_planned_calls_equal_the_launchers(case, pooled, direct, native, monkeyp
     for i, (o, w) in enumerate(zip(got, want + want)):
         for name, a, b in zip(("o", "final_state"), o, w):
             assert torch.equal(a, b), f"call {i}: planned {name} differs from the launchers'"
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=dtype_id)
+@pytest.mark.parametrize("L, H, HV, K, V", [(0, 2, 4, 32, 32), (1, 1, 1, 16, 16), (8193, 16, 32, 128, 128),
+                                            (37, 3, 6, 96, 80), (5, 2, 4, 256, 256)])
+def test_post_conv_matches_torch(L, H, HV, K, V, dtype):
+    """vLLM's post-conv step in one launch (gdn/gates.py): Qwen3-Next's heads over a prefill step and odd shapes."""
+    from torch_aura.triton_kernels.gdn.gates import gdn_post_conv
+
+    for l2norm, g_exp in ((True, False), (False, True)):
+        check_post_conv(gdn_post_conv, DEV, L, H, HV, K, V, dtype, l2norm, g_exp)
+
+
+@pytest.mark.sanitize
+def test_post_conv_small_for_sanitizer():
+    from torch_aura.triton_kernels.gdn.gates import gdn_post_conv
+
+    check_post_conv(gdn_post_conv, DEV, 7, 3, 6, 96, 80, BF16)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from torch_aura.integrations.vllm import gdn
-from torch_aura.triton_kernels.gdn import chunk, conv, recurrent
+from torch_aura.triton_kernels.gdn import chunk, conv, gates, recurrent
 
 _path = Path(__file__).resolve().parents[1] / "vllm_plugin" / "test_vllm_gdn.py"
 _spec = importlib.util.spec_from_file_location("_vllm_gdn_scenarios", _path)
@@ -57,6 +57,15 @@ def test_chunked_prefill_from_gathered_pool(vllm_chunk_indices):
 
 def test_sigmoid_gating_decode_on_shuffled_pool():
     scenarios.test_sigmoid_gating_decode_on_shuffled_pool()
+
+
+def test_post_conv_prep_in_one_launch(monkeypatch):
+    """vLLM's post-conv step takes gates.gdn_post_conv (one launch on a GPU), with the CPU path's results."""
+    calls = []
+    kernel = gates.gdn_post_conv
+    monkeypatch.setattr(gates, "gdn_post_conv", lambda *a: calls.append(1) or kernel(*a))
+    scenarios.test_fused_post_conv_prep_splits_normalises_and_gates()
+    assert calls == [1]
 
 
 def test_packed_decode_on_shuffled_pool():

@@ -33,7 +33,8 @@ Refused when vLLM builds its engine configuration (:func:`check_engine_config`, 
 ``num_accepted_tokens``); linear-attention head dims above 256. A call whose arguments only show
 at run time as unsupported (an extra vLLM feature such as the prefix-caching block indices) goes to
 vLLM's own function, with the reason logged once per reason (:data:`FALLBACKS` counts them).
-:data:`CALLS` counts the calls the adapters serve and :data:`HOST_NS` sums their host time.
+:data:`CALLS` counts the calls the adapters serve and :data:`HOST_NS` sums their host time; :data:`SLOW_CALLS`
+and :data:`SLOW_NS` count those of them over ``SLOW_CALL_NS`` (a compile, a sync) apart from the steady ones.
 
 At engine start, after vLLM's own kernel warm-up (the hook points are in ``_compat.py``),
 :func:`warm_up` calls every routed adapter the layers call, on small inputs shaped as the first GDN
@@ -69,6 +70,9 @@ _log = logging.getLogger("vllm.torch_aura")
 CALLS: collections.Counter = collections.Counter()  # adapter name -> eager calls served by torch_aura
 FALLBACKS: collections.Counter = collections.Counter()  # "adapter: reason" -> calls sent to vLLM's own
 HOST_NS: collections.Counter = collections.Counter()  # adapter name -> host ns of the calls torch_aura served
+SLOW_CALL_NS = 2_000_000  # a served call longer than this on the host is counted apart as well
+SLOW_CALLS: collections.Counter = collections.Counter()  # adapter name -> served calls over SLOW_CALL_NS
+SLOW_NS: collections.Counter = collections.Counter()  # adapter name -> their host ns
 WARMED: collections.Counter = collections.Counter()  # adapter name -> calls made by the engine-start warm-up
 _originals: dict[str, object] = {}
 
@@ -145,7 +149,11 @@ def _timed(adapter):
         served, start = CALLS[name], time.perf_counter_ns()
         out = adapter(*args, **kwargs)
         if CALLS[name] != served:
-            HOST_NS[name] += time.perf_counter_ns() - start
+            took = time.perf_counter_ns() - start
+            HOST_NS[name] += took
+            if took > SLOW_CALL_NS:
+                SLOW_CALLS[name] += 1
+                SLOW_NS[name] += took
         return out
     return timed
 
@@ -290,12 +298,18 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
 def fused_post_conv_prep(conv_output, a, b, A_log, dt_bias, num_k_heads, head_k_dim, head_v_dim,
                          apply_l2norm=True, output_g_exp=False):
     """Split the conv output ``[L, 2*H*K + HV*V]`` into contiguous ``q, k [L, H, K]``, ``v [L, HV, V]``
-    (q, k l2-normalised and rounded to the input dtype), and the fp32 gates ``g, beta [L, HV]``."""
+    (q, k l2-normalised and rounded to the input dtype), and the fp32 gates ``g, beta [L, HV]``. On a GPU one
+    Triton launch (``gdn_post_conv``) instead of about fourteen kernels: it ran at every prefill step and layer,
+    2.5x vLLM's own fused kernel on the H200 (``docs/gdn.md`` §6.1)."""
     _count("fused_post_conv_prep")
-    L = conv_output.shape[0]
+    L, HV = conv_output.shape[0], a.shape[-1]
     H, K, V = num_k_heads, head_k_dim, head_v_dim
+    if _fused_gates(a, b) and conv_output.stride(-1) == 1:
+        from ...triton_kernels.gdn.gates import gdn_post_conv
+
+        return gdn_post_conv(conv_output, a, b, A_log, dt_bias, H, K, V, apply_l2norm, output_g_exp, L2NORM_EPS)
     q, k, v = conv_output.split([H * K, H * K, conv_output.shape[1] - 2 * H * K], dim=-1)
-    q, k, v = q.reshape(L, H, K), k.reshape(L, H, K), v.reshape(L, -1, V).contiguous()
+    q, k, v = q.reshape(L, H, K), k.reshape(L, H, K), v.reshape(L, HV, V).contiguous()
     if apply_l2norm:
         q, k = _l2norm(q), _l2norm(k)
     g, beta, _ = _gates(a, b, A_log, dt_bias)
@@ -511,7 +525,7 @@ def warm_up(worker) -> None:
     prefills, decodes = _warmup_shapes(layer.num_v_heads // layer.tp_size, layer.head_v_dim, ssm_pool.device,
                                        scheduler.max_num_batched_tokens, scheduler.max_num_seqs)
     decode = not getattr(worker.model_runner, "is_pooling_model", False)  # pooling runs whole prefills only
-    served, host = CALLS.copy(), HOST_NS.copy()
+    counted = [(c, c.copy()) for c in (CALLS, HOST_NS, SLOW_CALLS, SLOW_NS)]  # warm-up calls are not served calls
     start = time.perf_counter()
     try:
         with torch.inference_mode():
@@ -523,12 +537,11 @@ def warm_up(worker) -> None:
                      exc_info=True)
         return
     finally:
-        warmed = CALLS - served  # warm-up calls are not served calls
+        warmed = CALLS - counted[0][1]
         WARMED.update(warmed)
-        CALLS.clear()
-        CALLS.update(served)
-        HOST_NS.clear()
-        HOST_NS.update(host)
+        for counter, before in counted:
+            counter.clear()
+            counter.update(before)
     _log.info("torch_aura: warmed the routed GDN kernels in %.2f s: %d calls (%d prefills of up to %d sequences and "
               "%d tokens; decode batches %s) on %s's shapes (%d/%d heads, K %d, V %d, %s, state %s)",
               time.perf_counter() - start, sum(warmed.values()), len(prefills), max(map(len, prefills)),
