@@ -228,7 +228,7 @@ def run_row(row: str, args) -> dict:
         from torch_aura.integrations.vllm import gdn
 
         result["gdn_start_calls"], result["gdn_start_host_us"] = host_per_call(gdn.CALLS, gdn.HOST_NS)
-        at_start = gdn.CALLS.copy(), gdn.HOST_NS.copy()
+        at_start = [c.copy() for c in (gdn.CALLS, gdn.HOST_NS, gdn.SLOW_CALLS, gdn.SLOW_NS)]
     result["kv_tokens"] = s.kv_capacity_tokens(llm)
     result["first_requests_s"], argmax = H.timed(lambda: teacher_forced(llm, check), device)
     if row == "bf16":
@@ -261,6 +261,10 @@ def run_row(row: str, args) -> dict:
         result["gdn_fallbacks"], result["gdn_warmed"] = dict(gdn.FALLBACKS), dict(gdn.WARMED)
         # after engine start: the check and the workloads (eager calls; a captured step's replays call nothing)
         result["gdn_calls"], result["gdn_host_us"] = host_per_call(gdn.CALLS - at_start[0], gdn.HOST_NS - at_start[1])
+        # the calls over gdn.SLOW_CALL_NS among them (a compile, a sync): [calls, host ms]
+        slow, slow_ns = gdn.SLOW_CALLS - at_start[2], gdn.SLOW_NS - at_start[3]
+        result["gdn_slow"] = {k: [n, slow_ns[k] / 1e6] for k, n in slow.items() if n}
+        result["gdn_slow_over_ms"] = gdn.SLOW_CALL_NS / 1e6
     # one slice of the first workload under the profiler, last: its overhead reaches none of the counts above
     if args.profile_requests:
         name = args.workloads[0]
@@ -381,6 +385,11 @@ def table(rows: list[dict], header: str, args) -> str:
                 cells = [f"{r[calls][k]} | {us[k]:.1f}" if k in us else "0 | -"
                          for calls, us in (("gdn_start_calls", start), ("gdn_calls", served))]
                 lines.append(f"| {k} | {' | '.join(cells)} |")
+            if "gdn_slow" in r:  # rows of older runs lack it
+                slow = r["gdn_slow"]
+                lines += ["", f"After engine start, the calls over {r['gdn_slow_over_ms']:g} ms on the host (a compile, "
+                          "a sync) among them: "
+                          + (", ".join(f"{k} {n} ({ms:.0f} ms)" for k, (n, ms) in sorted(slow.items())) or "none")]
     for r in rows:
         if r.get("profile"):
             prof = r["profile"]

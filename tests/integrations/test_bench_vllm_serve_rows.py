@@ -88,6 +88,10 @@ def test_the_gdn_rows_adapter_host_time_is_tabled(bench, tmp_path):
     assert "| adapter | engine start: calls | host us / call | after: calls | host us / call |" in text
     assert "| causal_conv1d_fn | 2 | 900.0 | 4 | 52.2 |" in text
     assert "| causal_conv1d_update | 8 | 120.5 | 0 | - |" in text and "fla_chunk_gated_delta_rule |" not in text
+    assert "calls over 2 ms" not in text  # a row without the slow-call counts (older runs) has no such line
+    gdn["gdn_slow"], gdn["gdn_slow_over_ms"] = {"causal_conv1d_fn": [1, 180.4]}, 2.0
+    text = bench.table([_run(bench, args, "bf16", ["short"]), gdn], "header", args)
+    assert "the calls over 2 ms on the host (a compile, a sync) among them: causal_conv1d_fn 1 (180 ms)" in text
 
 
 def test_start_up_and_the_warm_up_calls_are_tabled(bench, tmp_path):

@@ -335,6 +335,21 @@ def test_served_calls_are_timed_and_fallbacks_are_not(installed):
     assert gdn.CALLS["causal_conv1d_update"] == 1 and gdn.HOST_NS["causal_conv1d_update"] > 0
 
 
+def test_slow_calls_are_counted_apart(installed, monkeypatch):
+    """A served call over SLOW_CALL_NS (a compile, a sync) is in HOST_NS and also in SLOW_CALLS / SLOW_NS."""
+    gdn = installed
+    for counter in (gdn.CALLS, gdn.HOST_NS, gdn.SLOW_CALLS, gdn.SLOW_NS):
+        counter.clear()
+    x, pool, weight = torch.randn(2, C), torch.randn(3, C, W - 1), torch.randn(C, W)
+    rows = torch.tensor([1, 2], dtype=torch.int32)
+    monkeypatch.setattr(gdn, "SLOW_CALL_NS", 10 ** 12)
+    gdn.causal_conv1d_update(x, pool, weight, None, "silu", rows)
+    monkeypatch.setattr(gdn, "SLOW_CALL_NS", 0)
+    gdn.causal_conv1d_update(x, pool, weight, None, "silu", rows)
+    name = "causal_conv1d_update"
+    assert gdn.CALLS[name] == 2 and gdn.SLOW_CALLS[name] == 1 and 0 < gdn.SLOW_NS[name] < gdn.HOST_NS[name]
+
+
 def test_refusals_name_the_feature():
     gdn = _gdn()
     assert gdn.refusals(speculative_method=None, head_k_dim=128, head_v_dim=128) == []
