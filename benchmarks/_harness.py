@@ -18,10 +18,12 @@ a provider that fails its check is reported as wrong and not timed.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -154,6 +156,39 @@ def kernel_times(fn, device=None) -> dict[str, list]:
         entry[0] += 1
         entry[1] += ms
     return totals
+
+
+_GLOBAL_FN = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\(")
+
+
+@functools.cache
+def own_kernels() -> re.Pattern:
+    """The names torch_aura's kernels run under in a profile, as one pattern: the Triton and Gluon kernels of
+    ``torch_aura.triton_kernels`` and the ``__global__`` functions of ``csrc/cuda`` (a profiler names a
+    template instance ``void ns::name<...>(...)``, so a name matches as a whole word)."""
+    import importlib
+    import pkgutil
+
+    from torch_aura import triton_kernels
+
+    names = set()
+    for info in pkgutil.walk_packages(triton_kernels.__path__, triton_kernels.__name__ + "."):
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # a kernel module this machine cannot import (a Gluon build) runs nothing here
+            continue
+        names |= {fn.__name__ for fn in (getattr(o, "fn", None) for o in vars(module).values())
+                  if callable(fn) and getattr(fn, "__name__", "").endswith("_kernel")}
+    for source in (ROOT / "csrc" / "cuda").glob("*.cu*"):
+        names |= set(_GLOBAL_FN.findall(source.read_text()))
+    return re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, names))) + r")\b")
+
+
+def own_kernel_ms(totals: dict) -> float:
+    """The ms of :func:`kernel_times`' table (``{name: [calls, ms]}`` or ``{name: ms}``) that torch_aura's own
+    kernels took."""
+    pattern = own_kernels()
+    return sum(v[1] if isinstance(v, (list, tuple)) else v for k, v in totals.items() if pattern.search(k))
 
 
 def _variant_text(src, metadata) -> str:

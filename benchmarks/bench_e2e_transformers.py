@@ -433,12 +433,12 @@ def prefill_profile(model, name: str, T: int, device, top: int = 12) -> list[dic
             torch.cuda.synchronize()
             per = {k: ms for k, (_, ms) in H.kernel_times(
                 lambda: model(ids, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1), "cuda").items()}
-        total = sum(per.values())
-        print(f"profile {name} {variant} 1x{T}: {total:.1f} ms of kernels")
+        total, ours = sum(per.values()), H.own_kernel_ms(per)
+        print(f"profile {name} {variant} 1x{T}: {total:.1f} ms of kernels, {ours:.1f} of them torch_aura's")
         for k, ms in sorted(per.items(), key=lambda kv: -kv[1])[:top]:
             print(f"   {ms:8.2f} ms  {k[:110]}")
             rows.append({"kind": "profile", "model": name, "variant": variant, "T": T, "kernel": k[:110],
-                         "ms": ms, "total_ms": total})
+                         "ms": ms, "total_ms": total, "own_ms": ours})
     return rows
 
 
@@ -703,8 +703,9 @@ def render(facts, gdn_default, rows, args) -> str:
     prof = [r for r in rows if r["kind"] == "profile"]
     for variant in dict.fromkeys(r["variant"] for r in prof):
         mine = [r for r in prof if r["variant"] == variant]
+        own = f", {mine[0]['own_ms']:.1f} of them torch_aura's" if "own_ms" in mine[0] else ""  # older rows lack it
         lines += ["", f"## Where one B = 1 prefill of {mine[0]['T']} tokens goes ({variant}, "
-                  f"{mine[0]['total_ms']:.1f} ms of GPU kernels; top kernels)", "", "| kernel | ms |", "|---|---|"]
+                  f"{mine[0]['total_ms']:.1f} ms of GPU kernels{own}; top kernels)", "", "| kernel | ms |", "|---|---|"]
         lines += [f"| `{r['kernel']}` | {r['ms']:.2f} |" for r in mine]
     stream = [r for r in rows if r["kind"] == "stream"]
     if stream:

@@ -287,7 +287,7 @@ def profiled(fn) -> dict:
     wall = []
     totals = H.kernel_times(lambda: wall.append(H.timed(fn, device)[0]), device)
     top = sorted(totals.items(), key=lambda kv: -kv[1][1])
-    return {"wall_s": wall[0], "busy_ms": sum(ms for _, ms in totals.values()),
+    return {"wall_s": wall[0], "busy_ms": sum(ms for _, ms in totals.values()), "own_ms": H.own_kernel_ms(totals),
             "kernels": [[name[:100], n, ms] for name, (n, ms) in top[:PROFILE_TOP]]}
 
 
@@ -395,7 +395,9 @@ def table(rows: list[dict], header: str, args) -> str:
             prof = r["profile"]
             lines += ["", f"{r['row']}: one profiled slice of the {prof['workload']} workload ({prof['requests']} "
                       f"requests, {prof['new_tokens']} new tokens each): {prof['wall_s']:.2f} s, the device busy "
-                      f"{prof['busy_ms']:.0f} ms; its top kernels:", "", "| kernel | calls | ms | share |",
+                      f"{prof['busy_ms']:.0f} ms"
+                      + (f", {prof['own_ms']:.0f} of them in torch_aura's kernels" if "own_ms" in prof else "")
+                      + "; its top kernels:", "", "| kernel | calls | ms | share |",
                       "|---|---|---|---|"]
             lines += [f"| `{name}` | {n} | {ms:.1f} | {ms / prof['busy_ms']:.1%} |" for name, n, ms in prof["kernels"]]
     return "\n".join(lines) + "\n"

@@ -128,3 +128,20 @@ def test_a_profiled_slice_is_tabled_with_its_top_kernels(bench, tmp_path):
     text = bench.table([_run(bench, args, "bf16", ["short"]), gdn], "header", args)
     assert "gdn: one profiled slice of the short workload (8 requests, 64 new tokens each): 1.50 s, the device busy 200 ms" in text
     assert "| `_gdn_kernel` | 48 | 150.0 | 75.0% |" in text and "| `fused_moe_kernel` | 96 | 50.0 | 25.0% |" in text
+    assert "of them in torch_aura's kernels" not in text  # a slice of an older run has no own_ms
+    gdn["profile"]["own_ms"] = 150.0
+    text = bench.table([_run(bench, args, "bf16", ["short"]), gdn], "header", args)
+    assert "the device busy 200 ms, 150 of them in torch_aura's kernels; its top kernels:" in text
+
+
+def test_own_kernels_are_told_from_the_rest():
+    """The profiles' share of torch_aura's kernels: Triton (and Gluon) kernels by their names, CUDA C++ kernels
+    inside a profiler's template signature; a peer's kernel of a similar name is not ours."""
+    import _harness as H
+
+    totals = {"_gdn_recurrent_kernel": [3, 2.0], "gdn_state_pass_sm90_kernel": [1, 3.0],
+              "void aura::flash_decode_split_simt_kernel<__nv_bfloat16>(aura::DecodeParams)": [2, 1.5],
+              "_gdn_post_conv_kernel": [1, 0.25], "fused_recurrent_gated_delta_rule_packed_decode_kernel": [4, 8.0],
+              "chunk_fwd_kernel_o": [1, 1.0], "my_gdn_recurrent_kernel_v2": [1, 4.0]}
+    assert H.own_kernel_ms(totals) == pytest.approx(6.75)
+    assert H.own_kernel_ms({k: v[1] for k, v in totals.items()}) == pytest.approx(6.75)
