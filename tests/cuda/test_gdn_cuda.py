@@ -644,8 +644,12 @@ CONV_CASES = [
 ]
 
 
+@pytest.mark.parametrize("prefill", ["taps", "window"])
 @pytest.mark.parametrize("case", CONV_CASES, ids=map(case_id, CONV_CASES))
-def test_conv_matches_reference(case):
+def test_conv_matches_reference(case, prefill, monkeypatch):
+    from torch_aura.triton_kernels.gdn import conv
+
+    monkeypatch.setattr(conv, "PREFILL_KERNEL", prefill)  # the window kernel takes W <= 4, the taps one the rest
     check_case(torch_aura, DEV, "causal_conv1d", case)
 
 
@@ -667,8 +671,12 @@ def test_conv_update_matches_reference(case):
 
 
 @pytest.mark.sanitize
-def test_conv_small_for_sanitizer():
+def test_conv_small_for_sanitizer(monkeypatch):
+    from torch_aura.triton_kernels.gdn import conv
+
     check_op(torch_aura, "causal_conv1d", conv_args(DEV, 1, 70, 40, 4, BF16, offsets=[0, 2, 2, 70], S=5))
+    monkeypatch.setattr(conv, "PREFILL_KERNEL", "window")
+    check_op(torch_aura, "causal_conv1d", conv_args(DEV, 1, 70, 40, 4, BF16, offsets=[0, 2, 2, 70], S=5, seed=1))
     check_op(torch_aura, "causal_conv1d_update", update_args(DEV, 3, 2, 40, 4, 5, 4, BF16, rows=[3, -1, 0]))
     check_op(torch_aura, "causal_conv1d_update", update_args(DEV, 3, 1, 40, 4, 3, 4, BF16, rows=[3, -1, 0],
                                                              pool_layout="transposed"))

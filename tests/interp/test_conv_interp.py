@@ -1,6 +1,6 @@
 """The causal conv kernels (triton_kernels/gdn/conv.py) under the Triton interpreter against the reference:
-every sample of both ops; lengths around the left context and the token tile (T = 0, 1, W - 1, W, BT - 1,
-BT, BT + 1) for W in {1, 2, 4, 8}; varlen with empty, one-token and block-spanning sequences; strided
+every sample of both ops, each prefill case through both prefill kernels (taps and window); lengths around the
+left context and the token tiles (T = 0, 1, W - 1, W, BT - 1, BT, BT + 1, for both kernels' BT) for W in {1, 2, 4, 8}; varlen with empty, one-token and block-spanning sequences; strided
 views; two channel blocks; mixed dtypes; states wider than the context and in vLLM's transposed pool
 layout; pools with skipped rows. fp32 and
 fp16: bf16 samples run upcast (the interpreter's bf16 math is wrong)."""
@@ -16,6 +16,13 @@ F32, F16 = torch.float32, torch.float16
 BT = conv.CONV_BT
 
 
+@pytest.fixture(autouse=True, params=["taps", "window"])
+def prefill_kernel(request, monkeypatch):
+    """Every case through both prefill kernels (the window one takes W <= 4, the taps one the rest)."""
+    monkeypatch.setattr(conv, "PREFILL_KERNEL", request.param)
+    return request.param
+
+
 def _upcast(a):
     return a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a
 
@@ -27,7 +34,8 @@ def test_samples_match_reference(name):
 
 
 # B = 2, C = 9 (a partial channel block), a state one entry wider than the context plus one
-LENGTH_CASES = [dict(W=W, T=T) for W in (1, 2, 4, 8) for T in sorted({0, 1, W - 1, W, BT - 1, BT, BT + 1})]
+LENGTH_CASES = [dict(W=W, T=T) for W in (1, 2, 4, 8)
+                for T in sorted({0, 1, W - 1, W} | {n + d for n in (BT, conv.WINDOW_BT) for d in (-1, 0, 1)})]
 
 
 @pytest.mark.parametrize("case", LENGTH_CASES, ids=map(case_id, LENGTH_CASES))

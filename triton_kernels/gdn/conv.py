@@ -10,6 +10,10 @@ along the contiguous channels. State entries are ``s_ss`` apart: 1 in a ``[rows,
   a shifted ``[BT, BC]`` load of x: the rows the taps share are re-read from L1, not from memory.
   Packed (varlen) rows find their sequence by a binary search of ``cu_seqlens``, so a block may span
   sequences and the launch needs nothing from the host (no sync; graph-safe).
+* ``_causal_conv1d_window_kernel`` (W <= 4, chosen by ``PREFILL_KERNEL``): the same outputs, one program per
+  (block of BT tokens, block of BC channels) walking its tokens one at a time with the last three inputs in
+  registers, so each input is loaded once; a sequence starting inside the block reads its context from its
+  state row. The program's first token finds its sequence by the same binary search (no host metadata).
 * ``_conv_state_kernel``: then, per (sequence, channel block), the state row becomes the last ``S``
   entries of ``[old row | the sequence's inputs]``. A second launch on the same stream, because
   whichever conv program holds a sequence's first rows reads the old row, at no fixed time.
@@ -38,6 +42,12 @@ _check_update = remembered_check(_checks.causal_conv1d_update)
 # Fixed tiles, not tuned: a memory-bound stream whose tile only sets the vector width along C and the
 # share of re-read halo rows ((W - 1) / BT); the [channels, S] kernels move a few values per channel.
 CONV_BT, CONV_BC, ROW_BC = 32, 128, 64
+# The prefill conv's kernel: "taps" (a [BT, BC] tile, one shifted load per tap) or "window" (W <= 4: BT tokens
+# walked one by one, the last inputs in registers; one warp of BC channels). "taps" until the H200 A/B of
+# benchmarks/bench_vllm_gdn_ops.py (--conv-kernels) says otherwise: vLLM's conv, a window of 8 tokens, took
+# 0.55x our taps kernel's time there (docs/gdn.md §6.1).
+PREFILL_KERNEL = "taps"
+WINDOW_BT, WINDOW_BC = 16, 256
 
 
 # ------------------------------------------------------------------------------ device helpers
@@ -131,6 +141,83 @@ def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, 
     tl.store(y + (b * T + rows)[:, None] * C + cols[None, :], acc.to(y.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _input_at(x_first, state_row, p, s_t, S, s_ss, c_ok):
+    """Input ``p`` of the sequence whose token 0 is at ``x_first`` (``[BC]`` pointers): the token where ``p >= 0``,
+    else entry ``S + p`` of the state row (zeros without one, or past its start), fp32. ``p`` is a scalar."""
+    v = tl.load(x_first + p * s_t, mask=c_ok & (p >= 0), other=0.0).to(tl.float32)
+    if state_row is not None:
+        v += tl.load(state_row + (S + p) * s_ss, mask=c_ok & (p < 0) & (S + p >= 0), other=0.0).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _tap(weight, cols, c_ok, s_wc, j: tl.constexpr, W: tl.constexpr):
+    """Tap ``j`` back from the newest of each channel's filter (fp32, ``[BC]``); zeros past the filter's width."""
+    if j < W:
+        return tl.load(weight + cols * s_wc + (W - 1 - j), mask=c_ok, other=0.0).to(tl.float32)
+    return tl.zeros(cols.shape, tl.float32)
+
+
+@length_agnostic(triton.jit)
+def _causal_conv1d_window_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, s_xb_t, s_xt, s_wc, s_sn,
+                                 s_sc, s_ss, W: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr,
+                                 BC: tl.constexpr):
+    """``_causal_conv1d_kernel``'s outputs for ``W <= 4``, walking the program's ``BT`` tokens one at a time with
+    the last three inputs in registers: each token is loaded once, where the tile kernel loads it once per tap
+    (from L1 after the first). A program's first token, and each sequence starting inside its block, read their
+    left context from x or the state row."""
+    i_bt, i_c = tl.program_id(0), tl.program_id(1)
+    b = (i_bt // NT).to(tl.int64)
+    t0 = (i_bt % NT).to(tl.int64) * BT
+    cols = i_c * BC + tl.arange(0, BC)
+    c_ok = cols < C
+    w0, w1 = _tap(weight, cols, c_ok, s_wc, 0, W), _tap(weight, cols, c_ok, s_wc, 1, W)
+    w2, w3 = _tap(weight, cols, c_ok, s_wc, 2, W), _tap(weight, cols, c_ok, s_wc, 3, W)
+    b0 = tl.zeros(cols.shape, tl.float32)
+    if bias is not None:
+        b0 += tl.load(bias + cols, mask=c_ok, other=0.0).to(tl.float32)
+    x_row = x + b * s_xb_t * s_xt + cols  # token t of batch row b at x_row + t * s_xt
+    if cu_seqlens is not None:  # t0's sequence: the last n with cu_seqlens[n] <= t0 (binary search of [0, N))
+        lo, hi = t0 * 0, t0 * 0 + N
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            right = tl.load(cu_seqlens + mid).to(tl.int64) <= t0
+            lo = tl.where(right, mid, lo)
+            hi = tl.where(right, hi, mid)
+        n = lo
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + n).to(tl.int64), 0), t0)
+        next_bos = tl.load(cu_seqlens + n + 1).to(tl.int64)
+    else:
+        n, bos, next_bos = b, t0 * 0, t0 * 0 + T
+    state_row = None
+    if conv_state is not None:
+        state_row = conv_state + n * s_sn + cols * s_sc
+    p = t0 - bos
+    h1 = _input_at(x_row + bos * s_xt, state_row, p - 1, s_xt, S, s_ss, c_ok)
+    h2 = _input_at(x_row + bos * s_xt, state_row, p - 2, s_xt, S, s_ss, c_ok)
+    h3 = _input_at(x_row + bos * s_xt, state_row, p - 3, s_xt, S, s_ss, c_ok)
+    for r in range(BT):
+        t = t0 + r
+        if t < T:
+            if cu_seqlens is not None:
+                if t >= next_bos:  # a sequence starts here (empty ones before it skipped): its state row's context
+                    while (t >= next_bos) & (n < N - 1):
+                        n += 1
+                        next_bos = tl.load(cu_seqlens + n + 1).to(tl.int64)
+                    if conv_state is not None:
+                        state_row = conv_state + n * s_sn + cols * s_sc
+                    h1 = _input_at(x_row, state_row, t * 0 - 1, s_xt, S, s_ss, c_ok)
+                    h2 = _input_at(x_row, state_row, t * 0 - 2, s_xt, S, s_ss, c_ok)
+                    h3 = _input_at(x_row, state_row, t * 0 - 3, s_xt, S, s_ss, c_ok)
+            xt = tl.load(x_row + t * s_xt, mask=c_ok, other=0.0).to(tl.float32)
+            acc = b0 + w0 * xt + w1 * h1 + w2 * h2 + w3 * h3
+            if SILU:
+                acc = acc * tl.sigmoid(acc)
+            tl.store(y + (b * T + t) * C + cols, acc.to(y.dtype.element_ty), mask=c_ok)
+            h3, h2, h1 = h2, h1, xt
+
+
 @length_agnostic(triton.jit)
 def _conv_state_kernel(x, conv_state, cu_seqlens, T, C, S, s_xb_t, s_xt, s_sn, s_sc, s_ss,
                        BC: tl.constexpr, BS: tl.constexpr):
@@ -205,13 +292,16 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
         return y.zero_()
     S = 0 if conv_state is None else conv_state.shape[2]
     s_sn, s_sc, s_ss = (0, 0, 1) if conv_state is None else conv_state.stride()
-    BC = _channel_block(C, CONV_BC)
-    NT = cdiv(T, CONV_BT)
+    W = weight.shape[1]
+    window = PREFILL_KERNEL == "window" and W <= 4
+    kernel, BT, BC, warps = ((_causal_conv1d_window_kernel, WINDOW_BT, _channel_block(C, WINDOW_BC), 1) if window
+                             else (_causal_conv1d_kernel, CONV_BT, _channel_block(C, CONV_BC), 4))
+    NT = cdiv(T, BT)
     x, s_xb_t, s_xt = _rows_in_steps(x)
     key = (C, S, *map(tensor_key, (x, weight, bias, conv_state, cu_seqlens)))
-    launch(_causal_conv1d_kernel, (B * NT, cdiv(C, BC)), key,
+    launch(kernel, (B * NT, cdiv(C, BC)), key,
            x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, s_xb_t, s_xt, weight.stride(0),
-           s_sn, s_sc, s_ss, W=weight.shape[1], SILU=activation is not None, BT=CONV_BT, BC=BC, num_warps=4)
+           s_sn, s_sc, s_ss, W=W, SILU=activation is not None, BT=BT, BC=BC, num_warps=warps)
     if conv_state is not None:  # after every read of the old rows: same stream, next launch
         BC = _channel_block(C, ROW_BC)
         launch(_conv_state_kernel, (N, cdiv(C, BC)), key, x, conv_state, cu_seqlens, T, C, S, s_xb_t,
