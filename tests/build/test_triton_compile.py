@@ -206,6 +206,22 @@ def test_gates_kernel_compiles_for_sm90(compile_only, dtype):
     assert rows == {False, True}, compile_only
 
 
+@pytest.mark.parametrize("tile", [(32, 1), (64, 2)], ids=["32x1", "64x2"])
+def test_recurrent_tiles_the_ops_bench_sweeps_compile_for_sm90(compile_only, monkeypatch, tile):
+    """bench_vllm_gdn_ops.py --recurrent-tiles: the decode rule at other (V tile, warps) than recurrent._tile's,
+    on vLLM's bf16 [P, HV, V, K] pool (one warp holds a 128 x 32 fp32 state tile: 128 values per thread)."""
+    from torch_aura.triton_kernels.gdn import recurrent
+
+    monkeypatch.setattr(recurrent, "_tile", lambda rows, V, BK, device: tile)
+    recurrent._geometry_of.forget()
+    q, k, v, g, beta = _gdn_inputs(torch.bfloat16, 4, 1, 2, 4, 128, 128)
+    pool = torch.randn(6, 4, 128, 128, dtype=torch.bfloat16)
+    recurrent.gdn_recurrent(q, k, v, g, beta, pool, torch.tensor([1, 3, -1, 5], dtype=torch.int32), None, None, True,
+                            True)
+    recurrent._geometry_of.forget()
+    assert {dict(key[2])["BV"] for key in compile_only if key[0] == "_gdn_recurrent_kernel"} == {tile[0]}
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
 def test_post_conv_kernel_compiles_for_sm90(compile_only, dtype):
     """vLLM's post-conv step in one launch (gdn/gates.py): Qwen3-Next's heads (16 q/k of 128, 32 v of 128) and

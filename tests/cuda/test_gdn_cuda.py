@@ -377,7 +377,7 @@ def test_recurrent_fla_matrix(B, T, H, HV, D, scale, gate_norm, dtype):
 
 
 # the first three take 64-wide V tiles on an H100/H200 (>= 8 programs per SM at BV = 64:
-# recurrent._v_tile), the second with a masked V tail
+# recurrent._tile), the second with a masked V tail
 RECURRENT_EXTRA = [
     (40, 1, 16, 32, 128, 128, BF16, {}),
     (17, 2, 4, 64, 64, 96, F16, {"state_v_first": True}),

@@ -81,13 +81,14 @@ def debug_check_pool_rows(state_indices: torch.Tensor, P: int) -> None:
         raise ValueError(f"state_indices: expected distinct pool rows in [0, {P}) or -1 (skip), got {rows[:16]}")
 
 
-def _v_tile(rows: int, V: int, device: torch.device) -> int:
-    """V tile: 64 when 64-wide tiles still give >= 8 programs per SM, else 32, so small batches fill
-    the GPU (gdn.md §6.3)."""
+def _tile(rows: int, V: int, BK: int, device: torch.device) -> tuple[int, int]:
+    """``(V tile, warps)`` of a launch over ``rows`` (sequence, value head) pairs: 64-wide V tiles when they still
+    give >= 8 programs per SM, else 32, so small batches fill the GPU; 4 warps up to 64 fp32 state values per
+    thread, 8 beyond (gdn.md §6.3). ``benchmarks/bench_vllm_gdn_ops.py --recurrent-tiles`` times others."""
     bv = min(32, max(16, next_pow2(V)))
     if V > 32 and rows * cdiv(V, 64) >= 8 * sm_count(device):
         bv = 64
-    return bv
+    return bv, 4 if BK * bv <= 8192 else 8
 
 
 class _Native:
@@ -113,14 +114,13 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
     if N * HV == 0:
         return o, None, None, None, None, None
     BK = max(16, next_pow2(K))
-    BV = _v_tile(N * HV, V, q.device)
+    BV, warps = _tile(N * HV, V, BK, q.device)
     sp = state.stride()
     pool = (sp[0], sp[1], sp[3], sp[2]) if state_v_first else sp
     key = (HV, H, K, V, state_v_first, *map(tensor_key, (q, k, v, g, beta, state, state_indices, cu_seqlens)))
     ints = (scale, T, HV, HV // H, K, V, state.shape[0], *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *g.stride(), *beta.stride(), *pool)
-    # 4 warps up to 64 fp32 state values per thread, 8 beyond (gdn.md §6.3)
-    options = dict(L2NORM=use_qk_l2norm, BK=BK, BV=BV, num_warps=4 if BK * BV <= 8192 else 8)
+    options = dict(L2NORM=use_qk_l2norm, BK=BK, BV=BV, num_warps=warps)
     return o, (cdiv(V, BV) * N * HV,), key, ints, options, _Native()
 
 

@@ -42,7 +42,7 @@ def chunk_calls(num_v_heads: int, sms: int, varlen: bool = True) -> list[tuple[i
 
 
 def recurrent_batches(num_v_heads: int, head_v_dim: int, sms: int) -> tuple[int, ...]:
-    """Batch sizes of the decode step on each side of its V-tile rule (``recurrent._v_tile``)."""
+    """Batch sizes of the decode step on each side of its V-tile rule (``recurrent._tile``)."""
     wide = cdiv(8 * sms, num_v_heads * cdiv(head_v_dim, 64))
     return (1, max(wide, 2))
 
