@@ -584,6 +584,13 @@ def main(argv=None) -> int:
         gdn_default = f"FLA {getattr(fla, '__version__', '?')}"
     except ImportError:
         pass
+    torch_gdn = gdn_default == "torch"
+    try:  # transformers' conv then runs the package's CUDA kernels instead of its torch fallback
+        import causal_conv1d
+
+        gdn_default += f", causal_conv1d {getattr(causal_conv1d, '__version__', '?')}"
+    except ImportError:
+        gdn_default += ", torch conv"
     print(f"{facts['gpu']} | torch {facts['torch']} | transformers {facts['transformers']} | default GDN: "
           f"{gdn_default} | commit {facts['commit']}")
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -605,7 +612,7 @@ def main(argv=None) -> int:
                         raise ValueError(f"--variants: unknown {variant!r}; known: {', '.join(VARIANTS)}")
                     if gpu_only(variant) and device.type != "cuda":
                         continue
-                    if variant == "default" and name == "qwen3-next" and gdn_default == "torch" and T > min(contexts):
+                    if variant == "default" and name == "qwen3-next" and torch_gdn and T > min(contexts):
                         continue  # transformers' torch GDN loops take minutes at long contexts
                     row = {"kind": "e2e", "model": name, "variant": variant, "B": B, "T": T, "layers": layers}
                     res = None
