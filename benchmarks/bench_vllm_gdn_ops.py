@@ -133,8 +133,8 @@ def calls(step: Step, fns: dict, prep: tuple) -> dict:
             initial_state=ssm_pool, out=out, ssm_state_indices=s.decode_slots, use_qk_l2norm_in_kernel=True)
         return out, ssm_pool
 
-    q, k, v = s.decode_qkv.split([H_K * K, H_K * K, HV * V], dim=-1)
-    q, k, v = q.reshape(1, batch, H_K, K), k.reshape(1, batch, H_K, K), v.reshape(1, batch, HV, V)
+    q, k, v = s.decode_qkv.split([H_K * K, H_K * K, HV * V], dim=-1)  # contiguous, as the layer's rearrange makes them
+    q, k, v = (t.contiguous().view(1, batch, -1, d) for t, d in ((q, K), (k, K), (v, V)))
     cu_decode = torch.arange(batch + 1, dtype=torch.int32, device=s.x.device)
 
     def gated_update(pools):
