@@ -844,3 +844,25 @@ def test_post_conv_small_for_sanitizer():
     from torch_aura.triton_kernels.gdn.gates import gdn_post_conv
 
     check_post_conv(gdn_post_conv, DEV, 7, 3, 6, 96, 80, BF16)
+
+
+def test_launcher_only_arguments_equal_the_op():
+    """What vLLM's adapters pass the launchers directly: the conv update's ``null=`` (its null slot untranslated)
+    against the op with that slot as -1, and the decode rule's ``out=`` against the op's own o; bitwise."""
+    from torch_aura.triton_kernels.gdn import conv, recurrent
+
+    x, pool, weight, bias, act, idx = update_args(DEV, 6, 1, 1024, 4, 3, 9, BF16, rows=[2, 0, 5, -1, 8, 0],
+                                                  one_token=True, pool_dtype=BF16, pool_layout="transposed")
+    as_minus_one = torch.where(idx == 0, -1, idx).to(torch.int32)
+    pool_a, pool_b = pool.clone(), pool.clone()
+    want = torch.ops.aura.causal_conv1d_update(x, pool_a, weight, bias, act, as_minus_one)
+    assert torch.equal(conv.causal_conv1d_update(x, pool_b, weight, bias, act, idx, null=0), want)
+    assert torch.equal(pool_a, pool_b)
+    q, k, v, g, beta = make_inputs(DEV, 6, 1, 16, 32, 128, 128, BF16)
+    state = torch.randn(12, 32, 128, 128, device=DEV, dtype=BF16)
+    rows = torch.tensor([3, -1, 7, 11, 0, 5], dtype=torch.int32, device=DEV)
+    s_a, s_b = state.clone(), state.clone()
+    o = torch.ops.aura.gdn_recurrent(q, k, v, g, beta, s_a, rows, None, None, True, True)
+    out = torch.empty_like(o)
+    recurrent.gdn_recurrent(q, k, v, g, beta, s_b, rows, None, None, True, True, out=out)
+    assert torch.equal(out, o) and torch.equal(s_a, s_b)

@@ -96,6 +96,19 @@ def test_update_matches_reference(case):
     check_case(conv, "cpu", "causal_conv1d_update", case)
 
 
+@pytest.mark.parametrize("null", [0, 3])
+def test_update_null_slot_skips_like_minus_one(null):
+    """The launcher's ``null=`` (a serving engine's null slot, passed untranslated): that slot is neither read nor
+    written and its outputs are zeros, exactly as if it were -1."""
+    x, pool, weight, bias, act, idx = update_args("cpu", 4, 1, 20, 4, 3, 6, F32, rows=[2, null, 5, -1], one_token=True)
+    as_minus_one = torch.where(idx == null, -1, idx).to(torch.int32)
+    pool_a, pool_b = pool.clone(), pool.clone()
+    want = conv.causal_conv1d_update(x, pool_a, weight, bias, act, as_minus_one)
+    got = conv.causal_conv1d_update(x, pool_b, weight, bias, act, idx, null=null)
+    assert torch.equal(got, want) and torch.equal(pool_a, pool_b) and torch.equal(pool_b[null], pool[null])
+    assert not got[1].any()
+
+
 def test_update_without_tokens_leaves_the_pool():
     x, pool, weight, bias, act, idx = update_args("cpu", 2, 0, 10, 4, 4, 3, F32, rows=[2, 0])
     before = pool.clone()

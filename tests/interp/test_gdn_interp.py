@@ -68,6 +68,24 @@ def test_recurrent_matches_reference(gdn_kernels, B, T, H, HV, K, V, dtype, extr
     check_recurrent(gdn_kernels, "cpu", B, T, H, HV, K, V, dtype, **extra)
 
 
+def test_recurrent_writes_a_callers_out(gdn_kernels):
+    """The launcher's ``out=`` (vLLM's packed decode buffer): the same o, written there, the pool updated alike;
+    a buffer of another shape or dtype is refused before anything runs."""
+    from _gdn_check import make_inputs
+
+    q, k, v, g, beta = make_inputs("cpu", 3, 1, 2, 4, 16, 16, torch.float32)
+    pool = torch.randn(5, 4, 16, 16)
+    rows = torch.tensor([4, -1, 1], dtype=torch.int32)
+    pool_a, pool_b = pool.clone(), pool.clone()
+    want = gdn_kernels.gdn_recurrent(q, k, v, g, beta, pool_a, rows, None, None, True, True)
+    out = torch.full_like(want, float("nan"))
+    assert gdn_kernels.gdn_recurrent(q, k, v, g, beta, pool_b, rows, None, None, True, True, out=out) is out
+    assert torch.equal(out, want) and torch.equal(pool_a, pool_b)
+    for bad in (torch.empty(3, 1, 4, 8), torch.empty_like(want, dtype=torch.float16), torch.empty(3, 1, 4, 32)[..., :16]):
+        with pytest.raises(ValueError, match="out must be"):
+            gdn_kernels.gdn_recurrent(q, k, v, g, beta, pool.clone(), rows, None, None, True, True, out=bad)
+
+
 def test_bad_input_raises_the_named_error(gdn_kernels):
     q = torch.zeros(1, 4, 1, 257)
     with pytest.raises(ValueError, match="k"):

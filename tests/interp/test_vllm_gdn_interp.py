@@ -2,7 +2,7 @@
 interpreter: the scenarios of tests/vllm_plugin/test_vllm_gdn.py (vLLM's pools, shuffled slots, the null
 block and padding, varlen prefill with gathered states and vLLM's chunk_indices, packed decode views of
 mixed_qkv, prefill then decode) with ``torch.ops.aura`` answered by the launchers instead of the CPU
-reference and the gates by ``gdn/gates.py``, against the same fp64 per-sequence loops. No vLLM needed: the
+reference, the gates by ``gdn/gates.py`` and the launcher-only paths (``null=``, ``out=``) taken, against the same fp64 per-sequence loops. No vLLM needed: the
 adapters are plain functions."""
 
 import importlib.util
@@ -38,6 +38,9 @@ def triton_ops(monkeypatch):
     monkeypatch.setattr(gdn, "torch", _TorchWithTritonOps())
     # the gates and pool rows through triton_kernels/gdn/gates.py, as on a GPU (CPU tensors take torch's formula)
     monkeypatch.setattr(gdn, "_fused_gates", lambda a, b: a.stride(-1) == 1 and b.stride(-1) == 1)
+    # and the launchers called directly where a GPU would (vLLM's null slot skipped in the conv kernel, the
+    # packed decode written into vLLM's out)
+    monkeypatch.setattr(gdn, "_direct", lambda t: True)
 
 
 @pytest.mark.parametrize("layout", ["DS", "SD"])
@@ -66,6 +69,19 @@ def test_post_conv_prep_in_one_launch(monkeypatch):
     monkeypatch.setattr(gates, "gdn_post_conv", lambda *a: calls.append(1) or kernel(*a))
     scenarios.test_fused_post_conv_prep_splits_normalises_and_gates()
     assert calls == [1]
+
+
+def test_decode_launchers_take_vllm_slots_and_out(monkeypatch):
+    """Where the launchers are called directly, the conv update gets vLLM's slots untranslated with its null slot
+    (0), and the packed decode writes vLLM's ``out`` itself (no copy after)."""
+    seen = []
+    update, rule = conv.causal_conv1d_update, recurrent.gdn_recurrent
+    monkeypatch.setattr(conv, "causal_conv1d_update", lambda *a, **k: seen.append(("conv", k)) or update(*a, **k))
+    monkeypatch.setattr(recurrent, "gdn_recurrent", lambda *a, **k: seen.append(("rule", k)) or rule(*a, **k))
+    scenarios.test_causal_conv1d_update_on_vllm_pool("SD")
+    scenarios.test_packed_decode_on_shuffled_pool()
+    assert ("conv", {"null": 0}) in seen
+    assert any(name == "rule" and "out" in kw for name, kw in seen), seen
 
 
 def test_packed_decode_on_shuffled_pool():

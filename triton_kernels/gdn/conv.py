@@ -233,17 +233,18 @@ def _conv_state_kernel(x, conv_state, cu_seqlens, T, C, S, s_xb_t, s_xt, s_sn, s
 
 
 @length_agnostic(triton.jit)
-def _causal_conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, L, C, S, P, s_xn_l, s_xl, s_sn, s_sc,
-                                 s_ss, s_wc, W: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
+def _causal_conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, L, C, S, P, null, s_xn_l, s_xl, s_sn,
+                                 s_sc, s_ss, s_wc, W: tl.constexpr, SILU: tl.constexpr, BC: tl.constexpr,
+                                 BS: tl.constexpr):
     """Decode step of sequence ``pid0``, channel block ``pid1``: ``y [N, L, C]`` (contiguous) from pool row
     ``state_indices[n]`` (row n without indices), which is then rolled by the L inputs. A row outside
-    ``[0, P)`` (-1: skip) is neither read nor written and the outputs are zeros."""
+    ``[0, P)`` (-1: skip) or equal to ``null`` is neither read nor written and the outputs are zeros."""
     n, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if state_indices is not None:
         slot = tl.load(state_indices + n).to(tl.int64)
     else:
         slot = n
-    live = (slot >= 0) & (slot < P)
+    live = (slot >= 0) & (slot < P) & (slot != null)
     cols = i_c * BC + tl.arange(0, BC)
     c_ok = cols < C
     ok = live & c_ok
@@ -309,13 +310,15 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
     return y
 
 
-def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None):
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None, null: int = -1):
     """``torch_aura.causal_conv1d_update`` on CUDA (arguments there): ``y`` shaped like x ``[N, (L,) C]``;
-    the pool ``conv_state [P, C, S]`` rolled in place."""
+    the pool ``conv_state [P, C, S]`` rolled in place. ``null``: one more index that skips, as -1 does (a
+    serving engine's null slot, so that its indices need no translation kernel first; the op has no such
+    argument)."""
     _check_update(x, conv_state, weight, bias, activation, state_indices)
     P, _, S = conv_state.shape
     if state_indices is not None:
-        debug_check_pool_rows(state_indices, P)
+        debug_check_pool_rows(state_indices, P, null)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if y.numel() == 0:
         return y
@@ -323,9 +326,9 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     N, L, C = x3.shape
     BC = _channel_block(C, ROW_BC)
     x3, s_xn_l, s_xl = _rows_in_steps(x3)
-    key = (C, S, *map(tensor_key, (x3, conv_state, weight, bias, state_indices)))
+    key = (C, S, int(null), *map(tensor_key, (x3, conv_state, weight, bias, state_indices)))
     launch(_causal_conv1d_update_kernel, (N, cdiv(C, BC)), key,
-           x3, conv_state, weight, bias, state_indices, y, L, C, S, P, s_xn_l, s_xl,
+           x3, conv_state, weight, bias, state_indices, y, L, C, S, P, int(null), s_xn_l, s_xl,
            *conv_state.stride(), weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC,
            BS=next_pow2(S), num_warps=2)
     return y

@@ -69,14 +69,14 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
         tl.store(p_state, S.to(state.dtype.element_ty), mask=live & k_ok[:, None] & v_ok[None, :])
 
 
-def debug_check_pool_rows(state_indices: torch.Tensor, P: int) -> None:
-    """Under ``TORCH_AURA_DEBUG`` (read per call, so a test can set it), check a pool launcher's rows on the host (one sync): in ``[0, P)`` or
-    -1 (skip), and no duplicates (two sequences writing one row race)."""
+def debug_check_pool_rows(state_indices: torch.Tensor, P: int, null: int = -1) -> None:
+    """Under ``TORCH_AURA_DEBUG`` (read per call, so a test can set it), check a pool launcher's rows on the host (one
+    sync): in ``[0, P)`` or -1 (skip), and no duplicates (two sequences writing one row race); ``null`` skips too."""
     if _env.unset(_DEBUG) or not _env.get("TORCH_AURA_DEBUG"):  # unset (the usual case) skips the parse
         return
     rows = state_indices.tolist()
     bad = [s for s in rows if not -1 <= s < P]
-    live = [s for s in rows if s >= 0]
+    live = [s for s in rows if s >= 0 and s != null]
     if bad or len(set(live)) != len(live):
         raise ValueError(f"state_indices: expected distinct pool rows in [0, {P}) or -1 (skip), got {rows[:16]}")
 
@@ -137,12 +137,21 @@ _launch._on_clear.append(_geometry_of.forget)  # entries hold launch keys and V 
 
 
 def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
-                  use_qk_l2norm=False, state_v_first=False):
+                  use_qk_l2norm=False, state_v_first=False, out=None):
+    """``torch_aura.gdn_recurrent`` on CUDA (arguments there). ``out``: where to write o instead of a new tensor
+    (contiguous, o's shape and dtype; a serving engine's own buffer, so no copy follows; the op has no such
+    argument)."""
     (shape, dtype, device), grid, key, ints, options, native = _geometry_of(
         q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first)
     if state_indices is not None and not _env.unset(_DEBUG):  # unset, the usual case: no frame, no state.shape read
         debug_check_pool_rows(state_indices, state.shape[0])
-    o = torch.empty(shape, dtype=dtype, device=device)
+    if out is None:
+        o = torch.empty(shape, dtype=dtype, device=device)
+    elif out.shape != shape or out.dtype != dtype or out.device != device or not out.is_contiguous():
+        raise ValueError(f"gdn_recurrent: out must be a contiguous {dtype} tensor of shape {tuple(shape)} on {device}, "
+                         f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+    else:
+        o = out
     if grid is None:
         return o
     # a decode step's host time is mostly launch overhead: one C call with the addresses (gdn.md §6.1)

@@ -183,6 +183,15 @@ def _activation(activation):
     raise ValueError(activation)
 
 
+def _direct(t: torch.Tensor) -> bool:
+    """Whether an adapter calls our Triton launcher itself (with the launcher-only ``out=`` / ``null=`` that spare a
+    copy or a translation kernel per layer and step): a CUDA tensor where the kernels exist, outside a
+    torch.compile trace; else the registered op."""
+    from ... import backends
+
+    return t.is_cuda and not torch.compiler.is_compiling() and backends.has_kernel("gdn_recurrent", "cuda")
+
+
 def _fused_gates(a, b) -> bool:
     """Where the gates take the Triton launch: CUDA tensors of unit last stride, outside a torch.compile trace."""
     return a.is_cuda and a.stride(-1) == 1 and b.stride(-1) == 1 and not torch.compiler.is_compiling()
@@ -282,10 +291,16 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     if tokens.stride(-1) != 1:
         tokens = tokens.contiguous()
     n = tokens.shape[0]
-    rows = (torch.arange(n, dtype=torch.int32, device=x.device) if conv_state_indices is None
-            else _slots(conv_state_indices, n, null_block_id))
     # vLLM's default pool is [slots, W - 1, C] seen through a transpose: the op rolls it in place at its strides
-    y = torch.ops.aura.causal_conv1d_update(tokens, conv_state, weight, bias, act, rows)
+    if (_direct(tokens) and conv_state_indices is not None and conv_state_indices.dtype == torch.int32
+            and conv_state_indices.stride(-1) == 1):  # vLLM's slots as they are: its null slot skips in the kernel
+        from ...triton_kernels.gdn.conv import causal_conv1d_update as launch
+
+        y = launch(tokens, conv_state, weight, bias, act, conv_state_indices[:n], null=null_block_id)
+    else:
+        rows = (torch.arange(n, dtype=torch.int32, device=x.device) if conv_state_indices is None
+                else _slots(conv_state_indices, n, null_block_id))
+        y = torch.ops.aura.causal_conv1d_update(tokens, conv_state, weight, bias, act, rows)
     if x.dim() == 3:
         y = y.transpose(1, 2)
     if out is not None:
@@ -387,7 +402,13 @@ def fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv, a, b, A_log, dt_bi
     q, k, v = mixed_qkv.split([H * K, H * K, HV * V], dim=-1)
     q, k, v = q.reshape(N, 1, H, K), k.reshape(N, 1, H, K), v.reshape(N, 1, HV, V)
     g, beta, rows = _gates(a.reshape(N, 1, HV), b.reshape(N, 1, HV), A_log, dt_bias, slots=ssm_state_indices, n=N)
-    out.copy_(_recurrent(q, k, v, g, beta, initial_state, rows, None, scale, use_qk_l2norm_in_kernel))
+    if _direct(q) and out.is_contiguous() and out.dtype == q.dtype:  # written in place: no copy after
+        from ...triton_kernels.gdn.recurrent import gdn_recurrent as launch
+
+        launch(q, k, v, g, beta, initial_state, rows, None, scale, use_qk_l2norm_in_kernel, True,
+               out=out.view(N, 1, HV, V))
+    else:
+        out.copy_(_recurrent(q, k, v, g, beta, initial_state, rows, None, scale, use_qk_l2norm_in_kernel))
     return out, initial_state
 
 
