@@ -152,6 +152,15 @@ def _input_at(x_first, state_row, p, s_t, S, s_ss, c_ok):
 
 
 @triton.jit
+def _context(x_first, state_row, p, s_t, S, s_ss, c_ok):
+    """Inputs ``p - 1``, ``p - 2``, ``p - 3`` of the sequence (as :func:`_input_at`): the left context of its input
+    ``p``, newest first."""
+    return (_input_at(x_first, state_row, p - 1, s_t, S, s_ss, c_ok),
+            _input_at(x_first, state_row, p - 2, s_t, S, s_ss, c_ok),
+            _input_at(x_first, state_row, p - 3, s_t, S, s_ss, c_ok))
+
+
+@triton.jit
 def _tap(weight, cols, c_ok, s_wc, j: tl.constexpr, W: tl.constexpr):
     """Tap ``j`` back from the newest of each channel's filter (fp32, ``[BC]``); zeros past the filter's width."""
     if j < W:
@@ -178,25 +187,15 @@ def _causal_conv1d_window_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, 
     if bias is not None:
         b0 += tl.load(bias + cols, mask=c_ok, other=0.0).to(tl.float32)
     x_row = x + b * s_xb_t * s_xt + cols  # token t of batch row b at x_row + t * s_xt
-    if cu_seqlens is not None:  # t0's sequence: the last n with cu_seqlens[n] <= t0 (binary search of [0, N))
-        lo, hi = t0 * 0, t0 * 0 + N
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            right = tl.load(cu_seqlens + mid).to(tl.int64) <= t0
-            lo = tl.where(right, mid, lo)
-            hi = tl.where(right, hi, mid)
-        n = lo
-        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + n).to(tl.int64), 0), t0)
+    if cu_seqlens is not None:
+        n, bos = _sequence_of(cu_seqlens, t0, N)
         next_bos = tl.load(cu_seqlens + n + 1).to(tl.int64)
     else:
         n, bos, next_bos = b, t0 * 0, t0 * 0 + T
     state_row = None
     if conv_state is not None:
         state_row = conv_state + n * s_sn + cols * s_sc
-    p = t0 - bos
-    h1 = _input_at(x_row + bos * s_xt, state_row, p - 1, s_xt, S, s_ss, c_ok)
-    h2 = _input_at(x_row + bos * s_xt, state_row, p - 2, s_xt, S, s_ss, c_ok)
-    h3 = _input_at(x_row + bos * s_xt, state_row, p - 3, s_xt, S, s_ss, c_ok)
+    h1, h2, h3 = _context(x_row + bos * s_xt, state_row, t0 - bos, s_xt, S, s_ss, c_ok)
     for r in range(BT):
         t = t0 + r
         if t < T:
@@ -207,9 +206,7 @@ def _causal_conv1d_window_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, 
                         next_bos = tl.load(cu_seqlens + n + 1).to(tl.int64)
                     if conv_state is not None:
                         state_row = conv_state + n * s_sn + cols * s_sc
-                    h1 = _input_at(x_row, state_row, t * 0 - 1, s_xt, S, s_ss, c_ok)
-                    h2 = _input_at(x_row, state_row, t * 0 - 2, s_xt, S, s_ss, c_ok)
-                    h3 = _input_at(x_row, state_row, t * 0 - 3, s_xt, S, s_ss, c_ok)
+                    h1, h2, h3 = _context(x_row, state_row, t * 0, s_xt, S, s_ss, c_ok)
             xt = tl.load(x_row + t * s_xt, mask=c_ok, other=0.0).to(tl.float32)
             acc = b0 + w0 * xt + w1 * h1 + w2 * h2 + w3 * h3
             if SILU:
