@@ -42,10 +42,8 @@ _check_update = remembered_check(_checks.causal_conv1d_update)
 # Fixed tiles, not tuned: a memory-bound stream whose tile only sets the vector width along C and the
 # share of re-read halo rows ((W - 1) / BT); the [channels, S] kernels move a few values per channel.
 CONV_BT, CONV_BC, ROW_BC = 32, 128, 64
-# The prefill conv's kernel: "taps" (a [BT, BC] tile, one shifted load per tap) or "window" (W <= 4: BT tokens
-# walked one by one, the last inputs in registers; one warp of BC channels). "taps" until the H200 A/B of
-# benchmarks/bench_vllm_gdn_ops.py (--conv-kernels) says otherwise: vLLM's conv, a window of 8 tokens, took
-# 0.55x our taps kernel's time there (docs/gdn.md §6.1).
+# The prefill conv's kernel, "taps" or "window" (W <= 4): "taps" until bench_vllm_gdn_ops.py --conv-kernels
+# has compared them on the H200 (docs/gdn.md §6.1-6.2)
 PREFILL_KERNEL = "taps"
 WINDOW_BT, WINDOW_BC = 16, 256
 

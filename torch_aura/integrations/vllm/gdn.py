@@ -314,8 +314,8 @@ def fused_post_conv_prep(conv_output, a, b, A_log, dt_bias, num_k_heads, head_k_
                          apply_l2norm=True, output_g_exp=False):
     """Split the conv output ``[L, 2*H*K + HV*V]`` into contiguous ``q, k [L, H, K]``, ``v [L, HV, V]``
     (q, k l2-normalised and rounded to the input dtype), and the fp32 gates ``g, beta [L, HV]``. On a GPU one
-    Triton launch (``gdn_post_conv``) instead of about fourteen kernels: it ran at every prefill step and layer,
-    2.5x vLLM's own fused kernel on the H200 (``docs/gdn.md`` §6.1)."""
+    Triton launch (``gdn_post_conv``) instead of about fourteen kernels, at every prefill step and layer
+    (``docs/gdn.md`` §6.1)."""
     _count("fused_post_conv_prep")
     L, HV = conv_output.shape[0], a.shape[-1]
     H, K, V = num_k_heads, head_k_dim, head_v_dim
