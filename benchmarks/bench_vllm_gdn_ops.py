@@ -6,9 +6,10 @@ activations and pools in vLLM's layouts: the conv pool ``[P, W - 1, C]`` seen tr
 ``[P, HV, V, K]``). A prefill step of ``--tokens`` packed tokens in ``--sequences`` sequences (half continue a
 state), then decode steps of each ``--batches`` size, one token per request: the six calls a layer makes.
 
-Gate before timing: each call runs once on copies of one input set (pools included) through both functions;
-their outputs and the pools they leave must agree within bf16's rounding (max |ours - vLLM's| over max |vLLM's|
-<= ``TOLERANCE``); a call that disagrees is reported and not timed. Then each is timed alone (median of
+Gate before timing: each call runs once through both functions on copies of one input set (the pools, and the
+decode conv's ``x``, which vLLM's conv update overwrites with its output); vLLM's outputs are kept as copies, since
+its timing replays write the same buffers again. Outputs and the pools left behind must agree within bf16's
+rounding (max |ours - vLLM's| over max |vLLM's| <= ``TOLERANCE``); a call that disagrees is reported, not timed. Then each is timed alone (median of
 ``triton.testing.do_bench``): prefill calls eagerly, as vLLM runs them between its compiled pieces; decode calls
 as CUDA-graph replays, as vLLM's full graphs run them.
 
@@ -39,8 +40,15 @@ def rel_err(ours, theirs) -> float:
     return diff / max(theirs.float().abs().max().item(), 1e-30)
 
 
+def snapshot(outputs):
+    """Copies of a call's output tensors (nested tuples allowed), so later calls cannot write over them."""
+    if isinstance(outputs, (tuple, list)):
+        return type(outputs)(snapshot(t) for t in outputs)
+    return outputs.clone() if isinstance(outputs, torch.Tensor) else outputs
+
+
 class Step:
-    """One input set, built from one seed, and fresh copies of its pools for each function."""
+    """One input set, built from one seed, and fresh copies of what the calls write (:meth:`fresh`)."""
 
     def __init__(self, shape: str, tokens: int, sequences: int, batch: int, slots: int, device: str, seed: int = 0):
         self.H, self.HV, self.K, self.V, W = SHAPES[shape]
@@ -68,8 +76,10 @@ class Step:
         dba = randn(batch, 2 * HV)
         self.decode_b, self.decode_a = dba[:, :HV], dba[:, HV:]
 
-    def pools(self):
-        return self.conv_pool.clone().transpose(1, 2), self.ssm_pool.clone()
+    def fresh(self) -> tuple:
+        """New copies of what a call writes in place: ``(conv pool [P, C, W - 1] as vLLM's layer sees it, SSM pool,
+        decode conv input x)``; vLLM's ``causal_conv1d_update`` returns its ``x`` with the output written over it."""
+        return self.conv_pool.clone().transpose(1, 2), self.ssm_pool.clone(), self.decode_x.clone()
 
 
 def conv_metadata(cu: torch.Tensor):
@@ -84,8 +94,8 @@ def conv_metadata(cu: torch.Tensor):
 
 
 def calls(step: Step, fns: dict, prep: tuple) -> dict:
-    """The layer's six calls as ``name -> (run(pools) -> outputs, graph)``: ``fns`` maps vLLM's names to one
-    side's functions; outputs include the pool each call writes. ``prep``: the chunk's inputs, one set for both
+    """The layer's six calls as ``name -> (run(fresh) -> outputs, graph)``: ``fns`` maps vLLM's names to one
+    side's functions, ``fresh`` is :meth:`Step.fresh`'s; outputs include the pool each call writes. ``prep``: the chunk's inputs, one set for both
     sides."""
     try:  # vLLM 0.24's vendored FLA; 0.32 moved it
         from vllm.model_executor.layers.fla.ops.index import prepare_chunk_indices, prepare_chunk_offsets
@@ -98,36 +108,36 @@ def calls(step: Step, fns: dict, prep: tuple) -> dict:
     chunk_indices, chunk_offsets = prepare_chunk_indices(s.cu, 64), prepare_chunk_offsets(s.cu, 64)
     metadata = conv_metadata(s.cu)
 
-    def conv(pools):
-        conv_pool, _ = pools
+    def conv(fresh):
+        conv_pool = fresh[0]
         y = fns["causal_conv1d_fn"](s.x.transpose(0, 1), s.weight, s.bias, activation="silu", conv_states=conv_pool,
                                     has_initial_state=s.has_state, cache_indices=s.prefill_slots,
                                     query_start_loc=s.cu, metadata=metadata)
         return y, conv_pool
 
-    def post_conv(pools):
+    def post_conv(fresh):
         return post_conv_prep(fns, s)
 
     h0 = s.ssm_pool[s.prefill_slots.long()]  # the layer's gathered copy (its masking syncs: done once here)
     h0[~s.has_state] = 0
 
-    def chunk(pools):
+    def chunk(fresh):
         q, k, v, g, beta = (t.unsqueeze(0) for t in prep)
         return fns["fla_chunk_gated_delta_rule"](q, k, v, g, beta, scale=K ** -0.5, initial_state=h0,
                                                  output_final_state=True, cu_seqlens=s.cu,
                                                  chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
                                                  use_qk_l2norm_in_kernel=False)
 
-    def conv_update(pools):
-        conv_pool, _ = pools
-        y = fns["causal_conv1d_update"](s.decode_x, conv_pool, s.weight, s.bias, "silu",
+    def conv_update(fresh):
+        conv_pool, _, x = fresh
+        y = fns["causal_conv1d_update"](x, conv_pool, s.weight, s.bias, "silu",
                                         conv_state_indices=s.decode_slots, validate_data=False)
         return y, conv_pool
 
     out = torch.empty(batch, 1, HV, V, dtype=DTYPE, device=s.x.device)
 
-    def packed_decode(pools):
-        _, ssm_pool = pools
+    def packed_decode(fresh):
+        ssm_pool = fresh[1]
         fns["fused_recurrent_gated_delta_rule_packed_decode"](
             mixed_qkv=s.decode_qkv, a=s.decode_a, b=s.decode_b, A_log=s.A_log, dt_bias=s.dt_bias, scale=K ** -0.5,
             initial_state=ssm_pool, out=out, ssm_state_indices=s.decode_slots, use_qk_l2norm_in_kernel=True)
@@ -137,8 +147,8 @@ def calls(step: Step, fns: dict, prep: tuple) -> dict:
     q, k, v = (t.contiguous().view(1, batch, -1, d) for t, d in ((q, K), (k, K), (v, V)))
     cu_decode = torch.arange(batch + 1, dtype=torch.int32, device=s.x.device)
 
-    def gated_update(pools):
-        _, ssm_pool = pools
+    def gated_update(fresh):
+        ssm_pool = fresh[1]
         o, _ = fns["fused_sigmoid_gating_delta_rule_update"](
             A_log=s.A_log, a=s.decode_a, b=s.decode_b, dt_bias=s.dt_bias, q=q, k=k, v=v, initial_state=ssm_pool,
             inplace_final_state=True, cu_seqlens=cu_decode, ssm_state_indices=s.decode_slots,
@@ -177,7 +187,7 @@ def measure(args) -> list[dict]:
             if name.startswith(("causal_conv1d_fn", "fused_post", "fla_chunk")) and batch != args.batches[0]:
                 continue  # the prefill calls do not depend on the decode batch
             run_theirs = peer[name][0]
-            want = run_theirs(step.pools())
+            want = snapshot(run_theirs(step.fresh()))  # its buffers are written again when it is timed
             vllm_us = None  # vLLM's side is timed once per call, beside every variant of ours
             variants = (args.conv_kernels if name.startswith("causal_conv1d_fn") else
                         args.recurrent_tiles if name.startswith(RECURRENT_CALLS) else [None])
@@ -187,16 +197,16 @@ def measure(args) -> list[dict]:
                 elif variant is not None:  # our decode rule's (V tile, warps) (recurrent._tile)
                     recurrent._tile = default_tile if variant == "auto" else fixed_tile(variant)
                     recurrent._geometry_of.forget()
-                err = rel_err(run_ours(step.pools()), want)
+                err = rel_err(run_ours(step.fresh()), want)
                 row = {"call": name + (f" ({variant})" if variant else ""), "graph": graph, "rel_err": err,
                        "correct": err <= TOLERANCE}
                 if row["correct"] and args.device == "cuda":
                     if vllm_us is None:
-                        pools_theirs = step.pools()
-                        vllm_us = H.time_us(lambda: run_theirs(pools_theirs), graph=graph)
-                    pools_ours = step.pools()
+                        fresh_theirs = step.fresh()
+                        vllm_us = H.time_us(lambda: run_theirs(fresh_theirs), graph=graph)
+                    fresh_ours = step.fresh()
                     row["vllm_us"] = vllm_us
-                    row["ours_us"] = H.time_us(lambda: run_ours(pools_ours), graph=graph)
+                    row["ours_us"] = H.time_us(lambda: run_ours(fresh_ours), graph=graph)
                 print(row, flush=True)
                 rows.append(row)
             conv.PREFILL_KERNEL, recurrent._tile = default_kernel, default_tile
