@@ -220,7 +220,7 @@ RECURRENT_CALLS = ("fused_recurrent_gated_delta_rule_packed_decode", "fused_sigm
 def fixed_tile(variant: str):
     """``"BVxW"`` -> a stand-in for ``recurrent._tile`` that always answers (BV, W)."""
     bv, warps = map(int, variant.split("x"))
-    return lambda rows, V, BK, device: (bv, warps)
+    return lambda rows, V, BK, device, v_first=False: (bv, warps)
 
 
 def table(rows: list[dict], header: str) -> str:

@@ -42,9 +42,9 @@ _check_update = remembered_check(_checks.causal_conv1d_update)
 # Fixed tiles, not tuned: a memory-bound stream whose tile only sets the vector width along C and the
 # share of re-read halo rows ((W - 1) / BT); the [channels, S] kernels move a few values per channel.
 CONV_BT, CONV_BC, ROW_BC = 32, 128, 64
-# The prefill conv's kernel, "taps" or "window" (W <= 4): "taps" until bench_vllm_gdn_ops.py --conv-kernels
-# has compared them on the H200 (docs/gdn.md §6.1-6.2)
-PREFILL_KERNEL = "taps"
+# The prefill conv's kernel, "taps" or "window" (W <= 4; wider convs take "taps"): window loads each input once,
+# and bench_vllm_gdn_ops.py --conv-kernels timed it faster on the H200 (docs/gdn.md §6.1)
+PREFILL_KERNEL = "window"
 WINDOW_BT, WINDOW_BC = 16, 256
 
 

@@ -81,10 +81,15 @@ def debug_check_pool_rows(state_indices: torch.Tensor, P: int, null: int = -1) -
         raise ValueError(f"state_indices: expected distinct pool rows in [0, {P}) or -1 (skip), got {rows[:16]}")
 
 
-def _tile(rows: int, V: int, BK: int, device: torch.device) -> tuple[int, int]:
-    """``(V tile, warps)`` of a launch over ``rows`` (sequence, value head) pairs: 64-wide V tiles when they still
-    give >= 8 programs per SM, else 32, so small batches fill the GPU; 4 warps up to 64 fp32 state values per
-    thread, 8 beyond (gdn.md §6.3). ``benchmarks/bench_vllm_gdn_ops.py --recurrent-tiles`` times others."""
+def _tile(rows: int, V: int, BK: int, device: torch.device, v_first: bool = False) -> tuple[int, int]:
+    """``(V tile, warps)`` of a launch over ``rows`` (sequence, value head) pairs.
+    A ``[HV, V, K]`` state (``v_first``: a serving engine's pool, K contiguous): 16-wide V tiles on one warp, so
+    the K reductions stay inside the warp (fastest at every batch on the H200, gdn.md §6.1). A ``[HV, K, V]``
+    state: 64-wide V tiles when they still give >= 8 programs per SM, else 32, so small batches fill the GPU;
+    4 warps up to 64 fp32 state values per thread, 8 beyond (gdn.md §6.3).
+    ``benchmarks/bench_vllm_gdn_ops.py --recurrent-tiles`` times others."""
+    if v_first:
+        return 16, 1
     bv = min(32, max(16, next_pow2(V)))
     if V > 32 and rows * cdiv(V, 64) >= 8 * sm_count(device):
         bv = 64
@@ -114,7 +119,7 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
     if N * HV == 0:
         return o, None, None, None, None, None
     BK = max(16, next_pow2(K))
-    BV, warps = _tile(N * HV, V, BK, q.device)
+    BV, warps = _tile(N * HV, V, BK, q.device, state_v_first)
     sp = state.stride()
     pool = (sp[0], sp[1], sp[3], sp[2]) if state_v_first else sp
     key = (HV, H, K, V, state_v_first, *map(tensor_key, (q, k, v, g, beta, state, state_indices, cu_seqlens)))
