@@ -206,13 +206,13 @@ def test_gates_kernel_compiles_for_sm90(compile_only, dtype):
     assert rows == {False, True}, compile_only
 
 
-@pytest.mark.parametrize("tile", [(32, 1), (64, 2)], ids=["32x1", "64x2"])
+@pytest.mark.parametrize("tile", [(32, 1), (64, 2), (64, 4)], ids=["32x1", "64x2", "64x4"])
 def test_recurrent_tiles_the_ops_bench_sweeps_compile_for_sm90(compile_only, monkeypatch, tile):
-    """bench_vllm_gdn_ops.py --recurrent-tiles: the decode rule at other (V tile, warps) than recurrent._tile's,
-    on vLLM's bf16 [P, HV, V, K] pool (one warp holds a 128 x 32 fp32 state tile: 128 values per thread)."""
+    """bench_vllm_gdn_ops.py --recurrent-tiles: the decode rule at (V tile, warps) other than recurrent._tile's 16 x 1
+    on vLLM's bf16 [P, HV, V, K] pool (one warp holding a 128 x 32 fp32 state tile: 128 values per thread)."""
     from torch_aura.triton_kernels.gdn import recurrent
 
-    monkeypatch.setattr(recurrent, "_tile", lambda rows, V, BK, device: tile)
+    monkeypatch.setattr(recurrent, "_tile", lambda rows, V, BK, device, v_first=False: tile)
     recurrent._geometry_of.forget()
     q, k, v, g, beta = _gdn_inputs(torch.bfloat16, 4, 1, 2, 4, 128, 128)
     pool = torch.randn(6, 4, 128, 128, dtype=torch.bfloat16)

@@ -146,3 +146,22 @@ def test_rounds_take_turns_and_report_the_median_step(tmp_path, hf_transformers)
     order = [line.split()[1] for line in done.stdout.splitlines() if "decode step per round" in line]
     assert order == ["default", "aura-attn"]
     assert "## Decode step per round" in (tmp_path / "e2e_transformers_llama3-8b_cpu.md").read_text()
+
+
+def test_unknown_variant_is_refused_before_any_row_runs(tmp_path, hf_transformers):
+    """A misspelt ``--variants`` entry stops the bench before a model is built or a row timed (on the GPU a
+    full-depth row costs minutes of device time before the loop would reach the bad name)."""
+    cmd = [sys.executable, str(BENCH / "bench_e2e_transformers.py"), "--tiny", "--models", "llama3-8b",
+           "--contexts", "32", "--batches", "1", "--layers", "1", "--variants", "default,aura-attn-compiled",
+           "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=BENCH, timeout=600)
+    assert done.returncode != 0
+    assert "unknown aura-attn-compiled" in done.stderr and "aura-attn-static-compiled" in done.stderr
+    assert "prefill" not in done.stdout and not (tmp_path / "raw").exists()
+
+
+def test_rows_compare_with_default_no_cudnn_when_default_is_not_run(bench):
+    """The dense eager path the other rows are compared with is ``default``, else ``default-no-cudnn``."""
+    assert bench.reference_of(["default-no-cudnn", "aura8-compiled"]) == "default-no-cudnn"
+    assert bench.reference_of(["aura8", "default-no-cudnn", "default"]) == "default"
+    assert bench.reference_of(["aura8", "static-compiled"]) is None
