@@ -383,3 +383,41 @@ def check_post_conv(post_conv, device, L, H, HV, K, V, dtype, l2norm=True, g_exp
         torch.testing.assert_close(u, w, rtol=tol, atol=tol if name in ("q", "k") else 1e-30,
                                    msg=lambda detail, name=name: f"{name}: {detail}")
     assert torch.equal(got[2], want[2]), "v is a copy"
+
+
+def check_recurrent_raw_gates(recurrent, gates, device, N, H, HV, K, V, dtype):
+    """The decode launcher with ``gates=(A_log, dt_bias)`` and ``null=0`` (vLLM's packed decode in one launch:
+    ``g``, ``beta`` given as the projections a, b, row views of vLLM's ``[b | a]``; vLLM's slots with its null slot
+    0) against the gates kernel then the rule on translated rows: o and the pool bit for bit, the null slot's row
+    untouched and its o zeros; a gate vector of the wrong length is refused by name. ``recurrent`` and ``gates``:
+    the modules ``triton_kernels.gdn.recurrent`` and ``.gates``."""
+    gen = torch.Generator().manual_seed(N * 100 + HV)
+    q, k, v, _, _ = make_inputs(device, N, 1, H, HV, K, V, dtype)
+    ba = (4 * torch.randn(N, 2 * HV, generator=gen)).to(device, dtype)
+    b, a = ba[:, None, :HV], ba[:, None, HV:]
+    A_log, dt_bias = (torch.randn(HV, generator=gen).to(device) for _ in range(2))
+    P = N + 3
+    pool = torch.randn(P, HV, V, K, generator=gen).to(device, dtype)
+    slots = (1 + torch.randperm(P - 1, generator=gen)[:N]).to(device, torch.int32)
+    if N > 1:  # the null slot 0, and padding (-1) where there are three requests or more; the rest live
+        slots[0] = 0
+    if N > 2:
+        slots[-1] = -1
+    g, beta, rows = gates.gdn_gates(a, b, A_log, dt_bias, 1.0, 20.0, slots, 0)
+    pool_a, pool_b = pool.clone(), pool.clone()
+    want = recurrent.gdn_recurrent(q, k, v, g, beta, pool_a, rows, None, None, True, True)
+    out = torch.full_like(want, float("nan"))
+    got = recurrent.gdn_recurrent(q, k, v, a, b, pool_b, slots, None, None, True, True, out=out,
+                                  gates=(A_log, dt_bias), null=0)
+    assert got is out and torch.equal(out, want), (out - want).abs().max()
+    assert torch.equal(pool_a, pool_b) and torch.equal(pool_b[0], pool[0]), "the null slot's row was written"
+    skipped = (slots <= 0).nonzero().flatten()
+    assert not out[skipped].any(), "a skipped request's o is not zero"
+    assert not torch.equal(pool_b, pool), "no row was written"
+    try:
+        recurrent.gdn_recurrent(q, k, v, a, b, pool.clone(), slots, None, None, True, True,
+                                gates=(A_log[:-1], dt_bias), null=0)
+    except ValueError as e:
+        assert "A_log" in str(e), e
+    else:
+        raise AssertionError("an A_log of HV - 1 values was accepted")

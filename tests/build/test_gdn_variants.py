@@ -182,18 +182,23 @@ def test_gdn_chunk_leaves_no_reference_cycle(recorded, B, T):
         gc.enable()
 
 
+@pytest.mark.parametrize("prefill", ["taps", "window"])
 @pytest.mark.parametrize("pad", [0, 5])
-def test_conv_new_lengths_add_no_variant(recorded, pad):
-    """The front end's kernels: one variant each for fixed-length and packed prefills and for the decode step,
-    whatever the prompt lengths, batch mix, pool size or tokens per step, on contiguous inputs and on
-    channel slices of a wider projection."""
+def test_conv_new_lengths_add_no_variant(recorded, monkeypatch, pad, prefill):
+    """The front end's kernels: one variant each for fixed-length and packed prefills (either prefill kernel)
+    and for the decode step, whatever the prompt lengths, batch mix, pool size or tokens per step, on contiguous
+    inputs and on channel slices of a wider projection."""
+    from torch_aura.triton_kernels.gdn import conv
+
+    monkeypatch.setattr(conv, "PREFILL_KERNEL", prefill)
+    kernel = {"taps": "_causal_conv1d_kernel", "window": "_causal_conv1d_window_kernel"}[prefill]
     variants, _ = recorded
     _conv_call(1, 100, pad=pad)
     _conv_call(1, 100, [0, 30, 30, 100], pad=pad)
     _conv_update_call(2, 1, 8, pad=pad)
     warm = set(variants)
     # fixed and packed for the conv and the state pass, one decode step
-    assert sorted(v[0] for v in warm) == sorted(["_causal_conv1d_kernel"] * 2 + ["_conv_state_kernel"] * 2
+    assert sorted(v[0] for v in warm) == sorted([kernel] * 2 + ["_conv_state_kernel"] * 2
                                                 + ["_causal_conv1d_update_kernel"]), warm
     rng = random.Random(40)
     for _ in range(20):

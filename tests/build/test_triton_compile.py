@@ -118,12 +118,18 @@ def test_gdn_kernels_compile_for_sm90(compile_only, monkeypatch, dtype):
     recurrent.gdn_recurrent(q, k, v, g, beta, h0.clone())
     recurrent.gdn_recurrent(qv, kv, vv, gv, bv, torch.randn(3, 4, V, K), torch.tensor([2, -1, 0], dtype=torch.int32),
                             cu, None, True, True)
+    ba = torch.randn(2, 8, dtype=dtype)  # vLLM's packed decode in one launch: [b | a] row views, its null slot
+    recurrent.gdn_recurrent(q[:, :1], k[:, :1], v[:, :1], ba[:, None, 4:], ba[:, None, :4], torch.randn(3, 4, V, K),
+                            torch.tensor([2, 0], dtype=torch.int32), None, None, True, True,
+                            gates=(torch.randn(4), torch.randn(4)), null=0)
     # the sequence-parallel pass (segments._segment_plan chooses it on a GPU only): summary, scan and the
     # segmented pass (Triton and Gluon), fixed length and varlen, gdn_chunk and gdn_fwd_h
     monkeypatch.setattr(segments, "_segment_plan", lambda *a: 1)
     chunk.gdn_chunk(q, k, v, g, beta, None, h0, None, None, True, False)
     chunk.gdn_chunk(qv, kv, vv, gv, bv, None, torch.randn(3, 4, V, K), cu, None, False, True)
     chunk.gdn_fwd_h(k, w.to(dtype), u.to(dtype), g_cum, None)
+    raw = {dict(key[2])["RAW_GATES"] for key in compile_only if key[0] == "_gdn_recurrent_kernel"}
+    assert raw == {False, True}, f"decode rule variants compiled (RAW_GATES): {raw}"
     scan_paths = {dict(key[2])["IN_REGS"] for key in compile_only if key[0] == "_gdn_segment_scan_kernel"}
     assert scan_paths == {dtype != torch.float32}, f"segment scan paths compiled (IN_REGS): {scan_paths}"
     expected = {n for mod in (chunk, prep, state_pass, segments, recurrent) for n in vars(mod) if n.endswith("_kernel")}

@@ -9,10 +9,9 @@ import _samples
 import pytest
 import torch
 from _conv_check import case_id, check_case, check_op, conv_args, update_args
-from _gdn_check import (SPLIT_RATIO, check_chunk, check_post_conv, check_decay_domain, check_pass_ignores_rows_outside_sequences, check_recurrent,
-                        check_split, check_stages, force_split,
-                        check_w_u_copies_match_pointer_loads,
-                        make_inputs, recurrence64)
+from _gdn_check import (SPLIT_RATIO, check_chunk, check_decay_domain, check_pass_ignores_rows_outside_sequences,
+                        check_post_conv, check_recurrent, check_recurrent_raw_gates, check_split, check_stages,
+                        check_w_u_copies_match_pointer_loads, force_split, make_inputs, recurrence64)
 from _util import GDN_CHUNK_RATIO, assert_close, dtype_id
 
 import torch_aura
@@ -844,6 +843,22 @@ def test_post_conv_small_for_sanitizer():
     from torch_aura.triton_kernels.gdn.gates import gdn_post_conv
 
     check_post_conv(gdn_post_conv, DEV, 7, 3, 6, 96, 80, BF16)
+
+
+@pytest.mark.parametrize("N,H,HV,K,V", [(32, 16, 32, 128, 128), (257, 16, 32, 128, 128), (5, 3, 6, 96, 80)])
+def test_packed_decode_in_one_launch_equals_gates_then_rule(N, H, HV, K, V):
+    """vLLM's packed decode as one launch (the rule's ``gates=`` and ``null=``): bitwise the gates kernel then
+    the rule, on vLLM's bf16 [P, HV, V, K] pool with its null slot and padding."""
+    from torch_aura.triton_kernels.gdn import gates, recurrent
+
+    check_recurrent_raw_gates(recurrent, gates, DEV, N, H, HV, K, V, BF16)
+
+
+@pytest.mark.sanitize
+def test_packed_decode_in_one_launch_small_for_sanitizer():
+    from torch_aura.triton_kernels.gdn import gates, recurrent
+
+    check_recurrent_raw_gates(recurrent, gates, DEV, 5, 3, 6, 96, 80, BF16)
 
 
 def test_launcher_only_arguments_equal_the_op():

@@ -86,6 +86,17 @@ def test_recurrent_writes_a_callers_out(gdn_kernels):
             gdn_kernels.gdn_recurrent(q, k, v, g, beta, pool.clone(), rows, None, None, True, True, out=bad)
 
 
+@pytest.mark.parametrize("N,H,HV,K,V,dtype", [(4, 2, 4, 16, 16, F32), (1, 1, 2, 32, 24, F16), (5, 1, 3, 16, 40, F16)],
+                         ids=["N4-fp32", "N1-fp16", "N5-HV3-V40-fp16"])
+def test_recurrent_computes_vllm_gates_and_skips_its_null_slot(gdn_kernels, N, H, HV, K, V, dtype):
+    """vLLM's packed decode as one launch: the launcher's ``gates=`` and ``null=`` (``_gdn_check``)."""
+    from _gdn_check import check_recurrent_raw_gates
+
+    from torch_aura.triton_kernels.gdn import gates, recurrent
+
+    check_recurrent_raw_gates(recurrent, gates, "cpu", N, H, HV, K, V, dtype)
+
+
 def test_bad_input_raises_the_named_error(gdn_kernels):
     q = torch.zeros(1, 4, 1, 257)
     with pytest.raises(ValueError, match="k"):

@@ -2,8 +2,8 @@
 interpreter: the scenarios of tests/vllm_plugin/test_vllm_gdn.py (vLLM's pools, shuffled slots, the null
 block and padding, varlen prefill with gathered states and vLLM's chunk_indices, packed decode views of
 mixed_qkv, prefill then decode) with ``torch.ops.aura`` answered by the launchers instead of the CPU
-reference, the gates by ``gdn/gates.py`` and the launcher-only paths (``null=``, ``out=``) taken, against the same fp64 per-sequence loops. No vLLM needed: the
-adapters are plain functions."""
+reference, the gates by ``gdn/gates.py`` and the launcher-only paths (``null=``, ``out=``, ``gates=``) taken,
+against the same fp64 per-sequence loops. No vLLM needed: the adapters are plain functions."""
 
 import importlib.util
 import types
@@ -38,8 +38,8 @@ def triton_ops(monkeypatch):
     monkeypatch.setattr(gdn, "torch", _TorchWithTritonOps())
     # the gates and pool rows through triton_kernels/gdn/gates.py, as on a GPU (CPU tensors take torch's formula)
     monkeypatch.setattr(gdn, "_fused_gates", lambda a, b: a.stride(-1) == 1 and b.stride(-1) == 1)
-    # and the launchers called directly where a GPU would (vLLM's null slot skipped in the conv kernel, the
-    # packed decode written into vLLM's out)
+    # and the launchers called directly where a GPU would (vLLM's null slot skipped in the kernels, the decode
+    # rule computing vLLM's gates and writing the packed decode into vLLM's out)
     monkeypatch.setattr(gdn, "_direct", lambda t: True)
 
 
@@ -73,7 +73,8 @@ def test_post_conv_prep_in_one_launch(monkeypatch):
 
 def test_decode_launchers_take_vllm_slots_and_out(monkeypatch):
     """Where the launchers are called directly, the conv update gets vLLM's slots untranslated with its null slot
-    (0), and the packed decode writes vLLM's ``out`` itself (no copy after)."""
+    (0), and the packed decode is one launch: vLLM's slots and null slot, its a and b made into gates in the
+    kernel, its ``out`` written there (no copy after)."""
     seen = []
     update, rule = conv.causal_conv1d_update, recurrent.gdn_recurrent
     monkeypatch.setattr(conv, "causal_conv1d_update", lambda *a, **k: seen.append(("conv", k)) or update(*a, **k))
@@ -81,7 +82,23 @@ def test_decode_launchers_take_vllm_slots_and_out(monkeypatch):
     scenarios.test_causal_conv1d_update_on_vllm_pool("SD")
     scenarios.test_packed_decode_on_shuffled_pool()
     assert ("conv", {"null": 0}) in seen
-    assert any(name == "rule" and "out" in kw for name, kw in seen), seen
+    assert any(name == "rule" and {"out", "gates"} <= set(kw) and kw["null"] == 0 for name, kw in seen), seen
+    seen.clear()
+    scenarios.test_sigmoid_gating_decode_on_shuffled_pool()
+    assert seen and all(name == "rule" and "gates" in kw and kw["null"] == 0 for name, kw in seen), seen
+
+
+@pytest.mark.parametrize("scenario", ["test_packed_decode_on_shuffled_pool",
+                                      "test_sigmoid_gating_decode_on_shuffled_pool"])
+def test_decode_through_the_gates_kernel_where_the_rule_is_not_launched_directly(monkeypatch, scenario):
+    """The decode adapters' other path (a compiled graph, or slots that are not int32): the gates kernel with
+    our pool rows, then the op."""
+    monkeypatch.setattr(gdn, "_direct", lambda t: False)
+    made = []
+    kernel = gates.gdn_gates
+    monkeypatch.setattr(gates, "gdn_gates", lambda *a: made.append(1) or kernel(*a))
+    getattr(scenarios, scenario)()
+    assert made
 
 
 def test_packed_decode_on_shuffled_pool():

@@ -51,6 +51,21 @@ def decay_log(g):
 
 
 @triton.jit
+def gate_values(a, b, A_log, dt_bias, scale, threshold):
+    """The GDN layers' gates from their projections, fp32, elementwise: ``g = -exp(A_log) * softplus(a +
+    dt_bias)`` (softplus with ``scale`` as its beta, linear above ``threshold``, as torch's) and ``beta =
+    sigmoid(b)``. One formula for the gates kernels and the decode rule that computes its own."""
+    x = a.to(tl.float32) + dt_bias.to(tl.float32)
+    z = scale * x
+    e = tl.exp(tl.minimum(z, threshold))  # clamped: the linear branch below takes z > threshold
+    u = 1.0 + e
+    tiny = u == 1.0  # e below fp32's half ulp of 1: log(1 + e) = e
+    log1p = tl.where(tiny, e, tl.log(u) * (e / tl.where(tiny, 1.0, u - 1.0)))  # to e's last digits (Goldberg)
+    soft = tl.where(z > threshold, x, log1p / scale)
+    return -tl.exp(A_log.to(tl.float32)) * soft, 1.0 / (1.0 + tl.exp(-b.to(tl.float32)))
+
+
+@triton.jit
 def chunk_span(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN: tl.constexpr, BT: tl.constexpr):
     """Flat chunk ``i_c`` -> ``(b, start, eos)``: its batch row, first token and sequence end.
 

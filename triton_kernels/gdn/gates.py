@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .._launch import launch, tensor_key
 from .._tune import next_pow2
-from ._jit import length_agnostic
+from ._jit import gate_values, length_agnostic
 
 # q/k tiles of the post-conv kernel: whole heads, at most this many values per tile (registers of 4 warps)
 POST_CONV_TILE = 4096
@@ -37,19 +37,12 @@ def _gates_row(a_row, b_row, A_log, dt_bias, g_row, beta_row, HV, scale, thresho
     """One token's ``g`` (or ``exp(g)``) and ``beta`` rows, fp32, from its ``a`` and ``b`` rows."""
     h = tl.arange(0, BHV)
     ok = h < HV
-    x = tl.load(a_row + h, mask=ok, other=0.0).to(tl.float32) + tl.load(dt_bias + h, mask=ok).to(tl.float32)
-    z = scale * x
-    e = tl.exp(tl.minimum(z, threshold))  # clamped: the linear branch below takes z > threshold
-    u = 1.0 + e
-    tiny = u == 1.0  # e below fp32's half ulp of 1: log(1 + e) = e
-    log1p = tl.where(tiny, e, tl.log(u) * (e / tl.where(tiny, 1.0, u - 1.0)))  # to e's last digits (Goldberg)
-    soft = tl.where(z > threshold, x, log1p / scale)
-    g = -tl.exp(tl.load(A_log + h, mask=ok).to(tl.float32)) * soft
+    g, beta = gate_values(tl.load(a_row + h, mask=ok, other=0.0), tl.load(b_row + h, mask=ok, other=0.0),
+                          tl.load(A_log + h, mask=ok), tl.load(dt_bias + h, mask=ok), scale, threshold)
     if G_EXP:
         g = tl.exp(g)
     tl.store(g_row + h, g, mask=ok)
-    y = tl.load(b_row + h, mask=ok, other=0.0).to(tl.float32)
-    tl.store(beta_row + h, 1.0 / (1.0 + tl.exp(-y)), mask=ok)
+    tl.store(beta_row + h, beta, mask=ok)
 
 
 @length_agnostic(triton.jit)

@@ -21,21 +21,24 @@ import triton.language as tl
 
 from ... import _env
 from ..._checks import gdn as _checks
+from ..._checks import common as _c
 from ..._checks.common import remembered, tensor_facts
 from .. import _launch
 from .._launch import launch, tensor_key
 from .._tune import cdiv, next_pow2, sm_count
-from ._jit import decay_log, length_agnostic, seq_span, v_tile_head_row
+from ._jit import decay_log, gate_values, length_agnostic, seq_span, v_tile_head_row
 
 _DEBUG = "TORCH_AURA_DEBUG"
 
 
 @length_agnostic(triton.jit)
-def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o, scale, T, HV, GROUP, K, V, P,
-                          s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
+def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o, A_log, dt_bias, scale, T, HV, GROUP,
+                          K, V, P, null, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
                           s_bb, s_bt, s_bh, s_pn, s_ph, s_pk, s_pv,
-                          L2NORM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """o ``[B, T, HV, V]`` is the launcher's own contiguous buffer: addressed from its shape, no strides."""
+                          L2NORM: tl.constexpr, RAW_GATES: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """o ``[B, T, HV, V]`` is the launcher's own contiguous buffer: addressed from its shape, no strides.
+    ``RAW_GATES``: ``g`` and ``beta`` hold a serving engine's gate projections ``a`` and ``b``, made into gates
+    here with ``A_log`` and ``dt_bias`` (softplus beta 1, threshold 20). Pool row ``null`` skips, as -1 does."""
     i_v, i_hv, n = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
     b, bos, eos = seq_span(n, cu_seqlens, T, cu_seqlens is not None)
@@ -43,7 +46,9 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
         slot = tl.load(state_indices + n).to(tl.int64)
     else:
         slot = n.to(tl.int64)
-    live = (slot >= 0) & (slot < P)
+    live = (slot >= 0) & (slot < P) & (slot != null)
+    if RAW_GATES:
+        A_h, dt_h = tl.load(A_log + i_hv), tl.load(dt_bias + i_hv)
     kk = tl.arange(0, BK)
     vv = i_v * BV + tl.arange(0, BV)
     k_ok = kk < K
@@ -54,8 +59,11 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
         q_t = tl.load(q + b * s_qb + t * s_qt + i_h * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
         k_t = tl.load(k + b * s_kb + t * s_kt + i_h * s_kh + kk, mask=k_ok, other=0.0).to(tl.float32)
         v_t = tl.load(v + b * s_vb + t * s_vt + i_hv * s_vh + vv, mask=v_ok, other=0.0).to(tl.float32)
-        g_t = decay_log(tl.load(g + b * s_gb + t * s_gt + i_hv * s_gh))
-        b_t = tl.load(beta + b * s_bb + t * s_bt + i_hv * s_bh).to(tl.float32)
+        g_t = tl.load(g + b * s_gb + t * s_gt + i_hv * s_gh)
+        b_t = tl.load(beta + b * s_bb + t * s_bt + i_hv * s_bh)
+        if RAW_GATES:  # the gates kernel's formula, so the step equals gates-then-rule bit for bit
+            g_t, b_t = gate_values(g_t, b_t, A_h, dt_h, 1.0, 20.0)
+        g_t, b_t = decay_log(g_t), b_t.to(tl.float32)
         if L2NORM:
             q_t = q_t / tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
             k_t = k_t / tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
@@ -106,13 +114,20 @@ class _Native:
         self.program = self.refused = None
 
 
-def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first):
+def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first, A_log=None,
+              dt_bias=None, null=-1):
     """The checks, then what a call of this metadata launches beside its tensors: o's shape, dtype and device, the
     grid (None: no program), the launch key, the scalar and stride arguments, the constexprs and options, and the
     geometry's native launch (:class:`_Native`)."""
     _checks.gdn_recurrent(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
+    raw_gates = A_log is not None
+    if raw_gates:
+        for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+            _c.tensor(name, t, ndim=1, dtypes=_c.FLOATS, contiguous=True)
+            _c.shape(name, t, (HV,), "one per value head")
+        _c.same_device(q=q, A_log=A_log, dt_bias=dt_bias)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     scale = float(K ** -0.5 if scale is None else scale)  # an int 1 would specialise the kernel
     o = ((B, T, HV, V), q.dtype, q.device)  # kept: reading a tensor's dtype and device costs per call
@@ -122,10 +137,11 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
     BV, warps = _tile(N * HV, V, BK, q.device, state_v_first)
     sp = state.stride()
     pool = (sp[0], sp[1], sp[3], sp[2]) if state_v_first else sp
-    key = (HV, H, K, V, state_v_first, *map(tensor_key, (q, k, v, g, beta, state, state_indices, cu_seqlens)))
-    ints = (scale, T, HV, HV // H, K, V, state.shape[0], *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            *g.stride(), *beta.stride(), *pool)
-    options = dict(L2NORM=use_qk_l2norm, BK=BK, BV=BV, num_warps=warps)
+    key = (HV, H, K, V, state_v_first, int(null),
+           *map(tensor_key, (q, k, v, g, beta, state, state_indices, cu_seqlens, A_log, dt_bias)))
+    ints = (scale, T, HV, HV // H, K, V, state.shape[0], int(null), *q.stride()[:3], *k.stride()[:3],
+            *v.stride()[:3], *g.stride(), *beta.stride(), *pool)
+    options = dict(L2NORM=use_qk_l2norm, RAW_GATES=raw_gates, BK=BK, BV=BV, num_warps=warps)
     return o, (cdiv(V, BV) * N * HV,), key, ints, options, _Native()
 
 
@@ -142,14 +158,19 @@ _launch._on_clear.append(_geometry_of.forget)  # entries hold launch keys and V 
 
 
 def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, scale=None,
-                  use_qk_l2norm=False, state_v_first=False, out=None):
-    """``torch_aura.gdn_recurrent`` on CUDA (arguments there). ``out``: where to write o instead of a new tensor
-    (contiguous, o's shape and dtype; a serving engine's own buffer, so no copy follows; the op has no such
-    argument)."""
+                  use_qk_l2norm=False, state_v_first=False, out=None, gates=None, null=-1):
+    """``torch_aura.gdn_recurrent`` on CUDA (arguments there), with three arguments the op does not have, for a
+    serving engine's decode step in one launch: ``out``, where to write o instead of a new tensor (contiguous, o's
+    shape and dtype: the engine's own buffer, so no copy follows); ``gates = (A_log, dt_bias)`` (``[HV]`` each),
+    which makes ``g`` and ``beta`` the gate projections ``a`` and ``b`` (any float dtype), the gates computed in
+    the kernel as ``torch_aura``'s gates kernel does (softplus beta 1, threshold 20); ``null``, one more pool row
+    that skips as -1 does (the engine's null slot, so its indices need no translation)."""
+    A_log, dt_bias = (None, None) if gates is None else gates
     (shape, dtype, device), grid, key, ints, options, native = _geometry_of(
-        q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first)
+        q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first, A_log, dt_bias,
+        null)
     if state_indices is not None and not _env.unset(_DEBUG):  # unset, the usual case: no frame, no state.shape read
-        debug_check_pool_rows(state_indices, state.shape[0])
+        debug_check_pool_rows(state_indices, state.shape[0], null)
     if out is None:
         o = torch.empty(shape, dtype=dtype, device=device)
     elif out.shape != shape or out.dtype != dtype or out.device != device or not out.is_contiguous():
@@ -163,10 +184,11 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     if native.program is not None and _launch.run_native(native.program, (
             q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), state.data_ptr(),
             0 if state_indices is None else state_indices.data_ptr(),
-            0 if cu_seqlens is None else cu_seqlens.data_ptr(), o.data_ptr())):
+            0 if cu_seqlens is None else cu_seqlens.data_ptr(), o.data_ptr(),
+            0 if A_log is None else A_log.data_ptr(), 0 if dt_bias is None else dt_bias.data_ptr())):
         return o
-    args = (q, k, v, g, beta, state, state_indices, cu_seqlens, o, *ints)
+    args = (q, k, v, g, beta, state, state_indices, cu_seqlens, o, A_log, dt_bias, *ints)
     launch(_gdn_recurrent_kernel, grid, key, *args, **options)
     if native.program is None and native.refused is None:
-        native.program, native.refused = _launch.native_program(_gdn_recurrent_kernel, grid, key, args, options, 9)
+        native.program, native.refused = _launch.native_program(_gdn_recurrent_kernel, grid, key, args, options, 11)
     return o

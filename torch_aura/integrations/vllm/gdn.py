@@ -357,6 +357,20 @@ def _recurrent(q, k, v, g, beta, pool, rows, cu_seqlens, scale, use_qk_l2norm):
     return torch.ops.aura.gdn_recurrent(q, k, v, g, beta, pool, rows, cu_seqlens, scale, use_qk_l2norm, True)
 
 
+def _rule_in_one_launch(q, k, v, a, b, A_log, dt_bias, pool, slots, n, cu_seqlens, scale, use_qk_l2norm, out=None):
+    """On CUDA, the decode rule as vLLM's own kernels run it, in one launch: the gates made from ``a`` and ``b``
+    in the kernel (softplus beta 1, threshold 20), vLLM's ``slots`` as they are (its null slot 0 skips there),
+    o into ``out`` where given. Returns o, or None where that launch does not apply (then: the gates kernel
+    with our rows, and the op)."""
+    if not (_direct(q) and slots.dtype == torch.int32 and slots.stride(-1) == 1
+            and (out is None or (out.is_contiguous() and out.dtype == q.dtype))):
+        return None
+    from ...triton_kernels.gdn.recurrent import gdn_recurrent as launch
+
+    return launch(q, k, v, a, b, pool, slots[:n], cu_seqlens, scale, use_qk_l2norm, True,
+                  out=None if out is None else out.view(v.shape), gates=(A_log, dt_bias), null=0)
+
+
 @_timed
 def fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0, scale=None,
                                            initial_state=None, inplace_final_state=True, cu_seqlens=None,
@@ -379,8 +393,13 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, beta=1
     _count(name)
     B, T, HV = v.shape[0], v.shape[1], v.shape[2]
     n = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    g, beta_t, rows = _gates(a.reshape(B, T, HV), b.reshape(B, T, HV), A_log, dt_bias, beta, threshold,
-                             ssm_state_indices, n)
+    a, b = a.reshape(B, T, HV), b.reshape(B, T, HV)
+    if beta == 1.0 and threshold == 20.0:  # the softplus the one-launch rule computes
+        o = _rule_in_one_launch(q, k, v, a, b, A_log, dt_bias, initial_state, ssm_state_indices, n, cu_seqlens,
+                                scale, use_qk_l2norm_in_kernel)
+        if o is not None:
+            return o, initial_state
+    g, beta_t, rows = _gates(a, b, A_log, dt_bias, beta, threshold, ssm_state_indices, n)
     o = _recurrent(q, k, v, g, beta_t, initial_state, rows, cu_seqlens, scale, use_qk_l2norm_in_kernel)
     return o, initial_state
 
@@ -401,13 +420,10 @@ def fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv, a, b, A_log, dt_bi
     H = (mixed_qkv.shape[1] - HV * V) // (2 * K)
     q, k, v = mixed_qkv.split([H * K, H * K, HV * V], dim=-1)
     q, k, v = q.reshape(N, 1, H, K), k.reshape(N, 1, H, K), v.reshape(N, 1, HV, V)
-    g, beta, rows = _gates(a.reshape(N, 1, HV), b.reshape(N, 1, HV), A_log, dt_bias, slots=ssm_state_indices, n=N)
-    if _direct(q) and out.is_contiguous() and out.dtype == q.dtype:  # written in place: no copy after
-        from ...triton_kernels.gdn.recurrent import gdn_recurrent as launch
-
-        launch(q, k, v, g, beta, initial_state, rows, None, scale, use_qk_l2norm_in_kernel, True,
-               out=out.view(N, 1, HV, V))
-    else:
+    a, b = a.reshape(N, 1, HV), b.reshape(N, 1, HV)
+    if _rule_in_one_launch(q, k, v, a, b, A_log, dt_bias, initial_state, ssm_state_indices, N, None, scale,
+                           use_qk_l2norm_in_kernel, out) is None:
+        g, beta, rows = _gates(a, b, A_log, dt_bias, slots=ssm_state_indices, n=N)
         out.copy_(_recurrent(q, k, v, g, beta, initial_state, rows, None, scale, use_qk_l2norm_in_kernel))
     return out, initial_state
 
