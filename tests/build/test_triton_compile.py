@@ -195,6 +195,13 @@ def test_conv_kernels_compile_for_sm90(compile_only, dtype, monkeypatch):
     assert {(k, W) for k in ("_causal_conv1d_kernel", "_causal_conv1d_update_kernel") for W in (1, 4, 8)} <= compiled
     assert {("_causal_conv1d_window_kernel", W) for W in (1, 4)} <= compiled
     compile_only.clear()
+    for bt, bc, warps in ((8, 256, 4), (32, 256, 2)):  # window geometries bench_vllm_gdn_ops.py sweeps by default
+        monkeypatch.setattr(conv, "PREFILL_KERNEL", "window")
+        monkeypatch.setattr(conv, "WINDOW_BT", bt)
+        monkeypatch.setattr(conv, "WINDOW_BC", bc)
+        monkeypatch.setattr(conv, "WINDOW_WARPS", warps)
+        conv.causal_conv1d(x[:1], torch.randn(C, 4), None, torch.zeros(3, C, 3, dtype=dtype), cu, "silu")
+    assert {dict(key[2])["BT"] for key in compile_only if key[0] == "_causal_conv1d_window_kernel"} == {8, 32}
     for block in (256, 512):  # the decode conv's channel blocks bench_vllm_gdn_ops.py --conv-update-blocks times
         monkeypatch.setattr(conv, "UPDATE_BC", block)
         pool = torch.zeros(5, C + 8, 3, dtype=dtype).transpose(1, 2)[:, :3, :C].transpose(1, 2)  # vLLM's layout

@@ -77,6 +77,20 @@ def test_conv_matches_reference(case):
     check_case(conv, "cpu", "causal_conv1d", case)
 
 
+@pytest.mark.parametrize("geometry", [(8, 128, 2), (32, 512, 4)], ids=lambda g: "x".join(map(str, g)))
+def test_window_kernel_at_other_program_shapes(geometry, monkeypatch, prefill_kernel):
+    """The window kernel at the (tokens, channels, warps) per program bench_vllm_gdn_ops.py --conv-kernels may
+    time: packed sequences across token blocks, a state, two channel blocks."""
+    if prefill_kernel != "window":
+        pytest.skip("the window kernel's own geometry")
+    monkeypatch.setattr(conv, "WINDOW_BT", geometry[0])
+    monkeypatch.setattr(conv, "WINDOW_BC", geometry[1])
+    monkeypatch.setattr(conv, "WINDOW_WARPS", geometry[2])
+    for case in (dict(B=1, T=75, C=136, W=4, dtype=F32, offsets=[0, 3, 40, 75], S=3, state_layout="transposed"),
+                 dict(B=2, T=33, C=600, W=3, dtype=F16, S=4)):
+        check_case(conv, "cpu", "causal_conv1d", case)
+
+
 UPDATE_CASES = [
     dict(N=3, L=1, C=10, W=4, S=4, P=5, dtype=F32, rows=[3, -1, 0], one_token=True),
     dict(N=2, L=3, C=10, W=4, S=3, P=2, dtype=F16),  # no indices: row n; S = W - 1

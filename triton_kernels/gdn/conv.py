@@ -48,7 +48,7 @@ UPDATE_BC = 64
 # The prefill conv's kernel, "taps" or "window" (W <= 4; wider convs take "taps"): window loads each input once,
 # and bench_vllm_gdn_ops.py --conv-kernels timed it faster on the H200 (docs/gdn.md §6.1)
 PREFILL_KERNEL = "window"
-WINDOW_BT, WINDOW_BC = 16, 256
+WINDOW_BT, WINDOW_BC, WINDOW_WARPS = 16, 256, 1  # bench_vllm_gdn_ops.py --conv-kernels window:BTxBCxW times others
 
 
 # ------------------------------------------------------------------------------ device helpers
@@ -137,8 +137,9 @@ def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, 
     else:
         state_row = None
     p = rows - bos  # each row's position in its sequence
-    acc = _conv(x + (b * s_xb_t + bos[:, None]) * s_xt + cols[None, :], state_row, p[:, None] - (W - 1), tl.min(p) < W - 1,
-                s_xt, S, s_ss, weight, bias, cols, c_ok, ok, s_wc, W, SILU)
+    x_first = x + (b * s_xb_t + bos[:, None]) * s_xt + cols[None, :]
+    acc = _conv(x_first, state_row, p[:, None] - (W - 1), tl.min(p) < W - 1, s_xt, S, s_ss, weight, bias, cols, c_ok,
+                ok, s_wc, W, SILU)
     tl.store(y + (b * T + rows)[:, None] * C + cols[None, :], acc.to(y.dtype.element_ty), mask=ok)
 
 
@@ -293,8 +294,10 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
     s_sn, s_sc, s_ss = (0, 0, 1) if conv_state is None else conv_state.stride()
     W = weight.shape[1]
     window = PREFILL_KERNEL == "window" and W <= 4
-    kernel, BT, BC, warps = ((_causal_conv1d_window_kernel, WINDOW_BT, _channel_block(C, WINDOW_BC), 1) if window
-                             else (_causal_conv1d_kernel, CONV_BT, _channel_block(C, CONV_BC), 4))
+    if window:
+        kernel, BT, BC, warps = _causal_conv1d_window_kernel, WINDOW_BT, _channel_block(C, WINDOW_BC), WINDOW_WARPS
+    else:
+        kernel, BT, BC, warps = _causal_conv1d_kernel, CONV_BT, _channel_block(C, CONV_BC), 4
     NT = cdiv(T, BT)
     x, s_xb_t, s_xt = _rows_in_steps(x)
     key = (C, S, *map(tensor_key, (x, weight, bias, conv_state, cu_seqlens)))
