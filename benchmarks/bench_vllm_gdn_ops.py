@@ -174,7 +174,7 @@ def measure(args) -> list[dict]:
     from torch_aura.triton_kernels.gdn import conv, recurrent
 
     defaults = dict(PREFILL_KERNEL=conv.PREFILL_KERNEL, WINDOW_BT=conv.WINDOW_BT, WINDOW_BC=conv.WINDOW_BC,
-                    WINDOW_WARPS=conv.WINDOW_WARPS, UPDATE_BC=conv.UPDATE_BC)
+                    WINDOW_WARPS=conv.WINDOW_WARPS, UPDATE_BC=conv.UPDATE_BC, UPDATE_WARPS=conv.UPDATE_WARPS)
     default_tile = recurrent._tile
     gdn.install()  # vLLM's module now names our adapters; its own functions are kept in gdn._originals
     ours = {name: getattr(gdn, name) for name in gdn.ROUTED}
@@ -197,8 +197,8 @@ def measure(args) -> list[dict]:
             for variant in variants:
                 if name.startswith("causal_conv1d_fn"):  # our prefill conv's kernel (triton_kernels/gdn/conv.py)
                     vars(conv).update(defaults, **conv_kernel(variant))
-                elif name.startswith("causal_conv1d_update"):  # our decode conv's channel block
-                    conv.UPDATE_BC = defaults["UPDATE_BC"] if variant == "auto" else int(variant)
+                elif name.startswith("causal_conv1d_update"):  # our decode conv's channels and warps per program
+                    vars(conv).update(defaults, **update_block(variant))
                 elif variant is not None:  # our decode rule's (V tile, warps) (recurrent._tile)
                     recurrent._tile = default_tile if variant == "auto" else fixed_tile(variant)
                     recurrent._geometry_of.forget()
@@ -235,6 +235,15 @@ def conv_kernel(variant: str) -> dict:
     return settings
 
 
+def update_block(variant: str) -> dict:
+    """``"auto"`` or ``"BCxW"`` (channels and warps per program of our decode conv) -> the settings of
+    ``triton_kernels/gdn/conv.py`` that select it (auto: none, its defaults)."""
+    if variant == "auto":
+        return {}
+    bc, warps = map(int, variant.split("x"))
+    return {"UPDATE_BC": bc, "UPDATE_WARPS": warps}
+
+
 def fixed_tile(variant: str):
     """``"BVxW"`` -> a stand-in for ``recurrent._tile`` that always answers (BV, W)."""
     bv, warps = map(int, variant.split("x"))
@@ -243,8 +252,8 @@ def fixed_tile(variant: str):
 
 def table(rows: list[dict], header: str) -> str:
     lines = [f"# vLLM's GDN calls: torch_aura's adapters against vLLM's own ({header})", "",
-             "bf16, vLLM's pool layouts. Prefill calls timed eagerly, decode calls as CUDA-graph replays; ratio: vLLM's "
-             f"time over ours (> 1: ours faster). A call whose outputs differ by more than {TOLERANCE} of the "
+             "bf16, vLLM's pool layouts. Prefill calls timed eagerly, decode calls as CUDA-graph replays; ratio: "
+             f"vLLM's time over ours (> 1: ours faster). A call whose outputs differ by more than {TOLERANCE} of the "
              "largest (relative) is not timed.", "",
              "| call | vLLM us | ours us | ratio | max rel. difference |", "|---|---|---|---|---|"]
     for r in rows:
@@ -265,8 +274,9 @@ def main(argv=None) -> int:
                    default=["window", "window:8x256x4", "window:32x256x2", "taps"],
                    help="our prefill conv's kernels to time (triton_kernels/gdn/conv.py PREFILL_KERNEL; "
                         "window:BTxBCxW sets the window kernel's tokens, channels and warps per program)")
-    p.add_argument("--conv-update-blocks", type=lambda s: s.split(","), default=["auto", "256", "512"],
-                   help="our decode conv's channel blocks to time; auto: conv.UPDATE_BC")
+    p.add_argument("--conv-update-blocks", type=lambda s: s.split(","), default=["auto", "256x4", "512x4", "256x2"],
+                   help="our decode conv's (channels)x(warps) per program to time; auto: conv.UPDATE_BC and "
+                        "UPDATE_WARPS")
     p.add_argument("--recurrent-tiles", type=lambda s: s.split(","), default=["auto", "8x1", "32x1", "64x4"],
                    help="our decode rule's (V tile)x(warps) to time; auto: recurrent._tile's choice")
     p.add_argument("--shape", choices=SHAPES, default="qwen3-next")
@@ -276,6 +286,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     for variant in args.conv_kernels:  # a misspelt variant stops here, before vLLM loads
         conv_kernel(variant)
+    for variant in args.conv_update_blocks:
+        update_block(variant)
     try:
         import vllm
     except ImportError:

@@ -204,6 +204,7 @@ def test_conv_kernels_compile_for_sm90(compile_only, dtype, monkeypatch):
     assert {dict(key[2])["BT"] for key in compile_only if key[0] == "_causal_conv1d_window_kernel"} == {8, 32}
     for block in (256, 512):  # the decode conv's channel blocks bench_vllm_gdn_ops.py --conv-update-blocks times
         monkeypatch.setattr(conv, "UPDATE_BC", block)
+        monkeypatch.setattr(conv, "UPDATE_WARPS", 4)
         pool = torch.zeros(5, C + 8, 3, dtype=dtype).transpose(1, 2)[:, :3, :C].transpose(1, 2)  # vLLM's layout
         slots = torch.tensor([3, 0], dtype=torch.int32)
         conv.causal_conv1d_update(x[:, 0], pool, torch.randn(C, 4), None, "silu", slots)

@@ -106,11 +106,14 @@ UPDATE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("block", [16, conv.UPDATE_BC, 512], ids=lambda b: f"BC{b}")
+@pytest.mark.parametrize("block", [(16, 1), (conv.UPDATE_BC, conv.UPDATE_WARPS), (512, 4)],
+                         ids=lambda b: "BC{}x{}".format(*b))
 @pytest.mark.parametrize("case", UPDATE_CASES, ids=map(case_id, UPDATE_CASES))
 def test_update_matches_reference(case, block, monkeypatch):
-    """At the decode conv's channel block and at those bench_vllm_gdn_ops.py --conv-update-blocks may time."""
-    monkeypatch.setattr(conv, "UPDATE_BC", block)
+    """At the decode conv's channels and warps per program and at those bench_vllm_gdn_ops.py
+    --conv-update-blocks may time."""
+    monkeypatch.setattr(conv, "UPDATE_BC", block[0])
+    monkeypatch.setattr(conv, "UPDATE_WARPS", block[1])
     check_case(conv, "cpu", "causal_conv1d_update", case)
 
 

@@ -42,9 +42,9 @@ _check_update = remembered_check(_checks.causal_conv1d_update)
 # Fixed tiles, not tuned: a memory-bound stream whose tile only sets the vector width along C and the
 # share of re-read halo rows ((W - 1) / BT); the [channels, S] kernels move a few values per channel.
 CONV_BT, CONV_BC, ROW_BC = 32, 128, 64
-# The decode step's channel block (2 warps): bench_vllm_gdn_ops.py --conv-update-blocks times others, since
-# vLLM's conv update, whose pool keeps C contiguous, took half our time at B >= 256 (docs/gdn.md §6.1)
-UPDATE_BC = 64
+# The decode step's channels and warps per program: bench_vllm_gdn_ops.py --conv-update-blocks times others,
+# since vLLM's conv update (256 channels on 4 warps) took half our time at B >= 256 (docs/gdn.md §6.1)
+UPDATE_BC, UPDATE_WARPS = 64, 2
 # The prefill conv's kernel, "taps" or "window" (W <= 4; wider convs take "taps"): window loads each input once,
 # and bench_vllm_gdn_ops.py --conv-kernels timed it faster on the H200 (docs/gdn.md §6.1)
 PREFILL_KERNEL = "window"
@@ -331,5 +331,5 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     launch(_causal_conv1d_update_kernel, (N, cdiv(C, BC)), key,
            x3, conv_state, weight, bias, state_indices, y, L, C, S, P, int(null), s_xn_l, s_xl,
            *conv_state.stride(), weight.stride(0), W=weight.shape[1], SILU=activation is not None, BC=BC,
-           BS=next_pow2(S), num_warps=2)
+           BS=next_pow2(S), num_warps=UPDATE_WARPS)
     return y
