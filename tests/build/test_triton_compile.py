@@ -227,20 +227,26 @@ def test_gates_kernel_compiles_for_sm90(compile_only, dtype):
     assert rows == {False, True}, compile_only
 
 
-@pytest.mark.parametrize("tile", [(32, 1), (64, 2), (64, 4)], ids=["32x1", "64x2", "64x4"])
+@pytest.mark.parametrize("tile", [(32, 1, None), (64, 2, None), (64, 4, None), (16, 1, 1)],
+                         ids=["32x1", "64x2", "64x4", "16x1:s1"])
 def test_recurrent_tiles_the_ops_bench_sweeps_compile_for_sm90(compile_only, monkeypatch, tile):
     """bench_vllm_gdn_ops.py --recurrent-tiles: the decode rule at (V tile, warps) other than recurrent._tile's 16 x 1
-    on vLLM's bf16 [P, HV, V, K] pool (one warp holding a 128 x 32 fp32 state tile: 128 values per thread)."""
+    on vLLM's bf16 [P, HV, V, K] pool (one warp holding a 128 x 32 fp32 state tile: 128 values per thread), and
+    with one pipelining stage for its token loop (``:s1``)."""
     from torch_aura.triton_kernels.gdn import recurrent
 
-    monkeypatch.setattr(recurrent, "_tile", lambda rows, V, BK, device, v_first=False: tile)
+    monkeypatch.setattr(recurrent, "_tile", lambda rows, V, BK, device, v_first=False: tile[:2])
+    monkeypatch.setattr(recurrent, "LOOP_STAGES", tile[2])
     recurrent._geometry_of.forget()
     q, k, v, g, beta = _gdn_inputs(torch.bfloat16, 4, 1, 2, 4, 128, 128)
     pool = torch.randn(6, 4, 128, 128, dtype=torch.bfloat16)
     recurrent.gdn_recurrent(q, k, v, g, beta, pool, torch.tensor([1, 3, -1, 5], dtype=torch.int32), None, None, True,
                             True)
     recurrent._geometry_of.forget()
-    assert {dict(key[2])["BV"] for key in compile_only if key[0] == "_gdn_recurrent_kernel"} == {tile[0]}
+    compiled = [key for key in compile_only if key[0] == "_gdn_recurrent_kernel"]
+    assert {dict(key[2])["BV"] for key in compiled} == {tile[0]}
+    if tile[2] is not None:  # the launch option reached the compile
+        assert {key[4] for key in compiled} == {tile[2]}, compiled
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])

@@ -89,6 +89,11 @@ def debug_check_pool_rows(state_indices: torch.Tensor, P: int, null: int = -1) -
         raise ValueError(f"state_indices: expected distinct pool rows in [0, {P}) or -1 (skip), got {rows[:16]}")
 
 
+# Triton's software pipelining stages for the token loop (None: its default). A decode step runs the loop once,
+# where a pipeline's prologue buys nothing; bench_vllm_gdn_ops.py --recurrent-tiles BVxW:s1 times stages=1.
+LOOP_STAGES = None
+
+
 def _tile(rows: int, V: int, BK: int, device: torch.device, v_first: bool = False) -> tuple[int, int]:
     """``(V tile, warps)`` of a launch over ``rows`` (sequence, value head) pairs.
     A ``[HV, V, K]`` state (``v_first``: a serving engine's pool, K contiguous): 16-wide V tiles on one warp, so
@@ -142,6 +147,8 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
     ints = (scale, T, HV, HV // H, K, V, state.shape[0], int(null), *q.stride()[:3], *k.stride()[:3],
             *v.stride()[:3], *g.stride(), *beta.stride(), *pool)
     options = dict(L2NORM=use_qk_l2norm, RAW_GATES=raw_gates, BK=BK, BV=BV, num_warps=warps)
+    if LOOP_STAGES is not None:
+        options["num_stages"] = LOOP_STAGES
     return o, (cdiv(V, BV) * N * HV,), key, ints, options, _Native()
 
 
