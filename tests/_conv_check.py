@@ -100,3 +100,30 @@ def case_id(case: dict) -> str:
         else:
             parts.append(f"{k}{v}")
     return "-".join(parts)
+
+
+def check_pool_prefill(conv, device, offsets, C, W, S, dtype, rows, has, null=0, pool_dtype=None):
+    """The prefill launcher's pool form (``state_indices=``, ``has_state=``, ``null=``: a serving engine's state
+    pool served in place) against its plain form on the rows gathered out of the pool, zeros where a sequence is
+    skipped (-1, ``null``) or has no state, and scattered back where it is not skipped: the output and the pool
+    bit for bit, the skipped rows untouched. ``conv``: the module ``triton_kernels.gdn.conv``; ``rows``, ``has``:
+    one per sequence; the pool is vLLM's ``[P, S, C]`` seen as ``[P, C, S]``."""
+    gen = torch.Generator().manual_seed(len(offsets) * 10 + C)
+    P = max(max(rows) + 1, null + 1, 2)
+    x, weight, bias, _, cu, act = conv_args(device, 1, offsets[-1], C, W, dtype, offsets=offsets)
+    pool = _state(gen, device, P, C, S, pool_dtype or dtype, "transposed")
+    idx = torch.tensor(rows, dtype=torch.int32, device=device)
+    has_t = torch.tensor(has, dtype=torch.bool, device=device)
+    live = (idx >= 0) & (idx != null)
+    gather = idx.clamp(min=0).long()
+    state = torch.where((live & has_t)[:, None, None], pool[gather], torch.zeros((), dtype=pool.dtype, device=device))
+    want = conv.causal_conv1d(x, weight, bias, state, cu, act)
+    pool_want = pool.clone()
+    pool_want[gather[live]] = state[live]
+    pool_got = pool.clone()
+    got = conv.causal_conv1d(x, weight, bias, pool_got, cu, act, state_indices=idx, has_state=has_t, null=null)
+    assert torch.equal(got, want), (got.float() - want.float()).abs().max()
+    assert torch.equal(pool_got, pool_want), "the pool differs from the gathered rows scattered back"
+    untouched = [r for r in range(P) if r not in {int(i) for i in idx[live]}]
+    assert torch.equal(pool_got[untouched], pool[untouched]), "a row no live sequence names was written"
+    return got

@@ -359,38 +359,50 @@ def _recurrent_calls():
             make(2, 2, 1, 3, 16, 24, torch.float32, rows=[1, 3])]
 
 
+def _engine_gates(HV: int, seed: int) -> dict:
+    """The launcher-only arguments of a serving engine's one-launch decode (``gates=``, ``null=``)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {"gates": (torch.randn(HV, generator=gen), torch.randn(HV, generator=gen)), "null": 0}
+
+
 def test_recurrent_native_launches_hand_the_driver_what_tritons_launcher_hands_it(native, monkeypatch):
     """A gdn_recurrent geometry's first call launches through ``_launch`` and keeps the launch as a one-launch
     Program (``_launch.native_program``); each later call is that Program with its tensors' addresses. The driver
     gets the grid, block, shared memory, stream and every parameter Triton's C launch gets for the same call (the
     call with ``_launch.VERIFY`` on, which goes through Triton's launcher), the tensors at the call's own addresses
-    (its output included), and Triton's launcher is not called."""
+    (its output included, and a one-launch decode's gate vectors, other tensors than its first call's), and
+    Triton's launcher is not called."""
     from torch_aura.triton_kernels import _launch
     from torch_aura.triton_kernels.gdn import launch_stub, recurrent
 
     module, log = native
     c_launches = launch_stub._workspace["c_launches"]
-    for args in _recurrent_calls():
-        recurrent.gdn_recurrent(*args)  # the first call: through _launch, which keeps the Program
-        holder = recurrent._geometry_of(*args)[-1]
+    packed_decode = _recurrent_calls()[2]
+    calls = [(args, {}, {}) for args in _recurrent_calls()]
+    calls.append((packed_decode, _engine_gates(8, 1), _engine_gates(8, 2)))  # vLLM's packed decode, one launch
+    for args, first_kw, kw in calls:
+        recurrent.gdn_recurrent(*args, **first_kw)  # the first call: through _launch, which keeps the Program
+        engine = () if not kw else (*kw["gates"], kw["null"])
+        holder = recurrent._geometry_of(*args, *engine)[-1]
         assert holder.program is not None, holder.refused
-        tensors = [x for x in args[:8]]
+        tensors = [*args[:8], *engine[:2]]
         start, before = len(log), len(c_launches)
-        o = recurrent.gdn_recurrent(*args)
+        o = recurrent.gdn_recurrent(*args, **kw)
         launches = [e for e in log[start:] if e[0] == "launch"]
         assert len(launches) == 1 and len(c_launches) == before, "not one native launch"
         with monkeypatch.context() as m:
             m.setattr(_launch, "VERIFY", True)  # run_native declines: the call goes through Triton's launcher
-            o_py = recurrent.gdn_recurrent(*args)
+            o_py = recurrent.gdn_recurrent(*args, **kw)
         assert len(log) == start + len(launches) and len(c_launches) == before + 1
         name, c_args = c_launches[-1]
         gx, gy, gz, stream, function, coop, pdl, scratch, profile, packed, _, _, _, *py_args = c_args
         _, function_, grid, block_x, shared, stream_, cluster, coop_, pdl_, block, offsets = launches[0]
         assert (function_, grid, block_x, shared, stream_, cluster, coop_, pdl_) == \
             (function, (gx, gy, gz), 32 * packed[0], packed[2], stream, packed[1], int(coop), int(pdl))
-        options = recurrent._geometry_of(*args)[4]  # the constexprs (the launch's last arguments) and num_warps
+        options = recurrent._geometry_of(*args, *engine)[4]  # the constexprs and num_warps
         kernel = recurrent._gdn_recurrent_kernel
-        compiled = _launch.compiled_of(kernel, _launch._variant_key(kernel, py_args[:-3], options))
+        constexprs = sum(p.is_constexpr for p in kernel.params)  # the C launch's last arguments
+        compiled = _launch.compiled_of(kernel, _launch._variant_key(kernel, py_args[:-constexprs], options))
         expected = _expected(list(compiled.src.signature.values()), None, py_args, _Names([*tensors, o_py]))
         expected += [("ptr", ("null",)), ("ptr", ("null",))]  # no scratch of either kind
         assert _decode(block, offsets, expected, [], _Names([*tensors, o])) == _expected_floats(expected), name

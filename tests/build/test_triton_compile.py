@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="compiles real kernels; the interpreter tree runs them instead")
 
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int32: "*i32",
-        torch.int64: "*i64"}
+        torch.int64: "*i64", torch.bool: "*i1"}
 
 
 class _CompileOnly:
@@ -187,6 +187,9 @@ def test_conv_kernels_compile_for_sm90(compile_only, dtype, monkeypatch):
             conv.causal_conv1d(x, weight, bias, torch.zeros(2, C, max(W - 1, 1)), None, "silu")
             conv.causal_conv1d(x[:1], weight, None, torch.zeros(3, C, W, dtype=dtype), cu, None)
             conv.causal_conv1d(x, weight)
+            slots, has = torch.tensor([3, 0, -1], dtype=torch.int32), torch.tensor([True, False, True])
+            conv.causal_conv1d(x[:1], weight, None, torch.zeros(5, C, W, dtype=dtype), cu, "silu", state_indices=slots,
+                               has_state=has, null=0)  # a serving engine's pool in place
             pool = torch.zeros(5, C, max(W, 2))
             conv.causal_conv1d_update(x[:, 0], pool, weight, bias, "silu", torch.tensor([3, -1], dtype=torch.int32))
             conv.causal_conv1d_update(x[:, :3], pool, weight)
@@ -194,6 +197,9 @@ def test_conv_kernels_compile_for_sm90(compile_only, dtype, monkeypatch):
     assert {name for name, _ in compiled} == {n for n in vars(conv) if n.endswith("_kernel")}, compiled
     assert {(k, W) for k in ("_causal_conv1d_kernel", "_causal_conv1d_update_kernel") for W in (1, 4, 8)} <= compiled
     assert {("_causal_conv1d_window_kernel", W) for W in (1, 4)} <= compiled
+    pool_forms = {key[0] for key in compile_only if ("state_indices", "*i32") in key[1]}
+    assert pool_forms == {"_causal_conv1d_kernel", "_causal_conv1d_window_kernel", "_conv_state_kernel",
+                          "_causal_conv1d_update_kernel"}, pool_forms
     compile_only.clear()
     for bt, bc, warps in ((8, 256, 4), (32, 256, 2)):  # window geometries bench_vllm_gdn_ops.py sweeps by default
         monkeypatch.setattr(conv, "PREFILL_KERNEL", "window")

@@ -8,7 +8,7 @@ never writes fails the comparison.
 import _samples
 import pytest
 import torch
-from _conv_check import case_id, check_case, check_op, conv_args, update_args
+from _conv_check import case_id, check_case, check_op, check_pool_prefill, conv_args, update_args
 from _gdn_check import (SPLIT_RATIO, check_chunk, check_decay_domain, check_pass_ignores_rows_outside_sequences,
                         check_post_conv, check_recurrent, check_recurrent_raw_gates, check_split, check_stages,
                         check_w_u_copies_match_pointer_loads, force_split, make_inputs, recurrence64)
@@ -679,6 +679,25 @@ def test_conv_small_for_sanitizer(monkeypatch):
     check_op(torch_aura, "causal_conv1d_update", update_args(DEV, 3, 2, 40, 4, 5, 4, BF16, rows=[3, -1, 0]))
     check_op(torch_aura, "causal_conv1d_update", update_args(DEV, 3, 1, 40, 4, 3, 4, BF16, rows=[3, -1, 0],
                                                              pool_layout="transposed"))
+
+
+@pytest.mark.parametrize("prefill", ["taps", "window"])
+def test_prefill_serves_a_state_pool_in_place(prefill, monkeypatch):
+    """vLLM's prefill step over its bf16 pool (8192 channels): the launcher's pool form bitwise its plain form
+    around a gather and a scatter; the null slot, padding and new requests (one shorter than the state) among
+    the sequences."""
+    from torch_aura.triton_kernels.gdn import conv
+
+    monkeypatch.setattr(conv, "PREFILL_KERNEL", prefill)
+    check_pool_prefill(conv, DEV, [0, 1000, 1003, 1004, 3000, 3001, 3003], 8192, 4, 3, BF16, [5, 0, -1, 7, 2, 9],
+                       [True, True, True, False, False, True])
+
+
+@pytest.mark.sanitize
+def test_prefill_pool_small_for_sanitizer():
+    from torch_aura.triton_kernels.gdn import conv
+
+    check_pool_prefill(conv, DEV, [0, 1, 3, 40], 40, 4, 3, BF16, [2, 0, -1], [False, True, True])
 
 
 def test_conv_duplicate_pool_rows_rejected_in_debug_mode(monkeypatch):

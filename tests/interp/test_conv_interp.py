@@ -9,7 +9,7 @@ wrong)."""
 import _samples
 import pytest
 import torch
-from _conv_check import case_id, check_case, check_op, conv_args, update_args
+from _conv_check import case_id, check_case, check_op, check_pool_prefill, conv_args, update_args
 
 from torch_aura.triton_kernels.gdn import conv
 
@@ -115,6 +115,25 @@ def test_update_matches_reference(case, block, monkeypatch):
     monkeypatch.setattr(conv, "UPDATE_BC", block[0])
     monkeypatch.setattr(conv, "UPDATE_WARPS", block[1])
     check_case(conv, "cpu", "causal_conv1d_update", case)
+
+
+POOL_CASES = [  # (offsets, C, W, S, dtype, rows, has): vLLM's prefill step over its state pool
+    # the null slot and padding (each with has_state set: neither may be read nor written), a request without
+    # a state (zero context, its row written), an empty sequence
+    ([0, 5, 9, 40, 41, 41], 10, 4, 3, F32, [3, 0, 5, -1, 1], [True, True, False, True, True]),
+    ([0, 2 * BT + 3], 136, 4, 3, F16, [2], [False]),  # a new request: zero context, its row written
+    ([0, 1, BT + 1, BT + 7], 20, 3, 4, F32, [4, 1, 6], [True, True, False]),  # S wider than the context
+    ([0, 9, 18], 12, 8, 7, F16, [-1, 2], [True, True]),  # W = 8 (the taps kernel for either setting)
+    # new requests shorter than the state: the rolled row keeps zeros, not the pool row's old entries
+    ([0, 1, 3, 10], 16, 4, 3, F32, [2, 4, 1], [False, False, True]),
+]
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=[f"seqs{len(c[0]) - 1}-C{c[1]}-W{c[2]}" for c in POOL_CASES])
+def test_prefill_serves_a_state_pool_in_place(case):
+    """The launcher's pool form (state_indices=, has_state=, null=) equals the plain form around a gather and
+    a scatter (``_conv_check.check_pool_prefill``), through both prefill kernels."""
+    check_pool_prefill(conv, "cpu", *case)
 
 
 @pytest.mark.parametrize("null", [0, 3])

@@ -43,9 +43,18 @@ def triton_ops(monkeypatch):
     monkeypatch.setattr(gdn, "_direct", lambda t: True)
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["pool-in-place", "gathered"])
 @pytest.mark.parametrize("layout", ["DS", "SD"])
-def test_prefill_conv_on_vllm_pool(layout):
+def test_prefill_conv_on_vllm_pool(layout, direct, monkeypatch):
+    """Both ways the prefill adapter runs: the launcher serving vLLM's pool in place (its slots, has_initial_state
+    and null slot passed through), and the op on rows gathered out of the pool and scattered back."""
+    seen = []
+    launcher = conv.causal_conv1d
+    monkeypatch.setattr(conv, "causal_conv1d", lambda *a, **k: seen.append(k) or launcher(*a, **k))
+    monkeypatch.setattr(gdn, "_direct", lambda t: direct)
     scenarios.test_causal_conv1d_fn_on_vllm_pool(layout)
+    in_place = [k for k in seen if "state_indices" in k]
+    assert (in_place == seen and seen[0]["null"] == 0) if direct else not in_place, seen
 
 
 @pytest.mark.parametrize("layout", ["DS", "SD"])

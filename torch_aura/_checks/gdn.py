@@ -246,11 +246,8 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
     return [c.TensorSpec((B, T, C), x.dtype, x.device)]
 
 
-def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None) -> list[c.TensorSpec]:
-    c.tensor("x", x, ndim=(2, 3), dtypes=c.FLOATS, unit_last_stride=True)
-    N, C = x.shape[0], x.shape[-1]
-    c.tensor("conv_state", conv_state, ndim=3, dtypes=c.FLOATS)
-    _conv_params(x, weight, bias, conv_state, activation, C, "P (state pool rows)", None)
+def _pool_rows(x, conv_state, state_indices, N: int) -> None:
+    """A state pool's rows for N sequences: ``state_indices [N]`` int32 (-1 = skip), else row n for sequence n."""
     if state_indices is None:
         if conv_state.shape[0] < N:  # sequence n uses pool row n
             c.fail("conv_state", f"at least N = {N} pool rows (sequence n uses row n without state_indices)",
@@ -259,4 +256,29 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
         c.tensor("state_indices", state_indices, ndim=1, dtypes=(torch.int32,), contiguous=True)
         c.shape("state_indices", state_indices, (N,), "one pool row per sequence, -1 = skip")
         c.same_device(x=x, state_indices=state_indices)
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None) -> list[c.TensorSpec]:
+    c.tensor("x", x, ndim=(2, 3), dtypes=c.FLOATS, unit_last_stride=True)
+    N, C = x.shape[0], x.shape[-1]
+    c.tensor("conv_state", conv_state, ndim=3, dtypes=c.FLOATS)
+    _conv_params(x, weight, bias, conv_state, activation, C, "P (state pool rows)", None)
+    _pool_rows(x, conv_state, state_indices, N)
     return [c.TensorSpec(tuple(x.shape), x.dtype, x.device)]
+
+
+def causal_conv1d_pool(x, weight, bias, conv_state, cu_seqlens, activation, state_indices,
+                       has_state) -> list[c.TensorSpec]:
+    """The prefill conv over a serving engine's state pool (the CUDA launcher's ``state_indices=`` form):
+    ``conv_state [P, C, S]`` at ``state_indices [N]``, the old row read where ``has_state [N]`` (bool) says."""
+    _float("x", x, 3)
+    B, T, C = x.shape
+    N, _ = _varlen(B, T, cu_seqlens, None, "x")
+    c.tensor("conv_state", conv_state, ndim=3, dtypes=c.FLOATS)
+    _conv_params(x, weight, bias, conv_state, activation, C, "P (state pool rows)", None)
+    _pool_rows(x, conv_state, state_indices, N)
+    if has_state is not None:
+        c.tensor("has_state", has_state, ndim=1, dtypes=(torch.bool,), contiguous=True)
+        c.shape("has_state", has_state, (N,), "one flag per sequence: read its state row")
+    c.same_device(x=x, cu_seqlens=cu_seqlens, has_state=has_state)
+    return [c.TensorSpec((B, T, C), x.dtype, x.device)]

@@ -38,6 +38,7 @@ from .recurrent import debug_check_pool_rows
 
 _check_conv = remembered_check(_checks.causal_conv1d)  # eager calls repeat their metadata: check it once
 _check_update = remembered_check(_checks.causal_conv1d_update)
+_check_pool = remembered_check(_checks.causal_conv1d_pool)
 
 # Fixed tiles, not tuned: a memory-bound stream whose tile only sets the vector width along C and the
 # share of re-read halo rows ((W - 1) / BT); the [channels, S] kernels move a few values per channel.
@@ -53,13 +54,13 @@ WINDOW_BT, WINDOW_BC, WINDOW_WARPS = 16, 256, 1  # bench_vllm_gdn_ops.py --conv-
 
 # ------------------------------------------------------------------------------ device helpers
 @triton.jit
-def _conv(x_first, state_row, p0, context, s_t, S, s_ss, weight, bias, cols, c_ok, ok, s_wc, W: tl.constexpr,
-          SILU: tl.constexpr):
+def _conv(x_first, state_row, state_ok, p0, context, s_t, S, s_ss, weight, bias, cols, c_ok, ok, s_wc,
+          W: tl.constexpr, SILU: tl.constexpr):
     """The outputs whose oldest tap is input ``p0`` of their sequence (shaped like ``ok``: ``[BT, BC]`` or
     ``[BC]``): ``act(bias + sum_j w[:, j] * input[p0 + j])``, fp32. Input ``p >= 0`` is token p
     (``x_first + p * s_t``), input ``p < 0`` (``>= -(W - 1) >= -S``) entry ``S + p`` of the state row
-    (``state_row + (S + p) * s_ss``; zeros when ``state_row`` is None), read only where ``context`` says some
-    output of the tile needs it."""
+    (``state_row + (S + p) * s_ss``; zeros when ``state_row`` is None or where ``state_ok``, broadcast like
+    ``ok``, is false), read only where ``context`` says some output of the tile needs it."""
     acc = tl.zeros(ok.shape, tl.float32)
     if bias is not None:
         acc += tl.load(bias + cols, mask=c_ok, other=0.0).to(tl.float32)
@@ -71,7 +72,7 @@ def _conv(x_first, state_row, p0, context, s_t, S, s_ss, weight, bias, cols, c_o
                 old = tl.zeros(ok.shape, tl.float32)
                 # addresses and mask outside the branch: inside it, Triton 3.6's layout pass fails (varlen)
                 ptr = state_row + (S + p) * s_ss
-                m = ok & (p < 0)
+                m = ok & (p < 0) & state_ok
                 if context:  # a branch, not a mask: tiles inside a sequence issue no state loads at all
                     old = tl.load(ptr, mask=m, other=0.0).to(tl.float32)
                 v = tl.where(p >= 0, v, old)
@@ -83,15 +84,16 @@ def _conv(x_first, state_row, p0, context, s_t, S, s_ss, weight, bias, cols, c_o
 
 
 @triton.jit
-def _roll_state(state_row, x_first, s_t, n_new, S, s_ss, ok, BS: tl.constexpr):
+def _roll_state(state_row, x_first, s_t, n_new, S, s_ss, ok, read, BS: tl.constexpr):
     """Overwrite the state rows ``state_row [BC]`` (pointers to entry 0, entries ``s_ss`` apart) with the last
-    ``S`` entries of ``[row | n_new inputs from x_first]``, the inputs rounded to the state's dtype. All loads
-    come before the barrier: another warp of the program may move an entry this one is about to overwrite."""
+    ``S`` entries of ``[row | n_new inputs from x_first]``, the inputs rounded to the state's dtype, the row read
+    as zeros where ``read`` (a scalar) is false (a sequence without a state). All loads come before the barrier:
+    another warp of the program may move an entry this one is about to overwrite."""
     s = tl.arange(0, BS)
     h = n_new + s  # new entry s is entry h of [row | inputs]
     keep = ok[:, None] & (s < S)[None, :]
     from_row = (h < S)[None, :]
-    old = tl.load(state_row[:, None] + h[None, :] * s_ss, mask=keep & from_row)
+    old = tl.load(state_row[:, None] + h[None, :] * s_ss, mask=keep & from_row & read, other=0.0)
     new = tl.load(x_first[:, None] + (h - S)[None, :] * s_t, mask=keep & ~from_row)
     rolled = tl.where(from_row, old, new.to(tl.float32).to(old.dtype))
     tl.debug_barrier()
@@ -118,10 +120,12 @@ def _sequence_of(cu_seqlens, rows, N):
 
 # ------------------------------------------------------------------------------------ kernels
 @length_agnostic(triton.jit)
-def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, s_xb_t, s_xt, s_wc, s_sn, s_sc,
-                          s_ss, W: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, state_indices, has_state, y, T, N, NT, C, S, P,
+                          null, s_xb_t, s_xt, s_wc, s_sn, s_sc, s_ss, W: tl.constexpr, SILU: tl.constexpr,
+                          BT: tl.constexpr, BC: tl.constexpr):
     """``y [B, T, C]`` (contiguous) for token block ``pid0 % NT`` of batch row ``pid0 // NT``, channel
-    block ``pid1``; varlen (``cu_seqlens``, B == 1): each row continues its own sequence."""
+    block ``pid1``; varlen (``cu_seqlens``, B == 1): each row continues its own sequence, whose state row
+    :func:`_pool_row` finds."""
     i_bt, i_c = tl.program_id(0), tl.program_id(1)
     b = (i_bt // NT).to(tl.int64)
     rows = (i_bt % NT).to(tl.int64) * BT + tl.arange(0, BT)
@@ -132,34 +136,51 @@ def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, 
         n, bos = _sequence_of(cu_seqlens, rows, N)
     else:
         n, bos = rows * 0 + b, rows * 0
+    state_row, state_ok = None, ok
     if conv_state is not None:
-        state_row = conv_state + n[:, None] * s_sn + cols[None, :] * s_sc
-    else:
-        state_row = None
+        row, _, read = _pool_row(n, state_indices, has_state, P, null)
+        state_row, state_ok = conv_state + row[:, None] * s_sn + cols[None, :] * s_sc, read[:, None]
     p = rows - bos  # each row's position in its sequence
     x_first = x + (b * s_xb_t + bos[:, None]) * s_xt + cols[None, :]
-    acc = _conv(x_first, state_row, p[:, None] - (W - 1), tl.min(p) < W - 1, s_xt, S, s_ss, weight, bias, cols, c_ok,
-                ok, s_wc, W, SILU)
+    acc = _conv(x_first, state_row, state_ok, p[:, None] - (W - 1), tl.min(p) < W - 1, s_xt, S, s_ss, weight, bias,
+                cols, c_ok, ok, s_wc, W, SILU)
     tl.store(y + (b * T + rows)[:, None] * C + cols[None, :], acc.to(y.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _input_at(x_first, state_row, p, s_t, S, s_ss, c_ok):
+def _input_at(x_first, state_row, state_ok, p, s_t, S, s_ss, c_ok):
     """Input ``p`` of the sequence whose token 0 is at ``x_first`` (``[BC]`` pointers): the token where ``p >= 0``,
-    else entry ``S + p`` of the state row (zeros without one, or past its start), fp32. ``p`` is a scalar."""
+    else entry ``S + p`` of the state row (zeros without one, where ``state_ok`` is false, or past its start),
+    fp32. ``p`` and ``state_ok`` are scalars."""
     v = tl.load(x_first + p * s_t, mask=c_ok & (p >= 0), other=0.0).to(tl.float32)
     if state_row is not None:
-        v += tl.load(state_row + (S + p) * s_ss, mask=c_ok & (p < 0) & (S + p >= 0), other=0.0).to(tl.float32)
+        v += tl.load(state_row + (S + p) * s_ss, mask=c_ok & (p < 0) & (S + p >= 0) & state_ok,
+                     other=0.0).to(tl.float32)
     return v
 
 
 @triton.jit
-def _context(x_first, state_row, p, s_t, S, s_ss, c_ok):
+def _context(x_first, state_row, state_ok, p, s_t, S, s_ss, c_ok):
     """Inputs ``p - 1``, ``p - 2``, ``p - 3`` of the sequence (as :func:`_input_at`): the left context of its input
     ``p``, newest first."""
-    return (_input_at(x_first, state_row, p - 1, s_t, S, s_ss, c_ok),
-            _input_at(x_first, state_row, p - 2, s_t, S, s_ss, c_ok),
-            _input_at(x_first, state_row, p - 3, s_t, S, s_ss, c_ok))
+    return (_input_at(x_first, state_row, state_ok, p - 1, s_t, S, s_ss, c_ok),
+            _input_at(x_first, state_row, state_ok, p - 2, s_t, S, s_ss, c_ok),
+            _input_at(x_first, state_row, state_ok, p - 3, s_t, S, s_ss, c_ok))
+
+
+@triton.jit
+def _pool_row(n, state_indices, has_state, P, null):
+    """Sequence ``n``'s state row (scalar or vector ``n``): ``(row, live, read)``. The row is
+    ``state_indices[n]``, or n without indices; it is live in ``[0, P)`` and not ``null``, and its old entries are
+    read where it is live and ``has_state[n]`` (every live row without ``has_state``). A dead row reads as 0."""
+    row = n
+    if state_indices is not None:
+        row = tl.load(state_indices + n).to(tl.int64)
+    live = (row >= 0) & (row < P) & (row != null)
+    read = live
+    if has_state is not None:
+        read = read & (tl.load(has_state + n) != 0)
+    return tl.where(live, row, 0), live, read
 
 
 @triton.jit
@@ -171,9 +192,9 @@ def _tap(weight, cols, c_ok, s_wc, j: tl.constexpr, W: tl.constexpr):
 
 
 @length_agnostic(triton.jit)
-def _causal_conv1d_window_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, s_xb_t, s_xt, s_wc, s_sn,
-                                 s_sc, s_ss, W: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr,
-                                 BC: tl.constexpr):
+def _causal_conv1d_window_kernel(x, weight, bias, conv_state, cu_seqlens, state_indices, has_state, y, T, N, NT, C, S,
+                                 P, null, s_xb_t, s_xt, s_wc, s_sn, s_sc, s_ss, W: tl.constexpr, SILU: tl.constexpr,
+                                 BT: tl.constexpr, BC: tl.constexpr):
     """``_causal_conv1d_kernel``'s outputs for ``W <= 4``, walking the program's ``BT`` tokens one at a time with
     the last three inputs in registers: each token is loaded once, where the tile kernel loads it once per tap
     (from L1 after the first). A program's first token, and each sequence starting inside its block, read their
@@ -194,10 +215,11 @@ def _causal_conv1d_window_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, 
         next_bos = tl.load(cu_seqlens + n + 1).to(tl.int64)
     else:
         n, bos, next_bos = b, t0 * 0, t0 * 0 + T
-    state_row = None
+    state_row, state_ok = None, False
     if conv_state is not None:
-        state_row = conv_state + n * s_sn + cols * s_sc
-    h1, h2, h3 = _context(x_row + bos * s_xt, state_row, t0 - bos, s_xt, S, s_ss, c_ok)
+        row, _, state_ok = _pool_row(n, state_indices, has_state, P, null)
+        state_row = conv_state + row * s_sn + cols * s_sc
+    h1, h2, h3 = _context(x_row + bos * s_xt, state_row, state_ok, t0 - bos, s_xt, S, s_ss, c_ok)
     for r in range(BT):
         t = t0 + r
         if t < T:
@@ -207,8 +229,9 @@ def _causal_conv1d_window_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, 
                         n += 1
                         next_bos = tl.load(cu_seqlens + n + 1).to(tl.int64)
                     if conv_state is not None:
-                        state_row = conv_state + n * s_sn + cols * s_sc
-                    h1, h2, h3 = _context(x_row, state_row, t * 0, s_xt, S, s_ss, c_ok)
+                        row, _, state_ok = _pool_row(n, state_indices, has_state, P, null)
+                        state_row = conv_state + row * s_sn + cols * s_sc
+                    h1, h2, h3 = _context(x_row, state_row, state_ok, t * 0, s_xt, S, s_ss, c_ok)
             xt = tl.load(x_row + t * s_xt, mask=c_ok, other=0.0).to(tl.float32)
             acc = b0 + w0 * xt + w1 * h1 + w2 * h2 + w3 * h3
             if SILU:
@@ -218,17 +241,18 @@ def _causal_conv1d_window_kernel(x, weight, bias, conv_state, cu_seqlens, y, T, 
 
 
 @length_agnostic(triton.jit)
-def _conv_state_kernel(x, conv_state, cu_seqlens, T, C, S, s_xb_t, s_xt, s_sn, s_sc, s_ss,
-                       BC: tl.constexpr, BS: tl.constexpr):
-    """After the conv: state row ``pid0`` (of sequence ``pid0``) ends with the sequence's inputs; an empty
-    sequence leaves it untouched."""
+def _conv_state_kernel(x, conv_state, cu_seqlens, state_indices, has_state, T, C, S, P, null, s_xb_t, s_xt, s_sn,
+                       s_sc, s_ss, BC: tl.constexpr, BS: tl.constexpr):
+    """After the conv: sequence ``pid0``'s state row (:func:`_pool_row`) ends with the sequence's inputs after
+    its old entries (zeros without ``has_state``); an empty sequence, or a skipped row, leaves it untouched."""
     n, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     b, bos, eos = seq_span(n, cu_seqlens, T, cu_seqlens is not None)
     bos = tl.maximum(bos, 0)
+    row, live, read = _pool_row(n, state_indices, has_state, P, null)
     cols = i_c * BC + tl.arange(0, BC)
-    if eos > bos:
-        _roll_state(conv_state + n * s_sn + cols * s_sc, x + (b * s_xb_t + bos) * s_xt + cols, s_xt, eos - bos, S,
-                    s_ss, cols < C, BS)
+    if (eos > bos) & live:
+        _roll_state(conv_state + row * s_sn + cols * s_sc, x + (b * s_xb_t + bos) * s_xt + cols, s_xt, eos - bos,
+                    S, s_ss, cols < C, read, BS)
 
 
 @length_agnostic(triton.jit)
@@ -239,21 +263,17 @@ def _causal_conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, 
     ``state_indices[n]`` (row n without indices), which is then rolled by the L inputs. A row outside
     ``[0, P)`` (-1: skip) or equal to ``null`` is neither read nor written and the outputs are zeros."""
     n, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    if state_indices is not None:
-        slot = tl.load(state_indices + n).to(tl.int64)
-    else:
-        slot = n
-    live = (slot >= 0) & (slot < P) & (slot != null)
+    row, live, _ = _pool_row(n, state_indices, None, P, null)
     cols = i_c * BC + tl.arange(0, BC)
     c_ok = cols < C
     ok = live & c_ok
-    state_row = conv_state + slot * s_sn + cols * s_sc
+    state_row = conv_state + row * s_sn + cols * s_sc
     x_first = x + n * s_xn_l * s_xl + cols
     for l in range(L):
-        acc = _conv(x_first, state_row, l - (W - 1), l < W - 1, s_xl, S, s_ss, weight, bias, cols, c_ok, ok, s_wc, W,
-                    SILU)
+        acc = _conv(x_first, state_row, live, l - (W - 1), l < W - 1, s_xl, S, s_ss, weight, bias, cols, c_ok, ok,
+                    s_wc, W, SILU)
         tl.store(y + (n * L + l) * C + cols, tl.where(live, acc, 0.0).to(y.dtype.element_ty), mask=c_ok)
-    _roll_state(state_row, x_first, s_xl, L, S, s_ss, ok, BS)
+    _roll_state(state_row, x_first, s_xl, L, S, s_ss, ok, live, BS)
 
 
 # ----------------------------------------------------------------------------------- launchers
@@ -279,10 +299,18 @@ def _channel_block(C: int, most: int) -> int:
     return min(most, max(16, next_pow2(C)))
 
 
-def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activation=None):
+def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activation=None, state_indices=None,
+                  has_state=None, null: int = -1):
     """``torch_aura.causal_conv1d`` on CUDA (arguments there): ``y [B, T, C]`` in x's dtype; ``conv_state
-    [N, C, S]`` rewritten in place after the conv, by a second launch."""
-    _check_conv(x, weight, bias, conv_state, cu_seqlens, activation)
+    [N, C, S]`` rewritten in place after the conv, by a second launch. Three arguments the op does not have
+    serve an engine's state pool in place (no gather or scatter around the call): ``conv_state [P, C, S]`` is
+    then the pool and sequence n's row ``state_indices[n]`` (int32; -1 or ``null`` skip: zero context, no
+    write), its old entries read only where ``has_state[n]`` (bool; every row without it)."""
+    pool = state_indices is not None or has_state is not None
+    if pool:
+        _check_pool(x, weight, bias, conv_state, cu_seqlens, activation, state_indices, has_state)
+    else:
+        _check_conv(x, weight, bias, conv_state, cu_seqlens, activation)
     B, T, C = x.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     y = torch.empty((B, T, C), dtype=x.dtype, device=x.device)
@@ -290,6 +318,9 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
         return y
     if N == 0:  # tokens but no sequence: corrupt offsets (TORCH_AURA_DEBUG=1 raises), no row to read
         return y.zero_()
+    if state_indices is not None:
+        debug_check_pool_rows(state_indices, conv_state.shape[0], null)
+    P = 0 if conv_state is None else conv_state.shape[0]
     S = 0 if conv_state is None else conv_state.shape[2]
     s_sn, s_sc, s_ss = (0, 0, 1) if conv_state is None else conv_state.stride()
     W = weight.shape[1]
@@ -300,14 +331,15 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
         kernel, BT, BC, warps = _causal_conv1d_kernel, CONV_BT, _channel_block(C, CONV_BC), 4
     NT = cdiv(T, BT)
     x, s_xb_t, s_xt = _rows_in_steps(x)
-    key = (C, S, *map(tensor_key, (x, weight, bias, conv_state, cu_seqlens)))
+    key = (C, S, int(null), *map(tensor_key, (x, weight, bias, conv_state, cu_seqlens, state_indices, has_state)))
     launch(kernel, (B * NT, cdiv(C, BC)), key,
-           x, weight, bias, conv_state, cu_seqlens, y, T, N, NT, C, S, s_xb_t, s_xt, weight.stride(0),
-           s_sn, s_sc, s_ss, W=W, SILU=activation is not None, BT=BT, BC=BC, num_warps=warps)
+           x, weight, bias, conv_state, cu_seqlens, state_indices, has_state, y, T, N, NT, C, S, P, int(null),
+           s_xb_t, s_xt, weight.stride(0), s_sn, s_sc, s_ss, W=W, SILU=activation is not None, BT=BT, BC=BC,
+           num_warps=warps)
     if conv_state is not None:  # after every read of the old rows: same stream, next launch
         BC = _channel_block(C, ROW_BC)
-        launch(_conv_state_kernel, (N, cdiv(C, BC)), key, x, conv_state, cu_seqlens, T, C, S, s_xb_t,
-               s_xt, s_sn, s_sc, s_ss, BC=BC, BS=next_pow2(S), num_warps=2)
+        launch(_conv_state_kernel, (N, cdiv(C, BC)), key, x, conv_state, cu_seqlens, state_indices, has_state, T, C,
+               S, P, int(null), s_xb_t, s_xt, s_sn, s_sc, s_ss, BC=BC, BS=next_pow2(S), num_warps=2)
     return y
 
 

@@ -173,9 +173,10 @@ def gdn_recurrent(q, k, v, g, beta, state, state_indices=None, cu_seqlens=None, 
     the kernel as ``torch_aura``'s gates kernel does (softplus beta 1, threshold 20); ``null``, one more pool row
     that skips as -1 does (the engine's null slot, so its indices need no translation)."""
     A_log, dt_bias = (None, None) if gates is None else gates
+    # the op's calls pass the op's arguments only: one memo entry per geometry, whichever caller looks it up
+    engine = () if gates is None and null == -1 else (A_log, dt_bias, null)
     (shape, dtype, device), grid, key, ints, options, native = _geometry_of(
-        q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first, A_log, dt_bias,
-        null)
+        q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_l2norm, state_v_first, *engine)
     if state_indices is not None and not _env.unset(_DEBUG):  # unset, the usual case: no frame, no state.shape read
         debug_check_pool_rows(state_indices, state.shape[0], null)
     if out is None:

@@ -245,15 +245,26 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
         return _fallback(name, f"activation {activation!r}", *args)
     _count(name)
     n = query_start_loc.shape[0] - 1
+    xt = x.transpose(0, 1)  # [T, C]
+    if xt.stride(-1) != 1:
+        xt = xt.contiguous()
+    if (_direct(xt) and pad_slot_id < 0 and cache_indices.dtype == torch.int32 and cache_indices.stride(-1) == 1
+            and (has_initial_state is None or has_initial_state.dim() == 1)):
+        from ...triton_kernels.gdn.conv import causal_conv1d as launch
+
+        # vLLM's pool served in place: its slots as they are (padding and its null slot skip in the kernels),
+        # the old rows read where has_initial_state says; no gather or scatter around the conv
+        has = None if has_initial_state is None else has_initial_state[:n].to(torch.bool).contiguous()
+        null = -1 if null_block_id is None else null_block_id
+        y = launch(xt[None], weight, bias, conv_states, query_start_loc, act, state_indices=cache_indices[:n],
+                   has_state=has, null=null)[0]
+        return y.transpose(0, 1)
     rows = _slots(cache_indices, n, pad_slot_id, null_block_id)
     valid = rows >= 0
     gather = rows.clamp(min=0).long()
     keep = valid if has_initial_state is None else valid & has_initial_state[:n].bool()
     old = conv_states[gather]  # a copy [n, C, W - 1] (vLLM's [slots, W - 1, C] pool is transposed: the op takes any)
     state = torch.where(keep[:, None, None], old, torch.zeros((), dtype=old.dtype, device=old.device))
-    xt = x.transpose(0, 1)  # [T, C]
-    if xt.stride(-1) != 1:
-        xt = xt.contiguous()
     y = torch.ops.aura.causal_conv1d(xt[None], weight, bias, state, query_start_loc, act)[0]
     # skipped sequences (padding, the null block) write their slot's old row back: the null block 0
     # and padding never name a real request's slot
