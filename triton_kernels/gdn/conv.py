@@ -20,7 +20,9 @@ along the contiguous channels. State entries are ``s_ss`` apart: 1 in a ``[rows,
 * ``_causal_conv1d_update_kernel``: a decode step, per (sequence, channel block): its L outputs from
   the pool row and the new tokens, then the row rolled in place.
 
-A program that rewrites a state row reads every entry it moves before it stores any (``_roll_state``).
+A sequence's state row is ``_pool_row``'s: row n of the state, or, in the prefill launcher's pool form and
+the decode step, the row its index names in a serving engine's pool (-1 and the engine's null slot skip). A
+program that rewrites a state row reads every entry it moves before it stores any (``_roll_state``).
 """
 
 from __future__ import annotations
@@ -43,13 +45,13 @@ _check_pool = remembered_check(_checks.causal_conv1d_pool)
 # Fixed tiles, not tuned: a memory-bound stream whose tile only sets the vector width along C and the
 # share of re-read halo rows ((W - 1) / BT); the [channels, S] kernels move a few values per channel.
 CONV_BT, CONV_BC, ROW_BC = 32, 128, 64
-# The decode step's channels and warps per program: bench_vllm_gdn_ops.py --conv-update-blocks times others,
-# since vLLM's conv update (256 channels on 4 warps) took half our time at B >= 256 (docs/gdn.md §6.1)
-UPDATE_BC, UPDATE_WARPS = 64, 2
 # The prefill conv's kernel, "taps" or "window" (W <= 4; wider convs take "taps"): window loads each input once,
 # and bench_vllm_gdn_ops.py --conv-kernels timed it faster on the H200 (docs/gdn.md §6.1)
 PREFILL_KERNEL = "window"
 WINDOW_BT, WINDOW_BC, WINDOW_WARPS = 16, 256, 1  # bench_vllm_gdn_ops.py --conv-kernels window:BTxBCxW times others
+# The decode step's channels and warps per program: bench_vllm_gdn_ops.py --conv-update-blocks times others,
+# since vLLM's conv update (256 channels on 4 warps) took half our time at B >= 256 (docs/gdn.md §6.1)
+UPDATE_BC, UPDATE_WARPS = 64, 2
 
 
 # ------------------------------------------------------------------------------ device helpers

@@ -9,7 +9,8 @@ Per token (S is ``[K, V]``): ``S <- e^g S;  r = v - S^T k;  S <- S + k (beta r)^
 With ``use_qk_l2norm`` q and k are normalised in fp32 registers and never rounded.
 
 Pool rows: sequence n uses ``state_indices[n]`` (row n without indices). A negative index (or one
-past the pool, which the reference rejects) skips the sequence: no read, no write, zeros in o.
+past the pool, which the reference rejects, or the launcher's ``null``) skips the sequence: no read, no
+write, zeros in o.
 Duplicate rows race; ``TORCH_AURA_DEBUG=1`` checks for them on the host (one sync).
 """
 
@@ -89,8 +90,9 @@ def debug_check_pool_rows(state_indices: torch.Tensor, P: int, null: int = -1) -
         raise ValueError(f"state_indices: expected distinct pool rows in [0, {P}) or -1 (skip), got {rows[:16]}")
 
 
-# Triton's software pipelining stages for the token loop (None: its default). A decode step runs the loop once,
-# where a pipeline's prologue buys nothing; bench_vllm_gdn_ops.py --recurrent-tiles BVxW:s1 times stages=1.
+# Triton's software pipelining stages for the token loop (None: its default; read when a geometry is first
+# built). A decode step runs the loop once, where a pipeline's prologue buys nothing: bench_vllm_gdn_ops.py
+# --recurrent-tiles BVxW:s1 times stages=1.
 LOOP_STAGES = None
 
 
