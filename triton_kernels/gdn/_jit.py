@@ -1,4 +1,4 @@
-"""Device helpers shared by the GDN kernels (chunk bounds, tile addressing, gates, the 16x16 solve).
+"""Device helpers shared by the GDN kernels (chunk bounds, tile addressing, pool rows, gates, the 16x16 solve).
 
 Conventions of every GDN kernel:
 
@@ -48,6 +48,21 @@ G_MIN = tl.constexpr(-20.0)  # g is read as clamp(g, G_MIN, 0): reference.gdn.G_
 def decay_log(g):
     """``g`` as every GDN op reads it (a log decay; -inf and g > 0 included), fp32."""
     return tl.minimum(tl.maximum(g.to(tl.float32), G_MIN), 0.0)
+
+
+@triton.jit
+def pool_row(n, state_indices, has_state, P, null):
+    """Sequence ``n``'s state row (scalar or vector ``n``): ``(row, live, read)``. The row is
+    ``state_indices[n]``, or n without indices; it is live in ``[0, P)`` and not ``null``, and its old entries are
+    read where it is live and ``has_state[n]`` (every live row without ``has_state``). A dead row reads as 0."""
+    row = n.to(tl.int64)
+    if state_indices is not None:
+        row = tl.load(state_indices + n).to(tl.int64)
+    live = (row >= 0) & (row < P) & (row != null)
+    read = live
+    if has_state is not None:
+        read = read & (tl.load(has_state + n) != 0)
+    return tl.where(live, row, 0), live, read
 
 
 @triton.jit

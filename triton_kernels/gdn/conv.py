@@ -20,7 +20,7 @@ along the contiguous channels. State entries are ``s_ss`` apart: 1 in a ``[rows,
 * ``_causal_conv1d_update_kernel``: a decode step, per (sequence, channel block): its L outputs from
   the pool row and the new tokens, then the row rolled in place.
 
-A sequence's state row is ``_pool_row``'s: row n of the state, or, in the prefill launcher's pool form and
+A sequence's state row is ``pool_row``'s: row n of the state, or, in the prefill launcher's pool form and
 the decode step, the row its index names in a serving engine's pool (-1 and the engine's null slot skip). A
 program that rewrites a state row reads every entry it moves before it stores any (``_roll_state``).
 """
@@ -35,7 +35,7 @@ from ..._checks import gdn as _checks
 from ..._checks.common import remembered_check
 from .._launch import launch, tensor_key
 from .._tune import cdiv, next_pow2
-from ._jit import length_agnostic, seq_span
+from ._jit import length_agnostic, pool_row, seq_span
 from .recurrent import debug_check_pool_rows
 
 _check_conv = remembered_check(_checks.causal_conv1d)  # eager calls repeat their metadata: check it once
@@ -127,7 +127,7 @@ def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, state_indices
                           BT: tl.constexpr, BC: tl.constexpr):
     """``y [B, T, C]`` (contiguous) for token block ``pid0 % NT`` of batch row ``pid0 // NT``, channel
     block ``pid1``; varlen (``cu_seqlens``, B == 1): each row continues its own sequence, whose state row
-    :func:`_pool_row` finds."""
+    :func:`pool_row` finds."""
     i_bt, i_c = tl.program_id(0), tl.program_id(1)
     b = (i_bt // NT).to(tl.int64)
     rows = (i_bt % NT).to(tl.int64) * BT + tl.arange(0, BT)
@@ -140,7 +140,7 @@ def _causal_conv1d_kernel(x, weight, bias, conv_state, cu_seqlens, state_indices
         n, bos = rows * 0 + b, rows * 0
     state_row, state_ok = None, ok
     if conv_state is not None:
-        row, _, read = _pool_row(n, state_indices, has_state, P, null)
+        row, _, read = pool_row(n, state_indices, has_state, P, null)
         state_row, state_ok = conv_state + row[:, None] * s_sn + cols[None, :] * s_sc, read[:, None]
     p = rows - bos  # each row's position in its sequence
     x_first = x + (b * s_xb_t + bos[:, None]) * s_xt + cols[None, :]
@@ -168,21 +168,6 @@ def _context(x_first, state_row, state_ok, p, s_t, S, s_ss, c_ok):
     return (_input_at(x_first, state_row, state_ok, p - 1, s_t, S, s_ss, c_ok),
             _input_at(x_first, state_row, state_ok, p - 2, s_t, S, s_ss, c_ok),
             _input_at(x_first, state_row, state_ok, p - 3, s_t, S, s_ss, c_ok))
-
-
-@triton.jit
-def _pool_row(n, state_indices, has_state, P, null):
-    """Sequence ``n``'s state row (scalar or vector ``n``): ``(row, live, read)``. The row is
-    ``state_indices[n]``, or n without indices; it is live in ``[0, P)`` and not ``null``, and its old entries are
-    read where it is live and ``has_state[n]`` (every live row without ``has_state``). A dead row reads as 0."""
-    row = n
-    if state_indices is not None:
-        row = tl.load(state_indices + n).to(tl.int64)
-    live = (row >= 0) & (row < P) & (row != null)
-    read = live
-    if has_state is not None:
-        read = read & (tl.load(has_state + n) != 0)
-    return tl.where(live, row, 0), live, read
 
 
 @triton.jit
@@ -219,7 +204,7 @@ def _causal_conv1d_window_kernel(x, weight, bias, conv_state, cu_seqlens, state_
         n, bos, next_bos = b, t0 * 0, t0 * 0 + T
     state_row, state_ok = None, False
     if conv_state is not None:
-        row, _, state_ok = _pool_row(n, state_indices, has_state, P, null)
+        row, _, state_ok = pool_row(n, state_indices, has_state, P, null)
         state_row = conv_state + row * s_sn + cols * s_sc
     h1, h2, h3 = _context(x_row + bos * s_xt, state_row, state_ok, t0 - bos, s_xt, S, s_ss, c_ok)
     for r in range(BT):
@@ -231,7 +216,7 @@ def _causal_conv1d_window_kernel(x, weight, bias, conv_state, cu_seqlens, state_
                         n += 1
                         next_bos = tl.load(cu_seqlens + n + 1).to(tl.int64)
                     if conv_state is not None:
-                        row, _, state_ok = _pool_row(n, state_indices, has_state, P, null)
+                        row, _, state_ok = pool_row(n, state_indices, has_state, P, null)
                         state_row = conv_state + row * s_sn + cols * s_sc
                     h1, h2, h3 = _context(x_row, state_row, state_ok, t * 0, s_xt, S, s_ss, c_ok)
             xt = tl.load(x_row + t * s_xt, mask=c_ok, other=0.0).to(tl.float32)
@@ -245,12 +230,12 @@ def _causal_conv1d_window_kernel(x, weight, bias, conv_state, cu_seqlens, state_
 @length_agnostic(triton.jit)
 def _conv_state_kernel(x, conv_state, cu_seqlens, state_indices, has_state, T, C, S, P, null, s_xb_t, s_xt, s_sn,
                        s_sc, s_ss, BC: tl.constexpr, BS: tl.constexpr):
-    """After the conv: sequence ``pid0``'s state row (:func:`_pool_row`) ends with the sequence's inputs after
+    """After the conv: sequence ``pid0``'s state row (:func:`pool_row`) ends with the sequence's inputs after
     its old entries (zeros without ``has_state``); an empty sequence, or a skipped row, leaves it untouched."""
     n, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     b, bos, eos = seq_span(n, cu_seqlens, T, cu_seqlens is not None)
     bos = tl.maximum(bos, 0)
-    row, live, read = _pool_row(n, state_indices, has_state, P, null)
+    row, live, read = pool_row(n, state_indices, has_state, P, null)
     cols = i_c * BC + tl.arange(0, BC)
     if (eos > bos) & live:
         _roll_state(conv_state + row * s_sn + cols * s_sc, x + (b * s_xb_t + bos) * s_xt + cols, s_xt, eos - bos,
@@ -265,7 +250,7 @@ def _causal_conv1d_update_kernel(x, conv_state, weight, bias, state_indices, y, 
     ``state_indices[n]`` (row n without indices), which is then rolled by the L inputs. A row outside
     ``[0, P)`` (-1: skip) or equal to ``null`` is neither read nor written and the outputs are zeros."""
     n, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    row, live, _ = _pool_row(n, state_indices, None, P, null)
+    row, live, _ = pool_row(n, state_indices, None, P, null)
     cols = i_c * BC + tl.arange(0, BC)
     c_ok = cols < C
     ok = live & c_ok
@@ -320,9 +305,9 @@ def causal_conv1d(x, weight, bias=None, conv_state=None, cu_seqlens=None, activa
         return y
     if N == 0:  # tokens but no sequence: corrupt offsets (TORCH_AURA_DEBUG=1 raises), no row to read
         return y.zero_()
-    if state_indices is not None:
-        debug_check_pool_rows(state_indices, conv_state.shape[0], null)
     P = 0 if conv_state is None else conv_state.shape[0]
+    if state_indices is not None:
+        debug_check_pool_rows(state_indices, P, null)
     S = 0 if conv_state is None else conv_state.shape[2]
     s_sn, s_sc, s_ss = (0, 0, 1) if conv_state is None else conv_state.stride()
     W = weight.shape[1]

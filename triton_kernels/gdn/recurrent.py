@@ -27,7 +27,7 @@ from ..._checks.common import remembered, tensor_facts
 from .. import _launch
 from .._launch import launch, tensor_key
 from .._tune import cdiv, next_pow2, sm_count
-from ._jit import decay_log, gate_values, length_agnostic, seq_span, v_tile_head_row
+from ._jit import decay_log, gate_values, length_agnostic, pool_row, seq_span, v_tile_head_row
 
 _DEBUG = "TORCH_AURA_DEBUG"
 
@@ -43,11 +43,7 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
     i_v, i_hv, n = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
     b, bos, eos = seq_span(n, cu_seqlens, T, cu_seqlens is not None)
-    if state_indices is not None:
-        slot = tl.load(state_indices + n).to(tl.int64)
-    else:
-        slot = n.to(tl.int64)
-    live = (slot >= 0) & (slot < P) & (slot != null)
+    slot, live, _ = pool_row(n, state_indices, None, P, null)
     if RAW_GATES:
         A_h, dt_h = tl.load(A_log + i_hv), tl.load(dt_bias + i_hv)
     kk = tl.arange(0, BK)
