@@ -40,7 +40,7 @@ def triton_ops(monkeypatch):
     monkeypatch.setattr(gdn, "_fused_gates", lambda a, b: a.stride(-1) == 1 and b.stride(-1) == 1)
     # and the launchers called directly where a GPU would (vLLM's null slot skipped in the kernels, the decode
     # rule computing vLLM's gates and writing the packed decode into vLLM's out)
-    monkeypatch.setattr(gdn, "_direct", lambda t: True)
+    monkeypatch.setattr(gdn, "_launchers_here", lambda t: True)
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["pool-in-place", "gathered"])
@@ -51,7 +51,7 @@ def test_prefill_conv_on_vllm_pool(layout, direct, monkeypatch):
     seen = []
     launcher = conv.causal_conv1d
     monkeypatch.setattr(conv, "causal_conv1d", lambda *a, **k: seen.append(k) or launcher(*a, **k))
-    monkeypatch.setattr(gdn, "_direct", lambda t: direct)
+    monkeypatch.setattr(gdn, "_launchers_here", lambda t: direct)
     scenarios.test_causal_conv1d_fn_on_vllm_pool(layout)
     in_place = [k for k in seen if "state_indices" in k]
     assert (in_place == seen and seen[0]["null"] == 0) if direct else not in_place, seen
@@ -102,7 +102,7 @@ def test_decode_launchers_take_vllm_slots_and_out(monkeypatch):
 def test_decode_through_the_gates_kernel_where_the_rule_is_not_launched_directly(monkeypatch, scenario):
     """The decode adapters' other path (a compiled graph, or slots that are not int32): the gates kernel with
     our pool rows, then the op."""
-    monkeypatch.setattr(gdn, "_direct", lambda t: False)
+    monkeypatch.setattr(gdn, "_launchers_here", lambda t: False)
     made = []
     kernel = gates.gdn_gates
     monkeypatch.setattr(gates, "gdn_gates", lambda *a: made.append(1) or kernel(*a))

@@ -183,13 +183,20 @@ def _activation(activation):
     raise ValueError(activation)
 
 
-def _direct(t: torch.Tensor) -> bool:
-    """Whether an adapter calls our Triton launcher itself (with the launcher-only ``out=`` / ``null=`` that spare a
-    copy or a translation kernel per layer and step): a CUDA tensor where the kernels exist, outside a
-    torch.compile trace; else the registered op."""
+def _launchers_here(t: torch.Tensor) -> bool:
+    """Whether our Triton launchers can be called directly on ``t``: a CUDA tensor where the kernels exist,
+    outside a torch.compile trace (which must see the registered ops)."""
     from ... import backends
 
     return t.is_cuda and not torch.compiler.is_compiling() and backends.has_kernel("gdn_recurrent", "cuda")
+
+
+def _direct(t: torch.Tensor, slots: torch.Tensor | None) -> bool:
+    """Whether an adapter calls our Triton launcher itself, handing it vLLM's ``slots`` as they are (the
+    launcher-only ``null=`` and pool arguments spare a translation kernel, a copy or a gather per layer and
+    step): :func:`_launchers_here`, and int32 slots of unit stride; else the registered op."""
+    return (_launchers_here(t) and slots is not None and slots.dtype == torch.int32
+            and slots.stride(-1) == 1)
 
 
 def _fused_gates(a, b) -> bool:
@@ -248,8 +255,7 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     xt = x.transpose(0, 1)  # [T, C]
     if xt.stride(-1) != 1:
         xt = xt.contiguous()
-    if (_direct(xt) and pad_slot_id < 0 and cache_indices.dtype == torch.int32 and cache_indices.stride(-1) == 1
-            and (has_initial_state is None or has_initial_state.dim() == 1)):
+    if _direct(xt, cache_indices) and pad_slot_id < 0 and (has_initial_state is None or has_initial_state.dim() == 1):
         from ...triton_kernels.gdn.conv import causal_conv1d as launch
 
         # vLLM's pool served in place: its slots as they are (padding and its null slot skip in the kernels),
@@ -303,8 +309,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         tokens = tokens.contiguous()
     n = tokens.shape[0]
     # vLLM's default pool is [slots, W - 1, C] seen through a transpose: the op rolls it in place at its strides
-    if (_direct(tokens) and conv_state_indices is not None and conv_state_indices.dtype == torch.int32
-            and conv_state_indices.stride(-1) == 1):  # vLLM's slots as they are: its null slot skips in the kernel
+    if _direct(tokens, conv_state_indices):  # vLLM's slots as they are: its null slot skips in the kernel
         from ...triton_kernels.gdn.conv import causal_conv1d_update as launch
 
         y = launch(tokens, conv_state, weight, bias, act, conv_state_indices[:n], null=null_block_id)
@@ -373,8 +378,7 @@ def _rule_in_one_launch(q, k, v, a, b, A_log, dt_bias, pool, slots, n, cu_seqlen
     in the kernel (softplus beta 1, threshold 20), vLLM's ``slots`` as they are (its null slot 0 skips there),
     o into ``out`` where given. Returns o, or None where that launch does not apply (then: the gates kernel
     with our rows, and the op)."""
-    if not (_direct(q) and slots.dtype == torch.int32 and slots.stride(-1) == 1
-            and (out is None or (out.is_contiguous() and out.dtype == q.dtype))):
+    if not (_direct(q, slots) and (out is None or (out.is_contiguous() and out.dtype == q.dtype))):
         return None
     from ...triton_kernels.gdn.recurrent import gdn_recurrent as launch
 
