@@ -136,6 +136,21 @@ def test_prefill_serves_a_state_pool_in_place(case):
     check_pool_prefill(conv, "cpu", *case)
 
 
+def test_prefill_pool_form_refuses_bad_rows_by_name():
+    """The pool form's own arguments are checked before anything runs: the flags' dtype and length, the rows'."""
+    x, weight, bias, _, cu, act = conv_args("cpu", 1, 10, 8, 4, F32, offsets=[0, 4, 10])
+    pool = torch.zeros(5, 8, 3)
+    idx = torch.tensor([1, 3], dtype=torch.int32)
+    for bad, name in ((dict(state_indices=idx, has_state=torch.tensor([1, 0])), "has_state"),
+                      (dict(state_indices=idx, has_state=torch.tensor([True])), "has_state"),
+                      (dict(state_indices=idx.long()), "state_indices"),
+                      (dict(state_indices=torch.tensor([1, 2, 3], dtype=torch.int32)), "state_indices")):
+        before = pool.clone()
+        with pytest.raises(ValueError, match=name):
+            conv.causal_conv1d(x, weight, bias, pool, cu, act, **bad)
+        assert torch.equal(pool, before)
+
+
 @pytest.mark.parametrize("null", [0, 3])
 def test_update_null_slot_skips_like_minus_one(null):
     """The launcher's ``null=`` (a serving engine's null slot, passed untranslated): that slot is neither read nor
