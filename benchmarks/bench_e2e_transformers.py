@@ -232,12 +232,12 @@ def cache_bytes(cache) -> tuple[int, float]:
 
 def prompts(model, B, T, device, prefill_rows=None):
     """The prefill ids (``prefill_rows or B`` rows of T) and the DECODE_STEPS teacher-forced tokens of a row;
-    row 0 of the prompt is the same for every B."""
+    row 0's prompt and steps are the same for every B and ``prefill_rows``."""
     vocab = model.config.get_text_config().vocab_size
-    g = torch.Generator(device="cpu").manual_seed(1)
-    ids = torch.randint(1, vocab, (prefill_rows or B, T), generator=g).to(device)
-    steps = torch.randint(1, vocab, (DECODE_STEPS, B, 1), generator=g).to(device)
-    return ids, steps
+    ids = torch.randint(1, vocab, (prefill_rows or B, T), generator=torch.Generator().manual_seed(1)).to(device)
+    # a generator of their own: drawn after the ids, the steps would change with the rows prefilled
+    steps = torch.randint(1, vocab, (B, DECODE_STEPS), generator=torch.Generator().manual_seed(2))
+    return ids, steps.T[..., None].to(device)
 
 
 @torch.inference_mode()
