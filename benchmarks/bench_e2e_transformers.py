@@ -772,18 +772,20 @@ def render(facts, gdn_default, rows, args) -> str:
         lines += [f"| {r['model']} | {r['B']} | {r['T']} | {r['variant']} | "
                   + " / ".join(f"{ms:.2f}" for ms in r["step_ms_rounds"]) + " |" for r in turns]
     lines += ["", f"## Longest context per row at B = 8, full depth, {KV_BUDGET_GB} GB of K/V (from the measured bytes per token)",
-              "", "| model | variant | bytes / token / layer | tokens per row | vs default |", "|---|---|---|---|---|"]
+              "", "| model | cache (row measured) | bytes / token / layer | tokens per row | vs dense |", "|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in rows if r["kind"] == "e2e"):
-        base = None
-        for v in ("default", *SCHEMES):
-            r = next((r for r in rows if r["kind"] == "e2e" and r["model"] == model and r["variant"] == v
-                      and "bytes_per_token_layer" in r), None)
+        first = {}  # per cache kind, the first measured row: bytes per token depend on neither attention nor compile
+        for r in rows:
+            if r["kind"] == "e2e" and r["model"] == model and "bytes_per_token_layer" in r:
+                first.setdefault(VARIANTS[r["variant"]].cache, r)
+        dense = first.get("dynamic") or first.get("static")
+        for cache in ("dense", *SCHEMES):
+            r = dense if cache == "dense" else first.get(cache)
             if r is None:
                 continue
             n = longest_context_b8(model, r["bytes_per_token_layer"])
-            base = n if v == "default" else base
-            ratio = f"{n / base:.2f}x" if base else ""
-            lines.append(f"| {model} | {v} | {r['bytes_per_token_layer']:.0f} | {n:,} | {ratio} |")
+            ratio = f"{n / longest_context_b8(model, dense['bytes_per_token_layer']):.2f}x" if dense else ""
+            lines.append(f"| {model} | {cache} ({r['variant']}) | {r['bytes_per_token_layer']:.0f} | {n:,} | {ratio} |")
     depth = [r for r in rows if r["kind"] == "depth"]
     if depth:
         lines += ["", "## Teacher-forced agreement with the dense path per depth (B = 1, random weights)", "",
