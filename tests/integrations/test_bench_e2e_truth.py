@@ -165,3 +165,28 @@ def test_rows_compare_with_default_no_cudnn_when_default_is_not_run(bench):
     assert bench.reference_of(["default-no-cudnn", "aura8-compiled"]) == "default-no-cudnn"
     assert bench.reference_of(["aura8", "default-no-cudnn", "default"]) == "default"
     assert bench.reference_of(["aura8", "static-compiled"]) is None
+
+
+def test_row_0_prompt_and_steps_do_not_depend_on_the_rows_prefilled(bench):
+    """A row that falls back to a one-row prefill (out of memory at B) is compared on row 0: its prompt and
+    teacher-forced steps must be those of the B-row run, else the comparison reads a correct path WRONG."""
+    model = types.SimpleNamespace(config=types.SimpleNamespace(
+        get_text_config=lambda: types.SimpleNamespace(vocab_size=1000)))
+    ids8, steps8 = bench.prompts(model, 8, 16, "cpu")
+    ids1, steps1 = bench.prompts(model, 8, 16, "cpu", prefill_rows=1)
+    assert ids1.shape == (1, 16) and steps1.shape == steps8.shape == (bench.DECODE_STEPS, 8, 1)
+    assert (ids1[0] == ids8[0]).all() and (steps1 == steps8).all()
+    _, steps2 = bench.prompts(model, 2, 16, "cpu")
+    assert (steps2 == steps8[:, :2]).all()  # a row's steps are its own at every B
+
+
+def test_longest_context_reads_any_dense_row_and_compiled_scheme_rows(bench):
+    # rows with only what the table reads (the prefill / decode table shows them as out of memory)
+    rows = [{"kind": "e2e", "model": "llama3-8b", "layers": 32, "B": 8, "T": 8192, "variant": v,
+             "bytes_per_token_layer": b}
+            for v, b in (("default-no-cudnn", 4096.0), ("static-compiled", 4096.0), ("aura4v2-compiled", 832.0))]
+    facts = {k: "x" for k in ("gpu", "torch", "transformers", "commit")}
+    md = bench.render(facts, "-", rows, None)
+    table = md[md.index("## Longest context"):]
+    assert "| llama3-8b | dense (default-no-cudnn) | 4096 |" in table and "1.00x" in table
+    assert "| llama3-8b | aura4v2 (aura4v2-compiled) | 832 |" in table and f"{4096 / 832:.2f}x" in table
