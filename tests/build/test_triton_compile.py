@@ -201,20 +201,20 @@ def test_conv_kernels_compile_for_sm90(compile_only, dtype, monkeypatch):
     assert pool_forms == {"_causal_conv1d_kernel", "_causal_conv1d_window_kernel", "_conv_state_kernel",
                           "_causal_conv1d_update_kernel"}, pool_forms
     compile_only.clear()
-    for bt, bc, warps in ((8, 256, 4), (32, 256, 2)):  # window geometries bench_vllm_gdn_ops.py sweeps by default
+    for bt, bc, warps in ((16, 256, 1), (64, 256, 4)):  # window geometries bench_vllm_gdn_ops.py sweeps by default
         monkeypatch.setattr(conv, "PREFILL_KERNEL", "window")
         monkeypatch.setattr(conv, "WINDOW_BT", bt)
         monkeypatch.setattr(conv, "WINDOW_BC", bc)
         monkeypatch.setattr(conv, "WINDOW_WARPS", warps)
         conv.causal_conv1d(x[:1], torch.randn(C, 4), None, torch.zeros(3, C, 3, dtype=dtype), cu, "silu")
-    assert {dict(key[2])["BT"] for key in compile_only if key[0] == "_causal_conv1d_window_kernel"} == {8, 32}
-    for block in (256, 512):  # the decode conv's channel blocks bench_vllm_gdn_ops.py --conv-update-blocks times
+    assert {dict(key[2])["BT"] for key in compile_only if key[0] == "_causal_conv1d_window_kernel"} == {16, 64}
+    for block, warps in ((64, 2), (512, 4)):  # the decode conv's blocks bench_vllm_gdn_ops.py sweeps by default
         monkeypatch.setattr(conv, "UPDATE_BC", block)
-        monkeypatch.setattr(conv, "UPDATE_WARPS", 4)
+        monkeypatch.setattr(conv, "UPDATE_WARPS", warps)
         pool = torch.zeros(5, C + 8, 3, dtype=dtype).transpose(1, 2)[:, :3, :C].transpose(1, 2)  # vLLM's layout
         slots = torch.tensor([3, 0], dtype=torch.int32)
         conv.causal_conv1d_update(x[:, 0], pool, torch.randn(C, 4), None, "silu", slots)
-    assert {dict(key[2])["BC"] for key in compile_only if key[0] == "_causal_conv1d_update_kernel"} == {256, 512}
+    assert {dict(key[2])["BC"] for key in compile_only if key[0] == "_causal_conv1d_update_kernel"} == {64, 512}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
@@ -233,16 +233,17 @@ def test_gates_kernel_compiles_for_sm90(compile_only, dtype):
     assert rows == {False, True}, compile_only
 
 
-@pytest.mark.parametrize("tile", [(32, 1, None), (64, 2, None), (64, 4, None), (16, 1, 1)],
-                         ids=["32x1", "64x2", "64x4", "16x1:s1"])
+@pytest.mark.parametrize("tile", [(32, 1, None, False), (64, 2, None, False), (64, 4, None, False), (16, 1, 1, False),
+                                  (16, 1, None, True)], ids=["32x1", "64x2", "64x4", "16x1:s1", "16x1:one"])
 def test_recurrent_tiles_the_ops_bench_sweeps_compile_for_sm90(compile_only, monkeypatch, tile):
     """bench_vllm_gdn_ops.py --recurrent-tiles: the decode rule at (V tile, warps) other than recurrent._tile's 16 x 1
-    on vLLM's bf16 [P, HV, V, K] pool (one warp holding a 128 x 32 fp32 state tile: 128 values per thread), and
-    with one pipelining stage for its token loop (``:s1``)."""
+    on vLLM's bf16 [P, HV, V, K] pool (one warp holding a 128 x 32 fp32 state tile: 128 values per thread), with
+    one pipelining stage for its token loop (``:s1``), and without the loop (``:one``, ``recurrent.ONE_TOKEN``)."""
     from torch_aura.triton_kernels.gdn import recurrent
 
     monkeypatch.setattr(recurrent, "_tile", lambda rows, V, BK, device, v_first=False: tile[:2])
     monkeypatch.setattr(recurrent, "LOOP_STAGES", tile[2])
+    monkeypatch.setattr(recurrent, "ONE_TOKEN", tile[3])
     recurrent._geometry_of.forget()
     q, k, v, g, beta = _gdn_inputs(torch.bfloat16, 4, 1, 2, 4, 128, 128)
     pool = torch.randn(6, 4, 128, 128, dtype=torch.bfloat16)
@@ -251,6 +252,7 @@ def test_recurrent_tiles_the_ops_bench_sweeps_compile_for_sm90(compile_only, mon
     recurrent._geometry_of.forget()
     compiled = [key for key in compile_only if key[0] == "_gdn_recurrent_kernel"]
     assert {dict(key[2])["BV"] for key in compiled} == {tile[0]}
+    assert {dict(key[2])["ONE_TOKEN"] for key in compiled} == {tile[3]}
     if tile[2] is not None:  # the launch option reached the compile
         assert {key[4] for key in compiled} == {tile[2]}, compiled
 

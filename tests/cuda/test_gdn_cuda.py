@@ -9,9 +9,10 @@ import _samples
 import pytest
 import torch
 from _conv_check import case_id, check_case, check_op, check_pool_prefill, conv_args, update_args
-from _gdn_check import (SPLIT_RATIO, check_chunk, check_decay_domain, check_pass_ignores_rows_outside_sequences,
-                        check_post_conv, check_recurrent, check_recurrent_raw_gates, check_split, check_stages,
-                        check_w_u_copies_match_pointer_loads, force_split, make_inputs, recurrence64)
+from _gdn_check import (SPLIT_RATIO, check_chunk, check_decay_domain, check_one_token_body,
+                        check_pass_ignores_rows_outside_sequences, check_post_conv, check_recurrent,
+                        check_recurrent_raw_gates, check_split, check_stages, check_w_u_copies_match_pointer_loads,
+                        force_split, make_inputs, recurrence64)
 from _util import GDN_CHUNK_RATIO, assert_close, dtype_id
 
 import torch_aura
@@ -878,6 +879,22 @@ def test_packed_decode_in_one_launch_small_for_sanitizer():
     from torch_aura.triton_kernels.gdn import gates, recurrent
 
     check_recurrent_raw_gates(recurrent, gates, DEV, 5, 3, 6, 96, 80, BF16)
+
+
+@pytest.mark.parametrize("N,H,HV,K,V", [(32, 16, 32, 128, 128), (257, 16, 32, 128, 128), (5, 3, 6, 96, 80)])
+def test_one_token_body_equals_the_loop(N, H, HV, K, V):
+    """``recurrent.ONE_TOKEN`` (the packed decode's rule without its token loop): bitwise the loop, both decode
+    forms, on vLLM's bf16 [P, HV, V, K] pool."""
+    from torch_aura.triton_kernels.gdn import recurrent
+
+    check_one_token_body(recurrent, DEV, N, H, HV, K, V, BF16)
+
+
+@pytest.mark.sanitize
+def test_one_token_body_small_for_sanitizer():
+    from torch_aura.triton_kernels.gdn import recurrent
+
+    check_one_token_body(recurrent, DEV, 5, 3, 6, 96, 80, BF16)
 
 
 def test_launcher_only_arguments_equal_the_op():

@@ -77,7 +77,7 @@ def test_conv_matches_reference(case):
     check_case(conv, "cpu", "causal_conv1d", case)
 
 
-@pytest.mark.parametrize("geometry", [(8, 128, 2), (32, 512, 4)], ids=lambda g: "x".join(map(str, g)))
+@pytest.mark.parametrize("geometry", [(8, 128, 2), (16, 256, 1), (64, 512, 4)], ids=lambda g: "x".join(map(str, g)))
 def test_window_kernel_at_other_program_shapes(geometry, monkeypatch, prefill_kernel):
     """The window kernel at the (tokens, channels, warps) per program bench_vllm_gdn_ops.py --conv-kernels may
     time: packed sequences across token blocks, a state, two channel blocks."""
@@ -106,7 +106,7 @@ UPDATE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("block", [(16, 1), (conv.UPDATE_BC, conv.UPDATE_WARPS), (512, 4)],
+@pytest.mark.parametrize("block", [(16, 1), (64, 2), (conv.UPDATE_BC, conv.UPDATE_WARPS), (512, 4)],
                          ids=lambda b: "BC{}x{}".format(*b))
 @pytest.mark.parametrize("case", UPDATE_CASES, ids=map(case_id, UPDATE_CASES))
 def test_update_matches_reference(case, block, monkeypatch):

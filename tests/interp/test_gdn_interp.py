@@ -97,6 +97,17 @@ def test_recurrent_computes_vllm_gates_and_skips_its_null_slot(gdn_kernels, N, H
     check_recurrent_raw_gates(recurrent, gates, "cpu", N, H, HV, K, V, dtype)
 
 
+@pytest.mark.parametrize("N,H,HV,K,V,dtype", [(4, 2, 4, 16, 16, F32), (3, 1, 3, 16, 40, F16)],
+                         ids=["N4-fp32", "N3-HV3-V40-fp16"])
+def test_recurrent_one_token_body_equals_the_loop(gdn_kernels, N, H, HV, K, V, dtype):
+    """``recurrent.ONE_TOKEN``: vLLM's packed decode without the token loop (``_gdn_check``)."""
+    from _gdn_check import check_one_token_body
+
+    from torch_aura.triton_kernels.gdn import recurrent
+
+    check_one_token_body(recurrent, "cpu", N, H, HV, K, V, dtype)
+
+
 def test_bad_input_raises_the_named_error(gdn_kernels):
     q = torch.zeros(1, 4, 1, 257)
     with pytest.raises(ValueError, match="k"):

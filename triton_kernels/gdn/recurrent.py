@@ -32,18 +32,45 @@ from ._jit import decay_log, gate_values, length_agnostic, pool_row, seq_span, v
 _DEBUG = "TORCH_AURA_DEBUG"
 
 
+@triton.jit
+def _token(S, t, q, k, v, g, beta, o, A_h, dt_h, b, i_h, i_hv, kk, vv, k_ok, v_ok, live, scale, T, HV, V,
+           s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
+           L2NORM: tl.constexpr, RAW_GATES: tl.constexpr):
+    """One token of the rule on this program's state tile S ``[BK, BV]`` (fp32): o written, S returned."""
+    q_t = tl.load(q + b * s_qb + t * s_qt + i_h * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
+    k_t = tl.load(k + b * s_kb + t * s_kt + i_h * s_kh + kk, mask=k_ok, other=0.0).to(tl.float32)
+    v_t = tl.load(v + b * s_vb + t * s_vt + i_hv * s_vh + vv, mask=v_ok, other=0.0).to(tl.float32)
+    g_t = tl.load(g + b * s_gb + t * s_gt + i_hv * s_gh)
+    b_t = tl.load(beta + b * s_bb + t * s_bt + i_hv * s_bh)
+    if RAW_GATES:  # the gates kernel's formula, so the step equals gates-then-rule bit for bit
+        g_t, b_t = gate_values(g_t, b_t, A_h, dt_h, 1.0, 20.0)
+    g_t, b_t = decay_log(g_t), b_t.to(tl.float32)
+    if L2NORM:
+        q_t = q_t / tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
+        k_t = k_t / tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
+    S = S * tl.exp(g_t)  # 1. decay
+    r = v_t - tl.sum(S * k_t[:, None], axis=0)  # 2. read with the decayed state
+    S = S + k_t[:, None] * (b_t * r)[None, :]  # 3. rank-1 write
+    o_t = scale * tl.sum(S * q_t[:, None], axis=0)  # 4. read after the write
+    tl.store(o + ((b * T + t) * HV + i_hv) * V + vv, tl.where(live, o_t, 0.0).to(o.dtype.element_ty), mask=v_ok)
+    return S
+
+
 @length_agnostic(triton.jit)
 def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o, A_log, dt_bias, scale, T, HV, GROUP,
                           K, V, P, null, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
                           s_bb, s_bt, s_bh, s_pn, s_ph, s_pk, s_pv,
-                          L2NORM: tl.constexpr, RAW_GATES: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                          L2NORM: tl.constexpr, RAW_GATES: tl.constexpr, ONE_TOKEN: tl.constexpr,
+                          BK: tl.constexpr, BV: tl.constexpr):
     """o ``[B, T, HV, V]`` is the launcher's own contiguous buffer: addressed from its shape, no strides.
     ``RAW_GATES``: ``g`` and ``beta`` hold a serving engine's gate projections ``a`` and ``b``, made into gates
-    here with ``A_log`` and ``dt_bias`` (softplus beta 1, threshold 20). Pool row ``null`` skips, as -1 does."""
+    here with ``A_log`` and ``dt_bias`` (softplus beta 1, threshold 20). Pool row ``null`` skips, as -1 does.
+    ``ONE_TOKEN``: every sequence is one token (T = 1, no ``cu_seqlens``), run without the token loop."""
     i_v, i_hv, n = v_tile_head_row(V, BV, HV)
     i_h = i_hv // GROUP
     b, bos, eos = seq_span(n, cu_seqlens, T, cu_seqlens is not None)
     slot, live, _ = pool_row(n, state_indices, None, P, null)
+    A_h, dt_h = 0.0, 0.0
     if RAW_GATES:
         A_h, dt_h = tl.load(A_log + i_hv), tl.load(dt_bias + i_hv)
     kk = tl.arange(0, BK)
@@ -52,26 +79,18 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
     v_ok = vv < V
     p_state = state + slot * s_pn + i_hv * s_ph + kk[:, None] * s_pk + vv[None, :] * s_pv
     S = tl.load(p_state, mask=live & k_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
-    for t in range(bos, eos):
-        q_t = tl.load(q + b * s_qb + t * s_qt + i_h * s_qh + kk, mask=k_ok, other=0.0).to(tl.float32)
-        k_t = tl.load(k + b * s_kb + t * s_kt + i_h * s_kh + kk, mask=k_ok, other=0.0).to(tl.float32)
-        v_t = tl.load(v + b * s_vb + t * s_vt + i_hv * s_vh + vv, mask=v_ok, other=0.0).to(tl.float32)
-        g_t = tl.load(g + b * s_gb + t * s_gt + i_hv * s_gh)
-        b_t = tl.load(beta + b * s_bb + t * s_bt + i_hv * s_bh)
-        if RAW_GATES:  # the gates kernel's formula, so the step equals gates-then-rule bit for bit
-            g_t, b_t = gate_values(g_t, b_t, A_h, dt_h, 1.0, 20.0)
-        g_t, b_t = decay_log(g_t), b_t.to(tl.float32)
-        if L2NORM:
-            q_t = q_t / tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
-            k_t = k_t / tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
-        S = S * tl.exp(g_t)  # 1. decay
-        r = v_t - tl.sum(S * k_t[:, None], axis=0)  # 2. read with the decayed state
-        S = S + k_t[:, None] * (b_t * r)[None, :]  # 3. rank-1 write
-        o_t = scale * tl.sum(S * q_t[:, None], axis=0)  # 4. read after the write
-        tl.store(o + ((b * T + t) * HV + i_hv) * V + vv, tl.where(live, o_t, 0.0).to(o.dtype.element_ty),
-                 mask=v_ok)
-    if eos > bos:  # a zero-length sequence leaves its row untouched (as does a skipped one)
+    if ONE_TOKEN:
+        S = _token(S, 0, q, k, v, g, beta, o, A_h, dt_h, b, i_h, i_hv, kk, vv, k_ok, v_ok, live, scale, T, HV, V,
+                   s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
+                   L2NORM, RAW_GATES)
         tl.store(p_state, S.to(state.dtype.element_ty), mask=live & k_ok[:, None] & v_ok[None, :])
+    else:
+        for t in range(bos, eos):
+            S = _token(S, t, q, k, v, g, beta, o, A_h, dt_h, b, i_h, i_hv, kk, vv, k_ok, v_ok, live, scale, T, HV,
+                       V, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
+                       L2NORM, RAW_GATES)
+        if eos > bos:  # a zero-length sequence leaves its row untouched (as does a skipped one)
+            tl.store(p_state, S.to(state.dtype.element_ty), mask=live & k_ok[:, None] & v_ok[None, :])
 
 
 def debug_check_pool_rows(state_indices: torch.Tensor, P: int, null: int = -1) -> None:
@@ -90,6 +109,10 @@ def debug_check_pool_rows(state_indices: torch.Tensor, P: int, null: int = -1) -
 # built). A decode step runs the loop once, where a pipeline's prologue buys nothing: bench_vllm_gdn_ops.py
 # --recurrent-tiles BVxW:s1 times stages=1.
 LOOP_STAGES = None
+# A launch whose sequences are one token each (T = 1 without cu_seqlens: vLLM's packed decode) runs the rule's
+# body once, straight-line, so its state and token loads are in flight together, as vLLM's packed kernel has
+# them (read when a geometry is first built; bench_vllm_gdn_ops.py --recurrent-tiles auto:one times it).
+ONE_TOKEN = False
 
 
 def _tile(rows: int, V: int, BK: int, device: torch.device, v_first: bool = False) -> tuple[int, int]:
@@ -144,7 +167,8 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
            *map(tensor_key, (q, k, v, g, beta, state, state_indices, cu_seqlens, A_log, dt_bias)))
     ints = (scale, T, HV, HV // H, K, V, state.shape[0], int(null), *q.stride()[:3], *k.stride()[:3],
             *v.stride()[:3], *g.stride(), *beta.stride(), *pool)
-    options = dict(L2NORM=use_qk_l2norm, RAW_GATES=raw_gates, BK=BK, BV=BV, num_warps=warps)
+    one_token = ONE_TOKEN and T == 1 and cu_seqlens is None
+    options = dict(L2NORM=use_qk_l2norm, RAW_GATES=raw_gates, ONE_TOKEN=one_token, BK=BK, BV=BV, num_warps=warps)
     if LOOP_STAGES is not None:
         options["num_stages"] = LOOP_STAGES
     return o, (cdiv(V, BV) * N * HV,), key, ints, options, _Native()
