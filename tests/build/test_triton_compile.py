@@ -29,7 +29,7 @@ class _CompileOnly:
     def __getitem__(self, grid):
         return self._compile
 
-    def _compile(self, *args, num_warps=4, num_stages=2, **kwargs):
+    def _compile(self, *args, num_warps=4, num_stages=2, maxnreg=None, **kwargs):
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -51,15 +51,19 @@ class _CompileOnly:
             else:
                 signature[p.name] = "fp32"
         key = (self.fn.__name__, tuple(sorted(signature.items())), tuple(sorted(constexprs.items())),
-               num_warps, num_stages)
+               num_warps, num_stages, maxnreg)
         if key in self.seen:
             return
         self.seen.add(key)
         if getattr(self.fn, "is_gluon", lambda: False)():  # the Hopper state pass (state_pass_sm90)
             from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
+        options = {"num_warps": num_warps, "num_stages": num_stages}
+        if maxnreg is not None:
+            options["maxnreg"] = maxnreg
         compiled = triton.compile(ASTSource(self.fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": num_warps, "num_stages": num_stages})
+                                  options=options)
         assert "cubin" in compiled.asm, f"{self.fn.__name__}: no cubin"
+        assert maxnreg is None or f".maxnreg {maxnreg}" in compiled.asm["ptx"], f"{self.fn.__name__}: no register cap"
 
 
 @pytest.fixture
@@ -233,17 +237,20 @@ def test_gates_kernel_compiles_for_sm90(compile_only, dtype):
     assert rows == {False, True}, compile_only
 
 
-@pytest.mark.parametrize("tile", [(32, 1, None, False), (64, 2, None, False), (64, 4, None, False), (16, 1, 1, False),
-                                  (16, 1, None, True)], ids=["32x1", "64x2", "64x4", "16x1:s1", "16x1:one"])
+@pytest.mark.parametrize("tile", [(32, 1, None, False, None), (64, 2, None, False, None), (64, 4, None, False, None),
+                                  (16, 1, 1, False, None), (16, 1, None, True, None), (32, 1, None, True, 168)],
+                         ids=["32x1", "64x2", "64x4", "16x1:s1", "16x1:one", "32x1:one:r168"])
 def test_recurrent_tiles_the_ops_bench_sweeps_compile_for_sm90(compile_only, monkeypatch, tile):
     """bench_vllm_gdn_ops.py --recurrent-tiles: the decode rule at (V tile, warps) other than recurrent._tile's 16 x 1
     on vLLM's bf16 [P, HV, V, K] pool (one warp holding a 128 x 32 fp32 state tile: 128 values per thread), with
-    one pipelining stage for its token loop (``:s1``), and without the loop (``:one``, ``recurrent.ONE_TOKEN``)."""
+    one pipelining stage for its token loop (``:s1``), without the loop (``:one``, ``recurrent.ONE_TOKEN``), and
+    with a register cap (``:r168``, ``recurrent.MAX_REGISTERS``: the PTX carries it)."""
     from torch_aura.triton_kernels.gdn import recurrent
 
     monkeypatch.setattr(recurrent, "_tile", lambda rows, V, BK, device, v_first=False: tile[:2])
     monkeypatch.setattr(recurrent, "LOOP_STAGES", tile[2])
     monkeypatch.setattr(recurrent, "ONE_TOKEN", tile[3])
+    monkeypatch.setattr(recurrent, "MAX_REGISTERS", tile[4])
     recurrent._geometry_of.forget()
     q, k, v, g, beta = _gdn_inputs(torch.bfloat16, 4, 1, 2, 4, 128, 128)
     pool = torch.randn(6, 4, 128, 128, dtype=torch.bfloat16)
@@ -253,8 +260,9 @@ def test_recurrent_tiles_the_ops_bench_sweeps_compile_for_sm90(compile_only, mon
     compiled = [key for key in compile_only if key[0] == "_gdn_recurrent_kernel"]
     assert {dict(key[2])["BV"] for key in compiled} == {tile[0]}
     assert {dict(key[2])["ONE_TOKEN"] for key in compiled} == {tile[3]}
-    if tile[2] is not None:  # the launch option reached the compile
+    if tile[2] is not None:  # the launch options reached the compile
         assert {key[4] for key in compiled} == {tile[2]}, compiled
+    assert {key[5] for key in compiled} == {tile[4]}, compiled
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])

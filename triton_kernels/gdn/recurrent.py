@@ -113,6 +113,11 @@ LOOP_STAGES = None
 # body once, straight-line, so its state and token loads are in flight together, as vLLM's packed kernel has
 # them (read when a geometry is first built; bench_vllm_gdn_ops.py --recurrent-tiles auto:one times it).
 ONE_TOKEN = False
+# Registers per thread for the rule (ptxas's .maxnreg; None: ptxas's own choice), read when a geometry is first
+# built. Compiled for sm_90 at vLLM's shapes, a 32-wide V tile takes 254 registers (8 one-warp programs per SM)
+# where vLLM's packed kernel takes 168 for the same tile (12 per SM, half again the state bytes in flight);
+# --recurrent-tiles 32x1:one:r168 times a cap (docs/gdn.md §6.1).
+MAX_REGISTERS = None
 
 
 def _tile(rows: int, V: int, BK: int, device: torch.device, v_first: bool = False) -> tuple[int, int]:
@@ -171,6 +176,8 @@ def _geometry(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, use_qk_
     options = dict(L2NORM=use_qk_l2norm, RAW_GATES=raw_gates, ONE_TOKEN=one_token, BK=BK, BV=BV, num_warps=warps)
     if LOOP_STAGES is not None:
         options["num_stages"] = LOOP_STAGES
+    if MAX_REGISTERS is not None:
+        options["maxnreg"] = MAX_REGISTERS
     return o, (cdiv(V, BV) * N * HV,), key, ints, options, _Native()
 
 
