@@ -298,7 +298,7 @@ def main(argv=None) -> int:
                    help="our decode conv's (channels)x(warps) per program to time; auto: conv.UPDATE_BC and "
                         "UPDATE_WARPS")
     p.add_argument("--recurrent-tiles", type=lambda s: s.split(","),
-                   default=["auto", "auto:one", "32x1:one", "32x1:one:r168"],
+                   default=["auto", "auto:one", "32x1:one:r168", "32x1:one:r192"],
                    help="our decode rule's (V tile)x(warps) to time, each with optional :sN (Triton's pipelining "
                         "stages for its token loop), :one (no token loop where every sequence is one token, "
                         "recurrent.ONE_TOKEN) and :rN (N registers per thread, recurrent.MAX_REGISTERS); auto: "

@@ -116,7 +116,7 @@ ONE_TOKEN = False
 # Registers per thread for the rule (ptxas's .maxnreg; None: ptxas's own choice), read when a geometry is first
 # built. Compiled for sm_90 at vLLM's shapes, a 32-wide V tile takes 254 registers (8 one-warp programs per SM)
 # where vLLM's packed kernel takes 168 for the same tile (12 per SM, half again the state bytes in flight);
-# --recurrent-tiles 32x1:one:r168 times a cap (docs/gdn.md §6.1).
+# --recurrent-tiles 32x1:one:r168 / r192 time caps (docs/gdn.md §6.1).
 MAX_REGISTERS = None
 
 
