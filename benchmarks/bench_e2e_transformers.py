@@ -771,8 +771,9 @@ def render(facts, gdn_default, rows, args) -> str:
                   "| model | B | T | variant | step ms per round |", "|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['B']} | {r['T']} | {r['variant']} | "
                   + " / ".join(f"{ms:.2f}" for ms in r["step_ms_rounds"]) + " |" for r in turns]
-    lines += ["", f"## Longest context per row at B = 8, full depth, {KV_BUDGET_GB} GB of K/V (from the measured bytes per token)",
-              "", "| model | cache (row measured) | bytes / token / layer | tokens per row | vs dense |", "|---|---|---|---|---|"]
+    lines += ["", f"## Longest context per row at B = 8, full depth, {KV_BUDGET_GB} GB of K/V (from the measured "
+              "bytes per token)", "", "| model | cache (row measured) | bytes / token / layer | tokens per row | vs dense |",
+              "|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in rows if r["kind"] == "e2e"):
         first = {}  # per cache kind, the first measured row: bytes per token depend on neither attention nor compile
         for r in rows:
