@@ -109,9 +109,9 @@ def debug_check_pool_rows(state_indices: torch.Tensor, P: int, null: int = -1) -
 # built). A decode step runs the loop once, where a pipeline's prologue buys nothing: bench_vllm_gdn_ops.py
 # --recurrent-tiles BVxW:s1 times stages=1.
 LOOP_STAGES = None
-# A launch whose sequences are one token each (T = 1 without cu_seqlens: vLLM's packed decode) runs the rule's
-# body once, straight-line, so its state and token loads are in flight together, as vLLM's packed kernel has
-# them (read when a geometry is first built; bench_vllm_gdn_ops.py --recurrent-tiles auto:one times it).
+# A launch whose sequences are one token each (T = 1 without cu_seqlens: a decode step) runs the rule's body
+# once, straight-line, as vLLM's packed kernel does, where the loop's bounds are run-time values (read when a
+# geometry is first built; off until bench_vllm_gdn_ops.py --recurrent-tiles auto:one times it on a GPU).
 ONE_TOKEN = False
 # Registers per thread for the rule (ptxas's .maxnreg; None: ptxas's own choice), read when a geometry is first
 # built. Compiled for sm_90 at vLLM's shapes, a 32-wide V tile takes 254 registers (8 one-warp programs per SM)
