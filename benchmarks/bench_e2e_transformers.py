@@ -629,17 +629,23 @@ def main(argv=None) -> int:
                     first = base["prefill_rows"] if base else B
                     tries = (first, 1) if first > 1 else (1,)
                     for rows_prefilled in tries:
+                        held = 0.0
                         try:
                             if device.type == "cuda":
                                 torch.cuda.empty_cache()
                                 torch.cuda.reset_peak_memory_stats()
+                                held = torch.cuda.memory_allocated() / GB
                             res = run_one(model, variant, B, T, device, reps=2 if T * B > 65536 else 3,
                                           prefill_rows=rows_prefilled)
                             row["prefill_rows"] = res["prefill_rows"] = rows_prefilled
                             break
                         except torch.OutOfMemoryError:
                             res = None
-                            row.setdefault("oom", []).append(f"prefill B={rows_prefilled}")
+                            # what was held before the attempt and its peak: which of them did not fit
+                            peak = torch.cuda.max_memory_allocated() / GB if device.type == "cuda" else 0.0
+                            row.setdefault("oom", []).append(
+                                f"prefill B={rows_prefilled}: {held:.1f} GB held before, peak {peak:.1f} GB")
+                            print(f"{name} {variant} B={B} T={T}: out of memory, {row['oom'][-1]}")
                     if res is None:
                         rows.append(row)
                         print(f"{name} {variant:9s} B={B} T={T}: out of memory")

@@ -190,3 +190,25 @@ def test_longest_context_reads_any_dense_row_and_compiled_scheme_rows(bench):
     table = md[md.index("## Longest context"):]
     assert "| llama3-8b | dense (default-no-cudnn) | 4096 |" in table and "1.00x" in table
     assert "| llama3-8b | aura4v2 (aura4v2-compiled) | 832 |" in table and f"{4096 / 832:.2f}x" in table
+
+
+def test_a_prefill_out_of_memory_falls_back_to_one_row_and_says_what_was_held(bench, tmp_path, monkeypatch, capsys):
+    """A variant whose B-row prefill runs out of memory is prefilled as one row (the others repeat it); the row
+    records what was held before the attempt and its peak, so a report can place the shortfall."""
+    import torch
+
+    real = bench.run_one
+
+    def tight(model, variant, B, T, device, reps, prefill_rows=None):
+        if variant == "aura-attn" and (prefill_rows or B) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+        return real(model, variant, B, T, device, reps, prefill_rows)
+
+    monkeypatch.setattr(bench, "run_one", tight)
+    assert bench.main(["--tiny", "--models", "llama3-8b", "--contexts", "32", "--batches", "2", "--layers", "1",
+                       "--truth-tokens", "0", "--variants", "default,aura-attn", "--out", str(tmp_path)]) == 0
+    rows = [json.loads(line) for f in (tmp_path / "raw").glob("e2e_transformers_*.jsonl") for line in f.open()]
+    fell_back = next(r for r in rows if r.get("variant") == "aura-attn")
+    assert fell_back["prefill_rows"] == 1 and fell_back["oom"] == ["prefill B=2: 0.0 GB held before, peak 0.0 GB"]
+    assert fell_back["agreement"] == 1.0  # row 0 decoded the same steps as the default's two-row prefill
+    assert "aura-attn B=2 T=32: out of memory, prefill B=2" in capsys.readouterr().out
