@@ -48,10 +48,9 @@ CONV_BT, CONV_BC, ROW_BC = 32, 128, 64
 # The prefill conv's kernel, "taps" or "window" (W <= 4; wider convs take "taps"): window loads each input once,
 # and bench_vllm_gdn_ops.py --conv-kernels timed it faster on the H200 (docs/gdn.md §6.1)
 PREFILL_KERNEL = "window"
-# 32x256 on 2 warps: the fastest of the window geometries bench_vllm_gdn_ops.py --conv-kernels window:BTxBCxW timed
+# The window kernel's tokens, channels and warps per program, and the decode step's channels and warps: the
+# fastest that bench_vllm_gdn_ops.py --conv-kernels / --conv-update-blocks timed on the H200 (docs/gdn.md §6.1)
 WINDOW_BT, WINDOW_BC, WINDOW_WARPS = 32, 256, 2
-# The decode step's channels and warps per program: 256 on 4 warps (vLLM's) was the fastest that
-# bench_vllm_gdn_ops.py --conv-update-blocks timed; 64 on 2 took twice vLLM's time at B >= 256 (docs/gdn.md §6.1)
 UPDATE_BC, UPDATE_WARPS = 256, 4
 
 

@@ -78,19 +78,20 @@ def _gdn_recurrent_kernel(q, k, v, g, beta, state, state_indices, cu_seqlens, o,
     k_ok = kk < K
     v_ok = vv < V
     p_state = state + slot * s_pn + i_hv * s_ph + kk[:, None] * s_pk + vv[None, :] * s_pv
-    S = tl.load(p_state, mask=live & k_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
+    tile_ok = live & k_ok[:, None] & v_ok[None, :]
+    S = tl.load(p_state, mask=tile_ok, other=0.0).to(tl.float32)
     if ONE_TOKEN:
         S = _token(S, 0, q, k, v, g, beta, o, A_h, dt_h, b, i_h, i_hv, kk, vv, k_ok, v_ok, live, scale, T, HV, V,
                    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
                    L2NORM, RAW_GATES)
-        tl.store(p_state, S.to(state.dtype.element_ty), mask=live & k_ok[:, None] & v_ok[None, :])
+        tl.store(p_state, S.to(state.dtype.element_ty), mask=tile_ok)
     else:
         for t in range(bos, eos):
             S = _token(S, t, q, k, v, g, beta, o, A_h, dt_h, b, i_h, i_hv, kk, vv, k_ok, v_ok, live, scale, T, HV,
                        V, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh,
                        L2NORM, RAW_GATES)
         if eos > bos:  # a zero-length sequence leaves its row untouched (as does a skipped one)
-            tl.store(p_state, S.to(state.dtype.element_ty), mask=live & k_ok[:, None] & v_ok[None, :])
+            tl.store(p_state, S.to(state.dtype.element_ty), mask=tile_ok)
 
 
 def debug_check_pool_rows(state_indices: torch.Tensor, P: int, null: int = -1) -> None:
@@ -105,18 +106,15 @@ def debug_check_pool_rows(state_indices: torch.Tensor, P: int, null: int = -1) -
         raise ValueError(f"state_indices: expected distinct pool rows in [0, {P}) or -1 (skip), got {rows[:16]}")
 
 
-# Triton's software pipelining stages for the token loop (None: its default; read when a geometry is first
-# built). A decode step runs the loop once, where a pipeline's prologue buys nothing: bench_vllm_gdn_ops.py
-# --recurrent-tiles BVxW:s1 times stages=1.
+# Settings for A/B runs on a GPU (bench_vllm_gdn_ops.py --recurrent-tiles; docs/gdn.md §6.1 has the figures),
+# each read when a geometry is first built. Triton's pipelining stages for the token loop (None: its default),
+# which a decode step runs once:
 LOOP_STAGES = None
-# A launch whose sequences are one token each (T = 1 without cu_seqlens: a decode step) runs the rule's body
-# once, straight-line, as vLLM's packed kernel does, where the loop's bounds are run-time values (read when a
-# geometry is first built; off until bench_vllm_gdn_ops.py --recurrent-tiles auto:one times it on a GPU).
+# The rule's body without its token loop where every sequence is one token (T = 1 without cu_seqlens), as
+# vLLM's packed decode kernel runs; off until timed:
 ONE_TOKEN = False
-# Registers per thread for the rule (ptxas's .maxnreg; None: ptxas's own choice), read when a geometry is first
-# built. Compiled for sm_90 at vLLM's shapes, a 32-wide V tile takes 254 registers (8 one-warp programs per SM)
-# where vLLM's packed kernel takes 168 for the same tile (12 per SM, half again the state bytes in flight);
-# --recurrent-tiles 32x1:one:r168 / r192 time caps (docs/gdn.md §6.1).
+# Registers per thread (ptxas .maxnreg; None: ptxas's choice), which set how many programs, so state bytes in
+# flight, an SM holds (tools/gdn_rule_registers.py reads them without a GPU):
 MAX_REGISTERS = None
 
 
