@@ -175,8 +175,7 @@ def measure(args) -> list[dict]:
 
     defaults = dict(PREFILL_KERNEL=conv.PREFILL_KERNEL, WINDOW_BT=conv.WINDOW_BT, WINDOW_BC=conv.WINDOW_BC,
                     WINDOW_WARPS=conv.WINDOW_WARPS, UPDATE_BC=conv.UPDATE_BC, UPDATE_WARPS=conv.UPDATE_WARPS)
-    rule_defaults = {"_tile": recurrent._tile, "LOOP_STAGES": recurrent.LOOP_STAGES, "ONE_TOKEN": recurrent.ONE_TOKEN,
-                     "MAX_REGISTERS": recurrent.MAX_REGISTERS}
+    rule_defaults = rule_settings_now()
 
     def set_conv(settings: dict) -> None:  # triton_kernels/gdn/conv.py: the prefill kernel, the update's blocks
         vars(conv).update(defaults, **settings)
@@ -248,6 +247,16 @@ def update_block(variant: str) -> dict:
         return {}
     bc, warps = map(int, variant.split("x"))
     return {"UPDATE_BC": bc, "UPDATE_WARPS": warps}
+
+
+RULE_SETTINGS = ("_tile", "LOOP_STAGES", "ONE_TOKEN", "MAX_REGISTERS")  # what a --recurrent-tiles variant sets
+
+
+def rule_settings_now() -> dict:
+    """``triton_kernels/gdn/recurrent.py``'s current values of :data:`RULE_SETTINGS` (to restore after a variant)."""
+    from torch_aura.triton_kernels.gdn import recurrent
+
+    return {name: getattr(recurrent, name) for name in RULE_SETTINGS}
 
 
 def rule_settings(variant: str, defaults: dict) -> dict:

@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_vllm_gdn_ops import rule_settings  # noqa: E402  (one parser for the bench and this tool)
+from bench_vllm_gdn_ops import rule_settings, rule_settings_now  # noqa: E402  (one parser for both)
 
 REGISTERS_PER_SM, PROGRAMS_PER_SM = 65536, 32
 SHAPES = {"qwen3-next": (16, 32, 128, 128)}  # H, HV, K, V
@@ -88,7 +88,7 @@ def measure(layout: str, batch: int, variant: str) -> dict:
     per SM (each program holds its whole ``[K, BV]`` tile)."""
     from torch_aura.triton_kernels.gdn import recurrent
 
-    defaults = {name: getattr(recurrent, name) for name in ("_tile", "LOOP_STAGES", "ONE_TOKEN", "MAX_REGISTERS")}
+    defaults = rule_settings_now()
     args, engine = decode_args(layout, batch)
     try:
         vars(recurrent).update(rule_settings(variant, defaults))
