@@ -9,8 +9,8 @@ vs contiguous, and the targets.md gates as PASS / MISS.
 
     python benchmarks/bench_decode.py [--out DIR] [--cases SUBSTRING] [--schedules] [--splits]
 
-``--schedules`` also times ours under each schedule (``TORCH_AURA_DECODE_SCHEDULE=static`` and
-``balanced``, docs/decode.md §4), each checked first, in the same run as the automatic choice.
+``--schedules`` also times ours under each schedule of ``SCHEDULES`` (static, balanced, stream-K at one and
+two CTAs per SM; docs/decode.md §4), each checked first, in the same run as the automatic choice.
 ``--splits`` also times ours (graph) at each forced split count of ``SPLIT_SWEEP`` and at the counts
 whose grid fills every SM (``filling_splits``): how far the automatic plan is from the best split on
 this GPU.
@@ -71,8 +71,8 @@ def main(argv=None) -> int:
         parser.add_argument("--cases", default="", help="run only the cases whose name contains one of these "
                             "comma-separated strings (a partial table: written only under --out, never over the "
                             "committed one)")
-        parser.add_argument("--schedules", action="store_true", help="also time the static and the balanced "
-                            "schedule (TORCH_AURA_DECODE_SCHEDULE), each checked against SDPA first")
+        parser.add_argument("--schedules", action="store_true", help="also time each schedule of SCHEDULES "
+                            "(TORCH_AURA_DECODE_SCHEDULE), each checked against SDPA first")
         parser.add_argument("--splits", action="store_true", help="also time ours (graph) at each forced "
                             "num_splits of SPLIT_SWEEP, each checked against SDPA first")
 
@@ -141,25 +141,31 @@ def main(argv=None) -> int:
     return 0 if all(r["correct"] for r in rows) else 1
 
 
-SCHEDULES = ("static", "balanced")
+# each schedule --schedules times: the variables it sets (read per call, captured with the graph)
+SCHEDULES = {
+    "static": {"TORCH_AURA_DECODE_SCHEDULE": "static"},
+    "balanced": {"TORCH_AURA_DECODE_SCHEDULE": "balanced"},
+    "streamk": {"TORCH_AURA_DECODE_SCHEDULE": "streamk", "TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM": "1"},
+    "streamk2": {"TORCH_AURA_DECODE_SCHEDULE": "streamk", "TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM": "2"},
+}
 
 
 def time_schedules(row: dict, ours, want) -> None:
-    """Ours under each schedule forced by TORCH_AURA_DECODE_SCHEDULE (read per call, captured with
-    the graph): checked against SDPA, then timed eager and as a graph."""
-    saved = os.environ.get("TORCH_AURA_DECODE_SCHEDULE")
-    try:
-        for sched in SCHEDULES:
-            os.environ["TORCH_AURA_DECODE_SCHEDULE"] = sched
+    """Ours under each of SCHEDULES: checked against SDPA, then timed eager and as a graph."""
+    for sched, variables in SCHEDULES.items():
+        saved = {name: os.environ.get(name) for name in variables}
+        os.environ.update(variables)
+        try:
             err = rel_rms(ours()[0], want)
             row[f"{sched}_err"] = err
             if err < 5e-3:
                 row[f"{sched}_us"], row[f"{sched}_graph_us"] = H.time_us(ours), H.time_us(ours, graph=True)
-    finally:
-        if saved is None:
-            os.environ.pop("TORCH_AURA_DECODE_SCHEDULE", None)
-        else:
-            os.environ["TORCH_AURA_DECODE_SCHEDULE"] = saved
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 SPLIT_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -245,13 +251,16 @@ def render(facts, copy_tbs, rows) -> str:
     if timed:
         lines += ["", "Ours under each schedule (`--schedules`, `TORCH_AURA_DECODE_SCHEDULE`; the table above is "
                   "the automatic choice), eager / graph us:", "",
-                  "| case | static | balanced | balanced vs static, graph |", "|---|---|---|---|"]
+                  "| case | " + " | ".join(SCHEDULES) + " | best over static, graph | best over SDPA, graph |",
+                  "|---|" + "---|" * (len(SCHEDULES) + 2)]
         for r in timed:
             cells = [f"{r[s + '_us']:.1f} / {r[s + '_graph_us']:.1f}" if s + "_us" in r
-                     else f"WRONG (rel RMS {r[s + '_err']:.1e})" for s in SCHEDULES]
-            ratio = (f"{r['static_graph_us'] / r['balanced_graph_us']:.2f}x"
-                     if "static_us" in r and "balanced_us" in r else "")
-            lines.append(f"| {r['case']} | {cells[0]} | {cells[1]} | {ratio} |")
+                     else f"WRONG (rel RMS {r[s + '_err']:.1e})" if s + "_err" in r else "" for s in SCHEDULES]
+            graphs = {s: r[s + "_graph_us"] for s in SCHEDULES if s + "_us" in r}
+            best = min(graphs, key=graphs.get) if graphs else None
+            over_static = f"{best} {r['static_graph_us'] / graphs[best]:.2f}x" if best and "static_us" in r else ""
+            over_sdpa = f"{r['sdpa_graph_us'] / graphs[best]:.2f}x" if best else ""
+            lines.append(f"| {r['case']} | " + " | ".join(cells) + f" | {over_static} | {over_sdpa} |")
     swept = [r for r in rows if r.get("splits")]
     if swept:
         lines += ["", "Ours at each forced `num_splits` (`--splits`), graph us; best against the automatic plan "

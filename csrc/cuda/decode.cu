@@ -21,7 +21,7 @@ constexpr int kCtasPerSm = 2;  // resident split CTAs per SM (kSmemBudget keeps 
 constexpr int kBalancedItemsPerSlot = 4;
 constexpr int kBalancedMinChunk = 256;
 
-enum class Schedule { kStatic, kBalanced };
+enum class Schedule { kStatic, kBalanced, kStreamK };
 
 // TORCH_AURA_DECODE_ITEMS_PER_SLOT (1-64, default kBalancedItemsPerSlot): the balanced plan's item
 // count per CTA slot, a tuning knob for bench_decode.py --schedules (fewer, longer items or more, shorter).
@@ -49,11 +49,20 @@ int env_choice(const char* name, std::initializer_list<const char*> choices) {
   return 0;
 }
 
-// TORCH_AURA_DECODE_SCHEDULE=auto|static|balanced (default auto = static until the balanced schedule
-// pays). num_splits > 0 always means the static schedule, and so do fp32 caches (the CUDA-core kernel).
-Schedule pick_schedule(bool tensor_cores, int64_t num_splits) {
-  const bool forced_balanced = env_choice("TORCH_AURA_DECODE_SCHEDULE", {"auto", "static", "balanced"}) == 2;
-  return forced_balanced && tensor_cores && num_splits == 0 ? Schedule::kBalanced : Schedule::kStatic;
+// TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM (1 or 2, default 1): the stream-K grid's CTAs per SM.
+int streamk_ctas_per_sm() {
+  return env_choice("TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM", {"1", "2"}) + 1;
+}
+
+// TORCH_AURA_DECODE_SCHEDULE=auto|static|balanced|streamk (default auto = static until another schedule
+// pays). num_splits > 0 always means the static schedule, and so do fp32 caches (the CUDA-core kernel);
+// stream-K also needs D <= 256 (D = 512 runs its own CTAs) and B <= kStreamKMaxBatch.
+Schedule pick_schedule(bool tensor_cores, int64_t num_splits, int64_t B, int64_t D) {
+  const int forced = env_choice("TORCH_AURA_DECODE_SCHEDULE", {"auto", "static", "balanced", "streamk"});
+  if (!tensor_cores || num_splits != 0) return Schedule::kStatic;
+  if (forced == 2) return Schedule::kBalanced;
+  if (forced == 3 && D <= 256 && B <= kStreamKMaxBatch) return Schedule::kStreamK;
+  return Schedule::kStatic;
 }
 
 // TORCH_AURA_DECODE_COPY=auto|tiles|rows (for comparisons): rows moves K/V row by row (1-D bulk copies
@@ -64,17 +73,17 @@ bool tile_copies_allowed() { return env_choice("TORCH_AURA_DECODE_COPY", {"auto"
 // (auto, dims; flash_decode_split_dims_kernel) or the one-warp CTA (warp, for comparisons).
 bool d512_dims_allowed() { return env_choice("TORCH_AURA_DECODE_D512", {"auto", "dims", "warp"}) != 2; }
 
-// grid_ctas > 0: the balanced kernel's persistent grid, a programmatic dependent of the plan kernel;
-// else the static grid (S, Hkv * head_tiles, B), with the tile copies' tensor maps where the kernel
-// takes them.
+// grid_ctas > 0: the balanced kernel's persistent grid, a programmatic dependent of the plan kernel, or
+// the stream-K grid (p.streamk_ctas); else the static grid (S, Hkv * head_tiles, B); with the tile copies'
+// tensor maps where the kernel takes them.
 template <auto Kernel>
 void launch_split_kernel(const DecodeParams& p, int threads, size_t smem, cudaStream_t stream, int grid_ctas = 0,
                          const TileMaps& maps = TileMaps{}) {
   AURA_CHECK(smem <= kSmemBudget, "flash_decode: shared memory plan exceeds the budget: ", smem);
   // the whole per-CTA budget, whatever this launch needs (the fp32 kernel's need varies per call)
   set_kernel_attribute_once<Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize>(int(kSmemBudget), "flash_decode");
-  const dim3 grid(p.S, p.Hkv * p.head_tiles, p.B);
-  if constexpr (std::is_invocable_v<decltype(Kernel), DecodeParams, TileMaps>) {  // the static tensor-core kernel
+  const dim3 grid = p.streamk_ctas > 0 ? dim3(p.streamk_ctas) : dim3(p.S, p.Hkv * p.head_tiles, p.B);
+  if constexpr (std::is_invocable_v<decltype(Kernel), DecodeParams, TileMaps>) {  // static and stream-K tensor cores
     Kernel<<<grid, threads, smem, stream>>>(p, maps);
   } else {
     if (grid_ctas > 0) {
@@ -95,7 +104,8 @@ void set_mma_head_tiles(DecodeParams& p) {
   p.heads_per_cta = ceil_div(p.G, p.head_tiles);
 }
 
-// grid_ctas > 0: the balanced schedule (p.plan set, p.S == 0) on that many persistent CTAs.
+// grid_ctas > 0: the balanced schedule (p.plan set, p.S == 0) on that many persistent CTAs. p.streamk_ctas > 0:
+// the stream-K schedule.
 template <typename T, int D>
 void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
   if constexpr (!std::is_same_v<T, float>) {
@@ -123,6 +133,11 @@ void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
     auto go = [&](auto nht, auto bulk_tag, auto tiles_tag) {
       constexpr int nht_v = decltype(nht)::value;
       constexpr bool bulk_v = decltype(bulk_tag)::value;
+      if constexpr (D <= 256) {  // (pick_schedule)
+        if (p.streamk_ctas > 0)
+          return launch_split_kernel<flash_decode_streamk_mma_kernel<T, D, nht_v, bulk_v, decltype(tiles_tag)::value>>(
+              p, Shape::kWarps * 32, Shape::kSmem, stream, 0, maps);
+      }
       if (grid_ctas > 0)
         launch_split_kernel<flash_decode_balanced_mma_kernel<T, D, nht_v, bulk_v>>(p, Shape::kWarps * 32, Shape::kSmem,
                                                                                   stream, grid_ctas);
@@ -278,7 +293,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   if (tensor_cores) {  // kMaxHeads depends on D only: any 16-bit type gives the same tiles
     with_head_dim(D, [&](auto d) { set_mma_head_tiles<__half, decltype(d)::value>(p); });
   }
-  const Schedule schedule = pick_schedule(tensor_cores, num_splits);
+  const Schedule schedule = pick_schedule(tensor_cores, num_splits, B, D);
 
   // Through torch's caching allocator (graph-pool aware under capture), never cudaMalloc. The
   // partials and their lse share one buffer (one allocation fewer per call: host time).
@@ -300,6 +315,10 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
         p.seq_lens, p.B, p.capacity, paged ? p.page_size : kContiguousTile, int(units), int(target),
         kBalancedMinChunk, p.plan);
     check_launch("flash_decode plan kernel");
+  } else if (schedule == Schedule::kStreamK) {
+    p.S = 0;
+    p.streamk_ctas = sms * streamk_ctas_per_sm();
+    part_rows = (p.streamk_ctas + B * Hkv * p.head_tiles) * p.heads_per_cta;  // rows c + u < C + B * units
   } else {
     p.S = num_splits > 0 ? static_cast<int>(num_splits)
                          : decode_auto_splits(B, Hkv, sms, int(D), p.page_size, p.capacity,
@@ -323,9 +342,9 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
     m.part_lse = p.part_lse;
     m.out = out.data_ptr();
     m.lse = p.lse;
-    if (p.plan != nullptr) {  // rows (item, head in tile) of D; the merge finds each row's items in the plan
+    if (p.plan != nullptr || p.streamk_ctas > 0) {  // rows (item or piece, head in tile) of D, found per unit
       m.plan = p.plan, m.G = p.G, m.heads_per_cta = p.heads_per_cta, m.head_tiles = p.head_tiles, m.Hkv = p.Hkv;
-      m.po_s = int64_t(p.heads_per_cta) * D, m.pl_s = p.heads_per_cta;
+      m.streamk_ctas = p.streamk_ctas, m.seq_lens = p.seq_lens, m.capacity = p.capacity;
     } else {
       m.po_s = B * Hq * D, m.po_b = Hq * D, m.po_h = D;
       m.pl_s = B * Hq, m.pl_b = Hq, m.pl_h = 1;

@@ -8,7 +8,8 @@
 //
 // The kernels by concern: decode_plan.cuh (parameters, split rule, epilogue stores), decode_simt.cuh
 // (fp32), decode_tiles.cuh (tensor-map copies), decode_mma.cuh (fp16/bf16 warp-split), decode_dims.cuh
-// (D = 512 across warps), decode_balanced.cuh (the balanced schedule), decode_merge.cuh (the merge).
+// (D = 512 across warps), decode_balanced.cuh and decode_streamk.cuh (the two schedules past the static
+// splits), decode_merge.cuh (the merge).
 #pragma once
 
 #include "decode_plan.cuh"
@@ -17,4 +18,5 @@
 #include "decode_mma.cuh"
 #include "decode_dims.cuh"
 #include "decode_balanced.cuh"
+#include "decode_streamk.cuh"
 #include "decode_merge.cuh"

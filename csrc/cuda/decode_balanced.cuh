@@ -71,12 +71,8 @@ __device__ __forceinline__ SplitWork balanced_item(const DecodeParams& p, int it
   SplitWork w;
   w.b = lo;
   const int n_b = P[lo + 1] - P[lo], r = item - units * P[lo];
-  const int unit = r / n_b;
   w.s = r % n_b;
-  w.kvh = unit / p.head_tiles;
-  const int g0 = (unit % p.head_tiles) * p.heads_per_cta;
-  w.nh = min(p.heads_per_cta, p.G - g0);
-  w.hq0 = w.kvh * p.G + g0;
+  set_unit_heads(p, r / n_b, w);
   w.start = w.s * chunk;
   w.end = min(w.start + chunk, min(max(p.seq_lens[w.b], 0), p.capacity));
   w.part_row = int64_t(item) * p.heads_per_cta;

@@ -18,6 +18,11 @@ struct MergeParams {
   // the plan; item rows of heads_per_cta heads, G query heads per KV head in head_tiles tiles
   const int* plan;
   int G, heads_per_cta, head_tiles, Hkv;
+  // the stream-K schedule's (streamk_ctas > 0): row (b, h)'s splits are the pieces of its unit, found
+  // from seq_lens as the split kernel cut them (decode_plan.cuh's StreamK)
+  int streamk_ctas;
+  const int* seq_lens;
+  int capacity;
 };
 
 // 4 consecutive values as fp32: one 16-byte load when the layout allows (VEC), else 4 scalars.
@@ -57,17 +62,30 @@ __global__ void __launch_bounds__(kMergeThreads) merge_attn_states_kernel(const 
   const bool lane_dims = dl < p.D;
   TO* out = static_cast<TO*>(p.out) + b * p.out_b + h * p.out_h;
   AURA_PHASE(8);
+  __shared__ long long steps_before[kStreamKMaxBatch + 1];
+  if (p.streamk_ctas > 0) streamk_step_prefix(p.seq_lens, p.B, p.capacity, steps_before);  // inputs: before the wait
   grid_dependency_wait();  // launched behind the split kernel: its partials are complete after this
   AURA_PHASE(9);
-  // splits of this row: S at strides (pl_s, po_s) from its first, static or from the balanced plan
+  // splits of this row: S at strides (pl_s, po_s) from its first: static, or a unit's items (balanced)
+  // or pieces (stream-K), partial rows of heads_per_cta heads
   int S = p.S;
   int64_t pl_s = p.pl_s, po_s = p.po_s, first_lse = b * p.pl_b + h * p.pl_h, first_po = b * p.po_b + h * p.po_h;
-  if (p.plan != nullptr) {
-    const int* P = p.plan + kPlanPrefix;
+  if (p.plan != nullptr || p.streamk_ctas > 0) {
     const int units = p.Hkv * p.head_tiles, gi = h % p.G;
     const int unit = (h / p.G) * p.head_tiles + gi / p.heads_per_cta;
-    S = P[b + 1] - P[b];
-    const int64_t row0 = (int64_t(units) * P[b] + int64_t(unit) * S) * p.heads_per_cta + gi % p.heads_per_cta;
+    int64_t row0;  // the unit's first partial row
+    if (p.plan != nullptr) {
+      const int* P = p.plan + kPlanPrefix;
+      S = P[b + 1] - P[b];
+      row0 = int64_t(units) * P[b] + int64_t(unit) * S;
+    } else {
+      const long long len = steps_before[b + 1] - steps_before[b], first = steps_before[b] * units + unit * len;
+      const StreamK sk{steps_before[p.B] * units, p.streamk_ctas};
+      const int c0 = len > 0 ? sk.cta_of(first) : 0;
+      S = len > 0 ? sk.cta_of(first + len - 1) - c0 + 1 : 0;
+      row0 = c0 + int64_t(b) * units + unit;
+    }
+    row0 = row0 * p.heads_per_cta + gi % p.heads_per_cta;
     pl_s = p.heads_per_cta, po_s = int64_t(p.heads_per_cta) * p.D;
     first_lse = row0, first_po = row0 * p.D;
   }

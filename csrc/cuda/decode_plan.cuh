@@ -33,6 +33,7 @@ struct DecodeParams {
   const int* seq_lens;
   const int* block_table;  // nullptr: contiguous layout
   int* plan;               // balanced schedule (S == 0): decode_balance_plan_kernel's work list; nullptr: static
+  int streamk_ctas;        // > 0: the stream-K schedule (S == 0) over this many CTAs
   int64_t q_sb, q_sh;
   int64_t k_s0, k_s1, k_s2;  // contiguous: (b, h, t); paged: (block, row, h)
   int64_t v_s0, v_s1, v_s2;
@@ -95,6 +96,15 @@ struct SplitWork {
   int64_t part_row;
 };
 
+// A work unit of a sequence, (KV head, head tile) = (unit / head_tiles, unit % head_tiles): its query heads.
+// (plan_split_heads spells it out on blockIdx.y: through this helper ptxas spilled the fp32 D = 64 kernel.)
+__device__ __forceinline__ void set_unit_heads(const DecodeParams& p, int unit, SplitWork& w) {
+  w.kvh = unit / p.head_tiles;
+  const int g0 = (unit % p.head_tiles) * p.heads_per_cta;
+  w.nh = min(p.heads_per_cta, p.G - g0);
+  w.hq0 = w.kvh * p.G + g0;
+}
+
 // The split kernels' prologue, in two parts so q can be requested before seq_lens arrives. An empty
 // split writes what it owes and returns false: S > 1, lse = -inf (the merge skips its stale partial);
 // S == 1, the final out = 0, lse = -inf.
@@ -149,6 +159,64 @@ __device__ __forceinline__ void store_head_lse(const DecodeParams& p, const Spli
 template <int THREADS>
 __device__ __forceinline__ void store_lse(const DecodeParams& p, const SplitWork& w, const float* ms, const float* ls) {
   for (int g = threadIdx.x; g < w.nh; g += THREADS) store_head_lse(p, w, g, ms[g], ls[g]);
+}
+
+// The stream-K schedule (decode_streamk.cuh, decode.md §4), read by the merge too. The batch's work is
+// its 16-token steps in unit order (sequence, then unit), ceil(T_b / 16) per unit; CTA c of C runs steps
+// [c * n / C, (c + 1) * n / C) of the n, as one piece per unit it meets, and piece (c, unit u of the batch)
+// writes partial row c + u: unique, since both orders run along the same steps (rows < C + B * units).
+constexpr int kStreamKMaxBatch = 128;  // the per-sequence step prefix sits in shared memory
+struct StreamK {
+  long long steps;  // n
+  int ctas;         // C
+  __device__ __forceinline__ long long first_step(int c) const { return c * steps / ctas; }
+  // the CTA whose range holds step x (the last c with first_step(c) <= x)
+  __device__ __forceinline__ int cta_of(long long x) const { return int(((x + 1) * ctas - 1) / steps); }
+};
+
+// steps_before[b]: the 16-token steps of sequences before b, lengths clamped as the split kernels clamp;
+// steps_before[B]: all of them (B <= kStreamKMaxBatch). Called by every thread; ends with a CTA barrier.
+__device__ __forceinline__ void streamk_step_prefix(const int* seq_lens, int B, int capacity, long long* steps_before) {
+  constexpr int kRounds = kStreamKMaxBatch / 32;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int n[kRounds];
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {  // every load issued before the first scan
+      const int b = 32 * r + lane;
+      n[r] = b < B ? ceil_div(min(max(seq_lens[b], 0), capacity), 16) : 0;
+    }
+    long long carry = 0;
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      long long x = n[r];  // inclusive scan over the warp
+      for (int o = 1; o < 32; o <<= 1) {
+        const long long y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+      }
+      if (32 * r + lane < B) steps_before[32 * r + lane] = carry + x - n[r];
+      carry += __shfl_sync(0xffffffffu, x, 31);
+    }
+    if (lane == 0) steps_before[B] = carry;
+  }
+  __syncthreads();
+}
+
+// The unit that holds step x < n: its sequence b, unit in b, first step and length in steps (>= 1).
+struct StreamKUnit {
+  int b, unit, steps;
+  long long first;
+};
+__device__ __forceinline__ StreamKUnit streamk_unit_of(const long long* steps_before, int B, int units, long long x) {
+  int lo = 0, hi = B;  // the last b with steps_before[b] * units <= x: its steps reach past x, so it is not empty
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (steps_before[mid] * units <= x) lo = mid;
+    else hi = mid;
+  }
+  const int len = int(steps_before[lo + 1] - steps_before[lo]);
+  const int unit = int((x - steps_before[lo] * units) / len);
+  return {lo, unit, len, steps_before[lo] * units + int64_t(unit) * len};
 }
 
 // The balanced schedule's plan (decode_balanced.cuh), read by the merge too.

@@ -416,10 +416,11 @@ def test_split_merge_on_concurrent_streams():
 
 
 # --------------------------------------------------------------- graphs, compile, errors
-@pytest.mark.parametrize("schedule", ("static", "balanced"))
+@pytest.mark.parametrize("schedule", ("static", "balanced", "streamk"))
 def test_cuda_graph_replay_with_new_lengths_tables_and_values_is_bitwise_eager(schedule, monkeypatch):
     """Balanced: the plan kernel zeroes the claim counter inside the graph, so every replay claims from
-    0 and follows the new lengths (its item count changes from replay to replay)."""
+    0 and follows the new lengths (its item count changes from replay to replay). Stream-K: every replay
+    cuts the new lengths' steps afresh, in the split kernel and in the merge."""
     monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", schedule)
     B, Hq, Hkv, D, page, T_cap = 4, 16, 4, 128, 16, 2048
     q, k, v, sl, table = make_cache([2048, 1, 0, 900], Hq, Hkv, D, torch.bfloat16, page=page, T_cap=T_cap,
@@ -489,57 +490,92 @@ def test_out_of_range_lengths_and_pages_never_fault():
     assert out.shape == (2, 4, 64)
 
 
-# ------------------------------------------------------------------ the balanced schedule
-# decode.md §4: a plan kernel cuts the batch into equal items, persistent CTAs claim them from a
-# counter, and the merge finds each row's items in the plan. Opt-in (auto stays static), forced here.
-@pytest.fixture
-def balanced(monkeypatch):
-    monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "balanced")
+# ------------------------------------------------------------ the balanced and stream-K schedules
+# decode.md §4. Balanced: a plan kernel cuts the batch into equal items, persistent CTAs claim them from a
+# counter, and the merge finds each row's items in the plan. Stream-K: one wave of CTAs, each running an
+# equal share of the batch's 16-token steps across unit and sequence boundaries, one partial per piece;
+# the merge finds a unit's pieces from seq_lens. Both opt-in (auto stays static), forced here.
+DYNAMIC = ("balanced", "streamk", "streamk2")  # streamk2: two stream-K CTAs per SM
+
+
+@pytest.fixture(params=DYNAMIC)
+def dynamic(request, monkeypatch):
+    schedule = request.param
+    monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", schedule.rstrip("2"))
+    monkeypatch.setenv("TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM", "2" if schedule.endswith("2") else "1")
+    return schedule
 
 
 @pytest.mark.parametrize("dtype", DTYPES[1:], ids=dtype_id)
 @pytest.mark.parametrize("D", DIMS, ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("layout", ("contig", "page16", "page7"))
-def test_balanced_schedule_every_head_dim_and_layout(D, dtype, layout, balanced):
+def test_dynamic_schedule_every_head_dim_and_layout(D, dtype, layout, dynamic):
+    """(Stream-K leaves D = 512 to the static splits: the row is then the static schedule's.)"""
     page = None if layout == "contig" else int(layout[4:])
     lens = [0, 1, 255, 256, 257, 1000, 2500]  # item boundaries at 256-token multiples, and an empty row
     q, k, v, sl, table = make_cache(lens, 8, 2, D, dtype, page=page, seed=D)
     out, lse = torch_aura.flash_decode(q, k, v, sl, table)
-    check(f"balanced-D{D}-{layout}", out, lse, *oracle(q, k, v, sl, table), dtype)
+    check(f"{dynamic}-D{D}-{layout}", out, lse, *oracle(q, k, v, sl, table), dtype)
 
 
 @pytest.mark.parametrize("G", (1, 2, 3, 5, 8, 12, 17), ids=lambda g: f"G{g}")
 @pytest.mark.parametrize("D", (128, 256), ids=lambda d: f"D{d}")
-def test_balanced_schedule_gqa_ratios_and_head_tiles(G, D, balanced):
-    """Groups past one CTA's heads (16 at D <= 128, 8 above) are items of several head tiles."""
+def test_dynamic_schedule_gqa_ratios_and_head_tiles(G, D, dynamic):
+    """Groups past one CTA's heads (16 at D <= 128, 8 above) are units of several head tiles."""
     q, k, v, sl, table = make_cache([700, 0, 1300], 2 * G, 2, D, torch.bfloat16, seed=G)
     out, lse = torch_aura.flash_decode(q, k, v, sl, table)
-    check(f"balanced-G{G}-D{D}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+    check(f"{dynamic}-G{G}-D{D}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
 
 
-def test_balanced_schedule_claims_many_items_per_cta_deterministically(balanced, monkeypatch):
-    """More items than CTAs (each CTA claims several, in a run-dependent order), empty sequences between
-    long ones: equal to the oracle, to the static schedule within the dtype's tolerance, and the same
-    bits on every call (each item writes its own partial; the merge order is fixed)."""
+def test_dynamic_schedule_many_pieces_per_cta_deterministically(dynamic, monkeypatch):
+    """Balanced: more items than CTAs (each CTA claims several, in a run-dependent order); stream-K: CTA
+    ranges that span several units and sequences. Empty sequences between long ones: equal to the oracle,
+    to the static schedule within the dtype's tolerance, and the same bits on every call (each item or
+    piece writes its own partial; the merge order is fixed)."""
     lens = [0, 20000, 1, 0, 17000, 7]  # 2 KV heads: ~300 items of 256 tokens, > 2 CTAs per SM
     q, k, v, sl, table = make_cache(lens, 8, 2, 64, torch.bfloat16, seed=11)
     out, lse = torch_aura.flash_decode(q, k, v, sl, table)
-    check("balanced-many", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+    check(f"{dynamic}-many", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
     for _ in range(3):
         again = torch_aura.flash_decode(q, k, v, sl, table)
-        assert torch.equal(again[0], out) and torch.equal(again[1], lse), "balanced schedule is not deterministic"
+        assert torch.equal(again[0], out) and torch.equal(again[1], lse), f"{dynamic} schedule is not deterministic"
     monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "static")
     s_out, s_lse = torch_aura.flash_decode(q, k, v, sl, table)
-    assert_close("balanced vs static", out.float(), s_out.float(), RATIO[torch.bfloat16])
+    assert_close(f"{dynamic} vs static", out.float(), s_out.float(), RATIO[torch.bfloat16])
     fin = torch.isfinite(s_lse)
     assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - s_lse[fin]).abs().max().item() <= 1e-4
 
 
-def test_balanced_schedule_permuted_q_and_out_of_range_lengths(balanced):
+@pytest.mark.parametrize("lens", ([1, 0, 3], [17, 0, 0, 16], [0, 0]), ids=("3-steps", "2-steps", "none"))
+@pytest.mark.parametrize("layout", ("contig", "page16"))
+def test_streamk_more_ctas_than_steps(lens, layout, monkeypatch):
+    """A few steps over a wave of CTAs: most ranges are empty, and each empty one still writes the -inf
+    row its unit's merge counts; no steps at all gives zeros and -inf."""
+    monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "streamk")
+    q, k, v, sl, table = make_cache(lens, 6, 3, 128, torch.bfloat16, page=None if layout == "contig" else 16)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, table)
+    check(f"streamk-{lens}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+
+
+def test_streamk_past_its_batch_limit_runs_the_static_splits(monkeypatch):
+    """Stream-K keeps the batch's step prefix in shared memory (kStreamKMaxBatch = 128 sequences): a larger
+    batch runs the static schedule, bit for bit."""
+    q, k, v, sl, table = make_cache([(37 * i) % 300 for i in range(129)], 8, 2, 128, torch.bfloat16, seed=3)
+    monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "static")
+    want = torch_aura.flash_decode(q, k, v, sl, table)
+    monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "streamk")
+    got = torch_aura.flash_decode(q, k, v, sl, table)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    q, k, v, sl, table = make_cache([(37 * i) % 300 for i in range(128)], 8, 2, 128, torch.bfloat16, seed=3)
+    out, lse = torch_aura.flash_decode(q, k, v, sl, table)  # at the limit: stream-K
+    check("streamk-B128", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+
+
+def test_dynamic_schedule_permuted_q_and_out_of_range_lengths(dynamic):
     q, k, v, sl, table = make_cache([300, 900], 8, 2, 128, torch.float16, page=16, poison_tail=False)
     q_view = q.transpose(0, 1).contiguous().transpose(0, 1)  # [B, Hq, D] with the head stride first
     out, lse = torch_aura.flash_decode(q_view, k, v, sl, table)
-    check("balanced-permuted-q", out, lse, *oracle(q, k, v, sl, table), torch.float16)
+    check(f"{dynamic}-permuted-q", out, lse, *oracle(q, k, v, sl, table), torch.float16)
     sl.copy_(torch.tensor([10**6, -3], dtype=torch.int32))  # the kernel clamps: memory safe, no fault
     table[0, 0] = 10**6
     out, lse = torch.ops.aura.flash_decode(q, k, v, sl, table)
@@ -650,12 +686,14 @@ def test_small_cases_for_compute_sanitizer():
             with env("TORCH_AURA_DECODE_D512", kernel):
                 out, lse = torch_aura.flash_decode(q, k, v, sl, table, num_splits=S)
             check(f"san-D512-{kernel}-S{S}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
-        # the balanced schedule: plan kernel, persistent claims (more items than CTAs at D = 64), merge
-        for lens, Hkv, D in (([0, 9000, 1, 9500], 4, 64), ([300, 0, 17], 2, 512)):  # 300 items at D = 64
+        # the balanced schedule: plan kernel, persistent claims (more items than CTAs at D = 64), merge;
+        # stream-K: pieces across units and sequences, and (3 steps) CTAs with nothing but a -inf row
+        for lens, Hkv, D in (([0, 9000, 1, 9500], 4, 64), ([300, 0, 17], 2, 512), ([1, 0, 33], 2, 128)):
             q, k, v, sl, table = make_cache(lens, 2 * Hkv, Hkv, D, torch.bfloat16, page=layout, seed=5)
-            with env("TORCH_AURA_DECODE_SCHEDULE", "balanced"):
-                out, lse = torch_aura.flash_decode(q, k, v, sl, table)
-            check(f"san-balanced-D{D}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
+            for schedule in ("balanced", "streamk"):
+                with env("TORCH_AURA_DECODE_SCHEDULE", schedule):
+                    out, lse = torch_aura.flash_decode(q, k, v, sl, table)
+                check(f"san-{schedule}-D{D}", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
         # the CUDA-core kernel (fp32) with 5 splits, twice: nothing survives a call
         q, k, v, sl, table = make_cache([0, 1, 300, 77], 6, 2, 64, torch.float32, page=layout, seed=4)
         for _ in range(2):

@@ -100,7 +100,8 @@ def test_debug_has_one_meaning(monkeypatch, text, expected):
 
 def test_bad_values_name_the_variable(monkeypatch):
     monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "fast")
-    with pytest.raises(ValueError, match="TORCH_AURA_DECODE_SCHEDULE='fast': expected one of auto, static, balanced"):
+    expected = "TORCH_AURA_DECODE_SCHEDULE='fast': expected one of auto, static, balanced, streamk"
+    with pytest.raises(ValueError, match=expected):
         _env.get("TORCH_AURA_DECODE_SCHEDULE")
     with pytest.raises(KeyError):
         _env.get("TORCH_AURA_NO_SUCH_VARIABLE")
