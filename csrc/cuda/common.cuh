@@ -291,9 +291,9 @@ void set_kernel_attribute_once(int value, const char* what) {
 // on the stream (it starts while that one drains and must call grid_dependency_wait() before
 // reading its results; the previous kernel calls grid_dependents_launch() when it may). Captured
 // into CUDA graphs as a programmatic edge.
-template <typename Params>
-cudaError_t launch_after(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                         bool dependent, const Params& p) {
+template <typename... Params>
+cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         bool dependent, const Params&... p) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -304,7 +304,7 @@ cudaError_t launch_after(void (*kernel)(Params), dim3 grid, dim3 block, size_t s
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = dependent ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return cudaLaunchKernelEx(&cfg, kernel, p...);
 }
 
 // Page and row-in-page of token t: a shift and a mask for power-of-two page sizes (page_shift >= 0,

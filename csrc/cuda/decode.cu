@@ -83,14 +83,14 @@ void launch_split_kernel(const DecodeParams& p, int threads, size_t smem, cudaSt
   // the whole per-CTA budget, whatever this launch needs (the fp32 kernel's need varies per call)
   set_kernel_attribute_once<Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize>(int(kSmemBudget), "flash_decode");
   const dim3 grid = p.streamk_ctas > 0 ? dim3(p.streamk_ctas) : dim3(p.S, p.Hkv * p.head_tiles, p.B);
-  if constexpr (std::is_invocable_v<decltype(Kernel), DecodeParams, TileMaps>) {  // static and stream-K tensor cores
-    Kernel<<<grid, threads, smem, stream>>>(p, maps);
-  } else {
-    if (grid_ctas > 0) {
-      const cudaError_t err = launch_after(Kernel, dim3(grid_ctas), dim3(threads), smem, stream, true, p);
+  if constexpr (std::is_invocable_v<decltype(Kernel), DecodeParams, TileMaps>) {  // the tensor-core kernels
+    if (grid_ctas > 0) {  // balanced
+      const cudaError_t err = launch_after(Kernel, dim3(grid_ctas), dim3(threads), smem, stream, true, p, maps);
       AURA_CHECK(err == cudaSuccess, "flash_decode balanced kernel: launch failed: ", cudaGetErrorString(err));
       return;
     }
+    Kernel<<<grid, threads, smem, stream>>>(p, maps);
+  } else {
     Kernel<<<grid, threads, smem, stream>>>(p);
   }
   check_launch("flash_decode split kernel");
@@ -122,10 +122,9 @@ void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
     // 16k tokens), for long and short splits alike: the fastest engine everywhere measured (decode.md
     // §3). Static values too: the maps hold shapes and base pointers only.
     TileMaps maps{};
-    const bool tiles = grid_ctas == 0 && make_tile_maps(p, std::is_same_v<T, __nv_bfloat16>, D, maps) &&
-                       tile_copies_allowed();
+    const bool tiles = make_tile_maps(p, std::is_same_v<T, __nv_bfloat16>, D, maps) && tile_copies_allowed();
     if constexpr (D == 512) {
-      if (tiles && d512_dims_allowed()) {
+      if (tiles && d512_dims_allowed() && grid_ctas == 0) {
         using Dims = DimSplitShape<T>;
         return launch_split_kernel<flash_decode_split_dims_kernel<T>>(p, Dims::kWarps * 32, Dims::kSmem, stream, 0, maps);
       }
@@ -139,8 +138,8 @@ void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
               p, Shape::kWarps * 32, Shape::kSmem, stream, 0, maps);
       }
       if (grid_ctas > 0)
-        launch_split_kernel<flash_decode_balanced_mma_kernel<T, D, nht_v, bulk_v>>(p, Shape::kWarps * 32, Shape::kSmem,
-                                                                                  stream, grid_ctas);
+        launch_split_kernel<flash_decode_balanced_mma_kernel<T, D, nht_v, bulk_v, decltype(tiles_tag)::value>>(
+            p, Shape::kWarps * 32, Shape::kSmem, stream, grid_ctas, maps);
       else
         launch_split_kernel<flash_decode_split_mma_kernel<T, D, nht_v, bulk_v, decltype(tiles_tag)::value>>(
             p, Shape::kWarps * 32, Shape::kSmem, stream, 0, maps);

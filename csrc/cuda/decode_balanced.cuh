@@ -81,9 +81,9 @@ __device__ __forceinline__ SplitWork balanced_item(const DecodeParams& p, int it
 
 // A persistent CTA per slot, launched behind the plan kernel: claim an item, run it, repeat. Two CTAs
 // per SM, as kSmemBudget plans: without the bound ptxas kept D = 256 at 168 registers and spilled.
-template <typename T, int D, int NHT, bool BULK>
+template <typename T, int D, int NHT, bool BULK, bool TILES>
 __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32, 2)
-    flash_decode_balanced_mma_kernel(const DecodeParams p) {
+    flash_decode_balanced_mma_kernel(const DecodeParams p, const __grid_constant__ TileMaps maps) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const MmaSmem<T, D> sm(smem_raw);
   __shared__ int claimed;
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32, 2)
     if (item >= p.plan[kPlanItems]) break;
     const SplitWork w = balanced_item(p, item, p.plan[kPlanChunk]);
     stage_q_async<T, D, NHT>(p, w, sm.qs);
-    run_split_mma<T, D, NHT, BULK>(p, w, smem_raw, uses, false);
+    run_split_mma<T, D, NHT, BULK, TILES>(p, w, smem_raw, uses, false, &maps);
     if constexpr (BULK) fence_proxy_async_shared();  // the epilogue's generic writes to the ring, before bulk refills
     __syncthreads();  // the next item's copies overwrite the ring and q
   }
