@@ -10,7 +10,8 @@ vs contiguous, and the targets.md gates as PASS / MISS.
     python benchmarks/bench_decode.py [--out DIR] [--cases SUBSTRING] [--schedules] [--splits]
 
 ``--schedules`` also times ours under each schedule of ``SCHEDULES`` (static, balanced, stream-K at one and
-two CTAs per SM; docs/decode.md §4), each checked first, in the same run as the automatic choice.
+two CTAs per SM, and the adaptive rule between static and stream-K; docs/decode.md §4), each checked first,
+in the same run as the automatic choice.
 ``--splits`` also times ours (graph) at each forced split count of ``SPLIT_SWEEP`` and at the counts
 whose grid fills every SM (``filling_splits``): how far the automatic plan is from the best split on
 this GPU.
@@ -147,6 +148,7 @@ SCHEDULES = {
     "balanced": {"TORCH_AURA_DECODE_SCHEDULE": "balanced"},
     "streamk": {"TORCH_AURA_DECODE_SCHEDULE": "streamk", "TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM": "1"},
     "streamk2": {"TORCH_AURA_DECODE_SCHEDULE": "streamk", "TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM": "2"},
+    "adaptive": {"TORCH_AURA_DECODE_SCHEDULE": "adaptive"},  # the candidate rule for auto (decode.md §4)
 }
 
 

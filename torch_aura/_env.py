@@ -134,7 +134,7 @@ _VARS = [
         read="per AuraCache, by torch_aura/aura_cache.py", readme=False),
     Var("TORCH_AURA_GDN_OVERLAP", "1", flag, DEVELOPER,
         "0 keeps the serial order of the chunked GDN's w/u and state passes (no stream overlap)"),
-    Var("TORCH_AURA_DECODE_SCHEDULE", "auto", _choice("auto", "static", "balanced", "streamk"), DEVELOPER,
+    Var("TORCH_AURA_DECODE_SCHEDULE", "auto", _choice("auto", "static", "balanced", "streamk", "adaptive"), DEVELOPER,
         "the CUDA flash_decode work schedule (auto = static)", read="per call, by csrc/cuda/decode.cu"),
     Var("TORCH_AURA_DECODE_ITEMS_PER_SLOT", "4", _int_in(1, 64), DEVELOPER,
         "the balanced schedule's work items per CTA slot", read="per call, by csrc/cuda/decode.cu"),

@@ -54,15 +54,34 @@ int streamk_ctas_per_sm() {
   return env_choice("TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM", {"1", "2"}) + 1;
 }
 
-// TORCH_AURA_DECODE_SCHEDULE=auto|static|balanced|streamk (default auto = static until another schedule
-// pays). num_splits > 0 always means the static schedule, and so do fp32 caches (the CUDA-core kernel);
-// stream-K also needs D <= 256 (D = 512 runs its own CTAs) and B <= kStreamKMaxBatch.
-Schedule pick_schedule(bool tensor_cores, int64_t num_splits, int64_t B, int64_t D) {
-  const int forced = env_choice("TORCH_AURA_DECODE_SCHEDULE", {"auto", "static", "balanced", "streamk"});
-  if (!tensor_cores || num_splits != 0) return Schedule::kStatic;
-  if (forced == 2) return Schedule::kBalanced;
-  if (forced == 3 && D <= 256 && B <= kStreamKMaxBatch) return Schedule::kStreamK;
-  return Schedule::kStatic;
+// The stream-K rule the H200's --schedules runs suggest (decode.md §4), opt-in as `adaptive` until both GPUs
+// have timed it: stream-K where the static plan splits a read and each SM's share of a full cache is at least
+// kStreamKMinShare tokens (below it, or with no merge to pay for, the static splits won), two CTAs per SM on
+// contiguous caches and one on paged ones. 0: the static splits.
+constexpr int64_t kStreamKMinShare = 6144;
+int adaptive_streamk_ctas_per_sm(const DecodeParams& p, int static_splits, int sms) {
+  const int64_t tokens = int64_t(p.capacity) * p.B * p.Hkv * p.head_tiles;
+  if (static_splits <= 1 || tokens < kStreamKMinShare * sms) return 0;
+  return p.block_table != nullptr ? 1 : 2;
+}
+
+struct SchedulePick {
+  Schedule kind;
+  int streamk_ctas_per_sm;  // kStreamK
+};
+
+// TORCH_AURA_DECODE_SCHEDULE=auto|static|balanced|streamk|adaptive (default auto = static until another
+// schedule pays). num_splits > 0 always means the static schedule, and so do fp32 caches (the CUDA-core
+// kernel); stream-K also needs D <= 256 (D = 512 runs its own CTAs) and B <= kStreamKMaxBatch.
+SchedulePick pick_schedule(const DecodeParams& p, bool tensor_cores, int64_t num_splits, int static_splits, int sms) {
+  const int forced = env_choice("TORCH_AURA_DECODE_SCHEDULE", {"auto", "static", "balanced", "streamk", "adaptive"});
+  if (!tensor_cores || num_splits != 0) return {Schedule::kStatic, 0};
+  if (forced == 2) return {Schedule::kBalanced, 0};
+  if ((forced == 3 || forced == 4) && p.D_runtime <= 256 && p.B <= kStreamKMaxBatch) {
+    const int per_sm = forced == 3 ? streamk_ctas_per_sm() : adaptive_streamk_ctas_per_sm(p, static_splits, sms);
+    if (per_sm > 0) return {Schedule::kStreamK, per_sm};
+  }
+  return {Schedule::kStatic, 0};
 }
 
 // TORCH_AURA_DECODE_COPY=auto|tiles|rows (for comparisons): rows moves K/V row by row (1-D bulk copies
@@ -126,7 +145,8 @@ void launch_split(DecodeParams p, cudaStream_t stream, int grid_ctas) {
     if constexpr (D == 512) {
       if (tiles && d512_dims_allowed() && grid_ctas == 0) {
         using Dims = DimSplitShape<T>;
-        return launch_split_kernel<flash_decode_split_dims_kernel<T>>(p, Dims::kWarps * 32, Dims::kSmem, stream, 0, maps);
+        return launch_split_kernel<flash_decode_split_dims_kernel<T>>(p, Dims::kWarps * 32, Dims::kSmem, stream, 0,
+                                                                      maps);
       }
     }
     auto go = [&](auto nht, auto bulk_tag, auto tiles_tag) {
@@ -248,7 +268,8 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   AURA_CHECK(lse.is_cuda() && lse.dim() == 2 && lse.size(0) == B && lse.size(1) == Hq, "lse: expected a CUDA "
              "tensor of shape [", B, ", ", Hq, "]");
   check_dtype(lse, "lse", ScalarType::Float);
-  for (const Tensor* t : {&k, &v, &seq_lens, &out, &lse}) check_same_device(q, *t, "k_cache / v_cache / seq_lens / out / lse");
+  for (const Tensor* t : {&k, &v, &seq_lens, &out, &lse})
+    check_same_device(q, *t, "k_cache / v_cache / seq_lens / out / lse");
   check_vector_aligned(k, "k_cache");
   check_vector_aligned(v, "v_cache");
   for (const Tensor* t : {&k, &v})  // the kernels offset the rows of a 16-token step in 32-bit arithmetic
@@ -292,14 +313,19 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   if (tensor_cores) {  // kMaxHeads depends on D only: any 16-bit type gives the same tiles
     with_head_dim(D, [&](auto d) { set_mma_head_tiles<__half, decltype(d)::value>(p); });
   }
-  const Schedule schedule = pick_schedule(tensor_cores, num_splits, B, D);
+  const bool d512_dims = D == 512 && tile_copies_allowed() && d512_dims_allowed();
+  const int static_splits =
+      num_splits > 0 ? static_cast<int>(num_splits)
+                     : decode_auto_splits(B, Hkv, sms, int(D), p.page_size, p.capacity,
+                                          paged ? p.page_size : kContiguousTile, d512_dims);
+  const SchedulePick schedule = pick_schedule(p, tensor_cores, num_splits, static_splits, sms);
 
   // Through torch's caching allocator (graph-pool aware under capture), never cudaMalloc. The
   // partials and their lse share one buffer (one allocation fewer per call: host time).
   Tensor partials = q, plan = q;  // placeholders; real buffers only where used
   int64_t part_rows = 0;          // partial rows of D floats; their lse follow them
   int grid_ctas = 0;
-  if (schedule == Schedule::kBalanced) {
+  if (schedule.kind == Schedule::kBalanced) {
     p.S = 0;
     const int64_t units = Hkv * p.head_tiles;  // work units per sequence: KV heads x head tiles
     const int64_t target = int64_t(slots) * balanced_items_per_slot();
@@ -314,15 +340,12 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
         p.seq_lens, p.B, p.capacity, paged ? p.page_size : kContiguousTile, int(units), int(target),
         kBalancedMinChunk, p.plan);
     check_launch("flash_decode plan kernel");
-  } else if (schedule == Schedule::kStreamK) {
+  } else if (schedule.kind == Schedule::kStreamK) {
     p.S = 0;
-    p.streamk_ctas = sms * streamk_ctas_per_sm();
+    p.streamk_ctas = sms * schedule.streamk_ctas_per_sm;
     part_rows = (p.streamk_ctas + B * Hkv * p.head_tiles) * p.heads_per_cta;  // rows c + u < C + B * units
   } else {
-    p.S = num_splits > 0 ? static_cast<int>(num_splits)
-                         : decode_auto_splits(B, Hkv, sms, int(D), p.page_size, p.capacity,
-                                              paged ? p.page_size : kContiguousTile,
-                                              D == 512 && tile_copies_allowed() && d512_dims_allowed());
+    p.S = static_splits;
     if (p.S > 1) part_rows = int64_t(p.S) * B * Hq;
   }
   if (p.S != 1) {  // [part_rows, D] partials, then [part_rows] lse (16-byte aligned: D % 16 == 0)

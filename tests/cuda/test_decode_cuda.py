@@ -571,6 +571,32 @@ def test_streamk_past_its_batch_limit_runs_the_static_splits(monkeypatch):
     check("streamk-B128", out, lse, *oracle(q, k, v, sl, table), torch.bfloat16)
 
 
+@pytest.mark.parametrize("paged", (False, True), ids=("contig", "page16"))
+def test_adaptive_schedule_runs_streamk_only_where_its_rule_holds(paged, monkeypatch):
+    """`adaptive` (the candidate rule for auto, decode.md §4): stream-K where the static plan splits and each
+    SM's share of a full cache is >= 6144 tokens, two CTAs per SM contiguous, one paged; bit for bit that
+    forced schedule there, and the static splits' bits below the share."""
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    B, Hq, Hkv, D, page = 8, 32, 8, 128, 16
+    long_cap = -(-6144 * sms // (B * Hkv) // 256) * 256 + 256  # just past the share
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for cap, want_schedule in ((long_cap, "streamk"), (long_cap // 4, "static")):
+        q = torch.randn(B, Hq, D, device=DEV, dtype=torch.bfloat16, generator=g)
+        shape = (B * cap // page, page, Hkv, D) if paged else (B, Hkv, cap, D)
+        k = torch.randn(shape, device=DEV, dtype=torch.bfloat16, generator=g)
+        v = torch.randn(shape, device=DEV, dtype=torch.bfloat16, generator=g)
+        sl = torch.randint(1, cap + 1, (B,), device=DEV, dtype=torch.int32, generator=g)
+        table = torch.randperm(B * cap // page, device=DEV, generator=g).reshape(B, -1).int() if paged else None
+        monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", want_schedule)
+        monkeypatch.setenv("TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM", "1" if paged else "2")
+        want = torch_aura.flash_decode(q, k, v, sl, table)
+        monkeypatch.setenv("TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM", "2" if paged else "1")  # adaptive ignores it
+        monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "adaptive")
+        got = torch_aura.flash_decode(q, k, v, sl, table)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (cap, want_schedule)
+        check(f"adaptive-{cap}", *got, *oracle(q, k, v, sl, table), torch.bfloat16)
+
+
 def test_dynamic_schedule_permuted_q_and_out_of_range_lengths(dynamic):
     q, k, v, sl, table = make_cache([300, 900], 8, 2, 128, torch.float16, page=16, poison_tail=False)
     q_view = q.transpose(0, 1).contiguous().transpose(0, 1)  # [B, Hq, D] with the head stride first

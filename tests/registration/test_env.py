@@ -100,7 +100,7 @@ def test_debug_has_one_meaning(monkeypatch, text, expected):
 
 def test_bad_values_name_the_variable(monkeypatch):
     monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "fast")
-    expected = "TORCH_AURA_DECODE_SCHEDULE='fast': expected one of auto, static, balanced, streamk"
+    expected = "TORCH_AURA_DECODE_SCHEDULE='fast': expected one of auto, static, balanced, streamk, adaptive"
     with pytest.raises(ValueError, match=expected):
         _env.get("TORCH_AURA_DECODE_SCHEDULE")
     with pytest.raises(KeyError):
