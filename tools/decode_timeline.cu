@@ -12,10 +12,12 @@
 // warp); merge 8 entry, 9 dependency resolved, 10 exit.
 // Then the spread of the loop ends over the CTAs (percentiles, and medians by CTAs per SM: the
 // memory system shares bandwidth per SM under saturation, docs/decode.md §4). Experiment knobs:
-// DT_ENGINE=tiles|rows|bulk|cpasync forces a copy engine (rows: the launcher's row engines), DT_SMEM=<bytes> pads the CTA's shared memory (fewer
-// CTAs per SM), DT_PAD=<elements> staggers the (b, h) rows' start addresses, DT_BYSM=1 prints each
-// SM's and each CTA's loop end (GPCs show as runs of SM ids), -DAURA_DECODE_MAX_STAGES=<n> caps the
-// ring depth and -DAURA_DECODE_SMEM_BUDGET=<bytes> raises the CTA's budget (deeper rings).
+// DT_ENGINE=tiles|rows|bulk|cpasync forces a copy engine (rows: the launcher's row engines),
+// DT_SMEM=<bytes> pads the CTA's shared memory (fewer CTAs per SM), DT_PAD=<elements> staggers the (b, h)
+// rows' start addresses, DT_BYSM=1 prints each SM's and each CTA's loop end (GPCs show as runs of SM ids),
+// DT_STREAMK=1|2 runs the stream-K schedule with that many CTAs per SM instead of the static splits (a
+// CTA's loop end is its last piece's), -DAURA_DECODE_MAX_STAGES=<n> caps the ring depth and
+// -DAURA_DECODE_SMEM_BUDGET=<bytes> raises the CTA's budget (deeper rings).
 #include "timeline_probe.cuh"
 // (defines AURA_PHASE before the kernels are included)
 #include "cuda/decode.cuh"
@@ -45,19 +47,23 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   std::vector<int> sl(B, T_len);
   CK(cudaMemcpy(seq, sl.data(), B * 4, cudaMemcpyHostToDevice));
 
-  // the launcher's plan (decode.cu)
+  // the launcher's plan (decode.cu), or DT_STREAMK's grid of that many CTAs per SM
+  const char* streamk_env = std::getenv("DT_STREAMK");
+  const int streamk_ctas = streamk_env ? sms * std::atoi(streamk_env) : 0;
   const int S = S_force > 0 ? S_force : decode_auto_splits(B, Hkv, sms, D, 0, T_len, kContiguousTile);
-  CK(cudaMalloc(&part_out, size_t(S) * B * Hq * D * 4));
-  CK(cudaMalloc(&part_lse, size_t(S) * B * Hq * 4));
+  const int head_tiles = ceil_div(G, Shape::kMaxHeads), heads_per_cta = ceil_div(G, head_tiles);
+  const size_t part_rows = streamk_ctas > 0 ? size_t(streamk_ctas + B * Hkv * head_tiles) * heads_per_cta
+                                            : size_t(S) * B * Hq;  // decode.cu's bounds
+  CK(cudaMalloc(&part_out, part_rows * D * 4));
+  CK(cudaMalloc(&part_lse, part_rows * 4));
   DecodeParams p{};
   p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse, p.part_out = part_out, p.part_lse = part_lse;
   p.seq_lens = seq, p.block_table = nullptr;
   p.q_sb = int64_t(Hq) * D, p.q_sh = D;
   p.k_s0 = p.v_s0 = int64_t(Hkv) * row, p.k_s1 = p.v_s1 = row, p.k_s2 = p.v_s2 = D;
   p.out_sb = int64_t(Hq) * D, p.out_sh = D, p.lse_sb = Hq, p.lse_sh = 1;
-  p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.G = G, p.S = S;
-  p.head_tiles = ceil_div(G, Shape::kMaxHeads);
-  p.heads_per_cta = ceil_div(G, p.head_tiles);
+  p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.G = G, p.S = streamk_ctas > 0 ? 0 : S, p.streamk_ctas = streamk_ctas;
+  p.head_tiles = head_tiles, p.heads_per_cta = heads_per_cta;
   p.capacity = T_len, p.D_runtime = D;
   p.q_vec16 = 1;  // the buffers here are 16-byte aligned
   p.scale_log2 = float(1.0 / std::sqrt(double(D)) * 1.4426950408889634);
@@ -72,16 +78,28 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   auto split = tiles  ? flash_decode_split_mma_kernel<T, D, 1, true, D % 64 == 0>
                : bulk ? flash_decode_split_mma_kernel<T, D, 1, true>
                       : flash_decode_split_mma_kernel<T, D, 1, false>;
+  if constexpr (D <= 256 && D % 64 == 0) {
+    if (streamk_ctas > 0 && tiles) split = flash_decode_streamk_mma_kernel<T, D, 1, true, true>;
+  }
+  if (streamk_ctas > 0 && (!tiles || D > 256)) {
+    std::printf("DT_STREAMK: the tile copies at D <= 256 only (D%d, engine %c)\n", D, e);
+    std::exit(1);
+  }
   CK(cudaFuncSetAttribute(split, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBudget)));
   const char* smem_env = std::getenv("DT_SMEM");  // bytes of dynamic shared memory (pads the CTA: occupancy)
   const size_t smem = smem_env ? size_t(std::atoi(smem_env)) : Shape::kSmem;
-  const dim3 grid(S, Hkv * p.head_tiles, B);
+  const dim3 grid = streamk_ctas > 0 ? dim3(streamk_ctas) : dim3(S, Hkv * p.head_tiles, B);
+  const int split_ctas = int(grid.x * grid.y * grid.z);
   MergeParams m{};
   m.part_out = part_out, m.part_lse = part_lse, m.out = out, m.lse = lse;
   m.po_s = int64_t(B) * Hq * D, m.po_b = int64_t(Hq) * D, m.po_h = D;
   m.pl_s = int64_t(B) * Hq, m.pl_b = Hq, m.pl_h = 1;
   m.out_b = int64_t(Hq) * D, m.out_h = D, m.lse_b = Hq, m.lse_h = 1;
-  m.S = S, m.B = B, m.Hq = Hq, m.D = D;
+  m.S = p.S, m.B = B, m.Hq = Hq, m.D = D;
+  if (streamk_ctas > 0) {  // the merge finds each unit's pieces from seq_lens (decode.cu)
+    m.G = G, m.heads_per_cta = heads_per_cta, m.head_tiles = head_tiles, m.Hkv = Hkv;
+    m.streamk_ctas = streamk_ctas, m.seq_lens = seq, m.capacity = T_len;
+  }
   auto merge = merge_attn_states_kernel<float, T, true>;
   CK(cudaFuncSetAttribute(merge, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)));
 
@@ -89,8 +107,9 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   auto decode = [&](bool with_merge) {
     split<<<grid, Shape::kWarps * 32, smem, st>>>(p, maps);
-    if (with_merge && S > 1)
-      CK(launch_after(merge, dim3(unsigned(B * Hq), unsigned(ceil_div(D, kMergeChunk))), dim3(kMergeThreads), 0, st, true, m));
+    if (with_merge && p.S != 1)
+      CK(launch_after(merge, dim3(unsigned(B * Hq), unsigned(ceil_div(D, kMergeChunk))), dim3(kMergeThreads), 0, st,
+                      true, m));
   };
   for (int i = 0; i < 20; ++i) decode(true);
   CK(cudaStreamSynchronize(st));
@@ -98,11 +117,13 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   tl::reset();
   decode(true);
   CK(cudaStreamSynchronize(st));
-  std::printf("D%d B%d %d/%d T%-6d S %3d (%s, %d warps, ring %d) |", D, B, Hq, Hkv, T_len, S, tiles ? "tiles" : bulk ? "bulk rows" : "cp.async",
-              Shape::kWarps, Shape::kStages);
-  tl::print_phases(S * Hkv * p.head_tiles * B, B * Hq * ceil_div(D, kMergeChunk), {1, 2, 4, 5, 6, 8, 9, 10}, {4, 6});
+  if (streamk_ctas > 0) std::printf("D%d B%d %d/%d T%-6d stream-K %d CTAs", D, B, Hq, Hkv, T_len, streamk_ctas);
+  else std::printf("D%d B%d %d/%d T%-6d S %3d", D, B, Hq, Hkv, T_len, S);
+  std::printf(" (%s, %d warps, ring %d) |", tiles ? "tiles" : bulk ? "bulk rows" : "cp.async", Shape::kWarps,
+              Shape::kStages);
+  tl::print_phases(split_ctas, B * Hq * ceil_div(D, kMergeChunk), {1, 2, 4, 5, 6, 8, 9, 10}, {4, 6});
   std::printf("\n");
-  tl::print_spread(S * Hkv * p.head_tiles * B, 4);  // before the graph replays overwrite the stamps
+  tl::print_spread(split_ctas, 4);  // before the graph replays overwrite the stamps
   const float t_dec = tl::graph_us(st, [&] { decode(true); }), t_split = tl::graph_us(st, [&] { decode(false); });
   std::printf(" | graph us: split+merge %.2f split %.2f (%.2f TB/s)\n", t_dec, t_split, 2.0 * kv * 2 / t_dec * 1e-6);
   CK(cudaGetLastError());

@@ -4,7 +4,8 @@
 # Everything is teed under $OUT so the logs come back even if a step times out. No -x: one device
 # run must report every failure.
 #   usage: bash tools/gpu_check.sh [tests|sanitize|bench_decode|bench_aura|bench_gdn|bench_gdn_first_call|profile_gdn|
-#                                   bench_e2e|bench_vllm|gdn_plan|gdn_bucket|aura_append|decode_ring|snapshot]...
+#                                   bench_e2e|bench_vllm|gdn_plan|gdn_bucket|aura_append|decode_ring|decode_streamk|
+#                                   snapshot]...
 #   (default: all but bench_e2e)
 #   FAMILY=decode|aura|gdn|transformers|vllm|all (default all) narrows the tests and sanitizer runs to one family.
 #   AURA_BUILD_CUDA=0 skips the CUDA C++ build (Triton-only runs). TESTS_TIMEOUT, SANITIZE_TIMEOUT (each tool),
@@ -26,8 +27,9 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-# decode_ring builds its own standalone driver: the package is neither built nor imported for it alone
-if [ "$steps" = decode_ring ]; then AURA_BUILD_CUDA=0; fi
+# decode_ring and decode_streamk build their own standalone driver: the package is neither built nor imported
+# for them alone
+if [ "$steps" = decode_ring ] || [ "$steps" = decode_streamk ]; then AURA_BUILD_CUDA=0; fi
 AURA_BUILD_CUDA=${AURA_BUILD_CUDA:-1} python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 \
   || { tail -60 "$OUT/build.log"; exit 1; }
 python3 -c "import torch_aura as t; s = t.backends.status(); print({op: s[op]['cuda'] for op in ('flash_decode', 'aura_decode', 'gdn_chunk')})"
@@ -102,6 +104,18 @@ for step in $steps; do
           echo "stages<=$1 budget $2: $(/tmp/dt_$2 $c 2>&1 | grep -E 'ring|graph us' | tr '\n' ' ')"
         done
       done 2>&1 | tee "$OUT/decode_ring.log" ;;
+    decode_streamk)
+      # the stream-K schedule's timeline beside the static splits' at the large reads (issue 39 d4; docs/decode.md
+      # §4): phase medians, the spread of the CTAs' loop ends, graph us of split + merge; DT_BYSM=1 adds per-SM ends
+      inc=$(python3 -c 'import torch.utils.cpp_extension as c; print(c.include_paths()[0])')
+      nvcc -std=c++20 -O3 -DUSE_CUDA --expt-relaxed-constexpr -gencode arch=compute_90,code=sm_90 -I"$inc" -Icsrc \
+        tools/decode_timeline.cu -o /tmp/dt_streamk || rc=1
+      for c in "8 32768 128" "1 131072 128" "32 8192 128"; do
+        for k in 0 1 2; do
+          echo "== DT_STREAMK=$k $c"
+          if [ $k = 0 ]; then /tmp/dt_streamk $c; else DT_STREAMK=$k /tmp/dt_streamk $c; fi
+        done
+      done 2>&1 | tee "$OUT/decode_streamk.log" ;;
     snapshot)
       # the built extension back as $OUT/so.tgz.part-*: later runs on a fresh machine unpack it instead of building
       # (cat parts > .snap/so.tgz; tar xzf .snap/so.tgz && AURA_BUILD_CUDA=0 AURA_BUILD_CPU=0 bash tools/gpu_check.sh ...),

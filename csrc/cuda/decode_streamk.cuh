@@ -13,6 +13,7 @@ namespace aura {
 template <typename T, int D, int NHT, bool BULK, bool TILES>
 __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32, 2)
     flash_decode_streamk_mma_kernel(const DecodeParams p, const __grid_constant__ TileMaps maps) {
+  AURA_PHASE(0);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const MmaSmem<T, D> sm(smem_raw);
   __shared__ long long steps_before[kStreamKMaxBatch + 1];
