@@ -185,10 +185,9 @@ def own_kernels() -> re.Pattern:
 
 
 def own_kernel_ms(totals: dict) -> float:
-    """The ms of :func:`kernel_times`' table (``{name: [calls, ms]}`` or ``{name: ms}``) that torch_aura's own
-    kernels took."""
+    """The ms of :func:`kernel_times`' table (``{name: [calls, ms]}``) that torch_aura's own kernels took."""
     pattern = own_kernels()
-    return sum(v[1] if isinstance(v, (list, tuple)) else v for k, v in totals.items() if pattern.search(k))
+    return sum(ms for name, (_, ms) in totals.items() if pattern.search(name))
 
 
 def _variant_text(src, metadata) -> str:

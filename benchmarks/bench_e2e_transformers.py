@@ -33,10 +33,10 @@ stall is attributed by count.
 
 Per context T and batch B: prefill time (one forward over B x T tokens, last-token logits only;
 B > 1 reuses a one-row prefill, rows repeated with ``reorder_cache``, when a variant's B-row prefill
-does not fit; its logits then compare on row 0), then DECODE_STEPS teacher-forced steps: median step time beside the GPU's busy time in one
-step (torch.profiler kernel times: a step far longer than its kernels is bound by the host),
-tokens/s = B / step and its ratio to the fastest baseline of the row (with ``--rounds N`` each variant's
-prefill and decode run N times, the variants taking turns, and the row reports the median step and the
+does not fit; its logits then compare on row 0), then DECODE_STEPS teacher-forced steps: median step time
+beside the GPU's busy time in one step (torch.profiler kernel times: a step far longer than its kernels is
+bound by the host), tokens/s = B / step and its ratio to the fastest baseline of the row (with ``--rounds N``
+each variant's prefill and decode run N times, the variants taking turns, and the row reports the median step and the
 fastest prefill: an eager step is host-bound and this host's step time drifts between runs, so variants
 timed one after the other once compare the drift), cache bytes, compile time
 (the first compiled step, capture included), logit cosine and teacher-forced argmax agreement with
@@ -265,7 +265,8 @@ def run_one(model, variant, B, T, device, reps, prefill_rows=None):
         logits.append(last)
         step_ms.append(seconds * 1e3)
     step = statistics.median(step_ms[3:] or step_ms)  # compiled: the first steps compile and capture
-    gpu = gpu_busy_ms(lambda: forward(steps[-1], cache=cache, use_cache=True)) if device.type == "cuda" else float("nan")
+    gpu = (gpu_busy_ms(lambda: forward(steps[-1], cache=cache, use_cache=True)) if device.type == "cuda"
+           else float("nan"))
     held, per_token = cache_bytes(cache)
     return {"prefill_ms": min(prefill_ms), "step_ms": step, "step_gpu_ms": gpu, "tok_s": B / step * 1e3,
             "compile_s": (step_ms[0] + step_ms[1]) / 1e3 if spec.compiled else float("nan"),
@@ -393,7 +394,7 @@ def host_costs(device) -> list[dict]:
     kv = torch.randn(B, Hkv, T, D, device=device, dtype=DTYPE)
     seq = torch.full((B,), T, dtype=torch.int32, device=device)
     cache = torch_aura.AuraCache("aura4v2", batch=B, kv_heads=Hkv, head_dim=D, capacity=4 * n + T, device=device)
-    cache.append(torch.randn(B, T, Hkv, D, device=device, dtype=DTYPE), torch.randn(B, T, Hkv, D, device=device, dtype=DTYPE))
+    cache.append(*(torch.randn(B, T, Hkv, D, device=device, dtype=DTYPE) for _ in range(2)))
     tok = torch.randn(B, Hkv, D, device=device, dtype=DTYPE)
     Hk, Hv, K = 16, 32, 128
     qg = torch.randn(B, 1, Hk, K, device=device, dtype=DTYPE)
@@ -438,9 +439,10 @@ def prefill_profile(model, name: str, T: int, device, top: int = 12) -> list[dic
         with torch.inference_mode():
             model(ids, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1)  # warm-up
             torch.cuda.synchronize()
-            per = {k: ms for k, (_, ms) in H.kernel_times(
-                lambda: model(ids, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1), "cuda").items()}
-        total, ours = sum(per.values()), H.own_kernel_ms(per)
+            times = H.kernel_times(
+                lambda: model(ids, cache=new_cache(model, variant), use_cache=True, logits_to_keep=1), "cuda")
+        per = {k: ms for k, (_, ms) in times.items()}
+        total, ours = sum(per.values()), H.own_kernel_ms(times)
         print(f"profile {name} {variant} 1x{T}: {total:.1f} ms of kernels, {ours:.1f} of them torch_aura's")
         for k, ms in sorted(per.items(), key=lambda kv: -kv[1])[:top]:
             print(f"   {ms:8.2f} ms  {k[:110]}")
@@ -470,7 +472,8 @@ def strided_copy_cost(device) -> list[dict]:
         contiguous = H.time_us(lambda: gdn.chunk_gated_delta_rule(qc, kc, vc, g, beta, use_qk_l2norm_in_kernel=True))
         copy = H.time_us(lambda: (q.contiguous(), k.contiguous(), v.contiguous()))
         rows.append({"kind": "copy", "T": T, "strided_us": strided, "contiguous_us": contiguous, "copy_us": copy})
-        print(f"gdn adapter 1x{T}: strided views {strided:.1f} us, contiguous {contiguous:.1f} us, the copies alone {copy:.1f} us")
+        print(f"gdn adapter 1x{T}: strided views {strided:.1f} us, contiguous {contiguous:.1f} us, "
+              f"the copies alone {copy:.1f} us")
     return rows
 
 
@@ -582,7 +585,8 @@ def main(argv=None) -> int:
 
     from torch_aura.integrations import transformers as tat
 
-    facts = H.device_facts() if device.type == "cuda" else {"gpu": "cpu", "commit": H.commit(), "torch": torch.__version__}
+    facts = (H.device_facts() if device.type == "cuda"
+             else {"gpu": "cpu", "commit": H.commit(), "torch": torch.__version__})
     facts["transformers"] = transformers.__version__
     gdn_default = "torch"
     try:
@@ -683,8 +687,9 @@ def main(argv=None) -> int:
                              f"{row['truth_agreement']:.3f}" if truth is not None else "")
                           + ("" if row["correct"] else "  WRONG"))
                 if args.rounds > 1:
-                    take_turns(model, [r for r in rows if r["kind"] == "e2e" and r.get("model") == name and "step_ms" in r
-                                       and (r["B"], r["T"]) == (B, T)], device, args.rounds)
+                    timed = [r for r in rows if r["kind"] == "e2e" and r.get("model") == name and "step_ms" in r
+                             and (r["B"], r["T"]) == (B, T)]
+                    take_turns(model, timed, device, args.rounds)
         if args.stream and name == "qwen3-next":
             rows += prompt_stream(model, name, [int(t) for t in args.stream.split(",")], device)
         if args.profile and device.type == "cuda":
@@ -721,7 +726,8 @@ def render(facts, gdn_default, rows, args) -> str:
         lines += ["", "## GDN adapter: the copy of transformers' strided q/k/v views (16 / 32 heads, eager)", "",
                   "| tokens | gdn on the views (us) | gdn on contiguous inputs (us) | the three copies alone (us) |",
                   "|---|---|---|---|"]
-        lines += [f"| 1x{r['T']} | {r['strided_us']:.1f} | {r['contiguous_us']:.1f} | {r['copy_us']:.1f} |" for r in copies]
+        lines += [f"| 1x{r['T']} | {r['strided_us']:.1f} | {r['contiguous_us']:.1f} | {r['copy_us']:.1f} |"
+                  for r in copies]
     prof = [r for r in rows if r["kind"] == "profile"]
     for variant in dict.fromkeys(r["variant"] for r in prof):
         mine = [r for r in prof if r["variant"] == variant]
@@ -749,9 +755,9 @@ def render(facts, gdn_default, rows, args) -> str:
               f"is WRONG when its logit error (1 - cosine) to it exceeds {TRUTH_RATIO:g}x the dense path's plus "
               "1 - the variant's cosine floor (0.995 exact, 0.99 aura8, 0.95 aura4v2), otherwise when its cosine "
               "to the dense path is below that floor.", "",
-              "| model | layers | B | T | variant | prefill ms | decode step ms (GPU busy) | tok/s | vs fastest baseline | "
-              "compile s | cache GB | peak GB | logits cos (prefill / decode) | agreement | vs fp32: cos (prefill / "
-              "decode), agreement |",
+              "| model | layers | B | T | variant | prefill ms | decode step ms (GPU busy) | tok/s | "
+              "vs fastest baseline | compile s | cache GB | peak GB | logits cos (prefill / decode) | agreement | "
+              "vs fp32: cos (prefill / decode), agreement |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["kind"] == "e2e"):
         head = f"| {r['model']} | {r['layers']} | {r['B']} | {r['T']} | {r['variant']} |"
@@ -778,7 +784,8 @@ def render(facts, gdn_default, rows, args) -> str:
         lines += [f"| {r['model']} | {r['B']} | {r['T']} | {r['variant']} | "
                   + " / ".join(f"{ms:.2f}" for ms in r["step_ms_rounds"]) + " |" for r in turns]
     lines += ["", f"## Longest context per row at B = 8, full depth, {KV_BUDGET_GB} GB of K/V (from the measured "
-              "bytes per token)", "", "| model | cache (row measured) | bytes / token / layer | tokens per row | vs dense |",
+              "bytes per token)", "",
+              "| model | cache (row measured) | bytes / token / layer | tokens per row | vs dense |",
               "|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in rows if r["kind"] == "e2e"):
         first = {}  # per cache kind, the first measured row: bytes per token depend on neither attention nor compile
