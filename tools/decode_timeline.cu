@@ -52,7 +52,8 @@ void run_case(int B, int Hq, int Hkv, int T_len, int sms, int S_force = 0) {  //
   const int streamk_ctas = streamk_env ? sms * std::atoi(streamk_env) : 0;
   const int S = S_force > 0 ? S_force : decode_auto_splits(B, Hkv, sms, D, 0, T_len, kContiguousTile);
   const int head_tiles = ceil_div(G, Shape::kMaxHeads), heads_per_cta = ceil_div(G, head_tiles);
-  const size_t part_rows = streamk_ctas > 0 ? size_t(streamk_ctas + B * Hkv * head_tiles) * heads_per_cta
+  const size_t part_rows = streamk_ctas > 0 ? size_t(streamk_partial_rows(streamk_ctas, B, Hkv * head_tiles,
+                                                                          heads_per_cta))
                                             : size_t(S) * B * Hq;  // decode.cu's bounds
   CK(cudaMalloc(&part_out, part_rows * D * 4));
   CK(cudaMalloc(&part_lse, part_rows * 4));

@@ -343,7 +343,7 @@ void run_flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const T
   } else if (schedule.kind == Schedule::kStreamK) {
     p.S = 0;
     p.streamk_ctas = sms * schedule.streamk_ctas_per_sm;
-    part_rows = (p.streamk_ctas + B * Hkv * p.head_tiles) * p.heads_per_cta;  // rows c + u < C + B * units
+    part_rows = streamk_partial_rows(p.streamk_ctas, B, Hkv * p.head_tiles, p.heads_per_cta);
   } else {
     p.S = static_splits;
     if (p.S > 1) part_rows = int64_t(p.S) * B * Hq;

@@ -18,7 +18,7 @@ __global__ void __launch_bounds__(kPlanThreads)
   __shared__ long long part[kPlanThreads / 32];
   __shared__ int warp_tot[kPlanThreads / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  auto len = [&](int b) { return min(max(seq_lens[b], 0), capacity); };  // clamped as the split kernels clamp
+  auto len = [&](int b) { return live_tokens(seq_lens, b, capacity); };
   long long tokens = 0;
   for (int b = tid; b < B; b += kPlanThreads) tokens += len(b);
   for (int o = 16; o > 0; o >>= 1) tokens += __shfl_xor_sync(0xffffffffu, tokens, o);
@@ -74,7 +74,7 @@ __device__ __forceinline__ SplitWork balanced_item(const DecodeParams& p, int it
   w.s = r % n_b;
   set_unit_heads(p, r / n_b, w);
   w.start = w.s * chunk;
-  w.end = min(w.start + chunk, min(max(p.seq_lens[w.b], 0), p.capacity));
+  w.end = min(w.start + chunk, live_tokens(p.seq_lens, w.b, p.capacity));
   w.part_row = int64_t(item) * p.heads_per_cta;
   return w;
 }

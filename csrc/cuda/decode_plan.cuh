@@ -96,6 +96,12 @@ struct SplitWork {
   int64_t part_row;
 };
 
+// Sequence b's tokens clamped to [0, capacity], as every decode kernel reads them: a bad seq_len can only
+// give a wrong answer, never an out-of-bounds read.
+__device__ __forceinline__ int live_tokens(const int* seq_lens, int b, int capacity) {
+  return min(max(seq_lens[b], 0), capacity);
+}
+
 // A work unit of a sequence, (KV head, head tile) = (unit / head_tiles, unit % head_tiles): its query heads.
 // (plan_split_heads spells it out on blockIdx.y: through this helper ptxas spilled the fp32 D = 64 kernel.)
 __device__ __forceinline__ void set_unit_heads(const DecodeParams& p, int unit, SplitWork& w) {
@@ -119,8 +125,7 @@ __device__ __forceinline__ void plan_split_heads(const DecodeParams& p, SplitWor
 }
 template <typename T>
 __device__ __forceinline__ bool plan_split_tokens(const DecodeParams& p, SplitWork& w) {
-  // Clamped, so a bad seq_len can only give a wrong answer, never an out-of-bounds read.
-  const int T_b = min(max(p.seq_lens[w.b], 0), p.capacity);
+  const int T_b = live_tokens(p.seq_lens, w.b, p.capacity);
   int chunk, live_splits;
   split_rule(T_b, p.S, p.block_table != nullptr ? p.page_size : kContiguousTile, chunk, live_splits);
   w.start = w.s * chunk;
@@ -173,8 +178,12 @@ struct StreamK {
   // the CTA whose range holds step x (the last c with first_step(c) <= x)
   __device__ __forceinline__ int cta_of(long long x) const { return int(((x + 1) * ctas - 1) / steps); }
 };
+// The partial rows a stream-K launch of `ctas` CTAs may write, heads_per_cta per row: c + u < C + B * units.
+inline int64_t streamk_partial_rows(int ctas, int64_t batch, int64_t units, int heads_per_cta) {
+  return (ctas + batch * units) * heads_per_cta;
+}
 
-// steps_before[b]: the 16-token steps of sequences before b, lengths clamped as the split kernels clamp;
+// steps_before[b]: the 16-token steps of sequences before b (live_tokens);
 // steps_before[B]: all of them (B <= kStreamKMaxBatch). Called by every thread; ends with a CTA barrier.
 __device__ __forceinline__ void streamk_step_prefix(const int* seq_lens, int B, int capacity, long long* steps_before) {
   constexpr int kRounds = kStreamKMaxBatch / 32;
@@ -184,7 +193,7 @@ __device__ __forceinline__ void streamk_step_prefix(const int* seq_lens, int B, 
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {  // every load issued before the first scan
       const int b = 32 * r + lane;
-      n[r] = b < B ? ceil_div(min(max(seq_lens[b], 0), capacity), 16) : 0;
+      n[r] = b < B ? ceil_div(live_tokens(seq_lens, b, capacity), 16) : 0;
     }
     long long carry = 0;
 #pragma unroll

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(WarpSplitShape<T, D>::kWarps * 32, 2)
     w.s = 0;
     w.b = u.b;
     set_unit_heads(p, u.unit, w);
-    const int T_b = min(max(p.seq_lens[w.b], 0), p.capacity);
+    const int T_b = live_tokens(p.seq_lens, w.b, p.capacity);
     w.start = int(x - u.first) * 16;  // a multiple of 16 inside the unit: no step crosses a page
     w.end = min(int(piece_end - u.first) * 16, T_b);
     w.part_row = (int64_t(c) + int64_t(u.b) * units + u.unit) * p.heads_per_cta;
