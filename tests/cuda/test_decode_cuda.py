@@ -688,6 +688,15 @@ def test_switch_variables_are_checked(name, D, T_cap, num_splits, monkeypatch):
         torch.ops.aura.flash_decode(q, k, v, sl, table, None, num_splits)
 
 
+def test_streamk_ctas_per_sm_is_checked(monkeypatch):
+    """The stream-K grid's CTAs per SM: 1 or 2; anything else raises, naming the variable, when stream-K runs."""
+    q, k, v, sl, table = make_cache([10], 4, 2, 128, torch.bfloat16)
+    monkeypatch.setenv("TORCH_AURA_DECODE_SCHEDULE", "streamk")
+    monkeypatch.setenv("TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM", "3")
+    with pytest.raises(RuntimeError, match="TORCH_AURA_DECODE_STREAMK_CTAS_PER_SM: expected one of 1, 2, got 3"):
+        torch.ops.aura.flash_decode(q, k, v, sl, table, None, 0)
+
+
 @pytest.mark.sanitize
 def test_small_cases_for_compute_sanitizer():
     """A few small launches (every path: empty splits, S = 1, paged, the merge in the split kernel and
